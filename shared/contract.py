@@ -1,0 +1,117 @@
+"""The verify contract shared by every backend: argument checks and the result type.
+
+The checks here read only shapes, dtypes and Python scalars, so a backend can run them without
+touching device memory. Checks that need the values (finite rows, token ranges) live with each
+implementation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .config import SamplingConfig
+from .random import MAX_OFFSET, MAX_SEED
+
+Array = TypeVar("Array")
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
+
+
+@dataclass(frozen=True)
+class VerifyResult(Generic[Array]):
+    num_accepted: Array  # [B] int32, in [0, G]
+    tokens: Array  # [B, G+1] int32: the num_accepted + 1 emitted tokens, then -1
+
+
+@dataclass(frozen=True)
+class VerifyShape:
+    batch: int  # B
+    gamma: int  # G
+    vocab: int  # V
+
+
+def dtype_name(x: Any) -> str:
+    """'float32' for a numpy, torch or jax array of float32 (and likewise for other dtypes)."""
+    return str(x.dtype).removeprefix("torch.")
+
+
+def _shape(name: str, x: Any) -> tuple[int, ...]:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ValueError(f"{name} must be an array, got {type(x).__name__}")
+    return tuple(int(d) for d in x.shape)
+
+
+def check_counter(name: str, value: Any, batch: int, limit: int) -> None:
+    """seed / offset: a Python int in [0, limit], or an integer array of shape [] or [B]."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be an int, not a bool")
+    if isinstance(value, int):
+        if not 0 <= value <= limit:
+            raise ValueError(f"{name}={value} must be in [0, {limit}]")
+        return
+    shape = _shape(name, value)
+    if shape not in ((), (batch,)):
+        raise ValueError(f"{name} has shape {list(shape)}; expected an int or shape [] or [{batch}] (one per row)")
+    if dtype_name(value) not in INT_DTYPES + ("uint64",):
+        raise ValueError(f"{name} has dtype {dtype_name(value)}; expected an integer dtype")
+
+
+def check_verify_args(
+    target_logits: Any,  # [B, G+1, V]
+    draft_tokens: Any,  # [B, G]
+    draft_logits: Any | None,  # [B, G, V]
+    draft_logprobs: Any | None,  # [B, G]
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    seed: Any,
+    offset: Any,
+) -> tuple[VerifyShape, SamplingConfig]:
+    """Check shapes, dtypes and scalars; raise ValueError naming the argument."""
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    ts = _shape("target_logits", target_logits)
+    if len(ts) != 3:
+        raise ValueError(f"target_logits has shape {list(ts)}; expected [B, G+1, V]")
+    b, g1, v = ts
+    if b < 1 or v < 1:
+        raise ValueError(f"target_logits has shape {list(ts)}; B and V must be >= 1")
+    if g1 < 2:
+        raise ValueError(
+            f"target_logits has shape {list(ts)}: G+1={g1} positions means G={g1 - 1} drafted tokens; "
+            "verify needs G >= 1 (score G drafted positions plus the bonus position)"
+        )
+    if dtype_name(target_logits) not in FLOAT_DTYPES:
+        raise ValueError(f"target_logits has dtype {dtype_name(target_logits)}; expected one of {FLOAT_DTYPES}")
+    g = g1 - 1
+    xs = _shape("draft_tokens", draft_tokens)
+    if xs != (b, g):
+        raise ValueError(f"draft_tokens has shape {list(xs)}; expected [B, G] = [{b}, {g}] to match target_logits {list(ts)}")
+    if dtype_name(draft_tokens) not in INT_DTYPES:
+        raise ValueError(f"draft_tokens has dtype {dtype_name(draft_tokens)}; expected an integer dtype")
+    if draft_logits is not None:
+        ds = _shape("draft_logits", draft_logits)
+        if len(ds) != 3 or ds[:2] != (b, g):
+            raise ValueError(f"draft_logits has shape {list(ds)}; expected [B, G, V] = [{b}, {g}, {v}]")
+        if ds[2] != v:
+            raise ValueError(
+                f"draft_logits has vocabulary size {ds[2]} but target_logits has {v}: "
+                "draft and target must share one vocabulary"
+            )
+        if dtype_name(draft_logits) not in FLOAT_DTYPES:
+            raise ValueError(f"draft_logits has dtype {dtype_name(draft_logits)}; expected one of {FLOAT_DTYPES}")
+    if draft_logprobs is not None:
+        if draft_logits is None and not cfg.greedy:
+            raise ValueError(
+                "draft_logprobs was given without draft_logits: the residual needs the draft's full "
+                "distribution; pass draft_logits too, or neither for a deterministic (one-hot) draft"
+            )
+        ps = _shape("draft_logprobs", draft_logprobs)
+        if ps != (b, g):
+            raise ValueError(f"draft_logprobs has shape {list(ps)}; expected [B, G] = [{b}, {g}]")
+        if dtype_name(draft_logprobs) not in FLOAT_DTYPES:
+            raise ValueError(f"draft_logprobs has dtype {dtype_name(draft_logprobs)}; expected one of {FLOAT_DTYPES}")
+    check_counter("seed", seed, b, MAX_SEED)
+    check_counter("offset", offset, b, MAX_OFFSET)
+    return VerifyShape(b, g, v), cfg
