@@ -1,0 +1,93 @@
+"""The one speculative loop, written once for every backend.
+
+    choose a draft (the policy sees only the past) -> draft G tokens -> score G+1 positions
+    -> verify -> commit -> observe the previous step (one step late) -> stop when all rows are done
+
+Exactness holds for any draft choice made before the step's verification randomness is drawn
+(SPEC.md's theorem); reading results one step late only delays what the policy learns.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .backend import Backend, StepHandle
+from .config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    gamma: int = 4
+    max_new_tokens: int = 128
+    max_steps: int | None = None  # default: max_new_tokens (each step emits >= 1 token per row)
+
+    def __post_init__(self):
+        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or not 1 <= self.gamma <= 64:
+            raise ValueError(f"{self.gamma=} must be an integer in [1, 64]")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"{self.max_new_tokens=} must be an integer >= 1")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise ValueError(f"{self.max_steps=} must be None or an integer >= 1")
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    arm: int
+    drafted: int  # tokens drafted over the active rows
+    accepted: int  # drafted tokens accepted over the active rows
+    emitted: int  # tokens emitted (accepted + one per active row)
+    rows: int  # active rows
+    seconds: float  # wall time from this step's start to the next step's start
+
+
+class Policy:
+    """What the loop needs of a draft-selection policy (see flashspec.bandits)."""
+
+    def choose(self) -> int: ...
+
+    def observe(self, arm: int, drafted: int, accepted: int, seconds: float) -> None: ...
+
+
+def speculate(
+    backend: Backend,
+    policy: Policy,
+    prompts: list[list[int]],
+    *,
+    sampling: SamplingConfig,
+    spec: SpecConfig,
+    seed=0,
+    first_offset: int = 0,
+) -> tuple[list[list[int]], list[StepRecord]]:
+    """Generate for every prompt; returns (new tokens per row, per-step records)."""
+    backend.prefill(prompts, spec.max_new_tokens)
+    records: list[StepRecord] = []
+    pending: tuple[int, StepHandle, float] | None = None
+    max_steps = spec.max_steps or spec.max_new_tokens
+    for step in range(max_steps):
+        arm = policy.choose()
+        start = time.perf_counter()
+        proposal = backend.draft(arm, spec.gamma, sampling, seed, first_offset + step)
+        target_logits = backend.score(proposal)
+        result = backend.verify(target_logits, proposal, sampling, seed, first_offset + step)
+        handle = backend.commit(result)
+        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start):
+            pending = None
+            break
+        pending = (arm, handle, start)
+    if pending is not None:
+        observe(policy, records, spec.gamma, *pending, end=time.perf_counter())
+    return backend.outputs(), records
+
+
+def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *, end: float) -> bool:
+    """Read a finished step, feed the policy, record it; True when every row is done."""
+    view = handle.fetch()
+    rows = int(view.active.sum())
+    if rows:
+        accepted = int(view.num_accepted[view.active].sum())
+        record = StepRecord(arm, gamma * rows, accepted, accepted + rows, rows, end - start)
+        records.append(record)
+        for n in view.num_accepted[view.active]:  # each row is one trial; it bears its share of the time
+            policy.observe(arm, gamma, int(n), record.seconds / rows)
+    return bool(view.done.all())

@@ -1,0 +1,37 @@
+"""Per-step records -> the statistics SPEC.md's `generate --json` reports."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .loop import StepRecord
+
+
+def summarize(records: Sequence[StepRecord], draft_names: Sequence[str], wall_seconds: float, new_tokens: int) -> dict:
+    """tokens_per_s, steps, acceptance (mean fraction of drafted tokens accepted), arm_pulls,
+    arm_acceptance (per draft name), step_latency_ms (p50, p90)."""
+    drafted = sum(r.drafted for r in records)
+    accepted = sum(r.accepted for r in records)
+    pulls = {name: 0 for name in draft_names}
+    arm_drafted = {name: 0 for name in draft_names}
+    arm_accepted = {name: 0 for name in draft_names}
+    for r in records:
+        name = draft_names[r.arm]
+        pulls[name] += 1
+        arm_drafted[name] += r.drafted
+        arm_accepted[name] += r.accepted
+    latency = np.array([r.seconds for r in records]) * 1e3
+    return {
+        "new_tokens": new_tokens,
+        "tokens_per_s": new_tokens / wall_seconds if wall_seconds > 0 else float("nan"),
+        "steps": len(records),
+        "acceptance": accepted / drafted if drafted else float("nan"),
+        "arm_pulls": pulls,
+        "arm_acceptance": {n: (arm_accepted[n] / arm_drafted[n] if arm_drafted[n] else None) for n in draft_names},
+        "step_latency_ms": {
+            "p50": float(np.percentile(latency, 50)) if len(latency) else None,
+            "p90": float(np.percentile(latency, 90)) if len(latency) else None,
+        },
+    }
