@@ -91,3 +91,36 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
         for n in view.num_accepted[view.active]:  # each row is one trial; it bears its share of the time
             policy.observe(arm, gamma, int(n), record.seconds / rows)
     return bool(view.done.all())
+
+
+def decode(
+    backend,
+    prompts: list[list[int]],
+    *,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    seed=0,
+    first_offset: int = 0,
+) -> tuple[list[list[int]], list[StepRecord]]:
+    """Plain autoregressive decoding on the same backend (``backend.decode_one``): the baseline."""
+    backend.prefill(prompts, max_new_tokens)
+    records: list[StepRecord] = []
+    pending = None
+    for step in range(max_new_tokens):
+        start = time.perf_counter()
+        handle = backend.decode_one(sampling, seed, first_offset + step)
+        if pending is not None and _observe_plain(records, *pending, end=start):
+            pending = None
+            break
+        pending = (handle, start)
+    if pending is not None:
+        _observe_plain(records, *pending, end=time.perf_counter())
+    return backend.outputs(), records
+
+
+def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float) -> bool:
+    view = handle.fetch()
+    rows = int(view.active.sum())
+    if rows:
+        records.append(StepRecord(-1, 0, 0, rows, rows, end - start))
+    return bool(view.done.all())

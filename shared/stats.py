@@ -18,6 +18,8 @@ def summarize(records: Sequence[StepRecord], draft_names: Sequence[str], wall_se
     arm_drafted = {name: 0 for name in draft_names}
     arm_accepted = {name: 0 for name in draft_names}
     for r in records:
+        if r.arm < 0:  # a plain autoregressive step
+            continue
         name = draft_names[r.arm]
         pulls[name] += 1
         arm_drafted[name] += r.drafted

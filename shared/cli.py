@@ -1,0 +1,207 @@
+"""The ``flashspec`` command: ``bandit-sim`` and ``bench bandit`` (more subcommands plug in below).
+
+Each subcommand is an ``add_*`` function that adds its parser and sets ``run`` to a function of
+the parsed arguments returning the exit status. Bad input exits with status 2 and one line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class UsageError(Exception):
+    """Bad input found after parsing (e.g. means outside [0, 1]): one line, exit status 2."""
+
+
+def floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+
+
+def ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def add_config_options(p: argparse.ArgumentParser) -> None:
+    """Options that fill a BanditConfig (defaults: the dataclass's)."""
+    from .bandits import LIKELIHOODS, OBJECTIVES, RESTARTS, BanditConfig
+
+    d = BanditConfig()
+    g = p.add_argument_group("policy settings")
+    g.add_argument("--objective", choices=OBJECTIVES, default=d.objective,
+                   help="what the policies maximise and regret measures (default %(default)s)")
+    g.add_argument("--likelihood", choices=LIKELIHOODS, default=d.likelihood,
+                   help="Thompson-family posterior (default %(default)s)")
+    g.add_argument("--discount", type=float, default=d.discount,
+                   help="discounted-thompson's factor (default %(default)s)")
+    g.add_argument("--cd-delta", type=float, default=d.cd_delta,
+                   help="cd-thompson's Page-Hinkley drift allowance (default %(default)s)")
+    g.add_argument("--cd-threshold", type=float, default=d.cd_threshold,
+                   help="cd-thompson's alarm threshold (default %(default)s)")
+    g.add_argument("--cd-warmup", type=int, default=d.cd_warmup,
+                   help="observations of an arm before it is tested (default %(default)s)")
+    g.add_argument("--restart", choices=RESTARTS, default=d.restart,
+                   help="cd-thompson forgets all arms or the alarmed arm (default %(default)s)")
+    g.add_argument("--fixed-arm", type=int, default=d.fixed_arm,
+                   help="the fixed policy's arm (default %(default)s)")
+
+
+def config_from(args):
+    from .bandits import BanditConfig
+
+    return BanditConfig(
+        objective=args.objective, likelihood=args.likelihood, discount=args.discount,
+        cd_delta=args.cd_delta, cd_threshold=args.cd_threshold, cd_warmup=args.cd_warmup,
+        restart=args.restart, fixed_arm=args.fixed_arm,
+    )
+
+
+def add_bandit_sim(sub) -> None:
+    from .bandits import POLICIES
+
+    p = sub.add_parser("bandit-sim", help="simulate draft-selection policies on synthetic arms",
+                       description="Cumulative pseudo-regret of bandit policies over many seeds.")
+    p.add_argument("--policy", action="append", choices=[*POLICIES, "all"],
+                   help="policy to simulate; repeat for several, or 'all' (default all)")
+    p.add_argument("--means", type=floats, default=(0.3, 0.7, 0.5),
+                   help="per-arm success (or per-token acceptance) probabilities (default 0.3,0.7,0.5)")
+    p.add_argument("--rounds", type=positive_int, default=10_000)
+    p.add_argument("--seeds", type=positive_int, default=200)
+    p.add_argument("--seed", type=int, default=0, help="base seed of every generator")
+    p.add_argument("--reward", choices=("bernoulli", "acceptance"), default="bernoulli")
+    p.add_argument("--gamma", type=ints, default=(4,),
+                   help="tokens drafted per pull for --reward acceptance (one, or one per arm)")
+    sw = p.add_mutually_exclusive_group()
+    sw.add_argument("--switch-every", type=positive_int, metavar="N",
+                    help="rotate the means by one arm every N rounds")
+    sw.add_argument("--switch-at", type=ints, nargs="+", metavar="T",
+                    help="rotate the means at these rounds (comma- or space-separated)")
+    p.add_argument("--costs", type=floats, help="seconds per step per arm (--objective throughput)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_options(p)
+    p.set_defaults(run=run_bandit_sim)
+
+
+def run_bandit_sim(args) -> int:
+    from .bandit_bench import report, run_policies
+    from .bandits import POLICIES
+    from .simulate import Environment, switch_every
+
+    names = args.policy or ["all"]
+    names = list(POLICIES) if "all" in names else list(dict.fromkeys(names))
+    switch = ()
+    if args.switch_every:
+        switch = switch_every(args.switch_every, args.rounds)
+    elif args.switch_at:
+        switch = tuple(sorted({t for group in args.switch_at for t in group}))
+    gamma = args.gamma[0] if len(args.gamma) == 1 else args.gamma
+    env = Environment(args.means, reward=args.reward, gamma=gamma, switch_at=switch,
+                      costs=args.costs, objective=args.objective)
+    config = config_from(args)
+    results = run_policies(names, env, config, args.rounds, args.seeds, args.seed)
+    command = "flashspec " + shlex.join(args.argv)
+    doc = report(results, env, config, args.rounds, args.seeds, args.seed, command)
+    print(json.dumps(doc, indent=2) if args.json else format_table(doc))
+    return 0
+
+
+def format_table(doc: dict) -> str:
+    env, b = doc["environment"], doc["bounds"]
+    lines = [
+        f"K={len(env['means'])} means={','.join(map(str, env['means']))} reward={env['reward']} "
+        f"objective={env['objective']} rounds={doc['rounds']} seeds={doc['seeds']}"
+        + (f" switches={env['switch_at']}" if env["switch_at"] else ""),
+        f"{'policy':<22}{'mean regret':>12}{'sd':>9}{'p90':>9}{'on best arm':>13}",
+    ]
+    for name, s in doc["policies"].items():
+        lines.append(f"{name:<22}{s['mean_regret']:>12.1f}{s['std_regret']:>9.1f}"
+                     f"{s['p90_regret']:>9.1f}{s['best_arm_fraction']:>13.3f}")
+    lines.append(f"sqrt(K T ln T) = {b['sqrt_k_t_ln_t']:.1f}")
+    if b["ucb1_auer2002_thm1"] is not None:
+        lines.append(f"UCB1 bound (Auer et al. 2002, Theorem 1) = {b['ucb1_auer2002_thm1']:.1f}")
+    return "\n".join(lines)
+
+
+def add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks that write JSON and PNG plots")
+    kinds = p.add_subparsers(dest="kind", metavar="{bandit}", parser_class=Parser)
+    kinds.required = True
+    add_bench_bandit(kinds)
+
+
+def add_bench_bandit(kinds) -> None:
+    b = kinds.add_parser("bandit", help="regret of every policy on the standard scenarios")
+    b.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                   help="folder for bandit_*.json and bandit_*.png (default %(default)s)")
+    b.add_argument("--rounds", type=positive_int, default=10_000)
+    b.add_argument("--seeds", type=positive_int, default=200)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    b.set_defaults(run=run_bench_bandit)
+
+
+def run_bench_bandit(args) -> int:
+    from .bandit_bench import run_bench
+
+    plot = not args.no_plot
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("the PNG plots need matplotlib: pip install 'flashspec[dev]' "
+                             "(or pass --no-plot)")
+    command = "flashspec " + shlex.join(args.argv)
+    for path in run_bench(args.out, args.rounds, args.seeds, args.seed, command, plot):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="flashspec", description="Exact, adaptive speculative decoding.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    add_bandit_sim(sub)
+    add_bench(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    try:
+        return args.run(args)
+    except (ValueError, UsageError, OSError) as e:
+        print(f"flashspec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
