@@ -1,0 +1,485 @@
+"""The fused verify kernel of speculative decoding, in Pallas (GPU), with its jnp reference.
+
+Notation (SPEC.md): z target logits, w draft logits, T temperature, p / q the target / draft
+distributions after temperature, top-k and top-p, x drafted tokens, u accept uniforms, n first
+rejection, y the residual or bonus token.
+
+Design
+------
+Two streaming kernels and a few scalar ops, all inside one ``jax.jit``:
+
+1. ``row_stats`` (grid ``(B, NV)``: batch row b, vocabulary chunk c). Program (b, c) streams the
+   chunk's slice of each of the G+1 target rows in turn, in ``[block_v]`` tiles (masked tails, no
+   padded rows), and writes the online max and sum-exp of ``z / T`` per row: ``[B, NV, G+1]``
+   floats. In greedy mode (T = 0) it writes the max and argmax of ``z`` instead. The same kernel
+   streams the G draft rows when the accept test needs ``log q(x)`` and ``draft_logprobs`` was
+   not given.
+2. Scalars (plain jnp, O(B G)): combine the chunks into ``log sum exp`` per row; ``log p(x_i)`` is
+   ``z[b, i, x_i] / T - lse_i`` (a gather of B G logits); accept ``x_i`` iff
+   ``log u_i < log p(x_i) - log q(x_i)``; n = first rejection; the FINAL key of row (b, n).
+3. ``final_draw`` (grid ``(B, NV)``): program (b, c) reads row n of z (and row n of w, unless
+   n = G) over its chunk, rebuilds ``log p`` and ``q`` on the fly from the row normalisers, draws
+   the Gumbel noise of the FINAL stream in registers, and keeps two running argmaxes (ties: lowest
+   index): ``log max(0, p - q) + g`` (residual) and ``log p + g`` (bonus, or fallback when the
+   residual is empty), plus whether any ``p - q > 0``. ``[B, NV]`` partials; a jnp argmax
+   across chunks picks the first (lowest-index) maximum.
+
+HBM traffic: G+1 target rows once, the draft rows once only when ``draft_logprobs`` is missing,
+then one target row and one draft row per batch row. Nothing of size V is written; the partials
+are ``O(B * NV * (G+1))``. Splitting V into NV chunks keeps ``B * NV >= min_programs`` (about two
+waves of the H200's 132 SMs) when B is small. top-k / top-p are a jnp pre-pass (``lax.top_k`` and
+a sort over V per row, and one filtered float32 copy of z and w written to HBM): only paid when
+they are on.
+
+Lowering: Pallas Triton, chosen for the H200 with JAX 0.11.2
+-----------------------------------------------------------
+JAX 0.11 deprecates the Triton lowering of ``pl.pallas_call`` but keeps it working. On both 0.10.2
+and 0.11.2 the GPU default of ``pl.pallas_call`` is Mosaic GPU (``jax_pallas_use_mosaic_gpu``), so
+the lowering is selected explicitly by ``compiler_params=plt.CompilerParams(num_warps, num_stages)``
+(and ``pl.pallas_call`` with Mosaic GPU is itself deprecated in favour of ``plgpu.kernel``).
+We keep the Triton lowering because this kernel is a masked, gather-heavy streaming reduction: masked tail
+loads (``plt.load(mask=, other=-inf)``) of non-power-of-2 V and G+1, a data-dependent row n,
+uint32 hashing and ``argmax`` with lowest-index ties are all first-class in the Triton lowering
+and work identically in interpret mode, on JAX 0.10.2 and 0.11.2. Mosaic GPU is a warpgroup
+programming model built around TMA copies of fixed, aligned tiles and WGMMA layouts; it buys
+nothing for a bandwidth-bound reduction, needs explicit SMEM pipelining and padding for ragged V,
+and its API is still changing between the two versions we must support. Revisit when the Triton
+lowering is removed (the kernel bodies are plain jnp and port as they are).
+
+Exactness: ``z / T`` must be an IEEE division (the oracle divides), but Triton's NVPTX backend
+turns an f32 ``divf`` into the approximate ``div.full.f32``; on the GPU the kernels divide with
+inline ``div.rn.f32`` (interpret mode divides in XLA, which is IEEE). Remaining differences to the NumPy oracle are ulps in exp/log and in the order of
+summation; they can change a decision only at a near-tie (probability about 1e-6 per draw).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from flashspec_jax import random as rng
+
+NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyKernelConfig:
+    """Static tuning of the two kernels."""
+
+    block_v: int = 2048  # vocabulary tile (entries of one row per loop step)
+    num_warps: int = 8
+    num_stages: int = 2
+    min_programs: int = 264  # split V until B * NV reaches this (2 waves of 132 SMs)
+
+    def __post_init__(self):
+        if self.block_v < 16 or self.block_v & (self.block_v - 1):
+            raise ValueError(f"{self.block_v=} must be a power of 2 >= 16")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{self.num_warps=} must be one of 1, 2, 4, 8, 16")
+        if self.num_stages < 1:
+            raise ValueError(f"{self.num_stages=} must be >= 1")
+        if self.min_programs < 1:
+            raise ValueError(f"{self.min_programs=} must be >= 1")
+
+    def compiler_params(self) -> plt.CompilerParams:
+        return plt.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+class Counters(NamedTuple):
+    """Per-row coordinates of the shared generator, all uint32 [B]."""
+
+    seed_lo: jax.Array
+    seed_hi: jax.Array
+    offset: jax.Array
+    row: jax.Array  # the batch row for a shared seed, 0 for per-row seeds
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunking:
+    """V split into ``num_chunks`` chunks of ``blocks`` tiles of ``block`` entries."""
+
+    block: int
+    blocks: int
+    num_chunks: int
+
+    @classmethod
+    def make(cls, batch: int, vocab: int, block: int, min_programs: int) -> "Chunking":
+        block = min(block, max(16, pl.next_power_of_2(vocab)))
+        tiles = pl.cdiv(vocab, block)
+        wanted = min(tiles, max(1, pl.cdiv(min_programs, batch)))
+        blocks = pl.cdiv(tiles, wanted)
+        return cls(block, blocks, pl.cdiv(tiles, blocks))
+
+
+# ----------------------------------------------------------------------------- kernel helpers
+
+
+def divide(a: jax.Array, temperature: float, exact_div: bool) -> jax.Array:  # f32 [...]
+    """a / T as an IEEE float32 division (``div.rn.f32`` on the GPU)."""
+    if temperature == 1.0:
+        return a
+    if not exact_div:
+        return a / np.float32(temperature)
+    t = jnp.full(a.shape, temperature, jnp.float32)
+    [out] = plt.elementwise_inline_asm(
+        "div.rn.f32 $0, $1, $2;", args=[a, t], constraints="=f,f,f", pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
+    )
+    return out
+
+
+def update_argmax(best, idx, values, start):  # scalars, [N] -> scalars; ties keep the lowest index
+    """Running (max, argmax) over tiles; ``values[k]`` is vocabulary entry ``start + k``."""
+    v = jnp.max(values)
+    better = v > best  # strict: an equal later tile keeps the earlier (lower) index
+    return jnp.where(better, v, best), jnp.where(better, start + lax.argmax(values, 0, jnp.int32), idx)
+
+
+# ----------------------------------------------------------------------------- kernel 1: row stats
+
+
+def row_stats_kernel(
+    a_ref,  # [B, Ra, V] logits (any float dtype)
+    m_ref,  # [B, NV, Ra] f32: max of a / T (greedy: max of a)
+    l_ref,  # [B, NV, Ra] f32: sum exp(a / T - m) (greedy: int32 argmax)
+    *,
+    temperature: float,
+    greedy: bool,
+    chunking: Chunking,
+    exact_div: bool,
+):
+    b, c = pl.program_id(0), pl.program_id(1)
+    num_rows, vocab = a_ref.shape[1], a_ref.shape[2]
+    bv = chunking.block
+
+    def load(r, j):  # -> [bv] f32, index of its first entry
+        start = (c * chunking.blocks + j) * bv
+        cols = start + jnp.arange(bv, dtype=jnp.int32)
+        a = plt.load(a_ref.at[b, r, cols], mask=cols < vocab, other=NEG_INF)
+        return a.astype(jnp.float32), start
+
+    def row_body(r, carry):
+        def stats_body(j, ml):
+            m, l = ml
+            s, _ = load(r, j)
+            s = divide(s, temperature, exact_div)
+            m_new = jnp.maximum(m, jnp.max(s))
+            m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+            return m_new, l * jnp.exp(m - m_safe) + jnp.sum(jnp.exp(s - m_safe))
+
+        def argmax_body(j, best):
+            z, start = load(r, j)
+            return update_argmax(*best, z, start)
+
+        init = jnp.float32(NEG_INF)
+        if greedy:
+            m, second = lax.fori_loop(0, chunking.blocks, argmax_body, (init, c * chunking.blocks * bv))
+        else:
+            m, second = lax.fori_loop(0, chunking.blocks, stats_body, (init, jnp.float32(0)))
+        m_ref[b, c, r] = m
+        l_ref[b, c, r] = second
+        return carry
+
+    lax.fori_loop(0, num_rows, row_body, 0)
+
+
+def row_stats(
+    a: jax.Array,  # [B, Ra, V]
+    *,
+    temperature: float,
+    greedy: bool,
+    config: VerifyKernelConfig,
+    interpret: bool,
+) -> tuple[jax.Array, jax.Array]:  # [B, NV, Ra] f32, [B, NV, Ra] f32 (greedy: int32)
+    batch, num_rows, vocab = a.shape
+    chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
+    kernel = functools.partial(
+        row_stats_kernel, temperature=temperature, greedy=greedy, chunking=chunking, exact_div=not interpret,
+    )
+    shape = (batch, chunking.num_chunks, num_rows)
+    return pl.pallas_call(
+        kernel,
+        out_shape=[
+            jax.ShapeDtypeStruct(shape, jnp.float32),
+            jax.ShapeDtypeStruct(shape, jnp.int32 if greedy else jnp.float32),
+        ],
+        grid=(batch, chunking.num_chunks),
+        compiler_params=config.compiler_params(),
+        interpret=interpret,
+        name="flashspec_row_stats",
+    )(a)
+
+
+def combine_logsumexp(m: jax.Array, l: jax.Array) -> jax.Array:
+    """[B, NV, Ra] chunk max and sum-exp -> [B, Ra] log sum exp."""
+    big = jnp.max(m, axis=1)  # [B, R]
+    safe = jnp.where(big == NEG_INF, 0.0, big)
+    total = jnp.sum(l * jnp.exp(m - safe[:, None]), axis=1)
+    return big + jnp.log(total)
+
+
+def combine_argmax(m: jax.Array, idx: jax.Array, vocab: int) -> jax.Array:
+    """[B, NV, Ra] chunk max and argmax -> [B, Ra] argmax (ties: lowest index)."""
+    c = jnp.argmax(m, axis=1)  # first chunk holding the max
+    best = jnp.take_along_axis(idx, c[:, None], axis=1)[:, 0]
+    return jnp.minimum(best, vocab - 1)
+
+
+# ----------------------------------------------------------------------------- kernel 2: final draw
+
+
+def final_draw_kernel(
+    n_ref,  # [B] int32: first rejection n
+    x_ref,  # [B] int32: x at min(n, G-1) (one-hot q)
+    lse_p_ref,  # [B] f32: log sum exp of z_n / T
+    lse_q_ref,  # [B] f32: log sum exp of w_n / T
+    key_ref,  # [B] uint32: FINAL key of (seed, offset, row, position=n)
+    z_ref,  # [B, G+1, V]
+    *refs,  # w_ref [B, G, V] (if has_draft), then 5 outputs [B, NV]
+    temperature: float,
+    has_draft: bool,
+    chunking: Chunking,
+    exact_div: bool,
+):
+    w_ref = refs[0] if has_draft else None
+    r_val_ref, r_idx_ref, p_val_ref, p_idx_ref, any_ref = refs[1:] if has_draft else refs
+    b, c = pl.program_id(0), pl.program_id(1)
+    gamma, vocab = z_ref.shape[1] - 1, z_ref.shape[2]
+    n, x_n, lse_p, lse_q, key = n_ref[b], x_ref[b], lse_p_ref[b], lse_q_ref[b], key_ref[b]
+    bonus = n == gamma
+    bv = chunking.block
+
+    def body(j, carry):
+        r_val, r_idx, p_val, p_idx, any_r = carry
+        start = (c * chunking.blocks + j) * bv
+        cols = start + jnp.arange(bv, dtype=jnp.int32)
+        inside = cols < vocab
+        z = plt.load(z_ref.at[b, n, cols], mask=inside, other=NEG_INF).astype(jnp.float32)
+        log_p = divide(z, temperature, exact_div) - lse_p
+        if has_draft:
+            i = jnp.minimum(n, gamma - 1)
+            w = plt.load(w_ref.at[b, i, cols], mask=inside & ~bonus, other=NEG_INF).astype(jnp.float32)
+            q = jnp.exp(divide(w, temperature, exact_div) - lse_q)
+        else:
+            q = jnp.where(cols == x_n, 1.0, 0.0).astype(jnp.float32)
+        g = rng.gumbel_from_uniform(rng.to_uniform(rng.bits_from_key(key, cols)))
+        res = jnp.maximum(jnp.exp(log_p) - q, 0.0)
+        r_val, r_idx = update_argmax(r_val, r_idx, jnp.log(res) + g, start)
+        p_val, p_idx = update_argmax(p_val, p_idx, log_p + g, start)
+        return r_val, r_idx, p_val, p_idx, jnp.maximum(any_r, (jnp.max(res) > 0).astype(jnp.int32))
+
+    start = c * chunking.blocks * bv
+    init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
+    r_val, r_idx, p_val, p_idx, any_r = lax.fori_loop(0, chunking.blocks, body, init)
+    r_val_ref[b, c] = r_val
+    r_idx_ref[b, c] = r_idx
+    p_val_ref[b, c] = p_val
+    p_idx_ref[b, c] = p_idx
+    any_ref[b, c] = any_r
+
+
+def final_draw(
+    z: jax.Array,  # [B, G+1, V]
+    w: jax.Array | None,  # [B, G, V]
+    n: jax.Array,  # [B] int32
+    x_n: jax.Array,  # [B] int32
+    lse_p_n: jax.Array,  # [B] f32
+    lse_q_n: jax.Array,  # [B] f32
+    key: jax.Array,  # [B] uint32
+    *,
+    temperature: float,
+    config: VerifyKernelConfig,
+    interpret: bool,
+) -> jax.Array:  # [B] int32: y
+    batch, _, vocab = z.shape
+    chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
+    kernel = functools.partial(
+        final_draw_kernel, temperature=temperature, has_draft=w is not None, chunking=chunking,
+        exact_div=not interpret,
+    )
+    shape = (batch, chunking.num_chunks)
+    f32, i32 = jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)
+    r_val, r_idx, p_val, p_idx, any_r = pl.pallas_call(
+        kernel,
+        out_shape=[f32, i32, f32, i32, i32],
+        grid=(batch, chunking.num_chunks),
+        compiler_params=config.compiler_params(),
+        interpret=interpret,
+        name="flashspec_final_draw",
+    )(n, x_n, lse_p_n, lse_q_n, key, z, *([] if w is None else [w]))
+    y_r = jnp.take_along_axis(r_idx, jnp.argmax(r_val, axis=1)[:, None], axis=1)[:, 0]
+    y_p = jnp.take_along_axis(p_idx, jnp.argmax(p_val, axis=1)[:, None], axis=1)[:, 0]
+    use_p = (n == z.shape[1] - 1) | ~jnp.any(any_r > 0, axis=1)
+    return jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
+
+
+# ----------------------------------------------------------------------------- shared jnp steps
+
+
+def scale(z: jax.Array, temperature: float) -> jax.Array:  # [..., V] -> f32 [..., V]
+    return z.astype(jnp.float32) / np.float32(temperature)
+
+
+def filter_top_k(s: jax.Array, k: int) -> jax.Array:  # [..., V] scaled logits
+    if k <= 0 or k >= s.shape[-1]:
+        return s
+    kth = lax.top_k(s, k)[0][..., k - 1 : k]
+    return jnp.where(s >= kth, s, NEG_INF)
+
+
+def filter_top_p(s: jax.Array, top_p: float) -> jax.Array:  # [..., V] scaled logits
+    if top_p >= 1.0:
+        return s
+    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+    probs = e / jnp.sum(e, axis=-1, keepdims=True)
+    order = jnp.argsort(-probs, axis=-1, stable=True)  # descending, lower ids first on ties
+    sorted_probs = jnp.take_along_axis(probs, order, axis=-1)
+    keep_sorted = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs < np.float32(top_p)
+    keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
+    return jnp.where(keep, s, NEG_INF)
+
+
+def filter_logits(z: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
+    """Pre-pass: z [..., V] -> f32 z with the tokens top-k / top-p remove (on z / T) set to -inf."""
+    s = filter_top_p(filter_top_k(scale(z, temperature), top_k), top_p)
+    return jnp.where(s == NEG_INF, NEG_INF, z.astype(jnp.float32))
+
+
+def gather(a: jax.Array, x: jax.Array) -> jax.Array:  # [B, G, V], [B, G] -> [B, G]
+    return jnp.take_along_axis(a, x[..., None], axis=-1)[..., 0]
+
+
+def accept_log_uniforms(c: Counters, gamma: int) -> jax.Array:  # -> [B, G] f32
+    i = jnp.arange(gamma, dtype=jnp.uint32)[None]
+    col = lambda a: a[:, None]  # noqa: E731
+    return jnp.log(rng.uniform(col(c.seed_lo), col(c.seed_hi), col(c.offset), col(c.row), i, 0, rng.ACCEPT))
+
+
+def first_rejection(accepted: jax.Array) -> jax.Array:  # [B, G] bool -> [B] int32
+    gamma = accepted.shape[-1]
+    return jnp.where(accepted.all(-1), gamma, jnp.argmax(~accepted, axis=-1)).astype(jnp.int32)
+
+
+def emit(x: jax.Array, n: jax.Array, y: jax.Array) -> jax.Array:  # [B, G], [B], [B] -> [B, G+1]
+    batch, gamma = x.shape
+    pos = jnp.arange(gamma + 1)[None]
+    padded = jnp.concatenate([x, jnp.zeros((batch, 1), x.dtype)], axis=1)
+    tokens = jnp.where(pos < n[:, None], padded, -1)
+    return jnp.where(pos == n[:, None], y[:, None], tokens).astype(jnp.int32)
+
+
+class Decision(NamedTuple):
+    num_accepted: jax.Array  # [B] int32
+    tokens: jax.Array  # [B, G+1] int32
+    log_q_x: jax.Array  # [B, G] f32: log q(x) used by the accept test (-inf: x impossible under q)
+
+
+# ----------------------------------------------------------------------------- entry points
+
+
+def verify(
+    z: jax.Array,  # [B, G+1, V] float
+    x: jax.Array,  # [B, G] int32, in [0, V)
+    w: jax.Array | None,  # [B, G, V] float, or None (one-hot q)
+    log_q_given: jax.Array | None,  # [B, G] float, or None
+    c: Counters,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    config: VerifyKernelConfig | None = None,
+    interpret: bool = False,
+) -> Decision:
+    """The fused verify on already checked arguments (call under ``jax.jit``)."""
+    config = config or VerifyKernelConfig()
+    batch, g1, vocab = z.shape
+    gamma, rows = g1 - 1, jnp.arange(batch)
+    x = jnp.clip(x.astype(jnp.int32), 0, vocab - 1)
+    stats = functools.partial(row_stats, temperature=temperature, config=config, interpret=interpret)
+    if temperature == 0:
+        m, idx = stats(z, greedy=True)
+        argmax = combine_argmax(m, idx, vocab)  # [B, G+1]
+        n = first_rejection(x == argmax[:, :gamma])
+        return Decision(n, emit(x, n, argmax[rows, n]), jnp.zeros(x.shape, jnp.float32))
+    if top_k > 0 or top_p < 1.0:
+        z = filter_logits(z, temperature, top_k, top_p)
+        w = None if w is None else filter_logits(w, temperature, top_k, top_p)
+    lse_p = combine_logsumexp(*stats(z, greedy=False))  # [B, G+1]
+    log_p_x = scale(gather(z[:, :gamma], x), temperature) - lse_p[:, :gamma]
+    if w is None:
+        log_q_x, lse_q = jnp.zeros(x.shape, jnp.float32), jnp.zeros(x.shape, jnp.float32)
+    elif log_q_given is not None:  # the draft row's normaliser is one logit away
+        log_q_x, t_x = log_q_given.astype(jnp.float32), scale(gather(w, x), temperature)
+        lse_q = jnp.where(jnp.isfinite(t_x), t_x - log_q_x, jnp.inf)
+    else:
+        lse_q = combine_logsumexp(*stats(w, greedy=False))  # [B, G]
+        log_q_x = scale(gather(w, x), temperature) - lse_q
+    n = first_rejection(accept_log_uniforms(c, gamma) < log_p_x - log_q_x)
+    i = jnp.minimum(n, gamma - 1)
+    key = rng.key(c.seed_lo, c.seed_hi, c.offset, c.row, n.astype(jnp.uint32), rng.FINAL)
+    y = final_draw(
+        z, w, n, x[rows, i], lse_p[rows, n], lse_q[rows, i], key,
+        temperature=temperature, config=config, interpret=interpret,
+    )
+    return Decision(n, emit(x, n, y), log_q_x)
+
+
+def log_softmax(s: jax.Array) -> jax.Array:  # [..., V], the oracle's s - (m + log sum exp(s - m))
+    m = jnp.max(s, axis=-1, keepdims=True)
+    return s - (m + jnp.log(jnp.sum(jnp.exp(s - m), axis=-1, keepdims=True)))
+
+
+def log_probs(a: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:  # [..., V]
+    return log_softmax(filter_top_p(filter_top_k(scale(a, temperature), top_k), top_p))
+
+
+def verify_reference(
+    z: jax.Array,  # [B, G+1, V] float
+    x: jax.Array,  # [B, G] int32
+    w: jax.Array | None,  # [B, G, V] float, or None
+    log_q_given: jax.Array | None,  # [B, G] float, or None
+    c: Counters,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> Decision:
+    """The oracle's algorithm in jnp, materialising every distribution (float32)."""
+    batch, g1, vocab = z.shape
+    gamma, rows = g1 - 1, jnp.arange(batch)
+    x = jnp.clip(x.astype(jnp.int32), 0, vocab - 1)
+    z = z.astype(jnp.float32)
+    if temperature == 0:
+        n = first_rejection(x == jnp.argmax(z[:, :gamma], axis=-1))
+        y = jnp.argmax(z[rows, n], axis=-1)
+        return Decision(n, emit(x, n, y), jnp.zeros(x.shape, jnp.float32))
+    log_p = log_probs(z, temperature, top_k, top_p)  # [B, G+1, V]
+    log_q = None if w is None else log_probs(w, temperature, top_k, top_p)  # [B, G, V]
+    if log_q_given is not None:
+        log_q_x = log_q_given.astype(jnp.float32)
+    elif log_q is None:
+        log_q_x = jnp.zeros(x.shape, jnp.float32)
+    else:
+        log_q_x = gather(log_q, x)
+    n = first_rejection(accept_log_uniforms(c, gamma) < gather(log_p[:, :gamma], x) - log_q_x)
+    log_p_n = log_p[rows, n]  # [B, V]
+    j = jnp.arange(vocab, dtype=jnp.uint32)[None]
+    col = lambda a: a[:, None]  # noqa: E731
+    g = rng.gumbel(col(c.seed_lo), col(c.seed_hi), col(c.offset), col(c.row), col(n.astype(jnp.uint32)), j, rng.FINAL)
+    i = jnp.minimum(n, gamma - 1)
+    if log_q is None:
+        q_n = (jnp.arange(vocab)[None] == x[rows, i][:, None]).astype(jnp.float32)
+    else:
+        q_n = jnp.exp(log_q[rows, i])
+    r = jnp.maximum(jnp.exp(log_p_n) - q_n, 0.0)
+    use_p = (n == gamma)[:, None] | ~jnp.any(r > 0, axis=-1, keepdims=True)
+    y = jnp.argmax(jnp.where(use_p, log_p_n, jnp.log(r)) + g, axis=-1)
+    return Decision(n, emit(x, n, y), log_q_x)

@@ -1,0 +1,171 @@
+"""``flashspec_jax.verify``: speculative-decoding verification on JAX arrays.
+
+The typed front door: argument checks (``flashspec.contract.check_verify_args``, plus value checks
+on concrete inputs), the counter coordinates, and the dispatch to ``impl="pallas"`` (the fused
+kernels of ``flashspec_jax.kernels.verify``; Pallas interpret mode off the GPU) or
+``impl="reference"`` (the oracle's algorithm in jnp). Both run under one ``jax.jit`` each, with
+temperature / top-k / top-p static and seed / offset traced (new seeds never recompile).
+
+Value checks (NaN / +inf logits, rows without a finite logit, token ids outside [0, V),
+``draft_logprobs`` that are not log-probabilities, a drafted token that q gives no mass) need the
+data: they run only when the inputs are concrete, and cost one reduction over the logits and a
+device-to-host sync of a few flags. Call ``verify`` inside your own ``jax.jit`` (as the decoding
+loop does) to skip them; the kernels clamp ids so that nothing reads out of bounds.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flashspec.contract import VerifyResult, check_verify_args
+from flashspec_jax import random as rng
+from flashspec_jax.kernels import verify as kernels
+
+IMPLS = ("pallas", "reference")
+
+
+def register_result_pytree() -> None:
+    """VerifyResult (a numpy-only dataclass) as a pytree, so that ``verify`` works under jax.jit."""
+    try:
+        jax.tree_util.register_dataclass(VerifyResult, data_fields=["num_accepted", "tokens"], meta_fields=[])
+    except ValueError:  # already registered (by another import of this module's twin)
+        pass
+
+
+register_result_pytree()
+
+
+def verify(
+    target_logits,  # [B, G+1, V] float
+    draft_tokens,  # [B, G] int
+    draft_logits=None,  # [B, G, V] float, or None for a deterministic (one-hot) draft
+    draft_logprobs=None,  # [B, G] float: log q_i(x_i) as the draft computed it, or None
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed=0,
+    offset=0,
+    impl: str | None = None,
+) -> VerifyResult[jax.Array]:
+    """Accept / reject the drafted tokens and draw the residual or bonus token (see SPEC.md)."""
+    impl = resolve_impl(impl)
+    shape, cfg = check_verify_args(
+        target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset
+    )
+    args = (target_logits, draft_tokens, draft_logits, draft_logprobs)
+    concrete = not any(isinstance(a, jax.core.Tracer) for a in (*args, seed, offset))
+    if concrete:
+        check_values(*args, vocab=shape.vocab, greedy=cfg.greedy)
+    seed_lo, seed_hi = rng.split_counter(seed)
+    offset_lo, _ = rng.split_counter(offset)
+    decision = verify_jit(
+        *args, seed_lo, seed_hi, offset_lo,
+        temperature=float(cfg.temperature), top_k=int(cfg.top_k), top_p=float(cfg.top_p), impl=impl,
+        interpret=not on_gpu(),
+    )
+    if concrete and draft_logits is not None and draft_logprobs is None and not cfg.greedy:
+        check_draft_support(np.asarray(decision.log_q_x), np.asarray(draft_tokens))
+    return VerifyResult(num_accepted=decision.num_accepted, tokens=decision.tokens)
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() in ("gpu", "cuda", "rocm")
+
+
+def resolve_impl(impl: str | None) -> str:
+    if impl is None:
+        return "pallas" if on_gpu() else "reference"
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} must be one of {IMPLS} (or None: 'pallas' on GPU, else 'reference')")
+    return impl
+
+
+def make_counters(seed_lo, seed_hi, offset, batch: int) -> kernels.Counters:
+    """uint32 [] or [B] halves -> per-row coordinates; per-row seeds use row coordinate 0."""
+    per_row = jnp.ndim(seed_lo) == 1
+    row = jnp.zeros(batch, jnp.uint32) if per_row else jnp.arange(batch, dtype=jnp.uint32)
+    full = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.uint32), (batch,))  # noqa: E731
+    return kernels.Counters(full(seed_lo), full(seed_hi), full(offset), row)
+
+
+@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p", "impl", "interpret"))
+def verify_jit(
+    z,  # [B, G+1, V]
+    x,  # [B, G]
+    w,  # [B, G, V] or None
+    log_q_given,  # [B, G] or None
+    seed_lo,  # uint32 [] or [B]
+    seed_hi,  # uint32 [] or [B]
+    offset,  # uint32 [] or [B]
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    impl: str,
+    interpret: bool,
+) -> kernels.Decision:
+    c = make_counters(seed_lo, seed_hi, offset, z.shape[0])
+    x = x.astype(jnp.int32)
+    if temperature == 0:
+        w, log_q_given = None, None
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    if impl == "reference":
+        return kernels.verify_reference(z, x, w, log_q_given, c, **sampling)
+    return kernels.verify(z, x, w, log_q_given, c, **sampling, interpret=interpret)
+
+
+# ----------------------------------------------------------------------------- value checks
+
+
+@jax.jit
+def logits_flags(a) -> tuple[jax.Array, jax.Array]:  # [..., V] -> (any NaN/+inf, any row without finite)
+    return jnp.any(jnp.isnan(a) | (a == jnp.inf)), jnp.any(~jnp.any(jnp.isfinite(a), axis=-1))
+
+
+def check_logits(name: str, a) -> None:
+    if isinstance(a, np.ndarray):
+        a = a.astype(np.float32)
+        bad, empty = bool(np.any(np.isnan(a) | np.isposinf(a))), bool(np.any(~np.isfinite(a).any(-1)))
+    else:
+        bad, empty = (bool(f) for f in logits_flags(a))
+    if not (bad or empty):
+        return
+    a = np.asarray(a).astype(np.float32)
+    if bad:
+        idx = tuple(int(i) for i in np.argwhere(np.isnan(a) | np.isposinf(a))[0])
+        raise ValueError(f"{name}{list(idx)} is {a[idx]}: logits must be finite or -inf (masked)")
+    idx = tuple(int(i) for i in np.argwhere(~np.isfinite(a).any(-1))[0])
+    raise ValueError(f"{name}{list(idx)} has no finite logit: every row needs at least one token with mass")
+
+
+def check_values(z, x, w, log_q_given, *, vocab: int, greedy: bool) -> None:
+    """The data-dependent checks of the oracle, on concrete inputs."""
+    check_logits("target_logits", z)
+    if w is not None and not greedy:
+        check_logits("draft_logits", w)
+    x = np.asarray(x).astype(np.int64)
+    bad = (x < 0) | (x >= vocab)
+    if bad.any():
+        b, i = np.argwhere(bad)[0]
+        raise ValueError(
+            f"draft_tokens[{b}, {i}] = {x[b, i]} is out of range [0, {vocab}); "
+            "padding ids such as -1 are not tokens: verify only rows with real drafts"
+        )
+    if log_q_given is not None and not greedy:
+        lq = np.asarray(log_q_given).astype(np.float32)
+        if not (np.isfinite(lq).all() and (lq <= 1e-3).all()):
+            raise ValueError("draft_logprobs must be finite log-probabilities (<= 0)")
+
+
+def check_draft_support(log_q_x: np.ndarray, x) -> None:  # [B, G], [B, G]
+    if np.isneginf(log_q_x).any():
+        b, i = np.argwhere(np.isneginf(log_q_x))[0]
+        raise ValueError(
+            f"draft_tokens[{b}, {i}] = {x[b, i]} has zero probability under draft_logits after "
+            "temperature/top-k/top-p: the draft must sample from exactly the q given to verify"
+        )

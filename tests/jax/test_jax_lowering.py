@@ -1,0 +1,54 @@
+"""The Pallas kernels lower for the GPU without a GPU (Triton IR), so CI catches lowering errors.
+
+``jax.export`` with ``platforms=["cuda"]`` runs the Pallas Triton lowering on this CPU-only
+machine. It stops at Triton IR: PTX compilation (and the inline ``div.rn.f32``) is only checked on
+a real GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from flashspec_jax.kernels import verify as kernels
+from flashspec_jax.verify import make_counters
+
+TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
+
+
+def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits"):
+    def f(z, x, w, lq, seed):
+        c = make_counters(seed, seed, seed, z.shape[0])
+        d = kernels.verify(z, x, w, lq, c, temperature=temperature, top_k=top_k, top_p=top_p, interpret=False)
+        return d.num_accepted, d.tokens
+
+    spec = jax.ShapeDtypeStruct
+    args = (
+        spec((batch, gamma + 1, vocab), dtype),
+        spec((batch, gamma), jnp.int32),
+        None if draft == "onehot" else spec((batch, gamma, vocab), dtype),
+        spec((batch, gamma), jnp.float32) if draft == "logprobs" else None,
+        spec((batch,), jnp.uint32),
+    )
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
+    return jax.export.export(jax.jit(f), platforms=["cuda"], disabled_checks=checks)(*args)
+
+
+@pytest.mark.parametrize(
+    "batch,gamma,vocab,dtype,temperature,top_k,top_p,draft,kernels_expected",
+    [
+        (4, 4, 32000, jnp.float32, 1.0, 0, 1.0, "logits", 3),  # stats of z and w, final draw
+        (1, 8, 128256, jnp.bfloat16, 0.7, 0, 1.0, "logprobs", 2),  # no pass over the draft rows
+        (8, 1, 50257, jnp.float16, 1.0, 0, 1.0, "onehot", 2),
+        (64, 4, 1000, jnp.float32, 0.0, 0, 1.0, "logits", 1),  # greedy: one argmax pass
+        (2, 3, 777, jnp.float32, 0.8, 40, 0.9, "logits", 3),
+    ],
+)
+def test_lowers_to_triton(batch, gamma, vocab, dtype, temperature, top_k, top_p, draft, kernels_expected):
+    exported = export_for_cuda(batch, gamma, vocab, dtype, temperature=temperature, top_k=top_k, top_p=top_p, draft=draft)
+    assert exported.platforms == ("cuda",)
+    text = exported.mlir_module()
+    assert sum(text.count(name) for name in TRITON_CALLS) == kernels_expected
