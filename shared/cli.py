@@ -183,10 +183,97 @@ def run_bench_bandit(args) -> int:
     return 0
 
 
+def probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in (0, 1]")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+    return value
+
+
+def add_generate(sub) -> None:
+    from .bandits import POLICIES
+
+    p = sub.add_parser("generate", help="generate text with speculative decoding",
+                       description="Generate with the embedded SmolLM2-135M-Instruct (or --target) and adaptive drafts.")
+    p.add_argument("prompt")
+    p.add_argument("--backend", choices=("torch", "jax"), default="torch")
+    p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", action="append", metavar="DRAFT",
+                   help="ngram[:N] | layerskip:L1-L2 | self | PATH; repeat for several (default ngram)")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token")
+    p.add_argument("--gamma", type=positive_int, default=4)
+    p.add_argument("--temperature", type=non_negative_float, default=0.7)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=probability, default=1.0)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding (the baseline)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run_generate)
+
+
+def run_generate(args) -> int:
+    from .engine import engine
+
+    eng = engine(args.backend, args.target, tuple(args.draft or ("ngram",)), policy=args.policy, device=args.device)
+    show = sys.stderr.isatty()
+    counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}
+    began = [None]
+
+    def progress(record) -> None:
+        import time
+
+        began[0] = began[0] or time.perf_counter()
+        counted["tokens"] += record.emitted
+        counted["steps"] += 1
+        counted["accepted"] += record.accepted
+        counted["drafted"] += record.drafted
+        if show:
+            acc = counted["accepted"] / counted["drafted"] if counted["drafted"] else 0.0
+            print(f"\r[{counted['tokens']:>5} tokens | {counted['steps']:>4} steps | acceptance {acc:.2f}]",
+                  end="", file=sys.stderr, flush=True)
+
+    try:
+        result = eng.generate(
+            args.prompt, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens, seed=args.seed, speculation=not args.no_speculation,
+            chat=not args.no_chat, on_step=progress,
+        )
+    finally:
+        if show:
+            print(file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(result["text"])
+    lat = result["step_latency_ms"]
+    acc = result["acceptance"]
+    print(f"\n-- {result['new_tokens']} tokens in {result['wall_s']:.2f} s ({result['tokens_per_s']:.1f} tok/s), "
+          f"{result['steps']} steps, acceptance {acc:.2f}, step p50 {lat['p50']:.1f} ms / p90 {lat['p90']:.1f} ms, "
+          f"pulls {result['arm_pulls']}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="flashspec", description="Exact, adaptive speculative decoding.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
+    add_generate(sub)
     add_bandit_sim(sub)
     add_bench(sub)
     return parser
@@ -198,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     try:
         return args.run(args)
-    except (ValueError, UsageError, OSError) as e:
+    except (ValueError, UsageError, OSError, ImportError) as e:
         print(f"flashspec {args.command}: error: {e}", file=sys.stderr)
         return 2
 

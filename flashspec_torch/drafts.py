@@ -1,0 +1,112 @@
+"""Drafts for the torch backend, all over one model class (no copies of the model).
+
+* ``ModelDraft``: any Llama-family model sharing the target's tokenizer -- a small model, an NF4
+  copy, or the target itself with layers skipped (``skip``). It keeps its own KV cache and catches
+  up lazily: when it was not used for some steps (the bandit chose another arm), its first forward
+  of the next step feeds every token it has not seen, so arms can switch every step.
+* ``LookupDraft``: prompt-lookup (n-gram) drafting on the device: find the latest earlier
+  occurrence of the sequence's last n tokens and propose what followed. Deterministic, so q is
+  one-hot (``logits`` is None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flashspec.config import SamplingConfig
+
+from .model import Llama
+from .sampling import sample
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, G] int64
+    logits: torch.Tensor | None  # [B, G, V] float32 raw draft logits; None: one-hot q
+    logprobs: torch.Tensor | None  # [B, G] float32 log q(x) as sampled
+
+
+@dataclass
+class Sequences:
+    """The batch's token history on the device (shared by the backend and the drafts)."""
+
+    tokens: torch.Tensor  # [B, S] int64: prompt then generated tokens
+    length: torch.Tensor  # [B] int64: tokens held per row; the last one is not yet in any cache
+    max_len_bound: int  # host-side upper bound of length over rows (no device read needed)
+    step: int = 0
+
+
+class ModelDraft:
+    def __init__(self, name: str, model: Llama, skip: frozenset[int] = frozenset()):
+        if skip and max(skip) >= model.config.num_layers:
+            raise ValueError(f"skip={sorted(skip)} names layers beyond the model's {model.config.num_layers}")
+        self.name, self.model, self.skip = name, model, frozenset(skip)
+
+    def start(self, batch: int, max_len: int) -> None:
+        self.cache = self.model.new_cache(batch, max_len)
+        self.valid = torch.zeros(batch, dtype=torch.int64, device=self.model.embed.weight.device)
+        self.used_at: int | None = None
+
+    def catch_up_bound(self, seqs: Sequences, gamma: int) -> int:
+        """Host-side bound on the tokens a row may not have fed yet."""
+        if self.used_at is None:
+            return seqs.max_len_bound
+        return (seqs.step - self.used_at) * (gamma + 1) + 2
+
+    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset) -> Proposal:
+        s_max = self.cache.max_len
+        length = seqs.length
+        start = torch.minimum(self.valid, length - 1)  # [B] first position this draft must (re)feed
+        chunk = min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
+        pos = (start[:, None] + torch.arange(chunk, device=length.device)).clamp(max=s_max - 1)  # [B, C]
+        tokens = seqs.tokens.gather(1, pos)
+        attend = min(seqs.max_len_bound + gamma, s_max)
+        last = (length - 1 - start).clamp(max=chunk - 1)  # only a finished row can lag further
+        w = self.model(tokens, pos, self.cache, attend, select=last, skip=self.skip)[:, 0]
+        xs, ws, lqs = [], [], []
+        for i in range(gamma):
+            x_i, lq_i = sample(w, sampling, seed, offset, position=i)
+            xs.append(x_i)
+            ws.append(w)
+            lqs.append(lq_i)
+            if i + 1 < gamma:
+                p_i = (length + i)[:, None]
+                w = self.model(x_i[:, None], p_i, self.cache, attend, skip=self.skip)[:, 0]
+        self.valid = length + gamma - 1
+        self.used_at = seqs.step
+        return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
+
+
+class LookupDraft:
+    """Prompt lookup: match the last n tokens (n = max_n .. 1) against the history."""
+
+    def __init__(self, name: str = "ngram", max_n: int = 3):
+        if max_n < 1:
+            raise ValueError(f"{max_n=} must be >= 1")
+        self.name, self.max_n = name, max_n
+
+    def start(self, batch: int, max_len: int) -> None:
+        pass
+
+    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset) -> Proposal:
+        seq, length = seqs.tokens, seqs.length
+        b, s = seq.shape
+        dev = seq.device
+        best = torch.full((b,), -1, dtype=torch.int64, device=dev)  # continuation start, -1: none yet
+        for n in range(self.max_n, 0, -1):
+            if n >= s:
+                continue
+            tail_pos = (length[:, None] - n + torch.arange(n, device=dev)).clamp(min=0)
+            tail = seq.gather(1, tail_pos)  # [B, n]
+            windows = seq.unfold(1, n, 1)  # [B, S-n+1, n]
+            starts = torch.arange(windows.shape[1], device=dev)
+            hit = (windows == tail[:, None]).all(-1) & (starts[None] < (length - n)[:, None])  # earlier than the tail
+            latest = torch.where(hit, starts[None], -1).max(-1).values  # [B]
+            found = (latest >= 0) & (length > n)
+            best = torch.where((best < 0) & found, latest + n, best)
+        fallback = length - 1  # no match: repeat the last token
+        start = torch.where(best >= 0, best, fallback)
+        pos = torch.minimum(start[:, None] + torch.arange(gamma, device=dev), (length - 1)[:, None])
+        return Proposal(seq.gather(1, pos), None, None)

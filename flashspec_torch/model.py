@@ -1,0 +1,195 @@
+"""A Llama-family decoder (Llama 2/3, SmolLM2, TinyLlama, ...) with a static KV cache.
+
+Every row of a batch has its own positions, so rows that accepted different numbers of drafted
+tokens simply continue from different places: scoring writes K/V at ``positions`` and lets each
+query attend to cache slots ``s <= its position``. Stale entries past a row's length are never
+attended before they are overwritten, so "rolling back" rejected tokens costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, float], ...] | None = None  # llama3: factor, low/high_freq_factor, original_max
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"{self.num_heads=} must be a multiple of {self.num_kv_heads=}")
+        if self.head_dim % 2:
+            raise ValueError(f"{self.head_dim=} must be even (RoPE rotates pairs)")
+
+    @classmethod
+    def from_hf(cls, hf) -> "LlamaConfig":
+        """From a transformers LlamaConfig (or its dict)."""
+        c = hf if isinstance(hf, dict) else hf.to_dict()
+        if c.get("model_type") not in (None, "llama", "mistral"):
+            raise ValueError(f"model_type={c.get('model_type')!r} is not a Llama-family model")
+        heads = c["num_attention_heads"]
+        rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+        theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
+        scaling = None
+        if rope.get("rope_type", rope.get("type", "default")) == "llama3":
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            scaling = tuple((k, float(rope[k])) for k in keys)
+        eos = c.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        return cls(
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_layers=c["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(c.get("max_position_embeddings", 4096)),
+            bos_token_id=c.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+        )
+
+
+class KVCache(nn.Module):
+    """Preallocated K and V: [layers, B, H_kv, S, D] each."""
+
+    def __init__(self, config: LlamaConfig, batch: int, max_len: int, dtype: torch.dtype, device):
+        super().__init__()
+        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+def rope_frequencies(config: LlamaConfig) -> torch.Tensor:  # [D/2] float32
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if config.rope_scaling:
+        s = dict(config.rope_scaling)
+        low_wavelen = s["original_max_position_embeddings"] / s["low_freq_factor"]
+        high_wavelen = s["original_max_position_embeddings"] / s["high_freq_factor"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (s["original_max_position_embeddings"] / wavelen - s["low_freq_factor"]) / (
+            s["high_freq_factor"] - s["low_freq_factor"]
+        )
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / s["factor"], inv_freq)
+        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+        inv_freq = torch.where(mid, (1 - smooth) * scaled / s["factor"] + smooth * scaled, scaled)
+    return inv_freq.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; cos, sin [B, 1, T, D]; the rotate-half convention of HF Llama."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+class Block(nn.Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.c = c
+        self.qkv = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)
+        self.o = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.gate_up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.attn_norm = nn.Parameter(torch.ones(c.hidden_size))
+        self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
+
+    def forward(self, h, cos, sin, k_cache, v_cache, positions, mask):
+        # h [B, T, C]; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S]
+        c = self.c
+        b, t, _ = h.shape
+        qkv = self.qkv(rms_norm(h, self.attn_norm, c.rms_norm_eps))
+        q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
+        q = apply_rope(q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
+        v = v.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        index = positions[:, None, :, None].expand(b, c.num_kv_heads, t, c.head_dim)
+        k_cache.scatter_(2, index, k.to(k_cache.dtype))
+        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        s = mask.shape[-1]
+        attn = F.scaled_dot_product_attention(
+            q, k_cache[:, :, :s], v_cache[:, :, :s], attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads
+        )
+        h = h + self.o(attn.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim))
+        gate, up = self.gate_up(rms_norm(h, self.mlp_norm, c.rms_norm_eps)).chunk(2, -1)
+        return h + self.down(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
+        self.skip: frozenset[int] = frozenset()  # layers a layer-skipping draft leaves out
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        p = self.embed.weight
+        return KVCache(self.config, batch, max_len, p.dtype, p.device)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [B, T] int64
+        positions: torch.Tensor,  # [B, T] int64: each token's position in its row
+        cache: KVCache,
+        attend_len: int,  # attend to cache slots [0, attend_len): a host-side bound >= max position + 1
+        logits_last: int | None = None,  # compute logits for the last `logits_last` tokens only (0: none)
+        select: torch.Tensor | None = None,  # [B]: compute logits at this token index of each row only
+        skip: frozenset[int] | None = None,
+    ) -> torch.Tensor | None:  # [B, logits_last or T or 1, V] float32
+        skip = self.skip if skip is None else skip
+        h = self.embed(tokens)
+        angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
+        cos = torch.cat([angles.cos()] * 2, -1)[:, None].to(h.dtype)
+        sin = torch.cat([angles.sin()] * 2, -1)[:, None].to(h.dtype)
+        slots = torch.arange(attend_len, device=tokens.device)
+        mask = (slots[None, None, None, :] <= positions[:, None, :, None])  # [B, 1, T, S]
+        for i, layer in enumerate(self.layers):
+            if i not in skip:
+                h = layer(h, cos, sin, cache.k[i], cache.v[i], positions, mask)
+        if logits_last == 0:
+            return None
+        if select is not None:
+            h = h.gather(1, select[:, None, None].expand(-1, 1, h.shape[-1]))
+        elif logits_last is not None:
+            h = h[:, -logits_last:]
+        return self.lm_head(rms_norm(h, self.norm, self.config.rms_norm_eps)).float()

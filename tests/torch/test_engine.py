@@ -1,0 +1,102 @@
+"""The torch engine on the real embedded model (SmolLM2-135M-Instruct, fp32 on the CPU)."""
+
+import numpy as np
+import pytest
+import torch
+
+from flashspec.config import SamplingConfig
+from flashspec.testing import chi_square_test
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\nimport sys\n\ndef main():",
+    "class Stack:\n    def __init__(self):",
+    "for i in range(10):",
+    "SELECT name, age FROM users WHERE",
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "The theory of relativity states that",
+    "Photosynthesis is the process by which",
+    "In 1969, the first humans",
+    "Write a haiku about the sea.",
+    "What is the boiling point of water?",
+    "Give me three tips for better sleep.",
+    "Explain recursion to a child.",
+    "Translate 'good morning' into French.",
+    "1, 2, 3, 4, 5,",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "Monday, Tuesday, Wednesday,",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
+    "Roses are red, violets are blue,",
+]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from flashspec_torch.engine import Engine
+
+    torch.manual_seed(0)
+    return Engine(None, ("ngram", "layerskip:24-29"), policy="thompson-token", device="cpu")
+
+
+def test_prompts_are_twenty_of_mixed_kinds():
+    assert len(PROMPTS) >= 20 and len(set(PROMPTS)) == len(PROMPTS)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_speculation_equals_greedy_decoding(engine, batch):
+    common = dict(temperature=0.0, max_new_tokens=20, chat=False)
+    for i in range(0, len(PROMPTS), batch):
+        group = PROMPTS[i : i + batch]
+        plain = engine.generate(group, speculation=False, **common)
+        spec = engine.generate(group, speculation=True, gamma=4, **common)
+        for prompt, a, b in zip(group, plain["tokens"], spec["tokens"]):
+            assert a == b, f"{prompt!r}: speculative {b} != autoregressive {a}"
+        assert spec["steps"] >= 1 and sum(spec["arm_pulls"].values()) == spec["steps"]
+
+
+def test_a_request_does_not_depend_on_its_batch_row(engine):
+    """Keyed to its own seed: the same tokens alone or in a batch. (With an adaptive policy the
+    draft chosen each step depends on the whole batch, so this holds for a fixed draft choice.)"""
+    from flashspec_torch.engine import Engine
+
+    fixed = Engine(engine.target, ("layerskip:24-29",), policy="fixed", device="cpu")
+    kw = dict(temperature=0.8, max_new_tokens=12, chat=False, gamma=3)
+    batch = fixed.generate(PROMPTS[:3], seed=[5, 6, 7], **kw)
+    alone = fixed.generate(PROMPTS[1], seed=6, **kw)
+    assert alone["tokens"] == batch["tokens"][1]
+    again = fixed.generate(PROMPTS[1], seed=6, **kw)
+    assert again["tokens"] == alone["tokens"]
+
+
+def test_sampled_first_tokens_follow_the_target(engine):
+    """With drafts in the loop, the first emitted token ~ the target's next-token distribution."""
+    prompt, n = "The capital of France is", 600
+    sampling = SamplingConfig(temperature=1.0, top_k=8)
+    ids = engine.encode(prompt, chat=False)
+    from flashspec_torch.sampling import log_probs
+
+    with torch.inference_mode():
+        m = engine.target.model
+        cache = m.new_cache(1, len(ids) + 1)
+        z = m(torch.tensor([ids]), torch.arange(len(ids))[None], cache, len(ids), logits_last=1)[0, 0]
+    p = log_probs(z, sampling).exp().double().numpy()
+    out = engine.generate([prompt] * n, seed=list(range(n)), temperature=1.0, top_k=8, max_new_tokens=2, gamma=2, chat=False)
+    first = np.array([t[0] for t in out["tokens"]])
+    _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)
+    assert p_value > 1e-3, note
+    assert out["acceptance"] > 0  # the drafts really took part
+
+
+def test_bad_input_is_a_clear_error(engine):
+    with pytest.raises(ValueError, match="prompt"):
+        engine.generate("   ")
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate("hi", temperature=-1)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate("hi", max_new_tokens=0)
+    with pytest.raises(ValueError, match="layerskip"):
+        engine.make_draft("layerskip:40-50")
+    with pytest.raises(ValueError, match="unknown"):
+        engine.make_draft("no-such-draft")
+    assert engine.generate("hi", max_new_tokens=2, chat=False)["new_tokens"] >= 1  # still usable
