@@ -58,6 +58,7 @@ def speculate(
     spec: SpecConfig,
     seed=0,
     first_offset: int = 0,
+    on_step=None,  # called with each StepRecord as it is observed (a progress bar)
 ) -> tuple[list[list[int]], list[StepRecord]]:
     """Generate for every prompt; returns (new tokens per row, per-step records)."""
     backend.prefill(prompts, spec.max_new_tokens)
@@ -71,16 +72,16 @@ def speculate(
         target_logits = backend.score(proposal)
         result = backend.verify(target_logits, proposal, sampling, seed, first_offset + step)
         handle = backend.commit(result)
-        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start):
+        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step):
             pending = None
             break
         pending = (arm, handle, start)
     if pending is not None:
-        observe(policy, records, spec.gamma, *pending, end=time.perf_counter())
+        observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step)
     return backend.outputs(), records
 
 
-def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *, end: float) -> bool:
+def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *, end: float, on_step=None) -> bool:
     """Read a finished step, feed the policy, record it; True when every row is done."""
     view = handle.fetch()
     rows = int(view.active.sum())
@@ -90,6 +91,8 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
         records.append(record)
         for n in view.num_accepted[view.active]:  # each row is one trial; it bears its share of the time
             policy.observe(arm, gamma, int(n), record.seconds / rows)
+        if on_step:
+            on_step(record)
     return bool(view.done.all())
 
 
@@ -101,6 +104,7 @@ def decode(
     max_new_tokens: int,
     seed=0,
     first_offset: int = 0,
+    on_step=None,
 ) -> tuple[list[list[int]], list[StepRecord]]:
     """Plain autoregressive decoding on the same backend (``backend.decode_one``): the baseline."""
     backend.prefill(prompts, max_new_tokens)
@@ -109,18 +113,20 @@ def decode(
     for step in range(max_new_tokens):
         start = time.perf_counter()
         handle = backend.decode_one(sampling, seed, first_offset + step)
-        if pending is not None and _observe_plain(records, *pending, end=start):
+        if pending is not None and _observe_plain(records, *pending, end=start, on_step=on_step):
             pending = None
             break
         pending = (handle, start)
     if pending is not None:
-        _observe_plain(records, *pending, end=time.perf_counter())
+        _observe_plain(records, *pending, end=time.perf_counter(), on_step=on_step)
     return backend.outputs(), records
 
 
-def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float) -> bool:
+def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float, on_step=None) -> bool:
     view = handle.fetch()
     rows = int(view.active.sum())
     if rows:
         records.append(StepRecord(-1, 0, 0, rows, rows, end - start))
+        if on_step:
+            on_step(records[-1])
     return bool(view.done.all())

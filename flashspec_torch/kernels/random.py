@@ -1,0 +1,42 @@
+"""The shared counter-based generator as ``@triton.jit`` device functions (``tl.uint32`` math).
+
+Bit-identical to ``flashspec.random`` (the specification and test vectors live there) and to the
+torch version in ``flashspec_torch.random``. uint32 multiplies wrap modulo 2**32 and ``>>`` on
+uint32 is a logical shift, both on the GPU and in the interpreter (NumPy uint32).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mix(x):  # uint32 [...] -> uint32 [...]
+    """lowbias32."""
+    x = x ^ (x >> 16)
+    x = x * tl.full((), 0x7FEB352D, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full((), 0x846CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def key(seed_lo, seed_hi, offset, row, position, stream):  # uint32, broadcast -> uint32
+    """The per-(row, position) key: six rounds of ``mix``."""
+    k = mix(seed_lo ^ tl.full((), 0x243F6A88, tl.uint32))
+    k = mix(k ^ seed_hi)
+    k = mix(k ^ stream)
+    k = mix(k ^ offset)
+    k = mix(k ^ row)
+    return mix(k ^ position)
+
+
+@triton.jit
+def uniform_from_bits(b):  # uint32 -> float32 in [2**-24, 1 - 2**-24], exactly
+    m = (b >> 9).to(tl.int32)  # < 2**23
+    return (2 * m + 1).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
+
+
+@triton.jit
+def gumbel_from_bits(b):  # uint32 -> float32 standard Gumbel, -log(-log(u))
+    u = uniform_from_bits(b)
+    return -tl.log(-tl.log(u))

@@ -1,0 +1,363 @@
+"""The fused verify kernels (``@triton.jit`` code only; the launcher is ``flashspec_torch.verify``).
+
+Letters as in SPEC.md: z target logits [B, G+1, V], w draft logits [B, G, V], T temperature,
+x drafted tokens [B, G], n first rejection [B], y residual / bonus token [B].
+
+Two kernels, used either alone or as a pair:
+
+* ``verify_final_kernel`` with ``FUSED=True`` (one launch; when B alone fills the GPU): a program
+  owns ``BLOCK_B`` batch rows and the whole vocabulary. It streams the G+1 target rows (and the G
+  draft rows unless ``draft_logprobs`` was given) once as [BLOCK_B, ROWS, BLOCK_V] tiles, keeping
+  an online max and sum-exp per row; gathers z(x_i) and w(x_i); decides the accept tests in log
+  space; and sweeps row n once more for the Gumbel-max draw of the residual (or bonus) token.
+* ``verify_stats_kernel`` then ``verify_final_kernel`` with ``FUSED=False`` (two launches; small
+  B): the vocabulary is split over C programs per batch row. The first launch writes per-chunk
+  (max, sum-exp) partials [B, C, 2, ROWS]; the second recombines them in every program (a few KB),
+  decides n, sweeps its chunk of row n and writes one Gumbel-max candidate per chunk; the last
+  program of a batch tile to finish (an atomic counter) reduces the C candidates and writes the
+  tokens. Two launches are needed because row n, hence the chunks to sweep, is only known once
+  every chunk of every row has been normalised (a grid-wide dependency).
+
+Nothing of size V is ever written. All arithmetic is float32 after loading (bf16 / fp16 are upcast
+immediately), temperature is a true division (``div_rn``), and draft ids are masked: an id outside
+[0, V) is never read from memory (it counts as rejected and y is drawn from p).
+"""
+
+import triton
+import triton.language as tl
+
+from .random import gumbel_from_bits, key, mix, uniform_from_bits
+
+NEG_INF = tl.constexpr(float("-inf"))
+BIG_INDEX = tl.constexpr(2147483647)  # above any vocabulary index: "no candidate" in argmin reductions
+ACCEPT_STREAM = tl.constexpr(0)  # flashspec.random.ACCEPT
+FINAL_STREAM = tl.constexpr(1)  # flashspec.random.FINAL
+
+
+@triton.jit
+def load_scaled(ptrs, mask, T, SCALE: tl.constexpr):  # -> float32 z / T, -inf where masked
+    z = tl.load(ptrs, mask=mask, other=NEG_INF).to(tl.float32)
+    if SCALE:
+        z = tl.math.div_rn(z, T)
+    return z
+
+
+@triton.jit
+def apply_filter(s, j, thr, thr_id):  # s: scaled logits, j: their ids; thr, thr_id broadcast
+    """top-k / top-p as one cut: keep s > thr, and s == thr for ids up to thr_id."""
+    keep = (s > thr) | ((s == thr) & (j <= thr_id))
+    return tl.where(keep, s, NEG_INF)
+
+
+@triton.jit
+def safe_log(x):  # log(x) for x > 0, -inf for x == 0 (no log(0) is evaluated)
+    return tl.where(x > 0, tl.log(tl.where(x > 0, x, 1.0)), NEG_INF)
+
+
+@triton.jit
+def row_stats(rows, row_mask, v_lo, v_hi, sv, T, thr, thr_id,  # rows: [BB, R, 1] pointers
+              BLOCK_B: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr, FILTER: tl.constexpr):
+    """Online (max, sum exp(s - max)) of s = filter(z / T) over [v_lo, v_hi) of each row: [BB, R]."""
+    m = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
+    l = tl.zeros((BLOCK_B, ROWS), tl.float32)
+    for v0 in range(v_lo, v_hi, BLOCK_V):
+        j = v0 + tl.arange(0, BLOCK_V)[None, None, :]
+        s = load_scaled(rows + j.to(tl.int64) * sv, row_mask & (j < v_hi), T, True)
+        if FILTER:
+            s = apply_filter(s, j, thr[:, :, None], thr_id[:, :, None])
+        m_new = tl.maximum(m, tl.max(s, axis=2))
+        m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
+        l = l * tl.exp(m - m_safe) + tl.sum(tl.exp(s - m_safe[:, :, None]), axis=2)
+        m = m_new
+    return m, l
+
+
+@triton.jit
+def row_argmax(rows, row_mask, v_lo, v_hi, sv,  # rows: [BB, R, 1] pointers
+               BLOCK_B: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(max z, lowest index of the max) over [v_lo, v_hi) of each row, raw logits: [BB, R]."""
+    best = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
+    arg = tl.zeros((BLOCK_B, ROWS), tl.int32) + v_lo
+    for v0 in range(v_lo, v_hi, BLOCK_V):
+        j = v0 + tl.arange(0, BLOCK_V)[None, None, :]
+        z = load_scaled(rows + j.to(tl.int64) * sv, row_mask & (j < v_hi), 1.0, False)
+        z_max = tl.max(z, axis=2)
+        z_arg = tl.min(tl.where(z == z_max[:, :, None], j, BIG_INDEX), axis=2)
+        better = z_max > best  # strict: an earlier block keeps its (lower) index on ties
+        best = tl.where(better, z_max, best)
+        arg = tl.where(better, z_arg, arg)
+    return best, arg
+
+
+@triton.jit
+def update_best(best, idx, keys, j):  # best, idx: [BB]; keys: [BB, S]; j: [1, S]
+    """Running Gumbel-max: (max key, lowest index attaining it)."""
+    k_max = tl.max(keys, axis=1)
+    k_arg = tl.min(tl.where(keys == k_max[:, None], j, BIG_INDEX), axis=1)
+    better = k_max > best
+    return tl.where(better, k_max, best), tl.where(better, k_arg, idx)
+
+
+@triton.jit
+def pick_row(a, i, n):  # a: [BB, R]; i: [1, R]; n: [BB] -> a[:, n], as a [BB] vector
+    return tl.max(tl.where(i == n[:, None], a, NEG_INF), axis=1)
+
+
+@triton.jit
+def pick_row_int(a, i, n):  # integer version of pick_row
+    return tl.min(tl.where(i == n[:, None], a, BIG_INDEX), axis=1)
+
+
+@triton.jit
+def combine_lse(m, l, axis: tl.constexpr):  # partial (max, sumexp) along axis -> log-sum-exp
+    m_all = tl.max(m, axis=axis)
+    m_safe = tl.where(m_all == NEG_INF, 0.0, m_all)
+    l_all = tl.sum(l * tl.exp(m - tl.expand_dims(m_safe, axis)), axis=axis)
+    return m_all + safe_log(l_all)
+
+
+@triton.jit
+def load_counter(ptr, value, stride, b, b_mask, IS_TENSOR: tl.constexpr):  # -> [BB] int64
+    """seed / offset of each row: from a tensor (stride 0 or 1), or a scalar argument."""
+    if IS_TENSOR:
+        c = tl.load(ptr + b * stride, mask=b_mask, other=0).to(tl.int64)
+    else:
+        c = tl.zeros(b.shape, tl.int64) + value.to(tl.uint32, bitcast=True).to(tl.int64)
+    return c
+
+
+@triton.jit
+def row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b, b_mask,
+                 SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, PER_ROW_SEED: tl.constexpr):
+    """The generator's (seed_lo, seed_hi, offset, row) of each batch row: four [BB] uint32."""
+    s = load_counter(seed_ptr, seed_lo, s_seed, b, b_mask, SEED_TENSOR)
+    if SEED_TENSOR:
+        lo = (s & 0xFFFFFFFF).to(tl.uint32)
+        hi = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    else:
+        lo = s.to(tl.uint32)
+        hi = tl.zeros(b.shape, tl.uint32) + seed_hi.to(tl.uint32, bitcast=True)
+    off = (load_counter(offset_ptr, offset_lo, s_offset, b, b_mask, OFFSET_TENSOR) & 0xFFFFFFFF).to(tl.uint32)
+    if PER_ROW_SEED:
+        row = tl.zeros(b.shape, tl.uint32)  # a request's randomness follows its seed, not its row
+    else:
+        row = b.to(tl.uint32)
+    return lo, hi, off, row
+
+
+@triton.jit
+def sweep_row(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q, k_final,
+              b_mask, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, FILTER: tl.constexpr):
+    """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]).
+
+    key_r = log max(0, exp(lp) - q) + g (residual), key_p = lp + g (bonus and fallback), with
+    g = Gumbel(FINAL stream, position n, vocab j). Returns both running argmaxes and whether the
+    residual had any mass in the range.
+    """
+    best_r = tl.full((BLOCK_B,), NEG_INF, tl.float32)
+    best_p = tl.full((BLOCK_B,), NEG_INF, tl.float32)
+    idx_r = tl.zeros((BLOCK_B,), tl.int32) + v_lo
+    idx_p = tl.zeros((BLOCK_B,), tl.int32) + v_lo
+    mass = tl.zeros((BLOCK_B,), tl.int32)
+    for v0 in range(v_lo, v_hi, SWEEP_V):
+        j = v0 + tl.arange(0, SWEEP_V)[None, :]
+        mask = b_mask[:, None] & (j < v_hi)
+        s = load_scaled(z_row[:, None] + j.to(tl.int64) * sv_z, mask, T, True)
+        if FILTER:
+            s = apply_filter(s, j, thr_p[:, None], tid_p[:, None])
+        lp = s - lse_p[:, None]
+        g = gumbel_from_bits(mix(k_final[:, None] ^ j.to(tl.uint32)))
+        if HAS_W:
+            t = load_scaled(w_row[:, None] + j.to(tl.int64) * sv_w, mask, T, True)
+            if FILTER:
+                t = apply_filter(t, j, thr_q[:, None], tid_q[:, None])
+            q = tl.exp(t - lse_q[:, None])
+        else:
+            q = tl.where(j == x_n[:, None], 1.0, 0.0)  # one-hot draft
+        r = tl.maximum(tl.exp(lp) - q, 0.0)
+        mass = mass | tl.max((r > 0).to(tl.int32), axis=1)
+        best_r, idx_r = update_best(best_r, idx_r, safe_log(r) + g, j)
+        best_p, idx_p = update_best(best_p, idx_p, lp + g, j)
+    return best_r, idx_r, best_p, idx_p, mass
+
+
+@triton.jit
+def emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G: tl.constexpr, ROWS: tl.constexpr):
+    """tokens[b] = x_0 .. x_{n-1}, y, -1 ...; num_accepted[b] = n."""
+    i = tl.arange(0, ROWS)[None, :]
+    tok = tl.where(i < n[:, None], x, tl.where(i == n[:, None], y[:, None], -1))
+    tl.store(tokens_ptr + b[:, None] * (G + 1) + i, tok.to(tl.int32), mask=b_mask[:, None] & (i < G + 1))
+    tl.store(num_ptr + b, n.to(tl.int32), mask=b_mask)
+
+
+@triton.jit
+def verify_stats_kernel(
+    z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1, V], [B, G, V], [B, G+1] x2, [B, G] x2
+    m_ptr, l_ptr, a_ptr, counter_ptr,  # [B, C, 2, ROWS] f32 x2, [B, C, ROWS] i32, [tiles] i32
+    B, V, chunk, C, T, szb, szr, szv, swb, swr, swv,
+    G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr,
+):
+    """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C)."""
+    pid_b, pid_c = tl.program_id(0), tl.program_id(1)
+    if pid_c == 0:
+        tl.store(counter_ptr + pid_b, 0)  # arms phase 2's last-program detection
+    b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    b_mask = b < B
+    b64 = b.to(tl.int64)[:, None]
+    r = tl.arange(0, ROWS)[None, :]
+    v_lo = pid_c * chunk
+    v_hi = tl.minimum(v_lo + chunk, V)
+    out = ((b64 * C + pid_c) * 2) * ROWS + r  # [BB, R] offsets of the target half
+    p_mask = b_mask[:, None] & (r < G + 1)
+    z_rows = (z_ptr + b64 * szb + r * szr)[:, :, None]
+    if GREEDY:
+        best, arg = row_argmax(z_rows, p_mask[:, :, None], v_lo, v_hi, szv, BLOCK_B, ROWS, BLOCK_V)
+        tl.store(m_ptr + out, best, mask=p_mask)
+        tl.store(a_ptr + (b64 * C + pid_c) * ROWS + r, arg, mask=p_mask)
+    else:
+        thr_p = tl.load(thr_p_ptr + b64 * (G + 1) + r, mask=p_mask, other=NEG_INF) if FILTER else 0.0
+        tid_p = tl.load(tid_p_ptr + b64 * (G + 1) + r, mask=p_mask, other=0) if FILTER else 0
+        m, l = row_stats(z_rows, p_mask[:, :, None], v_lo, v_hi, szv, T, thr_p, tid_p, BLOCK_B, ROWS, BLOCK_V, FILTER)
+        tl.store(m_ptr + out, m, mask=p_mask)
+        tl.store(l_ptr + out, l, mask=p_mask)
+        if HAS_W_STATS:
+            q_mask = b_mask[:, None] & (r < G)
+            thr_q = tl.load(thr_q_ptr + b64 * G + r, mask=q_mask, other=NEG_INF) if FILTER else 0.0
+            tid_q = tl.load(tid_q_ptr + b64 * G + r, mask=q_mask, other=0) if FILTER else 0
+            w_rows = (w_ptr + b64 * swb + r * swr)[:, :, None]
+            m, l = row_stats(w_rows, q_mask[:, :, None], v_lo, v_hi, swv, T, thr_q, tid_q, BLOCK_B, ROWS, BLOCK_V, FILTER)
+            tl.store(m_ptr + out + ROWS, m, mask=q_mask)
+            tl.store(l_ptr + out + ROWS, l, mask=q_mask)
+
+
+@triton.jit
+def verify_final_kernel(
+    z_ptr, w_ptr, x_ptr, lq_ptr,  # [B, G+1, V], [B, G, V], [B, G] int, [B, G] float
+    thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1] f32 / i32, [B, G] f32 / i32
+    seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,  # [B] or [] int64, or scalars
+    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr,  # phase-1 partials; [B, C, 2] candidates
+    tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
+    B, V, chunk, C, T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+    G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+    SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
+    GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+    PER_ROW_SEED: tl.constexpr,
+):
+    """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, C)."""
+    HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
+    pid_b, pid_c = tl.program_id(0), tl.program_id(1)
+    b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    b_mask = b < B
+    b64 = b.to(tl.int64)
+    i = tl.arange(0, ROWS)[None, :]  # row index: position i
+    p_mask = b_mask[:, None] & (i < G + 1)
+    q_mask = b_mask[:, None] & (i < G)
+    z_rows = z_ptr + b64[:, None] * szb + i * szr  # [BB, R]
+    w_rows = w_ptr + b64[:, None] * swb + i * swr
+    x = tl.load(x_ptr + b64[:, None] * sxb + i * sxg, mask=q_mask, other=0).to(tl.int64)  # [BB, R]
+    x_ok = (x >= 0) & (x < V)
+    x = tl.where(x_ok, x, 0)  # masked id: never read out of bounds
+    # ---- the normaliser of every row (or, for T = 0, its argmax)
+    thr_p = tl.load(thr_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=NEG_INF) if FILTER else 0.0
+    tid_p = tl.load(tid_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=0) if FILTER else 0
+    thr_q = tl.load(thr_q_ptr + b64[:, None] * G + i, mask=q_mask, other=NEG_INF) if FILTER and HAS_W else 0.0
+    tid_q = tl.load(tid_q_ptr + b64[:, None] * G + i, mask=q_mask, other=0) if FILTER and HAS_W else 0
+    if FUSED:
+        if GREEDY:
+            _, arg = row_argmax(z_rows[:, :, None], p_mask[:, :, None], 0, V, szv, BLOCK_B, ROWS, BLOCK_V)
+        else:
+            m, l = row_stats(z_rows[:, :, None], p_mask[:, :, None], 0, V, szv, T, thr_p, tid_p,
+                             BLOCK_B, ROWS, BLOCK_V, FILTER)
+            lse_p = m + safe_log(l)
+            if HAS_W_STATS:
+                m, l = row_stats(w_rows[:, :, None], q_mask[:, :, None], 0, V, swv, T, thr_q, tid_q,
+                                 BLOCK_B, ROWS, BLOCK_V, FILTER)
+                lse_q = m + safe_log(l)
+    else:
+        c = tl.arange(0, NC)[None, :, None]
+        part = ((b64[:, None, None] * C + c) * 2) * ROWS + i[:, None, :]  # [BB, NC, R]
+        cp_mask = b_mask[:, None, None] & (c < C) & (i[:, None, :] < G + 1)  # written partials only
+        cq_mask = b_mask[:, None, None] & (c < C) & (i[:, None, :] < G)
+        if GREEDY:
+            best = tl.load(m_ptr + part, mask=cp_mask, other=NEG_INF)
+            arg = tl.load(a_ptr + (b64[:, None, None] * C + c) * ROWS + i[:, None, :], mask=cp_mask, other=BIG_INDEX)
+            arg = tl.min(tl.where(best == tl.max(best, axis=1)[:, None, :], arg, BIG_INDEX), axis=1)
+        else:
+            lse_p = combine_lse(tl.load(m_ptr + part, mask=cp_mask, other=NEG_INF),
+                                tl.load(l_ptr + part, mask=cp_mask, other=0.0), 1)
+            if HAS_W_STATS:
+                lse_q = combine_lse(tl.load(m_ptr + part + ROWS, mask=cq_mask, other=NEG_INF),
+                                    tl.load(l_ptr + part + ROWS, mask=cq_mask, other=0.0), 1)
+    # ---- accept tests and the first rejection n
+    if GREEDY:
+        accepted = x_ok & (x == arg)
+        n = tl.min(tl.where(q_mask & ~accepted, i, G), axis=1)
+        if pid_c == 0:
+            emit(tokens_ptr, num_ptr, b, b_mask, x, n, pick_row_int(arg, i, n), G, ROWS)
+    else:
+        lse_p = tl.where(p_mask, lse_p, 0.0)  # padding rows: no -inf - -inf below
+        s_x = tl.where(q_mask, load_scaled(z_rows + x * szv, q_mask, T, True), 0.0)  # z_i(x_i) / T
+        if FILTER:
+            s_x = apply_filter(s_x, x, thr_p, tid_p)
+        lp_x = s_x - lse_p
+        if HAS_W:
+            t_x = tl.where(q_mask, load_scaled(w_rows + x * swv, q_mask, T, True), 0.0)
+            if FILTER:
+                t_x = apply_filter(t_x, x, thr_q, tid_q)
+        if HAS_LQ:
+            lq_x = tl.load(lq_ptr + b64[:, None] * slb + i * slg, mask=q_mask, other=0.0).to(tl.float32)
+            lse_q = t_x - lq_x  # the draft row's normaliser is one logit away
+        elif HAS_W:
+            lse_q = tl.where(q_mask, lse_q, 0.0)
+            lq_x = t_x - lse_q
+        else:
+            lq_x = tl.zeros((BLOCK_B, ROWS), tl.float32)  # one-hot q: log q(x) = 0
+        lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
+                                        b_mask, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
+        k_accept = key(lo[:, None], hi[:, None], off[:, None], row[:, None], i.to(tl.uint32),
+                       tl.full((), ACCEPT_STREAM, tl.uint32))
+        log_u = tl.log(uniform_from_bits(mix(k_accept)))  # vocab coordinate 0
+        accepted = x_ok & (log_u < lp_x - lq_x)
+        n = tl.min(tl.where(q_mask & ~accepted, i, G), axis=1)  # [BB]
+        # ---- the residual / bonus draw over this program's chunk of row n
+        n_q = tl.minimum(n, G - 1)  # the draft row n (clamped for the bonus; unused there)
+        x_n = pick_row_int(x, i, n_q).to(tl.int64)
+        x_n_ok = pick_row_int(x_ok.to(tl.int32), i, n_q) != 0
+        lse_qn = pick_row(lse_q, i, n_q) if HAS_W else tl.zeros((BLOCK_B,), tl.float32)
+        k_final = key(lo, hi, off, row, n.to(tl.uint32), tl.full((), FINAL_STREAM, tl.uint32))
+        v_lo = pid_c * chunk
+        v_hi = tl.minimum(v_lo + chunk, V)
+        best_r, idx_r, best_p, idx_p, mass = sweep_row(
+            z_ptr + b64 * szb + n.to(tl.int64) * szr, w_ptr + b64 * swb + n_q.to(tl.int64) * swr, szv, swv,
+            v_lo, v_hi, T, pick_row(lse_p, i, n), lse_qn, x_n,
+            pick_row(thr_p, i, n) if FILTER else 0.0, pick_row_int(tid_p, i, n) if FILTER else 0,
+            pick_row(thr_q, i, n_q) if FILTER and HAS_W else 0.0, pick_row_int(tid_q, i, n_q) if FILTER and HAS_W else 0,
+            k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER)
+        use_p = (n == G) | ~x_n_ok  # the bonus; or a masked draft id: y ~ p
+        if FUSED:
+            y = tl.where(use_p | (mass == 0), idx_p, idx_r)
+            emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G, ROWS)
+        else:
+            cand = (b64 * C + pid_c) * 2
+            tl.store(ck_ptr + cand, best_r, mask=b_mask)
+            tl.store(ci_ptr + cand, idx_r, mask=b_mask)
+            tl.store(ck_ptr + cand + 1, best_p, mask=b_mask)
+            tl.store(ci_ptr + cand + 1, idx_p, mask=b_mask)
+            tl.store(cf_ptr + b64 * C + pid_c, mass, mask=b_mask)
+            tl.debug_barrier()
+            done = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
+            if done == C - 1:  # the last program of this batch tile reduces the C candidates
+                c2 = tl.arange(0, NC)[None, :]
+                c2_mask = b_mask[:, None] & (c2 < C)
+                cands = (b64[:, None] * C + c2) * 2
+                k_r = tl.load(ck_ptr + cands, mask=c2_mask, other=NEG_INF, volatile=True)
+                k_p = tl.load(ck_ptr + cands + 1, mask=c2_mask, other=NEG_INF, volatile=True)
+                i_r = tl.load(ci_ptr + cands, mask=c2_mask, other=BIG_INDEX, volatile=True)
+                i_p = tl.load(ci_ptr + cands + 1, mask=c2_mask, other=BIG_INDEX, volatile=True)
+                f = tl.load(cf_ptr + b64[:, None] * C + c2, mask=c2_mask, other=0, volatile=True)
+                y_r = tl.min(tl.where(k_r == tl.max(k_r, axis=1)[:, None], i_r, BIG_INDEX), axis=1)
+                y_p = tl.min(tl.where(k_p == tl.max(k_p, axis=1)[:, None], i_p, BIG_INDEX), axis=1)
+                y = tl.where(use_p | (tl.max(f, axis=1) == 0), y_p, y_r)
+                emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G, ROWS)
+                tl.store(counter_ptr + pid_b, 0)

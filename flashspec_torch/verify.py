@@ -1,0 +1,432 @@
+"""``verify`` for torch tensors: argument checks, impl dispatch, the plain-torch reference, and
+the launcher of the fused Triton kernels (``flashspec_torch/kernels/verify.py``).
+
+Letters as in SPEC.md: z target logits, w draft logits, T temperature, p / q the target / draft
+distributions after temperature, top-k and top-p, x drafted tokens, u accept uniforms, n the first
+rejection, y the residual or bonus token.
+
+Both implementations are free of host synchronisation (no ``.item()``, no data-dependent shapes),
+so a step can be captured in a CUDA graph; pass ``seed`` / ``offset`` as device tensors to replay
+it with new randomness. Value checks that need the data (NaN logits, rows without a finite logit,
+draft ids outside [0, V)) run on CPU tensors, or on any device with ``validate=True``, which costs
+a device-to-host synchronisation. Without them a draft id outside [0, V) (e.g. -1 padding) is
+never read out of bounds: it counts as rejected and y is drawn from p at that position.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from flashspec.config import SamplingConfig
+from flashspec.contract import VerifyResult, check_verify_args
+
+from . import random as rng
+
+IMPLS = ("triton", "reference")
+INT32_MAX = 2**31 - 1
+
+
+def verify(
+    target_logits: torch.Tensor,  # [B, G+1, V] float: raw target logits
+    draft_tokens: torch.Tensor,  # [B, G] int: x
+    draft_logits: torch.Tensor | None = None,  # [B, G, V] float raw draft logits; None: one-hot q
+    draft_logprobs: torch.Tensor | None = None,  # [B, G] float: log q_i(x_i) as the draft computed it
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | torch.Tensor = 0,  # int, or int tensor [] or [B] (per-row seeds: generator row 0)
+    offset: int | torch.Tensor = 0,  # int, or int tensor [] or [B]
+    impl: str | None = None,  # "triton" (default on CUDA) or "reference" (default on CPU)
+    validate: bool = False,  # value checks on a GPU too (a host sync); CPU tensors always get them
+) -> VerifyResult[torch.Tensor]:
+    """Exact speculative verification (SPEC.md); num_accepted [B] int32, tokens [B, G+1] int32."""
+    shape, cfg = check_verify_args(
+        target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset
+    )
+    check_tensors(target_logits, draft_tokens, draft_logits, draft_logprobs, seed, offset)
+    impl = default_impl(target_logits) if impl is None else impl
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+    if validate or target_logits.device.type == "cpu":
+        check_values(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg)
+    if impl == "reference":
+        return verify_reference(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset)
+    return verify_triton(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset)
+
+
+def default_impl(target_logits: torch.Tensor) -> str:
+    return "triton" if target_logits.is_cuda else "reference"
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_tensors(z, x, w, lq, seed, offset) -> None:
+    """Every array argument is a torch tensor on target_logits' device."""
+    named = {"target_logits": z, "draft_tokens": x, "draft_logits": w, "draft_logprobs": lq}
+    named.update({k: v for k, v in (("seed", seed), ("offset", offset)) if not isinstance(v, int)})
+    for name, a in named.items():
+        if a is None:
+            continue
+        if not isinstance(a, torch.Tensor):
+            raise ValueError(f"{name} is a {type(a).__name__}; flashspec_torch.verify takes torch tensors "
+                             "(flashspec.reference.verify takes NumPy arrays)")
+        if a.device != z.device:
+            raise ValueError(f"{name} is on {a.device} but target_logits is on {z.device}: pass tensors on one device "
+                             "(seed / offset: a Python int or a tensor on that device)")
+
+
+def check_values(z, x, w, lq, cfg: SamplingConfig) -> None:
+    """The oracle's value checks (they read the data: a host sync on a GPU)."""
+    v = z.shape[-1]
+    check_logits("target_logits", z)
+    if w is not None:
+        check_logits("draft_logits", w)
+    bad = (x < 0) | (x >= v)
+    if bool(bad.any()):
+        b, i = (int(k) for k in bad.nonzero()[0])
+        raise ValueError(f"draft_tokens[{b}, {i}] = {int(x[b, i])} is out of range [0, {v}); "
+                         "padding ids such as -1 are not tokens: verify only rows with real drafts")
+    if lq is not None:
+        lqf = lq.float()
+        if not bool((torch.isfinite(lqf) & (lqf <= 1e-3)).all()):
+            raise ValueError("draft_logprobs must be finite log-probabilities (<= 0)")
+    if w is not None and lq is None and not cfg.greedy:
+        lq_x = gather(log_probs(w.float(), cfg), x.long())
+        if bool(torch.isneginf(lq_x).any()):
+            b, i = (int(k) for k in torch.isneginf(lq_x).nonzero()[0])
+            raise ValueError(f"draft_tokens[{b}, {i}] = {int(x[b, i])} has zero probability under draft_logits after "
+                             "temperature/top-k/top-p: the draft must sample from exactly the q given to verify")
+
+
+def check_logits(name: str, a: torch.Tensor) -> None:  # [..., V]
+    a = a.float()
+    bad = torch.isnan(a) | torch.isposinf(a)
+    if bool(bad.any()):
+        idx = [int(k) for k in bad.nonzero()[0]]
+        raise ValueError(f"{name}{idx} is {float(a[tuple(idx)])}: logits must be finite or -inf (masked)")
+    empty = ~torch.isfinite(a).any(-1)
+    if bool(empty.any()):
+        idx = [int(k) for k in empty.nonzero()[0]]
+        raise ValueError(f"{name}{idx} has no finite logit: every row needs at least one token with mass")
+
+
+# ----------------------------------------------------------------------------- the reference
+
+
+def scale(z: torch.Tensor, temperature: float) -> torch.Tensor:  # [..., V] float32
+    """z / T as a true division (torch turns ``z / python_float`` into z * (1/T) on CUDA)."""
+    return z / z.new_full((1,), temperature)
+
+
+def filter_top_k(s: torch.Tensor, k: int) -> torch.Tensor:  # [..., V] scaled logits
+    """Keep every token whose scaled logit is at least the k-th largest (ties kept)."""
+    if k <= 0 or k >= s.shape[-1]:
+        return s
+    kth = torch.topk(s, k, dim=-1).values[..., -1:]
+    return torch.where(s >= kth, s, float("-inf"))
+
+
+def softmax(s: torch.Tensor) -> torch.Tensor:  # [..., V], the oracle's formula
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def sorted_nucleus(s: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:  # [..., V] each
+    """(order, keep_sorted): ids by descending probability (ties: lower id first) and the kept prefix."""
+    probs = softmax(s)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # exclusive, as the oracle
+    return order, mass_before < top_p
+
+
+def filter_top_p(s: torch.Tensor, top_p: float) -> torch.Tensor:  # [..., V] scaled logits
+    """Keep the shortest prefix (by probability, ties: lower id first) whose mass reaches top_p."""
+    if top_p >= 1.0:
+        return s
+    order, keep_sorted = sorted_nucleus(s, top_p)
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return torch.where(keep, s, float("-inf"))
+
+
+def log_softmax(s: torch.Tensor) -> torch.Tensor:  # [..., V], the oracle's formula
+    m = s.amax(-1, keepdim=True)
+    return s - (m + torch.log(torch.exp(s - m).sum(-1, keepdim=True)))
+
+
+def log_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:  # [..., V] float32
+    """log p = log_softmax(filter(z / T))."""
+    s = scale(logits, cfg.temperature)
+    return log_softmax(filter_top_p(filter_top_k(s, cfg.top_k), cfg.top_p))
+
+
+def gather(a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # [B, G, V], [B, G] -> [B, G]
+    return torch.gather(a, -1, idx[..., None])[..., 0]
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Per-row coordinates of the shared generator, as int64 tensors of 32-bit values."""
+
+    seed_lo: torch.Tensor  # [B]
+    seed_hi: torch.Tensor  # [B]
+    offset: torch.Tensor  # [B]
+    row: torch.Tensor  # [B]: the batch row for a shared seed, 0 for per-row seeds
+
+    @classmethod
+    def make(cls, seed, offset, batch: int, device: torch.device) -> "Counters":
+        per_row = isinstance(seed, torch.Tensor) and seed.ndim == 1
+        lo, hi = rng.split_seed(seed, device)
+        off = rng.as_counter(offset, device)
+        row = torch.zeros(batch, dtype=torch.int64, device=device) if per_row else torch.arange(batch, device=device)
+        return cls(*(t.expand(batch) for t in (lo, hi, off)), row)
+
+    def uniform(self, position, vocab, stream: int) -> torch.Tensor:  # position, vocab broadcast with [B, 1]
+        c = (self.seed_lo[:, None], self.seed_hi[:, None], self.offset[:, None], self.row[:, None])
+        return rng.uniform(*c, position, vocab, stream)
+
+
+def verify_reference(
+    target_logits: torch.Tensor,  # [B, G+1, V]
+    draft_tokens: torch.Tensor,  # [B, G]
+    draft_logits: torch.Tensor | None,  # [B, G, V]
+    draft_logprobs: torch.Tensor | None,  # [B, G]
+    cfg: SamplingConfig,
+    seed,
+    offset,
+) -> VerifyResult[torch.Tensor]:
+    """SPEC.md in plain torch ops, step by step as the NumPy oracle (float32, log space)."""
+    z = target_logits.float()
+    b, g1, v = z.shape
+    x_ok = (draft_tokens >= 0) & (draft_tokens < v)  # [B, G]
+    x = torch.where(x_ok, draft_tokens.long(), 0)
+    if cfg.greedy:
+        return verify_greedy(z, x, x_ok)
+    c = Counters.make(seed, offset, b, z.device)
+    log_p = log_probs(z, cfg)  # [B, G+1, V]
+    log_q = None if draft_logits is None else log_probs(draft_logits.float(), cfg)  # [B, G, V]
+    if draft_logprobs is not None:
+        log_q_x = draft_logprobs.float()
+    elif log_q is not None:
+        log_q_x = gather(log_q, x)
+    else:
+        log_q_x = torch.zeros(x.shape, dtype=torch.float32, device=z.device)  # one-hot q: log q(x) = 0
+    positions = torch.arange(g1 - 1, device=z.device)[None]
+    log_u = torch.log(c.uniform(positions, 0, rng.ACCEPT))  # [B, G]
+    accepted = x_ok & (log_u < gather(log_p[:, :-1], x) - log_q_x)
+    n = first_rejection(accepted)
+    y = sample_final(log_p, log_q, x, x_ok, n, c)
+    return emit(x, n, y)
+
+
+def first_rejection(accepted: torch.Tensor) -> torch.Tensor:  # [B, G] bool -> [B] int64
+    g = accepted.shape[-1]
+    return torch.where(accepted.all(-1), g, (~accepted).to(torch.int32).argmax(-1))
+
+
+def sample_final(log_p, log_q, x, x_ok, n, c: Counters) -> torch.Tensor:  # -> y [B]
+    """y ~ normalise(max(0, p_n - q_n)) if n < G, else y ~ p_G; Gumbel-max over row n only."""
+    b, g1, v = log_p.shape
+    rows = torch.arange(b, device=log_p.device)
+    lp_n = log_p[rows, n]  # [B, V]
+    g = c.uniform(n[:, None], torch.arange(v, device=log_p.device)[None], rng.FINAL)
+    g = rng.gumbel_from_uniform(g)  # [B, V]
+    i = n.clamp(max=g1 - 2)  # the draft row n (clamped for the bonus rows, unused there)
+    if log_q is None:
+        q_n = (torch.arange(v, device=log_p.device)[None] == x[rows, i][:, None]).float()
+    else:
+        q_n = torch.exp(log_q[rows, i])
+    r = torch.clamp_min(torch.exp(lp_n) - q_n, 0.0)
+    log_r = torch.log(r)
+    use_p = (n == g1 - 1) | ~(r > 0).any(-1) | ~x_ok[rows, i]  # bonus; empty residual; masked id
+    key = torch.where(use_p[:, None], lp_n, log_r) + g
+    return key.argmax(-1)
+
+
+def emit(x, n, y) -> VerifyResult[torch.Tensor]:  # x [B, G], n [B], y [B]
+    b, g = x.shape
+    pos = torch.arange(g + 1, device=x.device)[None]
+    padded = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)
+    tokens = torch.where(pos < n[:, None], padded, -1).scatter(1, n[:, None], y[:, None].to(padded.dtype))
+    return VerifyResult(num_accepted=n.to(torch.int32), tokens=tokens.to(torch.int32))
+
+
+def verify_greedy(z, x, x_ok) -> VerifyResult[torch.Tensor]:  # z [B, G+1, V], x [B, G]
+    """T = 0: accept x_i iff x_i = argmax z_i; y = argmax z_n (torch.argmax: lowest index on ties)."""
+    best = z.argmax(-1)  # [B, G+1]
+    n = first_rejection(x_ok & (x == best[:, :-1]))
+    return emit(x, n, best.gather(1, n[:, None])[:, 0])
+
+
+# ----------------------------------------------------------------------------- the Triton path
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tiling of the verify kernels (see ``flashspec_torch/kernels/verify.py``)."""
+
+    block_b: int = 1  # batch rows per program
+    block_v: int = 1024  # vocabulary entries per row per step of the normaliser pass
+    sweep_v: int = 4096  # vocabulary entries per step of the row-n sweep
+    num_chunks: int = 1  # programs per batch row along V; 1: the single fused launch
+    num_warps: int = 4
+
+    def __post_init__(self):
+        for name in ("block_b", "block_v", "sweep_v"):
+            val = getattr(self, name)
+            if not (isinstance(val, int) and val >= 1 and val & (val - 1) == 0):
+                raise ValueError(f"{name}={val!r} must be a power of two >= 1")
+        if self.block_v < 16 or self.sweep_v < 16:
+            raise ValueError(f"{self.block_v=} and {self.sweep_v=} must be >= 16")
+        if not (isinstance(self.num_chunks, int) and self.num_chunks >= 1):
+            raise ValueError(f"{self.num_chunks=} must be an int >= 1")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{self.num_warps=} must be one of 1, 2, 4, 8, 16")
+
+
+def next_pow2(k: int) -> int:
+    return 1 << max(0, k - 1).bit_length()
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def choose_config(batch: int, gamma: int, vocab: int, device: torch.device) -> KernelConfig:
+    """GPU: 4K-element tiles (no register spills at 8 warps on sm_90; see tests/torch/compile_sm90.py)
+    and V split over programs until ~2 programs per SM. Interpreter: few, large programs."""
+    rows = next_pow2(gamma + 1)
+    if device.type != "cuda" or interpreting():  # the interpreter: few, large programs
+        block_v = max(16, min(next_pow2(vocab), 4096 // rows))
+        block_b = min(next_pow2(batch), max(1, 2**18 // (rows * block_v)))
+        return KernelConfig(block_b=block_b, block_v=block_v, sweep_v=max(16, min(next_pow2(vocab), 4096)))
+    block_v = max(64, 4096 // rows)  # [1, ROWS, block_v] tiles: ~16 elements per thread at 8 warps
+    target_programs = 2 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    blocks = math.ceil(vocab / block_v)
+    chunks = 1 if batch >= target_programs else min(blocks, math.ceil(target_programs / batch), 128)
+    return KernelConfig(block_b=1, block_v=block_v, sweep_v=2048, num_chunks=chunks, num_warps=8)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def load_kernels(device: torch.device):
+    """The kernels module; on CPU only with the Triton interpreter (a clear error otherwise)."""
+    hint = ("set TRITON_INTERPRET=1 in the environment before flashspec_torch first uses impl='triton' "
+            "(the interpreter is chosen when the kernels are defined), or use impl='reference'")
+    if device.type != "cuda" and not interpreting():
+        raise RuntimeError(f"impl='triton' on {device.type} tensors needs the Triton interpreter: {hint}")
+    from .kernels import verify as kernels
+
+    interpreted = type(kernels.verify_final_kernel).__name__ == "InterpretedFunction"
+    if device.type != "cuda" and not interpreted:
+        raise RuntimeError(f"impl='triton' on {device.type}: the kernels were defined without the interpreter; {hint}")
+    return kernels
+
+
+def filter_thresholds(logits: torch.Tensor, cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """top-k then top-p as one cut per row: keep s > thr, and s == thr for ids <= thr_id.
+
+    logits [B, R, V] -> (thr [B, R] float32, thr_id [B, R] int32), on the device, no sync. Cost:
+    one scaled copy of the rows, a top-k (k > 0) and, for top-p, a full sort of every row
+    (O(R V log V) work and several V-sized intermediates per row; top-p dominates the step).
+    The cut equals the oracle's kept set except where two tokens of different logits round to the
+    same float32 probability at the boundary (the oracle then orders them by id).
+    """
+    s = scale(logits.float(), cfg.temperature)
+    b, r, v = s.shape
+    if 0 < cfg.top_k < v:
+        kth = torch.topk(s, cfg.top_k, dim=-1).values[..., -1]
+    else:
+        kth = s.new_full((b, r), float("-inf"))
+    if cfg.top_p >= 1.0:
+        return kth.contiguous(), torch.full((b, r), INT32_MAX, dtype=torch.int32, device=s.device)
+    s = torch.where(s >= kth[..., None], s, float("-inf"))
+    order, keep_sorted = sorted_nucleus(s, cfg.top_p)
+    kept = (keep_sorted & (s.gather(-1, order) > float("-inf"))).sum(-1, keepdim=True)  # >= 1
+    last = order.gather(-1, kept - 1)  # [B, R, 1]: the last kept id in the sorted order
+    return s.gather(-1, last)[..., 0].contiguous(), last[..., 0].to(torch.int32).contiguous()
+
+
+def counter_args(value, batch: int) -> tuple[torch.Tensor | None, int, int]:
+    """(tensor int64 or None, scalar low word as int32 bits, stride) for a seed / offset."""
+    if isinstance(value, int):
+        lo = value & 0xFFFFFFFF
+        return None, lo - 2**32 if lo >= 2**31 else lo, 0
+    t = value.to(torch.int64).reshape(-1).contiguous()
+    return t, 0, 0 if value.ndim == 0 else 1
+
+
+def verify_triton(
+    target_logits: torch.Tensor,  # [B, G+1, V]
+    draft_tokens: torch.Tensor,  # [B, G]
+    draft_logits: torch.Tensor | None,  # [B, G, V]
+    draft_logprobs: torch.Tensor | None,  # [B, G]
+    cfg: SamplingConfig,
+    seed,
+    offset,
+    config: KernelConfig | None = None,
+) -> VerifyResult[torch.Tensor]:
+    """Launch the fused kernels: one launch if ``config.num_chunks == 1``, else two (see kernels)."""
+    z, x, w, lq = target_logits, draft_tokens, draft_logits, draft_logprobs
+    kernels = load_kernels(z.device)
+    b, g1, v = z.shape
+    g, rows = g1 - 1, next_pow2(g1)
+    config = choose_config(b, g, v, z.device) if config is None else config
+    greedy = cfg.greedy
+    has_w, has_lq = w is not None and not greedy, lq is not None and not greedy
+    filtered = cfg.filtered and not greedy
+    dev = z.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    thr_p, tid_p = filter_thresholds(z, cfg) if filtered else (z, z)
+    thr_q, tid_q = filter_thresholds(w, cfg) if filtered and has_w else (z, z)
+    w_arg = w if has_w else z
+    lq_arg = lq if has_lq else z
+    s_ptr, s_lo, s_stride = counter_args(seed, b)
+    o_ptr, o_lo, o_stride = counter_args(offset, b)
+    seed_hi = (seed >> 32) & 0xFFFFFFFF if isinstance(seed, int) else 0
+    seed_hi = seed_hi - 2**32 if seed_hi >= 2**31 else seed_hi
+    chunks = min(config.num_chunks, math.ceil(v / config.block_v))
+    chunk = math.ceil(math.ceil(v / chunks) / config.block_v) * config.block_v
+    chunks = math.ceil(v / chunk)
+    fused = chunks == 1
+    tiles = math.ceil(b / config.block_b)
+    tokens = torch.empty((b, g1), **i32)
+    num = torch.empty((b,), **i32)
+    if fused:
+        m_buf = l_buf = a_buf = ck = ci = cf = counter = num
+    else:
+        m_buf, l_buf = torch.empty((b, chunks, 2, rows), **f32), torch.empty((b, chunks, 2, rows), **f32)
+        a_buf = torch.empty((b, chunks, rows), **i32) if greedy else num
+        ck, ci, cf = torch.empty((b, chunks, 2), **f32), torch.empty((b, chunks, 2), **i32), torch.empty((b, chunks), **i32)
+        counter = torch.empty((tiles,), **i32)
+        kernels.verify_stats_kernel[(tiles, chunks)](
+            z, w_arg, thr_p, tid_p, thr_q, tid_q, m_buf, l_buf, a_buf, counter,
+            b, v, chunk, chunks, float(cfg.temperature or 1.0),
+            z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
+            G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
+            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, num_warps=config.num_warps,
+        )
+    lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
+    kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](
+        z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
+        z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride,
+        m_buf, l_buf, a_buf, ck, ci, cf, counter, tokens, num,
+        b, v, chunk, chunks, float(cfg.temperature or 1.0),
+        z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
+        x.stride(0), x.stride(1), *lq_strides,
+        G=g, ROWS=rows, NC=next_pow2(chunks), BLOCK_B=config.block_b, BLOCK_V=config.block_v,
+        SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq, FILTER=filtered, GREEDY=greedy, FUSED=fused,
+        SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
+        PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, num_warps=config.num_warps,
+    )
+    return VerifyResult(num_accepted=num, tokens=tokens)

@@ -1,0 +1,71 @@
+"""Compile the verify kernels for sm_90 with ``triton.compile`` (no GPU needed); run as a script.
+
+Run without TRITON_INTERPRET (the test runs it in a subprocess). Prints one line per variant and
+exits non-zero on the first compile error, with Triton's message.
+"""
+
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from flashspec_torch.kernels import verify as kernels  # noqa: E402
+
+INT_PTRS = {"tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr"}
+I64_PTRS = {"x_ptr", "seed_ptr", "offset_ptr"}
+F32_PTRS = {"thr_p_ptr", "thr_q_ptr", "m_ptr", "l_ptr", "ck_ptr", "lq_ptr"}
+
+
+def signature(fn, constexprs: dict, logits: str) -> dict:
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in INT_PTRS:
+            sig[name] = "*i32"
+        elif name in I64_PTRS:
+            sig[name] = "*i64"
+        elif name in F32_PTRS:
+            sig[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            sig[name] = f"*{logits}"
+        elif name == "T":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def compile_variant(fn, logits: str, **constexprs) -> int:
+    src = ASTSource(fn=fn, signature=signature(fn, constexprs, logits), constexprs=constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4})
+    return len(compiled.asm["cubin"])
+
+
+COMMON = dict(G=4, ROWS=8, BLOCK_B=1, BLOCK_V=512)
+FINAL = dict(NC=16, SWEEP_V=2048, SEED_TENSOR=False, OFFSET_TENSOR=False, PER_ROW_SEED=False)
+VARIANTS = [
+    (kernels.verify_stats_kernel, "fp32", dict(HAS_W_STATS=True, FILTER=True, GREEDY=False)),
+    (kernels.verify_stats_kernel, "bf16", dict(HAS_W_STATS=False, FILTER=False, GREEDY=True)),
+    (kernels.verify_final_kernel, "fp32", dict(FINAL, HAS_W=True, HAS_LQ=False, FILTER=True, GREEDY=False, FUSED=True,
+                                               SEED_TENSOR=True, OFFSET_TENSOR=True, PER_ROW_SEED=True)),
+    (kernels.verify_final_kernel, "bf16", dict(FINAL, HAS_W=True, HAS_LQ=True, FILTER=False, GREEDY=False, FUSED=False)),
+    (kernels.verify_final_kernel, "fp16", dict(FINAL, HAS_W=False, HAS_LQ=False, FILTER=False, GREEDY=False, FUSED=False)),
+    (kernels.verify_final_kernel, "fp32", dict(FINAL, HAS_W=False, HAS_LQ=False, FILTER=False, GREEDY=True, FUSED=False)),
+    (kernels.verify_final_kernel, "bf16", dict(FINAL, HAS_W=True, HAS_LQ=False, FILTER=False, GREEDY=True, FUSED=True)),
+]
+
+
+def main() -> int:
+    for fn, logits, flags in VARIANTS:
+        size = compile_variant(fn, logits, **COMMON, **flags)
+        print(f"ok {fn.__name__} {logits} {sorted(k for k, v in flags.items() if v is True)}: cubin {size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

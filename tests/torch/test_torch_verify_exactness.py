@@ -1,0 +1,41 @@
+"""The shared exactness suite (flashspec.testing) on both torch implementations.
+
+The suite tiles each (p, q) case over ``n_samples`` batch rows in one verify call. The Triton
+interpreter runs those rows as NumPy tiles, so we use 20,000 samples per case (the suite's default
+is 100,000) and the write-up's 10,000 for the Kolmogorov-Smirnov check; the chi-square checks of
+the joint law of (n, y) keep ample power at that size (see tests/core/test_exactness_suite.py for
+the mutants the suite rejects).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from flashspec.contract import VerifyResult
+from flashspec_torch import verify
+
+testing = pytest.importorskip("flashspec.testing")
+
+N_SAMPLES = 20_000
+KS_SAMPLES = 10_000
+
+
+def as_tensor(a):
+    return None if a is None else torch.from_numpy(np.array(a))  # a copy: keeps the dtype, drops broadcasting
+
+
+def numpy_adapter(impl: str):
+    """numpy arrays -> torch tensors -> flashspec_torch.verify(impl=...) -> numpy arrays."""
+
+    def verify_np(target_logits, draft_tokens, draft_logits=None, draft_logprobs=None, **options):
+        res = verify(as_tensor(target_logits), as_tensor(draft_tokens), as_tensor(draft_logits),
+                     as_tensor(draft_logprobs), impl=impl, **options)
+        return VerifyResult(res.num_accepted.numpy(), res.tokens.numpy())
+
+    return verify_np
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_shared_exactness_suite(impl):
+    report = testing.assert_exact(numpy_adapter(impl), n_samples=N_SAMPLES, ks_samples=KS_SAMPLES)
+    assert len(report.checks) > 50

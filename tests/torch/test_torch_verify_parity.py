@@ -1,0 +1,145 @@
+"""Parity: NumPy oracle == torch reference == Triton (fused and split-V), token for token."""
+
+import numpy as np
+import pytest
+import torch
+from torch_helpers import make_inputs
+
+from flashspec import reference as oracle
+from flashspec.config import SamplingConfig
+from flashspec_torch import KernelConfig, verify, verify_triton
+
+SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4)  # V over 4 programs: two launches
+
+
+def as_torch(a):
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+
+def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT):
+    """(oracle, torch reference, triton fused, triton split) results as numpy (n, tokens) pairs."""
+    z, w = as_torch(inp.z).to(dtype), as_torch(inp.w)
+    w = None if w is None else w.to(dtype)
+    zf = z.float().numpy()  # the oracle sees the same upcast values
+    wf = None if w is None else w.float().numpy()
+    lq = inp.lq if logprobs else None
+    kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    np_seed = seed.numpy().astype(np.uint64) if isinstance(seed, torch.Tensor) else seed
+    np_offset = offset.numpy().astype(np.uint64) if isinstance(offset, torch.Tensor) else offset
+    want = oracle.verify(zf, inp.x, wf, lq, seed=np_seed, offset=np_offset, **kw)
+    x, lq_t = as_torch(inp.x), as_torch(lq)
+    got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
+    got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
+    return (want.num_accepted, want.tokens), [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
+
+
+def assert_parity(want, got):
+    names = ("torch reference", "triton fused", "triton split-V")
+    for name, (n, t) in zip(names, got):
+        assert n.dtype == np.int32 and t.dtype == np.int32, name
+        np.testing.assert_array_equal(n, want[0], err_msg=f"{name}: num_accepted")
+        np.testing.assert_array_equal(t, want[1], err_msg=f"{name}: tokens")
+
+
+SHAPES = [(1, 1, 1000), (3, 4, 4099), (8, 8, 1000), (3, 1, 33), (8, 4, 258)]
+
+
+@pytest.mark.parametrize("b,g,v", SHAPES)
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 2.0])
+def test_parity_sampled_drafts(b, g, v, temperature):
+    rng = np.random.default_rng(b * 1000 + g * 10 + v + int(temperature * 100))
+    cfg = SamplingConfig(temperature=temperature)
+    inp = make_inputs(rng, b, g, v, cfg)
+    want, got = run_all(inp, cfg)
+    assert_parity(want, got)
+
+
+@pytest.mark.parametrize("b,g,v", [(3, 4, 1000), (8, 8, 258), (1, 1, 4099)])
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.8), (50, 0.9), (1, 1.0)])
+def test_parity_top_k_top_p(b, g, v, top_k, top_p):
+    rng = np.random.default_rng(top_k + int(100 * top_p) + v)
+    cfg = SamplingConfig(temperature=0.8, top_k=top_k, top_p=top_p)
+    inp = make_inputs(rng, b, g, v, cfg, noise=0.3)
+    want, got = run_all(inp, cfg)
+    assert_parity(want, got)
+
+
+@pytest.mark.parametrize("b,g,v", [(3, 4, 1000), (8, 8, 257), (1, 1, 4099)])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 1.0), (0.0, 1.0), (0.9, 0.85)])
+def test_parity_one_hot_drafts(b, g, v, temperature, top_p):
+    rng = np.random.default_rng(v + g)
+    cfg = SamplingConfig(temperature=temperature, top_p=top_p)
+    inp = make_inputs(rng, b, g, v, cfg, onehot=True, spread=3.0)
+    want, got = run_all(inp, cfg)
+    assert_parity(want, got)
+
+
+@pytest.mark.parametrize("b,g,v", [(3, 4, 1000), (8, 8, 4099), (1, 1, 33)])
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (1.3, 0), (0.8, 20)])
+def test_parity_draft_logprobs_given(b, g, v, temperature, top_k):
+    rng = np.random.default_rng(v * 3 + g)
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k)
+    inp = make_inputs(rng, b, g, v, cfg)
+    want, got = run_all(inp, cfg, logprobs=True)
+    assert_parity(want, got)
+
+
+@pytest.mark.parametrize("kind", ["per-row", "scalar-tensor", "big-int", "big-tensor"])
+def test_parity_seed_and_offset_forms(kind):
+    b, g, v = 8, 4, 300
+    rng = np.random.default_rng(5)
+    cfg = SamplingConfig(temperature=1.0)
+    inp = make_inputs(rng, b, g, v, cfg)
+    seed, offset = {
+        "per-row": (torch.arange(100, 100 + b), torch.arange(b) * 7),
+        "scalar-tensor": (torch.tensor(12345), torch.tensor(9, dtype=torch.int32)),
+        "big-int": (2**64 - 3, 2**32 - 1),
+        "big-tensor": (torch.tensor([2**63 + 5 - 2**64] * b), torch.tensor(2**31 + 3)),
+    }[kind]
+    want, got = run_all(inp, cfg, seed=seed, offset=offset)
+    assert_parity(want, got)
+
+
+def test_per_row_seed_follows_the_request_not_the_row():
+    b, g, v = 4, 2, 100
+    cfg = SamplingConfig()
+    inp = make_inputs(np.random.default_rng(1), 1, g, v, cfg)
+    z = torch.from_numpy(np.repeat(inp.z, b, 0))
+    x, w = torch.from_numpy(np.repeat(inp.x, b, 0)), torch.from_numpy(np.repeat(inp.w, b, 0))
+    for impl in ("reference", "triton"):
+        res = verify(z, x, w, seed=torch.full((b,), 42), impl=impl)
+        assert (res.tokens == res.tokens[:1]).all(), impl  # same seed, same request: same tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_parity_half_precision_inputs(dtype, temperature):
+    rng = np.random.default_rng(17)
+    cfg = SamplingConfig(temperature=temperature)
+    inp = make_inputs(rng, 3, 4, 1000, cfg)
+    want, got = run_all(inp, cfg, dtype=dtype)
+    assert_parity(want, got)
+
+
+def test_non_contiguous_inputs():
+    rng = np.random.default_rng(3)
+    cfg = SamplingConfig(temperature=0.9)
+    inp = make_inputs(rng, 4, 3, 200, cfg)
+    want = oracle.verify(inp.z, inp.x, inp.w, temperature=0.9, seed=1)
+    z = torch.from_numpy(inp.z).transpose(0, 1).contiguous().transpose(0, 1)  # batch stride < row stride
+    x = torch.from_numpy(inp.x).t().contiguous().t()
+    w = torch.from_numpy(np.concatenate([inp.w, inp.w], -1))[..., :200]  # V stride 1, row stride 400
+    for impl in ("reference", "triton"):
+        res = verify(z, x, w, temperature=0.9, seed=1, impl=impl)
+        np.testing.assert_array_equal(res.tokens.numpy(), want.tokens, err_msg=impl)
+
+
+def test_many_rows_many_samples_match():
+    """A larger batch (tile of rows per program) over several offsets: every row identical."""
+    rng = np.random.default_rng(99)
+    cfg = SamplingConfig(temperature=1.0)
+    inp = make_inputs(rng, 300, 3, 40, cfg, spread=1.0, noise=0.5)
+    split = KernelConfig(block_b=128, block_v=16, sweep_v=16, num_chunks=3)
+    for offset in range(3):
+        want, got = run_all(inp, cfg, offset=offset, split=split)
+        assert_parity(want, got)
