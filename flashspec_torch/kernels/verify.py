@@ -38,7 +38,8 @@ FINAL_STREAM = tl.constexpr(1)  # flashspec.random.FINAL
 def load_scaled(ptrs, mask, T, SCALE: tl.constexpr):  # -> float32 z / T, -inf where masked
     z = tl.load(ptrs, mask=mask, other=NEG_INF).to(tl.float32)
     if SCALE:
-        z = tl.math.div_rn(z, T)
+        if T != 1.0:  # a uniform branch: z / 1 is z, and the correctly rounded division is not cheap
+            z = tl.math.div_rn(z, T)
     return z
 
 
@@ -231,7 +232,7 @@ def verify_stats_kernel(
             tl.store(l_ptr + out + ROWS, l, mask=q_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi", "offset_lo"])  # new seeds / offsets never recompile
 def verify_final_kernel(
     z_ptr, w_ptr, x_ptr, lq_ptr,  # [B, G+1, V], [B, G, V], [B, G] int, [B, G] float
     thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1] f32 / i32, [B, G] f32 / i32
