@@ -299,17 +299,21 @@ def interpreting() -> bool:
 
 
 def choose_config(batch: int, gamma: int, vocab: int, device: torch.device) -> KernelConfig:
-    """GPU: 4K-element tiles (no register spills at 8 warps on sm_90; see tests/torch/compile_sm90.py)
-    and V split over programs until ~2 programs per SM. Interpreter: few, large programs."""
+    """GPU: ~2K-element tiles and V split over programs until ~16 programs per SM (measured best;
+    no register spills at 8 warps on sm_90, see tests/torch/compile_sm90.py). Interpreter: few,
+    large programs."""
     rows = next_pow2(gamma + 1)
     if device.type != "cuda" or interpreting():  # the interpreter: few, large programs
         block_v = max(16, min(next_pow2(vocab), 4096 // rows))
         block_b = min(next_pow2(batch), max(1, 2**18 // (rows * block_v)))
         return KernelConfig(block_b=block_b, block_v=block_v, sweep_v=max(16, min(next_pow2(vocab), 4096)))
-    block_v = max(64, 4096 // rows)  # [1, ROWS, block_v] tiles: ~16 elements per thread at 8 warps
-    target_programs = 2 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    # Measured on an H200 (benchmarks/results/verify_tuning.json): [1, ROWS, block_v] tiles of about
+    # 2K elements (4K for G = 8) and ~16 programs per SM (V split even for large B) were fastest;
+    # a single fused launch per row left the kernel 10-25% slower at B = 128-256, V = 128256.
+    block_v = 256 if rows >= 8 else 2048 // rows
+    target_programs = 16 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
     blocks = math.ceil(vocab / block_v)
-    chunks = 1 if batch >= target_programs else min(blocks, math.ceil(target_programs / batch), 128)
+    chunks = min(blocks, math.ceil(target_programs / batch), 128 if batch < 8 else 32)
     return KernelConfig(block_b=1, block_v=block_v, sweep_v=2048, num_chunks=chunks, num_warps=8)
 
 
