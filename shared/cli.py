@@ -233,12 +233,8 @@ def run_generate(args) -> int:
     eng = engine(args.backend, args.target, tuple(args.draft or ("ngram",)), policy=args.policy, device=args.device)
     show = sys.stderr.isatty()
     counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}
-    began = [None]
 
     def progress(record) -> None:
-        import time
-
-        began[0] = began[0] or time.perf_counter()
         counted["tokens"] += record.emitted
         counted["steps"] += 1
         counted["accepted"] += record.accepted

@@ -1,0 +1,36 @@
+"""The core needs neither torch nor jax; a missing backend names the extra to install."""
+
+import subprocess
+import sys
+
+import pytest
+
+BLOCK = "import sys; sys.modules['torch'] = None; sys.modules['jax'] = None; sys.modules['triton'] = None\n"
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK + code], capture_output=True, text=True, timeout=120)
+
+
+def test_core_imports_without_torch_or_jax():
+    r = run(
+        "import flashspec, flashspec.reference, flashspec.testing, flashspec.mutants, flashspec.loop, "
+        "flashspec.bandits, flashspec.simulate, flashspec.fake, flashspec.engine, flashspec.cli\n"
+        "import numpy as np\n"
+        "res = flashspec.reference.verify(np.zeros((1, 3, 4), np.float32), np.zeros((1, 2), np.int64))\n"
+        "print(res.num_accepted.shape)"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "(1,)" in r.stdout
+
+
+@pytest.mark.parametrize("module,extra", [("flashspec_torch", "flashspec[torch]"), ("flashspec_jax", "flashspec[jax]")])
+def test_missing_backend_names_its_extra(module, extra):
+    r = run(f"import {module}")
+    assert r.returncode != 0
+    assert extra in r.stderr
+
+
+def test_generate_without_torch_names_the_extra():
+    r = run("import flashspec.engine\nflashspec.engine.generate('hi')")
+    assert r.returncode != 0 and "flashspec[torch]" in r.stderr

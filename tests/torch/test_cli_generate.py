@@ -1,0 +1,43 @@
+"""`flashspec generate` on the embedded model: JSON fields, and bad input as one line, exit 2."""
+
+import json
+
+import pytest
+
+from flashspec.cli import main
+
+FIELDS = {"text", "tokens", "new_tokens", "tokens_per_s", "steps", "acceptance", "arm_pulls",
+          "arm_acceptance", "step_latency_ms"}
+
+
+def test_generate_json_has_the_spec_fields(capsys):
+    assert main(["generate", "def add(a, b):", "--no-chat", "--max-new-tokens", "6", "--temperature", "0",
+                 "--draft", "ngram", "--draft", "layerskip:24-29", "--json", "--device", "cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert FIELDS <= set(out)
+    assert 1 <= out["new_tokens"] == len(out["tokens"]) <= 6
+    assert set(out["arm_pulls"]) == {"ngram", "layerskip:24-29"}
+    assert set(out["step_latency_ms"]) == {"p50", "p90"}
+
+
+def run(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["generate", "hi", "--top-p", "1.5"], "top-p"),
+    (["generate", "hi", "--max-new-tokens", "0"], "max-new-tokens"),
+    (["generate", "hi", "--policy", "nope"], "policy"),
+    (["generate", "   ", "--device", "cpu"], "prompt"),
+    (["generate", "hi", "--draft", "layerskip:99", "--device", "cpu"], "layerskip"),
+    (["generate", "hi", "--target", "/no/such/model", "--device", "cpu"], "/no/such/model"),
+    (["generate", "hi", "--backend", "jax"], "jax"),
+])
+def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
+    assert run(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
