@@ -122,6 +122,9 @@ def load_directory(path: str | Path, dtype=torch.float32, device="cpu") -> Loade
 
 
 def load_tokenizer(path: Path):
+    """The directory's tokenizer, or None when it has none (enough for a draft model)."""
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
     try:
         from transformers import AutoTokenizer
     except ImportError:
