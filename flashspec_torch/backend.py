@@ -36,7 +36,10 @@ class AsyncHandle:
     def start(cls, num_accepted, active, done) -> "AsyncHandle":
         if num_accepted.device.type != "cuda":
             return cls(num_accepted.clone(), active.clone(), done.clone(), None)
-        host = [t.to("cpu", non_blocking=True) for t in (num_accepted, active, done)]
+        host = []
+        for t in (num_accepted, active, done):  # pinned, or the "asynchronous" copy blocks the host
+            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.append(h.copy_(t, non_blocking=True))
         event = torch.cuda.Event()
         event.record()
         return cls(*host, event)
