@@ -32,22 +32,35 @@ class AsyncHandle:
     done: torch.Tensor
     event: torch.cuda.Event | None
 
-    @classmethod
-    def start(cls, num_accepted, active, done) -> "AsyncHandle":
-        if num_accepted.device.type != "cuda":
-            return cls(num_accepted.clone(), active.clone(), done.clone(), None)
-        host = []
-        for t in (num_accepted, active, done):  # pinned, or the "asynchronous" copy blocks the host
-            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.append(h.copy_(t, non_blocking=True))
-        event = torch.cuda.Event()
-        event.record()
-        return cls(*host, event)
-
     def fetch(self) -> StepView:
         if self.event is not None:
             self.event.synchronize()
-        return StepView(self.num_accepted.numpy(), self.active.numpy(), self.done.numpy())
+        return StepView(self.num_accepted.numpy().copy(), self.active.numpy().copy(), self.done.numpy().copy())
+
+
+class HostMirror:
+    """Two sets of pinned host buffers, used in turn: the loop reads step t-1 before step t+1 is
+    committed, so a slot is never overwritten before it was read. (Allocating pinned memory every
+    step costs milliseconds; pageable memory would make the copy block the host.)"""
+
+    def __init__(self, batch: int, device: torch.device):
+        self.device, self.turn = device, 0
+        if device.type == "cuda":
+            self.slots = [
+                [torch.empty(batch, dtype=dt, pin_memory=True) for dt in (torch.int32, torch.bool, torch.bool)]
+                for _ in range(2)
+            ]
+
+    def start(self, num_accepted, active, done) -> AsyncHandle:
+        if self.device.type != "cuda":
+            return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), None)
+        slot = self.slots[self.turn]
+        self.turn ^= 1
+        for h, t in zip(slot, (num_accepted.to(torch.int32), active, done)):
+            h.copy_(t, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return AsyncHandle(*slot, event)
 
 
 class TorchBackend:
@@ -92,6 +105,7 @@ class TorchBackend:
             self.target(tokens[:, : longest - 1], pos, self.cache, longest - 1, logits_last=0)
         for d in self.drafts:
             d.start(b, s_max)
+        self.mirror = HostMirror(b, dev)
 
     def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:
         return self.drafts[arm].propose(self.seqs, gamma, sampling, seed, offset)
@@ -146,7 +160,7 @@ class TorchBackend:
         self.done = self.done | (active & hit_eos & (count > 0)) | (seqs.length - self.prompt_len >= self.max_new)
         seqs.max_len_bound = min(seqs.max_len_bound + width, seqs.tokens.shape[1])
         seqs.step += 1
-        return AsyncHandle.start(n, active, self.done)
+        return self.mirror.start(n, active, self.done)
 
     def outputs(self) -> list[list[int]]:
         tokens = self.seqs.tokens.cpu().numpy()
