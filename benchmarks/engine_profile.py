@@ -1,0 +1,75 @@
+"""Where a step's time goes on a GPU (random SmolLM2-shape weights): torch.profiler tables of a few
+plain and speculative steps, and wall-clock time of each backend call. Writes $OUT/engine_profile.txt.
+
+    python benchmarks/engine_profile.py
+"""
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from engine_gpu import SHAPES, Fixed, random_model  # benchmarks/ is on sys.path when run as a script
+from flashspec.config import SamplingConfig
+from flashspec.loop import SpecConfig, decode, speculate
+from flashspec_torch.backend import TorchBackend
+from flashspec_torch.drafts import LookupDraft
+from flashspec_torch.model import LlamaConfig
+
+
+def wall(fn, reps=20):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        out = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / reps * 1e3, out
+
+
+def main():
+    out = Path(os.environ.get("OUT", "benchmarks/results"))
+    cfg = LlamaConfig(**SHAPES["smollm2-135m"], max_position_embeddings=8192)
+    m = random_model(cfg)
+    prompts = torch.randint(0, cfg.vocab_size, (1, 128)).tolist()
+    greedy = SamplingConfig(0.0)
+    seed = torch.zeros(1, dtype=torch.int64, device="cuda")
+    be = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton")
+    lines = []
+    with torch.inference_mode():
+        decode(be, prompts, sampling=greedy, max_new_tokens=8, seed=seed)
+        speculate(be, Fixed(), prompts, sampling=greedy, spec=SpecConfig(gamma=4, max_new_tokens=8), seed=seed)
+        be.prefill(prompts, 512)
+        lines.append(f"decode_one: {wall(lambda: be.decode_one(greedy, seed, 0))[0]:.2f} ms")
+        be.prefill(prompts, 512)
+        length = be.seqs.length
+        last = be.seqs.tokens.gather(1, (length - 1)[:, None])
+        lines.append(f"target forward T=1: {wall(lambda: m(last, (length - 1)[:, None], be.cache, 200))[0]:.2f} ms")
+        ms, p = wall(lambda: be.draft(0, 4, greedy, seed, 0))
+        lines.append(f"ngram draft: {ms:.2f} ms")
+        ms, z = wall(lambda: be.score(p))
+        lines.append(f"score (T=5): {ms:.2f} ms")
+        ms, r = wall(lambda: be.verify(z, p, greedy, seed, 0))
+        lines.append(f"verify (triton, greedy): {ms:.2f} ms")
+        ms, _ = wall(lambda: be.verify(z, p, SamplingConfig(0.7), seed, 0))
+        lines.append(f"verify (triton, T=0.7): {ms:.2f} ms")
+        ms, _ = wall(lambda: be.commit(r))
+        lines.append(f"commit: {ms:.2f} ms")
+        be.prefill(prompts, 512)
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(5):
+                be.decode_one(greedy, seed, 0)
+            torch.cuda.synchronize()
+        lines.append("== 5 plain steps, by CPU time ==")
+        lines.append(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
+        lines.append("== 5 plain steps, by CUDA time ==")
+        lines.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+    text = "\n".join(lines)
+    print(text)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine_profile.txt").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
