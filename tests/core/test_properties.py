@@ -8,7 +8,12 @@ from flashspec.reference import sample, verify
 from flashspec.config import SamplingConfig
 from flashspec.testing import structure_problem
 
-DTYPES = ["float32", "float16", "float64"]
+try:
+    import ml_dtypes
+
+    DTYPES = ["float32", "float16", "float64", ml_dtypes.bfloat16]
+except ImportError:  # bfloat16 needs ml_dtypes (installed with the jax extra)
+    DTYPES = ["float32", "float16", "float64"]
 
 
 @st.composite
