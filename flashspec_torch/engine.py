@@ -143,7 +143,7 @@ class Engine:
                 outs, records = decode(self.backend, ids, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed_t, on_step=on_step)
         wall = time.perf_counter() - start
         stats = summarize(records, self.backend.draft_names, wall, sum(map(len, outs)))
-        texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in outs]
+        texts = [self.tokenizer.decode(o, skip_special_tokens=True, clean_up_tokenization_spaces=False) for o in outs]
         single = isinstance(prompt, str)
         return {
             "text": texts[0] if single else texts,
