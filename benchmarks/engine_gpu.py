@@ -28,6 +28,7 @@ from flashspec.loop import SpecConfig, decode, speculate
 from flashspec_torch.backend import TorchBackend
 from flashspec_torch.drafts import LookupDraft
 from flashspec_torch.model import Llama, LlamaConfig
+from verify_kernels import copy_bandwidth_gbps  # benchmarks/ is on sys.path for scripts
 
 SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -54,18 +55,6 @@ def random_model(cfg: LlamaConfig) -> Llama:
     for p in m.parameters():
         p.data.normal_(0, 0.02)
     return m.eval().requires_grad_(False)
-
-
-def copy_bandwidth() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(20):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 20 / (time.perf_counter() - t)
 
 
 def forward_ms(m: Llama, batch: int, tokens: int, context: int) -> float:
@@ -170,7 +159,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "benchmarks/results"))
-    bw = copy_bandwidth()
+    bw = copy_bandwidth_gbps("cuda") * 1e9
     rows = []
     for name in args.shapes.split(","):
         try:

@@ -12,50 +12,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import statistics
 from pathlib import Path
 
 import torch
 
 from flashspec.config import SamplingConfig
 from flashspec_torch.verify import KernelConfig, choose_config, verify_triton
-
-
-def copy_bandwidth() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(20):
-        b.copy_(a)
-    e1.record()
-    torch.cuda.synchronize()
-    return 2 * a.numel() * 20 / (e0.elapsed_time(e1) * 1e-3)
-
-
-def graph_time(fn, sets: list, replays: int = 7) -> float:
-    """Seconds per call: one graph holding len(sets) calls, median over replays."""
-    for s in sets[:2]:
-        fn(*s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for s in sets:
-            fn(*s)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e-3 / len(sets))
-    return statistics.median(times)
+from verify_kernels import capture, copy_bandwidth_gbps, time_graph  # benchmarks/ is on sys.path for scripts
 
 
 def inputs(b, g, v, dtype, count):
@@ -73,7 +36,7 @@ def inputs(b, g, v, dtype, count):
 
 def main() -> None:
     out = Path(os.environ.get("OUT", "benchmarks/results"))
-    bw = copy_bandwidth()
+    bw = copy_bandwidth_gbps("cuda") * 1e9
     rows = []
     shapes = [(8, 4, 128256), (32, 4, 128256), (128, 4, 128256), (256, 4, 128256), (256, 4, 32000), (256, 8, 32000)]
     for (b, g, v), temperature in itertools.product(shapes, (1.0, 0.7)):
@@ -89,10 +52,10 @@ def main() -> None:
             variants[f"c{chunks}-w{warps}-bv{block_v}"] = KernelConfig(block_b=1, block_v=block_v, sweep_v=2048,
                                                                        num_chunks=chunks, num_warps=warps)
         for name, kc in variants.items():
-            def fn(z, x, w, lq, seed, kc=kc):
-                return verify_triton(z, x, w, lq, cfg, seed, 3, config=kc)
+            def step(inp, kc=kc):
+                return verify_triton(*inp[:4], cfg, inp[4], 3, config=kc)
             try:
-                sec = graph_time(fn, sets)
+                sec = time_graph(capture(step, sets)[0], len(sets)) * 1e-3
             except Exception as e:  # a variant that does not compile or launch is reported, not fatal
                 rows.append(dict(B=b, G=g, V=v, T=temperature, variant=name, error=f"{type(e).__name__}: {e}"[:200]))
                 continue

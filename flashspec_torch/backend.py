@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from flashspec.backend import StepView
@@ -21,6 +20,7 @@ from flashspec.random import FINAL
 from .drafts import LookupDraft, ModelDraft, Proposal, Sequences
 from .model import Llama
 from .sampling import sample
+from .verify import verify
 
 
 @dataclass
@@ -119,8 +119,6 @@ class TorchBackend:
         return self.target(torch.cat([last, proposal.tokens], 1), pos, self.cache, attend)
 
     def verify(self, target_logits, proposal: Proposal, sampling: SamplingConfig, seed, offset: int) -> VerifyResult:
-        from .verify import verify
-
         return verify(
             target_logits, proposal.tokens, proposal.logits, proposal.logprobs,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,

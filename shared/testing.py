@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import random as rng
 from .config import SamplingConfig
 from .reference import log_probs, sample
 
