@@ -7,7 +7,9 @@ Per shape: ms per autoregressive token (FlashSpec's plain decoding and transform
 ms per speculative step (n-gram draft, G = 4), the time of the target forward alone in each case
 (so the share of step time outside the model forwards), host synchronisations per step (counted
 with torch.cuda.set_sync_debug_mode), and the weights' memory floor (bytes / copy bandwidth).
-Eager execution (no CUDA graphs yet), bf16.
+bf16. Each engine runs twice: eager (``graphs=False``) and with every step captured in a CUDA
+graph (the default on a GPU); the model forwards alone are timed the same way (graph replays over
+the same cache length), so "outside the forwards" is what a step adds to the target's forward.
 """
 
 from __future__ import annotations
@@ -57,22 +59,33 @@ def random_model(cfg: LlamaConfig) -> Llama:
     return m.eval().requires_grad_(False)
 
 
-def forward_ms(m: Llama, batch: int, tokens: int, context: int) -> float:
-    cache = m.new_cache(batch, context + tokens + 8)
-    x = torch.randint(0, m.config.vocab_size, (batch, tokens), device="cuda")
-    pos = torch.arange(context, context + tokens, device="cuda").expand(batch, -1)
-    for _ in range(3):
-        m(x, pos, cache, context + tokens)
-    torch.cuda.synchronize()
+def graph_ms(fn, reps: int = 50) -> float:
+    """Median ms of one replay of ``fn`` captured in a CUDA graph (after an eager warm-up)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
     times = []
-    for _ in range(20):
+    for _ in range(reps):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
-        m(x, pos, cache, context + tokens)
+        graph.replay()
         e1.record()
         torch.cuda.synchronize()
         times.append(e0.elapsed_time(e1))
     return statistics.median(times)
+
+
+def forward_ms(m: Llama, batch: int, tokens: int, context: int, attend: int) -> float:
+    """The target forward alone over ``tokens`` new positions after ``context``, graph-replayed."""
+    cache = m.new_cache(batch, attend)
+    x = torch.randint(0, m.config.vocab_size, (batch, tokens), device="cuda")
+    pos = torch.arange(context, context + tokens, device="cuda").expand(batch, -1)
+    return graph_ms(lambda: m(x, pos, cache, attend))
 
 
 def count_syncs(fn) -> int:
@@ -86,43 +99,59 @@ def count_syncs(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def time_engine(backend: TorchBackend, prompts, tokens: int, seed) -> dict:
+    """ms per plain token and per speculative step (n-gram, G = 4), after a warm-up that
+    compiles the kernels and captures the graphs."""
+    greedy = SamplingConfig(0.0)
+    decode(backend, prompts, sampling=greedy, max_new_tokens=8, seed=seed)
+    speculate(backend, Fixed(), prompts, sampling=greedy, spec=SpecConfig(gamma=4, max_new_tokens=8), seed=seed)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    outs, rec = decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)
+    torch.cuda.synchronize()
+    ar_ms = (time.perf_counter() - t) * 1e3 / len(rec)
+    t = time.perf_counter()
+    souts, srec = speculate(backend, Fixed(), prompts, sampling=greedy, spec=SpecConfig(gamma=4, max_new_tokens=tokens), seed=seed)
+    torch.cuda.synchronize()
+    spec_ms = (time.perf_counter() - t) * 1e3 / len(srec)
+    backend.prefill(prompts, 64)
+    syncs_ar = count_syncs(lambda: backend.decode_one(greedy, seed, 0))
+    backend.prefill(prompts, 64)
+    syncs_spec = count_syncs(lambda: backend.step(0, 4, greedy, seed, 0))
+    accepted = sum(r.accepted for r in srec) / max(1, sum(r.drafted for r in srec))
+    return dict(ar_ms_per_token=ar_ms, spec_ms_per_step=spec_ms, spec_tokens_per_step=sum(r.emitted for r in srec) / len(srec),
+                spec_acceptance=accepted, host_syncs_per_ar_step=syncs_ar, host_syncs_per_spec_step=syncs_spec,
+                outputs=outs, spec_outputs=souts)
+
+
 def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float) -> dict:
     cfg = LlamaConfig(**SHAPES[name], max_position_embeddings=8192)
     m = random_model(cfg)
     weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
     prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len)).tolist()
-    greedy = SamplingConfig(0.0)
-    backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton")
     seed = torch.zeros(batch, dtype=torch.int64, device="cuda")
-    with torch.inference_mode():
-        decode(backend, prompts, sampling=greedy, max_new_tokens=8, seed=seed)  # warm-up (compiles the kernels)
-        speculate(backend, Fixed(), prompts, sampling=greedy, spec=SpecConfig(gamma=4, max_new_tokens=8), seed=seed)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        outs, rec = decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)
-        torch.cuda.synchronize()
-        ar_ms = (time.perf_counter() - t) * 1e3 / len(rec)
-        t = time.perf_counter()
-        souts, srec = speculate(backend, Fixed(), prompts, sampling=greedy, spec=SpecConfig(gamma=4, max_new_tokens=tokens), seed=seed)
-        torch.cuda.synchronize()
-        spec_ms = (time.perf_counter() - t) * 1e3 / len(srec)
-        same = outs == souts
-        ctx = prompt_len + tokens // 2
-        fwd1, fwd5 = forward_ms(m, batch, 1, ctx), forward_ms(m, batch, 5, ctx)
-        backend.prefill(prompts, 64)
-        syncs_ar = count_syncs(lambda: backend.decode_one(greedy, seed, 0))
-        backend.prefill(prompts, 64)
-        def one_step():
-            p = backend.draft(0, 4, greedy, seed, 0)
-            backend.commit(backend.verify(backend.score(p), p, greedy, seed, 0))
-        syncs_spec = count_syncs(one_step)
     row = dict(shape=name, batch=batch, prompt_len=prompt_len, new_tokens=tokens, weight_bytes=weight_bytes,
-               weights_floor_ms=weight_bytes / bw * 1e3, ar_ms_per_token=ar_ms, forward_1_token_ms=fwd1,
-               ar_share_outside_forward=1 - fwd1 / ar_ms, spec_ms_per_step=spec_ms, forward_5_tokens_ms=fwd5,
-               spec_share_outside_forward=1 - fwd5 / spec_ms, spec_acceptance=sum(r.accepted for r in srec) / max(1, sum(r.drafted for r in srec)),
-               spec_equals_ar=same, host_syncs_per_ar_step=syncs_ar, host_syncs_per_spec_step=syncs_spec)
+               weights_floor_ms=weight_bytes / bw * 1e3)
+    with torch.inference_mode():
+        runs = {}
+        for mode, graphs in (("eager", False), ("graphs", True)):
+            backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=graphs)
+            runs[mode] = time_engine(backend, prompts, tokens, seed)
+            attend = backend.cache.max_len
+            del backend
+        ref = runs["eager"]["outputs"]
+        row["tokens_agree"] = all(r["outputs"] == ref and r["spec_outputs"] == ref for r in runs.values())
+        ctx = prompt_len + tokens // 2
+        fwd1, fwd5 = forward_ms(m, batch, 1, ctx, attend), forward_ms(m, batch, 5, ctx, attend)
+        row.update(forward_1_token_ms=fwd1, forward_5_tokens_ms=fwd5, attend_slots=attend)
+        for mode, r in runs.items():
+            del r["outputs"], r["spec_outputs"]
+            r["ar_share_outside_forward"] = 1 - fwd1 / r["ar_ms_per_token"]
+            r["spec_share_outside_forward"] = 1 - fwd5 / r["spec_ms_per_step"]
+            r["ar_over_weights_floor"] = r["ar_ms_per_token"] / row["weights_floor_ms"]
+            row[mode] = r
     row.update(hf_generate(cfg, m, prompts, tokens))
-    del m, backend
+    del m
     torch.cuda.empty_cache()
     return row
 
@@ -155,22 +184,33 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="smollm2-135m,tinyllama-1.1b,llama3-8b")
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes")
     ap.add_argument("--prompt-len", type=int, default=128)
     args = ap.parse_args()
     out = Path(os.environ.get("OUT", "benchmarks/results"))
     bw = copy_bandwidth_gbps("cuda") * 1e9
     rows = []
     for name in args.shapes.split(","):
-        try:
-            rows.append(run_shape(name, args.tokens, args.batch, args.prompt_len, bw))
-        except Exception as e:  # one shape failing must not lose the others
-            rows.append(dict(shape=name, error=f"{type(e).__name__}: {e}"[:500]))
-        print(json.dumps(rows[-1]), flush=True)
+        for batch in map(int, args.batch.split(",")):
+            try:
+                rows.append(run_shape(name, args.tokens, batch, args.prompt_len, bw))
+            except Exception as e:  # one shape failing must not lose the others
+                rows.append(dict(shape=name, batch=batch, error=f"{type(e).__name__}: {e}"[:500]))
+            print(json.dumps(rows[-1]), flush=True)
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, date=str(date.today()),
-                  copy_bandwidth_GBs=bw / 1e9, dtype="bfloat16", execution="eager (no CUDA graphs)", rows=rows)
+                  copy_bandwidth_GBs=bw / 1e9, dtype="bfloat16", rows=rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine_gpu.json").write_text(json.dumps(result, indent=1))
+    print("shape B | floor ms | AR ms eager / graphs | fwd1 | outside | spec step eager / graphs | fwd5 | outside | HF ms | agree")
+    for r in rows:
+        if "error" in r:
+            print(r["shape"], r["batch"], r["error"][:200])
+            continue
+        e, g = r["eager"], r["graphs"]
+        print(f"{r['shape']} {r['batch']} | {r['weights_floor_ms']:.3f} | {e['ar_ms_per_token']:.3f} / {g['ar_ms_per_token']:.3f} | "
+              f"{r['forward_1_token_ms']:.3f} | {g['ar_share_outside_forward']:.1%} | {e['spec_ms_per_step']:.3f} / "
+              f"{g['spec_ms_per_step']:.3f} | {r['forward_5_tokens_ms']:.3f} | {g['spec_share_outside_forward']:.1%} | "
+              f"{r.get('hf_generate_ms_per_token', float('nan')):.3f} | {r['tokens_agree']}")
 
 
 if __name__ == "__main__":

@@ -63,8 +63,62 @@ class HostMirror:
         return AsyncHandle(*slot, event)
 
 
+class StepGraphs:
+    """Whole steps captured as CUDA graphs on first use (per key) and replayed after.
+
+    A step reads and writes only buffers that live as long as the batch state (token history,
+    lengths, caches, seed, offset), so one capture serves every later step. Capture is preceded by
+    one eager warm-up (compiles the Triton kernels, creates cuBLAS handles); the warm-up's effects
+    on the state are undone from a snapshot, so the first replay is the step's real execution.
+    """
+
+    def __init__(self):
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict = {}
+
+    def replay(self, key, step, state: Sequence[torch.Tensor]):
+        """Replay the graph of ``key`` (capturing ``step`` first if new); returns the outputs
+        ``step`` returned when it was captured (static buffers, refreshed by every replay)."""
+        if key not in self.graphs:
+            snapshot = [t.clone() for t in state]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream().wait_stream(side)
+            for t, saved in zip(state, snapshot):
+                t.copy_(saved)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = step()
+            self.graphs[key] = (graph, outputs)
+        graph, outputs = self.graphs[key]
+        graph.replay()
+        return outputs
+
+    def clear(self) -> None:
+        self.graphs.clear()
+
+
+class StaticSteps:
+    """The graphed steps' fixed-shape code run eagerly, without capture: what ``graphs=True``
+    does off CUDA, so the CPU tests cover the code that the GPU captures."""
+
+    def replay(self, key, step, state):
+        return step()
+
+    def clear(self) -> None:
+        pass
+
+
 class TorchBackend:
-    def __init__(self, target: Llama, drafts: Sequence[ModelDraft | LookupDraft], eos_ids: Sequence[int] = (), verify_impl: str | None = None):
+    """``graphs`` (default: on CUDA) captures each kind of step in a CUDA graph: the draft with a
+    given arm, scoring, verification and commit as one replay, so a step costs one launch from the
+    host. Without graphs (the CPU default) steps run eagerly with host-side length bounds, which
+    keeps attention short; ``graphs=True`` off CUDA runs the fixed-shape graphed code eagerly."""
+
+    def __init__(self, target: Llama, drafts: Sequence[ModelDraft | LookupDraft], eos_ids: Sequence[int] = (),
+                 verify_impl: str | None = None, graphs: bool | None = None):
         vocab = target.config.vocab_size
         for d in drafts:
             if isinstance(d, ModelDraft) and d.model.config.vocab_size != vocab:
@@ -77,6 +131,9 @@ class TorchBackend:
         self.device = target.embed.weight.device
         self.eos = torch.tensor(sorted(set(eos_ids)) or [-1], dtype=torch.int64, device=self.device)
         self.verify_impl = verify_impl
+        self.graphed = self.device.type == "cuda" if graphs is None else bool(graphs)
+        self.graphs = (StepGraphs() if self.device.type == "cuda" else StaticSteps()) if self.graphed else None
+        self.shape: tuple[int, int] | None = None  # (B, S) of the buffers below
 
     # -- the batch
 
@@ -84,81 +141,161 @@ class TorchBackend:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         b, longest = len(prompts), max(len(p) for p in prompts)
-        s_max = longest + max_new_tokens + margin
         limit = self.target.config.max_position_embeddings
         if longest + max_new_tokens > limit:
             raise ValueError(
                 f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit} tokens"
             )
-        dev = self.device
-        tokens = torch.zeros((b, s_max), dtype=torch.int64, device=dev)
+        self.allocate(b, longest + max_new_tokens + margin)
+        dev, seqs = self.device, self.seqs
+        host = torch.zeros((b, longest), dtype=torch.int64)
         for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.int64)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=dev)
-        self.seqs = Sequences(tokens, lengths, longest)
-        self.prompt_len = lengths.clone()
-        self.max_new = max_new_tokens
-        self.done = torch.zeros(b, dtype=torch.bool, device=dev)
-        self.cache = self.target.new_cache(b, s_max)
+            host[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.int64)
+        seqs.tokens[:, :longest].copy_(host)
+        seqs.length.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.int64))
+        seqs.max_len_bound, seqs.step = longest, 0
+        self.prompt_len.copy_(seqs.length)
+        self.max_new.fill_(max_new_tokens)
+        self.done.zero_()
         if longest > 1:  # K/V of every prompt token but the last (the first step feeds the last)
             pos = torch.arange(longest - 1, device=dev)[None].expand(b, -1)
-            self.target(tokens[:, : longest - 1], pos, self.cache, longest - 1, logits_last=0)
+            self.target(seqs.tokens[:, : longest - 1], pos, self.cache, longest - 1, logits_last=0)
         for d in self.drafts:
-            d.start(b, s_max)
-        self.mirror = HostMirror(b, dev)
+            d.start(b, self.shape[1])
+
+    def allocate(self, batch: int, s_needed: int) -> None:
+        """Buffers for a batch; kept (and the graphs with them) while the next batch fits."""
+        if self.shape is not None and self.shape[0] == batch and self.shape[1] >= s_needed:
+            return
+        s_max = -(-s_needed // 128) * 128 if self.graphed else s_needed
+        dev = self.device
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.seqs = Sequences(torch.zeros((batch, s_max), **i64), torch.zeros(batch, **i64), 0)
+        self.prompt_len = torch.zeros(batch, **i64)
+        self.max_new = torch.zeros((), **i64)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.active = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.seed = torch.zeros(batch, **i64)
+        self.offset = torch.zeros((), **i64)
+        self.cache = self.target.new_cache(batch, s_max)
+        self.mirror = HostMirror(batch, dev)
+        self.shape = (batch, s_max)
+        if self.graphs is not None:
+            self.graphs.clear()
+
+    def state(self) -> list[torch.Tensor]:
+        """What a step writes besides the KV caches (whose rewrites are idempotent)."""
+        valid = [d.valid for d in self.drafts if isinstance(d, ModelDraft)]
+        return [self.seqs.tokens, self.seqs.length, self.done, self.active, *valid]
+
+    def attend(self, extra: int) -> int:  # a host bound on the slots any query may see
+        return self.cache.max_len if self.graphed else min(self.seqs.max_len_bound + extra, self.cache.max_len)
+
+    # -- one speculative step
+
+    def step(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
+        """draft -> score -> verify -> commit; one CUDA-graph replay when graphed."""
+        draft = self.drafts[arm]
+        if not self.graphed:
+            proposal = self.draft(arm, gamma, sampling, seed, offset)
+            return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset))
+        if draft.lagging(self.seqs):
+            draft.catch_up(self.seqs, gamma)
+        self.set_counters(seed, offset)
+
+        def run():
+            p = draft.propose(self.seqs, gamma, sampling, self.seed, self.offset, graphed=True)
+            r = self.verify(self.score(p), p, sampling, self.seed, self.offset)
+            self.commit_device(r)
+            return r.num_accepted
+
+        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling), run, self.state())
+        draft.mark_used(self.seqs)
+        return self.commit_host(num_accepted, gamma + 1)
+
+    def set_counters(self, seed, offset: int) -> None:
+        """The step's seed / offset into the buffers the graphs read."""
+        if isinstance(seed, torch.Tensor):
+            self.seed.copy_(seed.reshape(-1).expand(self.seed.shape[0]))
+        else:
+            self.seed.fill_(seed)
+        self.offset.fill_(offset)
 
     def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:
-        return self.drafts[arm].propose(self.seqs, gamma, sampling, seed, offset)
+        d = self.drafts[arm]
+        proposal = d.propose(self.seqs, gamma, sampling, seed, offset)
+        d.mark_used(self.seqs)
+        return proposal
 
     def score(self, proposal: Proposal) -> torch.Tensor:  # [B, G+1, V]
         length = self.seqs.length
         g = proposal.tokens.shape[1]
         last = self.seqs.tokens.gather(1, (length - 1)[:, None])
         pos = (length - 1)[:, None] + torch.arange(g + 1, device=self.device)
-        attend = min(self.seqs.max_len_bound + g, self.cache.max_len)
-        return self.target(torch.cat([last, proposal.tokens], 1), pos, self.cache, attend)
+        return self.target(torch.cat([last, proposal.tokens], 1), pos, self.cache, self.attend(g))
 
-    def verify(self, target_logits, proposal: Proposal, sampling: SamplingConfig, seed, offset: int) -> VerifyResult:
+    def verify(self, target_logits, proposal: Proposal, sampling: SamplingConfig, seed, offset) -> VerifyResult:
         return verify(
             target_logits, proposal.tokens, proposal.logits, proposal.logprobs,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             seed=seed, offset=offset, impl=self.verify_impl,
         )
 
+    # -- plain decoding
+
     def decode_one(self, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
         """Plain autoregressive decoding on the same engine: one target forward, one token."""
+        if not self.graphed:
+            return self.commit(self.sample_next(sampling, seed, offset))
+        self.set_counters(seed, offset)
+
+        def run():
+            r = self.sample_next(sampling, self.seed, self.offset)
+            self.commit_device(r)
+            return r.num_accepted
+
+        num_accepted = self.graphs.replay(("plain", sampling), run, self.state())
+        return self.commit_host(num_accepted, 2)
+
+    def sample_next(self, sampling: SamplingConfig, seed, offset) -> VerifyResult:
         length = self.seqs.length
         last = self.seqs.tokens.gather(1, (length - 1)[:, None])
-        attend = min(self.seqs.max_len_bound, self.cache.max_len)
-        z = self.target(last, (length - 1)[:, None], self.cache, attend)[:, 0]
+        z = self.target(last, (length - 1)[:, None], self.cache, self.attend(0))[:, 0]
         y, _ = sample(z, sampling, seed, offset, position=0, stream=FINAL)
         tokens = torch.cat([y[:, None], torch.full_like(y[:, None], -1)], 1)
-        zero = torch.zeros_like(y, dtype=torch.int32)
-        return self.commit(VerifyResult(zero, tokens.to(torch.int32)))
+        return VerifyResult(torch.zeros_like(y, dtype=torch.int32), tokens.to(torch.int32))
+
+    # -- commit
 
     def commit(self, result: VerifyResult) -> AsyncHandle:
-        """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens)."""
+        self.commit_device(result)
+        return self.commit_host(result.num_accepted, result.tokens.shape[1])
+
+    def commit_device(self, result: VerifyResult) -> None:
+        """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place."""
         seqs = self.seqs
         n = result.num_accepted.to(torch.int64)
         emitted = result.tokens.to(torch.int64)  # [B, G+1]
-        width = emitted.shape[1]
-        j = torch.arange(width, device=self.device)
+        j = torch.arange(emitted.shape[1], device=self.device)
         count = n + 1
         is_eos = (j[None] < count[:, None]) & torch.isin(emitted, self.eos)
         hit_eos = is_eos.any(-1)
         count = torch.where(hit_eos, is_eos.int().argmax(-1) + 1, count)
-        room = self.max_new - (seqs.length - self.prompt_len)
-        count = torch.minimum(count, room)
-        active = ~self.done
-        count = torch.where(active, count, 0)
+        count = torch.minimum(count, self.max_new - (seqs.length - self.prompt_len))
+        self.active.copy_(~self.done)
+        count = torch.where(self.active, count, 0)
         pos = (seqs.length[:, None] + j).clamp(max=seqs.tokens.shape[1] - 1)
         old = seqs.tokens.gather(1, pos)
         seqs.tokens.scatter_(1, pos, torch.where(j[None] < count[:, None], emitted, old))
-        seqs.length = seqs.length + count
-        self.done = self.done | (active & hit_eos & (count > 0)) | (seqs.length - self.prompt_len >= self.max_new)
+        seqs.length.add_(count)
+        self.done.logical_or_((self.active & hit_eos & (count > 0)) | (seqs.length - self.prompt_len >= self.max_new))
+
+    def commit_host(self, num_accepted: torch.Tensor, width: int) -> AsyncHandle:
+        """Host bookkeeping of a committed step; starts the asynchronous copy of its results."""
+        seqs = self.seqs
         seqs.max_len_bound = min(seqs.max_len_bound + width, seqs.tokens.shape[1])
         seqs.step += 1
-        return self.mirror.start(n, active, self.done)
+        return self.mirror.start(num_accepted, self.active, self.done)
 
     def outputs(self) -> list[list[int]]:
         tokens = self.seqs.tokens.cpu().numpy()

@@ -45,8 +45,12 @@ class ModelDraft:
         self.name, self.model, self.skip = name, model, frozenset(skip)
 
     def start(self, batch: int, max_len: int) -> None:
-        self.cache = self.model.new_cache(batch, max_len)
-        self.valid = torch.zeros(batch, dtype=torch.int64, device=self.model.embed.weight.device)
+        """A new batch; the cache is reused when its shape fits (CUDA graphs keep its address)."""
+        c = getattr(self, "cache", None)
+        if c is None or c.k.shape[1] != batch or c.max_len != max_len:
+            self.cache = self.model.new_cache(batch, max_len)
+            self.valid = torch.zeros(batch, dtype=torch.int64, device=self.model.embed.weight.device)
+        self.valid.zero_()  # positions < valid hold this draft's K/V
         self.used_at: int | None = None
 
     def catch_up_bound(self, seqs: Sequences, gamma: int) -> int:
@@ -55,14 +59,30 @@ class ModelDraft:
             return seqs.max_len_bound
         return (seqs.step - self.used_at) * (gamma + 1) + 2
 
-    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset) -> Proposal:
+    def lagging(self, seqs: Sequences) -> bool:
+        """Not used in the previous step: more than the last two tokens may be unfed."""
+        return self.used_at is None or self.used_at != seqs.step - 1
+
+    def catch_up(self, seqs: Sequences, gamma: int) -> None:
+        """Feed every unfed token but the last (eager, variable length), so that the fixed-shape
+        ``propose(..., graphed=True)`` has at most two tokens left to feed."""
+        s_max = self.cache.max_len
+        start = torch.minimum(self.valid, seqs.length - 1)
+        chunk = min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
+        pos = (start[:, None] + torch.arange(chunk, device=start.device)).clamp(max=s_max - 1)  # [B, C]
+        self.model(seqs.tokens.gather(1, pos), pos, self.cache, min(seqs.max_len_bound, s_max), logits_last=0, skip=self.skip)
+        self.valid.copy_(torch.maximum(self.valid, seqs.length - 1))
+
+    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
+        """Device work only (capturable when ``graphed``: fixed shapes, attention over the whole
+        cache, after ``catch_up`` when lagging); the backend calls ``mark_used`` after it."""
         s_max = self.cache.max_len
         length = seqs.length
         start = torch.minimum(self.valid, length - 1)  # [B] first position this draft must (re)feed
-        chunk = min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
+        chunk = 2 if graphed else min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
         pos = (start[:, None] + torch.arange(chunk, device=length.device)).clamp(max=s_max - 1)  # [B, C]
         tokens = seqs.tokens.gather(1, pos)
-        attend = min(seqs.max_len_bound + gamma, s_max)
+        attend = s_max if graphed else min(seqs.max_len_bound + gamma, s_max)
         last = (length - 1 - start).clamp(max=chunk - 1)  # only a finished row can lag further
         w = self.model(tokens, pos, self.cache, attend, select=last, skip=self.skip)[:, 0]
         xs, ws, lqs = [], [], []
@@ -74,9 +94,11 @@ class ModelDraft:
             if i + 1 < gamma:
                 p_i = (length + i)[:, None]
                 w = self.model(x_i[:, None], p_i, self.cache, attend, skip=self.skip)[:, 0]
-        self.valid = length + gamma - 1
-        self.used_at = seqs.step
+        self.valid.copy_(length + gamma - 1)
         return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
+
+    def mark_used(self, seqs: Sequences) -> None:
+        self.used_at = seqs.step
 
 
 class LookupDraft:
@@ -90,7 +112,13 @@ class LookupDraft:
     def start(self, batch: int, max_len: int) -> None:
         pass
 
-    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset) -> Proposal:
+    def lagging(self, seqs: Sequences) -> bool:
+        return False
+
+    def mark_used(self, seqs: Sequences) -> None:
+        pass
+
+    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
         seq, length = seqs.tokens, seqs.length
         b, s = seq.shape
         dev = seq.device

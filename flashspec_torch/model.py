@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layers import add_rms_norm, default_impl, rope_kv, silu_mul
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -106,17 +108,6 @@ def rope_frequencies(config: LlamaConfig) -> torch.Tensor:  # [D/2] float32
     return inv_freq.float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, D]; cos, sin [B, 1, T, D]; the rotate-half convention of HF Llama."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-
-
 class Block(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
@@ -128,25 +119,20 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
 
-    def forward(self, h, cos, sin, k_cache, v_cache, positions, mask):
-        # h [B, T, C]; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S]
+    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str):
+        """h [B, T, C] the residual stream and d [B, T, C] (or None) what the previous layer adds to
+        it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] additive.
+        Returns (h, d) for the next layer: the residual add is fused into the next norm."""
         c = self.c
         b, t, _ = h.shape
-        qkv = self.qkv(rms_norm(h, self.attn_norm, c.rms_norm_eps))
-        q, k, v = qkv.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
-        q = apply_rope(q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rope(k.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
-        v = v.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        index = positions[:, None, :, None].expand(b, c.num_kv_heads, t, c.head_dim)
-        k_cache.scatter_(2, index, k.to(k_cache.dtype))
-        v_cache.scatter_(2, index, v.to(v_cache.dtype))
+        h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl)
+        q = rope_kv(self.qkv(x), cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl)
         s = mask.shape[-1]
         attn = F.scaled_dot_product_attention(
             q, k_cache[:, :, :s], v_cache[:, :, :s], attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads
         )
-        h = h + self.o(attn.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim))
-        gate, up = self.gate_up(rms_norm(h, self.mlp_norm, c.rms_norm_eps)).chunk(2, -1)
-        return h + self.down(F.silu(gate) * up)
+        h, x = add_rms_norm(h, self.o(attn.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim)), self.mlp_norm, c.rms_norm_eps, impl)
+        return h, self.down(silu_mul(self.gate_up(x), impl))
 
 
 class Llama(nn.Module):
@@ -161,6 +147,7 @@ class Llama(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
         self.skip: frozenset[int] = frozenset()  # layers a layer-skipping draft leaves out
+        self.impl: str | None = None  # layer kernels: "triton" (fused) or "reference"; None: by device
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.embed.weight
@@ -179,17 +166,22 @@ class Llama(nn.Module):
         skip = self.skip if skip is None else skip
         h = self.embed(tokens)
         angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
-        cos = torch.cat([angles.cos()] * 2, -1)[:, None].to(h.dtype)
-        sin = torch.cat([angles.sin()] * 2, -1)[:, None].to(h.dtype)
+        cos = torch.cat([angles.cos()] * 2, -1).to(h.dtype)  # [B, T, D]
+        sin = torch.cat([angles.sin()] * 2, -1).to(h.dtype)
         slots = torch.arange(attend_len, device=tokens.device)
-        mask = (slots[None, None, None, :] <= positions[:, None, :, None])  # [B, 1, T, S]
+        visible = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S]
+        mask = torch.zeros(visible.shape, dtype=h.dtype, device=h.device).masked_fill_(~visible, float("-inf"))
+        impl = self.impl or default_impl(h.device)
+        d = None
         for i, layer in enumerate(self.layers):
             if i not in skip:
-                h = layer(h, cos, sin, cache.k[i], cache.v[i], positions, mask)
+                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl)
         if logits_last == 0:
             return None
         if select is not None:
             h = h.gather(1, select[:, None, None].expand(-1, 1, h.shape[-1]))
+            d = None if d is None else d.gather(1, select[:, None, None].expand(-1, 1, d.shape[-1]))
         elif logits_last is not None:
-            h = h[:, -logits_last:]
-        return self.lm_head(rms_norm(h, self.norm, self.config.rms_norm_eps)).float()
+            h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
+        _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl)
+        return self.lm_head(x).float()

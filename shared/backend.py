@@ -50,5 +50,8 @@ class Backend(Protocol):
         """Append the emitted tokens, advance caches by num_accepted + 1, roll back the rest,
         flag finished rows; start the asynchronous copy of the step's small results."""
 
+    # Optional: ``step(arm, gamma, sampling, seed, offset) -> StepHandle`` runs draft, score,
+    # verify and commit as one unit (flashspec.loop.speculative_step uses it when present).
+
     def outputs(self) -> list[list[int]]:
         """The new tokens of every row (host), after the last step."""

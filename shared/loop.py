@@ -68,10 +68,7 @@ def speculate(
     for step in range(max_steps):
         arm = policy.choose()
         start = time.perf_counter()
-        proposal = backend.draft(arm, spec.gamma, sampling, seed, first_offset + step)
-        target_logits = backend.score(proposal)
-        result = backend.verify(target_logits, proposal, sampling, seed, first_offset + step)
-        handle = backend.commit(result)
+        handle = speculative_step(backend, arm, spec.gamma, sampling, seed, first_offset + step)
         if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step):
             pending = None
             break
@@ -79,6 +76,18 @@ def speculate(
     if pending is not None:
         observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step)
     return backend.outputs(), records
+
+
+def speculative_step(backend: Backend, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> StepHandle:
+    """Draft G tokens with draft ``arm``, score G+1 positions, verify, commit. A backend that runs
+    the four as one unit (a CUDA graph, one jitted function) provides them fused as ``step``."""
+    fused = getattr(backend, "step", None)
+    if fused is not None:
+        return fused(arm, gamma, sampling, seed, offset)
+    proposal = backend.draft(arm, gamma, sampling, seed, offset)
+    target_logits = backend.score(proposal)
+    result = backend.verify(target_logits, proposal, sampling, seed, offset)
+    return backend.commit(result)
 
 
 def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *, end: float, on_step=None) -> bool:

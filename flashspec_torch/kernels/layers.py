@@ -1,0 +1,86 @@
+"""Fused decoder-layer kernels (``@triton.jit`` code only; wrappers in ``flashspec_torch.layers``).
+
+On a GPU a decode step of a small model is a chain of tiny kernels, so the number of launches, not
+the bytes, sets its time. These three kernels replace the ~30 elementwise launches of a layer with
+three, and round every intermediate to the activation dtype exactly where the plain torch layer
+(``flashspec_torch.layers.*_reference``) rounds, so both compute the same function:
+
+* ``add_rms_norm_kernel``: h <- h + d (the residual add), then y = rms_norm(h) * weight.
+* ``rope_kv_kernel``: rotate q and k (RoPE, rotate-half convention), write q into its own
+  [B, H, T, D] buffer and k, v straight into the KV cache at each token's position.
+* ``silu_mul_kernel``: silu(gate) * up from the fused gate_up projection.
+
+All arithmetic is float32 after loading; ``ROUND`` rounds to the storage dtype in between.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rounded(x, DTYPE: tl.constexpr):  # float32 -> float32, rounded through the activation dtype
+    return x.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def add_rms_norm_kernel(
+    h_ptr, d_ptr, w_ptr, y_ptr,  # h, d, y: [R, C] rows; w: [C]
+    rows, C, eps,
+    HAS_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]  # [BR, 1]
+    c = tl.arange(0, BLOCK_C)[None, :]  # [1, BC]
+    mask = (r < rows) & (c < C)
+    offs = r * C + c
+    h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_D:
+        h = rounded(h + tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32), h_ptr.dtype.element_ty)
+        tl.store(h_ptr + offs, h.to(h_ptr.dtype.element_ty), mask=mask)
+    mean_sq = tl.sum(h * h, axis=1)[:, None] / C
+    normed = rounded(h * tl.math.rsqrt(mean_sq + eps), y_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + c, mask=c < C, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, (normed * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rope_kv_kernel(
+    qkv_ptr, cos_ptr, sin_ptr, pos_ptr,  # qkv [B, T, (H + 2 H_kv) D]; cos, sin [B, T, D]; pos [B, T]
+    q_ptr, k_ptr, v_ptr,  # q [B, H, T, D]; k, v caches [B, H_kv, S, D]
+    T, S,
+    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
+):
+    bt = tl.program_id(0)  # one token
+    head = tl.program_id(1)  # one of the H + 2 H_kv head vectors of that token
+    b, t = bt // T, bt % T
+    j = tl.arange(0, D)
+    x = tl.load(qkv_ptr + bt * (H + 2 * H_KV) * D + head * D + j).to(tl.float32)
+    dtype = q_ptr.dtype.element_ty
+    pos = tl.load(pos_ptr + bt)
+    if head < H + H_KV:  # q or k: rotate
+        half = D // 2
+        partner = tl.load(qkv_ptr + bt * (H + 2 * H_KV) * D + head * D + (j + half) % D).to(tl.float32)
+        rot = tl.where(j < half, -partner, partner)
+        cos = tl.load(cos_ptr + bt * D + j).to(tl.float32)
+        sin = tl.load(sin_ptr + bt * D + j).to(tl.float32)
+        x = rounded(rounded(x * cos, dtype) + rounded(rot * sin, dtype), dtype)
+        if head < H:
+            tl.store(q_ptr + ((b * H + head) * T + t) * D + j, x.to(dtype))
+        else:
+            tl.store(k_ptr + ((b * H_KV + head - H) * S + pos) * D + j, x.to(k_ptr.dtype.element_ty), mask=pos < S)
+    else:
+        tl.store(v_ptr + ((b * H_KV + head - H - H_KV) * S + pos) * D + j, x.to(v_ptr.dtype.element_ty), mask=pos < S)
+
+
+@triton.jit
+def silu_mul_kernel(
+    gu_ptr, y_ptr,  # gu [R, 2I] (gate then up); y [R, I]
+    I, BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < I
+    gate = tl.load(gu_ptr + r * 2 * I + i, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + r * 2 * I + I + i, mask=mask, other=0.0).to(tl.float32)
+    dtype = y_ptr.dtype.element_ty
+    silu = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
+    tl.store(y_ptr + r * I + i, (silu * up).to(dtype), mask=mask)

@@ -1,0 +1,140 @@
+"""The decoder layer's elementwise pieces, each twice: the plain torch version (``*_reference``,
+what runs on the CPU) and the fused Triton kernel (``flashspec_torch/kernels/layers.py``, what
+runs on a GPU, where a decode step's time is set by its number of launches).
+
+``impl`` is "triton" or "reference". Both versions round to the activation dtype at the same
+places, so they agree to float32 rounding of the reductions (tests/torch/test_layers.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .verify import interpreting, next_pow2
+
+IMPLS = ("triton", "reference")
+
+
+def default_impl(device: torch.device) -> str:
+    return "triton" if device.type == "cuda" else "reference"
+
+
+def check_impl(impl: str, device: torch.device) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+    if impl == "triton" and device.type != "cuda" and not interpreting():
+        raise RuntimeError("impl='triton' on the CPU needs TRITON_INTERPRET=1 set before flashspec_torch is imported")
+
+
+def kernels():
+    from .kernels import layers
+
+    return layers
+
+
+# ----------------------------------------------------------------------------- add + RMSNorm
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., C], [C]
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def add_rms_norm_reference(h, d, weight, eps: float):  # h, d [..., C] (d may be None); weight [C]
+    if d is not None:
+        h = h + d
+    return h, rms_norm(h, weight, eps)
+
+
+def add_rms_norm(
+    h: torch.Tensor,  # [..., C]: the residual stream (updated in place by the kernel)
+    d: torch.Tensor | None,  # [..., C]: what the last sub-layer adds to it, or None
+    weight: torch.Tensor,  # [C]
+    eps: float,
+    impl: str = "reference",
+) -> tuple[torch.Tensor, torch.Tensor]:  # (h + d, rms_norm(h + d) * weight)
+    if impl == "reference":
+        return add_rms_norm_reference(h, d, weight, eps)
+    c = h.shape[-1]
+    assert h.is_contiguous() and (d is None or d.is_contiguous())
+    y = torch.empty_like(h)
+    rows = h.numel() // c
+    block_c = next_pow2(c)
+    block_r = max(1, min(next_pow2(rows), 2048 // block_c)) if h.is_cuda else next_pow2(rows)
+    kernels().add_rms_norm_kernel[(triton_cdiv(rows, block_r),)](
+        h, h if d is None else d, weight, y, rows, c, eps,
+        HAS_D=d is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4 if block_c * block_r <= 4096 else 8,
+    )
+    return h, y
+
+
+# ----------------------------------------------------------------------------- RoPE + KV write
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D]; cos, sin [B, 1, T, D]; the rotate-half convention of HF Llama."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rope_kv_reference(qkv, cos, sin, positions, k_cache, v_cache, heads: int, kv_heads: int):
+    b, t, _ = qkv.shape
+    d = cos.shape[-1]
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], -1)
+    q = apply_rope(q.view(b, t, heads, d).transpose(1, 2), cos[:, None], sin[:, None])
+    k = apply_rope(k.view(b, t, kv_heads, d).transpose(1, 2), cos[:, None], sin[:, None])
+    v = v.view(b, t, kv_heads, d).transpose(1, 2)
+    index = positions[:, None, :, None].expand(b, kv_heads, t, d)
+    k_cache.scatter_(2, index, k.to(k_cache.dtype))
+    v_cache.scatter_(2, index, v.to(v_cache.dtype))
+    return q
+
+
+def rope_kv(
+    qkv: torch.Tensor,  # [B, T, (H + 2 H_kv) D]: the fused projection
+    cos: torch.Tensor,  # [B, T, D]
+    sin: torch.Tensor,  # [B, T, D]
+    positions: torch.Tensor,  # [B, T] int64
+    k_cache: torch.Tensor,  # [B, H_kv, S, D], written at positions
+    v_cache: torch.Tensor,  # [B, H_kv, S, D], written at positions
+    heads: int,
+    kv_heads: int,
+    impl: str = "reference",
+) -> torch.Tensor:  # q [B, H, T, D], rotated
+    if impl == "reference":
+        return rope_kv_reference(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
+    b, t, _ = qkv.shape
+    d = cos.shape[-1]
+    qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    q = torch.empty((b, heads, t, d), dtype=qkv.dtype, device=qkv.device)
+    kernels().rope_kv_kernel[(b * t, heads + 2 * kv_heads)](
+        qkv, cos, sin, positions, q, k_cache, v_cache, t, k_cache.shape[2],
+        H=heads, H_KV=kv_heads, D=d, num_warps=1,
+    )
+    return q
+
+
+# ----------------------------------------------------------------------------- SwiGLU
+
+
+def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2I] -> [..., I]
+    gate, up = gate_up.chunk(2, -1)
+    return F.silu(gate) * up
+
+
+def silu_mul(gate_up: torch.Tensor, impl: str = "reference") -> torch.Tensor:  # [..., 2I] -> [..., I]
+    if impl == "reference":
+        return silu_mul_reference(gate_up)
+    i2 = gate_up.shape[-1]
+    assert gate_up.is_contiguous() and i2 % 2 == 0
+    rows, i = gate_up.numel() // i2, i2 // 2
+    y = torch.empty((*gate_up.shape[:-1], i), dtype=gate_up.dtype, device=gate_up.device)
+    block = min(next_pow2(i), 2048)
+    kernels().silu_mul_kernel[(rows, triton_cdiv(i, block))](gate_up, y, i, BLOCK=block, num_warps=4)
+    return y
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)

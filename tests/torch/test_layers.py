@@ -1,0 +1,73 @@
+"""The fused layer kernels against their plain torch references, on fresh random inputs."""
+
+import pytest
+import torch
+
+from flashspec_torch import layers
+from flashspec_torch.model import Llama, LlamaConfig
+
+
+def rand(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g)
+
+
+@pytest.mark.parametrize("rows,c,with_d", [(1, 576, True), (7, 100, True), (5, 64, False)])
+def test_add_rms_norm_matches_reference(rows, c, with_d):
+    h, d, w = rand(rows, c, seed=rows), rand(rows, c, seed=c) if with_d else None, rand(c, seed=3)
+    want_h, want_y = layers.add_rms_norm(h.clone(), d, w, 1e-5, impl="reference")
+    got_h, got_y = layers.add_rms_norm(h.clone(), d, w, 1e-5, impl="triton")
+    torch.testing.assert_close(got_h, want_h, rtol=0, atol=0)
+    torch.testing.assert_close(got_y, want_y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("b,t,heads,kv_heads,d", [(1, 1, 3, 1, 8), (2, 5, 4, 2, 16)])
+def test_rope_kv_matches_reference(b, t, heads, kv_heads, d):
+    s = 12
+    qkv = rand(b, t, (heads + 2 * kv_heads) * d, seed=t)
+    angles = rand(b, t, d // 2, seed=1)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    positions = torch.stack([torch.randperm(s, generator=torch.Generator().manual_seed(i))[:t] for i in range(b)])
+    caches = {impl: (rand(b, kv_heads, s, d, seed=5), rand(b, kv_heads, s, d, seed=6)) for impl in layers.IMPLS}
+    q = {impl: layers.rope_kv(qkv, cos, sin, positions, *caches[impl], heads, kv_heads, impl=impl) for impl in layers.IMPLS}
+    torch.testing.assert_close(q["triton"], q["reference"], rtol=1e-6, atol=1e-6)
+    for got, want in zip(caches["triton"], caches["reference"]):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,i", [(1, 1536), (3, 37)])
+def test_silu_mul_matches_reference(rows, i):
+    gu = rand(rows, 2 * i, seed=i) * 3
+    torch.testing.assert_close(layers.silu_mul(gu, impl="triton"), layers.silu_mul(gu, impl="reference"), rtol=1e-6, atol=1e-6)
+
+
+def test_a_broken_kernel_would_be_caught():
+    """The comparisons above have power: a norm without its weight differs visibly."""
+    h, w = rand(3, 64, seed=0), rand(64, seed=1) + 2
+    _, y = layers.add_rms_norm(h.clone(), None, w, 1e-5, impl="triton")
+    _, unweighted = layers.add_rms_norm(h.clone(), None, torch.ones(64), 1e-5, impl="reference")
+    assert not torch.allclose(y, unweighted, atol=1e-3)
+
+
+def test_model_forward_fused_equals_reference():
+    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Llama(cfg).eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.3)
+    tokens = torch.randint(0, 97, (2, 6))
+    positions = torch.arange(6)[None].expand(2, -1)
+    out = {}
+    for impl in layers.IMPLS:
+        model.impl = impl
+        cache = model.new_cache(2, 16)
+        with torch.inference_mode():
+            out[impl] = (model(tokens, positions, cache, 6), cache.k.clone())
+    torch.testing.assert_close(out["triton"][0], out["reference"][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["triton"][1], out["reference"][1], rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_impl_is_refused():
+    with pytest.raises(ValueError, match="impl="):
+        layers.check_impl("cuda", torch.device("cpu"))
