@@ -1,9 +1,12 @@
-"""Where a step's time goes on a GPU (random SmolLM2-shape weights): torch.profiler tables of a few
-plain and speculative steps, and wall-clock time of each backend call. Writes $OUT/engine_profile.txt.
+"""Where a step's time goes on a GPU (random weights of a given shape): wall-clock time of each
+backend call (eager), and torch.profiler tables of a few eager plain steps by CPU and by CUDA time
+(kernel durations are what a CUDA-graph replay also pays, minus the launch gaps).
+Writes $OUT/engine_profile_<shape>.txt.
 
-    python benchmarks/engine_profile.py
+    python benchmarks/engine_profile.py [--shape tinyllama-1.1b]
 """
 
+import argparse
 import os
 import time
 from pathlib import Path
@@ -28,13 +31,16 @@ def wall(fn, reps=20):
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+    args = ap.parse_args()
     out = Path(os.environ.get("OUT", "benchmarks/results"))
-    cfg = LlamaConfig(**SHAPES["smollm2-135m"], max_position_embeddings=8192)
+    cfg = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=8192)
     m = random_model(cfg)
     prompts = torch.randint(0, cfg.vocab_size, (1, 128)).tolist()
     greedy = SamplingConfig(0.0)
     seed = torch.zeros(1, dtype=torch.int64, device="cuda")
-    be = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton")
+    be = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=False)
     lines = []
     with torch.inference_mode():
         decode(be, prompts, sampling=greedy, max_new_tokens=8, seed=seed)
@@ -64,11 +70,11 @@ def main():
         lines.append("== 5 plain steps, by CPU time ==")
         lines.append(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
         lines.append("== 5 plain steps, by CUDA time ==")
-        lines.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+        lines.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
     text = "\n".join(lines)
     print(text)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "engine_profile.txt").write_text(text)
+    (out / f"engine_profile_{args.shape}.txt").write_text(text)
 
 
 if __name__ == "__main__":

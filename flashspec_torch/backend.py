@@ -18,9 +18,10 @@ from flashspec.contract import VerifyResult
 from flashspec.random import FINAL
 
 from .drafts import LookupDraft, ModelDraft, Proposal, Sequences
+from .layers import default_impl
 from .model import Llama
 from .sampling import sample
-from .verify import verify
+from .verify import next_pow2, verify
 
 
 @dataclass
@@ -97,7 +98,10 @@ class StepGraphs:
         return outputs
 
     def clear(self) -> None:
+        """Drop every graph, and their memory pool with them: a pool whose graphs are all gone
+        cannot take new captures (PyTorch asserts), so the next capture gets a fresh one."""
         self.graphs.clear()
+        self.pool = torch.cuda.graph_pool_handle()
 
 
 class StaticSteps:
@@ -131,6 +135,7 @@ class TorchBackend:
         self.device = target.embed.weight.device
         self.eos = torch.tensor(sorted(set(eos_ids)) or [-1], dtype=torch.int64, device=self.device)
         self.verify_impl = verify_impl
+        self.commit_impl: str | None = None  # "triton" (one kernel) or "reference"; None: by device
         self.graphed = self.device.type == "cuda" if graphs is None else bool(graphs)
         self.graphs = (StepGraphs() if self.device.type == "cuda" else StaticSteps()) if self.graphed else None
         self.shape: tuple[int, int] | None = None  # (B, S) of the buffers below
@@ -167,7 +172,7 @@ class TorchBackend:
         """Buffers for a batch; kept (and the graphs with them) while the next batch fits."""
         if self.shape is not None and self.shape[0] == batch and self.shape[1] >= s_needed:
             return
-        s_max = -(-s_needed // 128) * 128 if self.graphed else s_needed
+        s_max = max(512, -(-s_needed // 256) * 256) if self.graphed else s_needed  # few re-captures
         dev = self.device
         i64 = dict(dtype=torch.int64, device=dev)
         self.seqs = Sequences(torch.zeros((batch, s_max), **i64), torch.zeros(batch, **i64), 0)
@@ -274,21 +279,12 @@ class TorchBackend:
     def commit_device(self, result: VerifyResult) -> None:
         """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place."""
         seqs = self.seqs
-        n = result.num_accepted.to(torch.int64)
-        emitted = result.tokens.to(torch.int64)  # [B, G+1]
-        j = torch.arange(emitted.shape[1], device=self.device)
-        count = n + 1
-        is_eos = (j[None] < count[:, None]) & torch.isin(emitted, self.eos)
-        hit_eos = is_eos.any(-1)
-        count = torch.where(hit_eos, is_eos.int().argmax(-1) + 1, count)
-        count = torch.minimum(count, self.max_new - (seqs.length - self.prompt_len))
-        self.active.copy_(~self.done)
-        count = torch.where(self.active, count, 0)
-        pos = (seqs.length[:, None] + j).clamp(max=seqs.tokens.shape[1] - 1)
-        old = seqs.tokens.gather(1, pos)
-        seqs.tokens.scatter_(1, pos, torch.where(j[None] < count[:, None], emitted, old))
-        seqs.length.add_(count)
-        self.done.logical_or_((self.active & hit_eos & (count > 0)) | (seqs.length - self.prompt_len >= self.max_new))
+        args = (result.num_accepted, result.tokens, self.eos, seqs.tokens, seqs.length, self.prompt_len,
+                self.max_new, self.done, self.active)
+        if (self.commit_impl or default_impl(self.device)) == "triton":
+            commit_triton(*args)
+        else:
+            commit_reference(*args)
 
     def commit_host(self, num_accepted: torch.Tensor, width: int) -> AsyncHandle:
         """Host bookkeeping of a committed step; starts the asynchronous copy of its results."""
@@ -301,3 +297,40 @@ class TorchBackend:
         tokens = self.seqs.tokens.cpu().numpy()
         start, end = self.prompt_len.cpu().numpy(), self.seqs.length.cpu().numpy()
         return [tokens[b, start[b] : end[b]].tolist() for b in range(len(start))]
+
+
+def commit_reference(
+    num_accepted: torch.Tensor,  # [B] int32
+    emitted: torch.Tensor,  # [B, W] int32: num_accepted + 1 tokens, then -1
+    eos: torch.Tensor,  # [E] int64
+    tokens: torch.Tensor,  # [B, S] int64, appended to in place
+    length: torch.Tensor,  # [B] int64, advanced in place
+    prompt_len: torch.Tensor,  # [B] int64
+    max_new: torch.Tensor,  # [] int64
+    done: torch.Tensor,  # [B] bool, updated in place
+    active: torch.Tensor,  # [B] bool, written: the row was live during this step
+) -> None:
+    n = num_accepted.to(torch.int64)
+    emitted = emitted.to(torch.int64)
+    j = torch.arange(emitted.shape[1], device=emitted.device)
+    count = n + 1
+    is_eos = (j[None] < count[:, None]) & torch.isin(emitted, eos)
+    hit_eos = is_eos.any(-1)
+    count = torch.where(hit_eos, is_eos.int().argmax(-1) + 1, count)
+    count = torch.minimum(count, max_new - (length - prompt_len))
+    active.copy_(~done)
+    count = torch.where(active, count, 0)
+    pos = (length[:, None] + j).clamp(max=tokens.shape[1] - 1)
+    old = tokens.gather(1, pos)
+    tokens.scatter_(1, pos, torch.where(j[None] < count[:, None], emitted, old))
+    length.add_(count)
+    done.logical_or_((active & hit_eos & (count > 0)) | (length - prompt_len >= max_new))
+
+
+def commit_triton(num_accepted, emitted, eos, tokens, length, prompt_len, max_new, done, active) -> None:
+    """``commit_reference`` as one kernel launch (flashspec_torch/kernels/steps.py)."""
+    from .kernels.steps import commit_kernel
+
+    b, w = emitted.shape
+    commit_kernel[(b,)](num_accepted, emitted, eos, tokens, length, prompt_len, max_new, done, active,
+                        w, eos.numel(), tokens.shape[1], BLOCK_W=next_pow2(w), num_warps=1)

@@ -17,8 +17,10 @@ import torch
 
 from flashspec.config import SamplingConfig
 
+from .layers import default_impl
 from .model import Llama
 from .sampling import sample
+from .verify import next_pow2
 
 
 @dataclass
@@ -104,10 +106,11 @@ class ModelDraft:
 class LookupDraft:
     """Prompt lookup: match the last n tokens (n = max_n .. 1) against the history."""
 
-    def __init__(self, name: str = "ngram", max_n: int = 3):
+    def __init__(self, name: str = "ngram", max_n: int = 3, impl: str | None = None):
         if max_n < 1:
             raise ValueError(f"{max_n=} must be >= 1")
         self.name, self.max_n = name, max_n
+        self.impl = impl  # "triton" (one kernel) or "reference" (torch ops); None: by device
 
     def start(self, batch: int, max_len: int) -> None:
         pass
@@ -119,22 +122,39 @@ class LookupDraft:
         pass
 
     def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
-        seq, length = seqs.tokens, seqs.length
-        b, s = seq.shape
-        dev = seq.device
-        best = torch.full((b,), -1, dtype=torch.int64, device=dev)  # continuation start, -1: none yet
-        for n in range(self.max_n, 0, -1):
-            if n >= s:
-                continue
-            tail_pos = (length[:, None] - n + torch.arange(n, device=dev)).clamp(min=0)
-            tail = seq.gather(1, tail_pos)  # [B, n]
-            windows = seq.unfold(1, n, 1)  # [B, S-n+1, n]
-            starts = torch.arange(windows.shape[1], device=dev)
-            hit = (windows == tail[:, None]).all(-1) & (starts[None] < (length - n)[:, None])  # earlier than the tail
-            latest = torch.where(hit, starts[None], -1).max(-1).values  # [B]
-            found = (latest >= 0) & (length > n)
-            best = torch.where((best < 0) & found, latest + n, best)
-        fallback = length - 1  # no match: repeat the last token
-        start = torch.where(best >= 0, best, fallback)
-        pos = torch.minimum(start[:, None] + torch.arange(gamma, device=dev), (length - 1)[:, None])
-        return Proposal(seq.gather(1, pos), None, None)
+        impl = self.impl or default_impl(seqs.tokens.device)
+        lookup = lookup_triton if impl == "triton" else lookup_reference
+        return Proposal(lookup(seqs.tokens, seqs.length, gamma, self.max_n), None, None)
+
+
+def lookup_reference(seq: torch.Tensor, length: torch.Tensor, gamma: int, max_n: int) -> torch.Tensor:
+    """seq [B, S] int64, length [B] -> the G tokens after the latest earlier match [B, G] int64."""
+    b, s = seq.shape
+    dev = seq.device
+    best = torch.full((b,), -1, dtype=torch.int64, device=dev)  # continuation start, -1: none yet
+    for n in range(max_n, 0, -1):
+        if n >= s:
+            continue
+        tail_pos = (length[:, None] - n + torch.arange(n, device=dev)).clamp(min=0)
+        tail = seq.gather(1, tail_pos)  # [B, n]
+        windows = seq.unfold(1, n, 1)  # [B, S-n+1, n]
+        starts = torch.arange(windows.shape[1], device=dev)
+        hit = (windows == tail[:, None]).all(-1) & (starts[None] < (length - n)[:, None])  # earlier than the tail
+        latest = torch.where(hit, starts[None], -1).max(-1).values  # [B]
+        found = (latest >= 0) & (length > n)
+        best = torch.where((best < 0) & found, latest + n, best)
+    fallback = length - 1  # no match: repeat the last token
+    start = torch.where(best >= 0, best, fallback)
+    pos = torch.minimum(start[:, None] + torch.arange(gamma, device=dev), (length - 1)[:, None])
+    return seq.gather(1, pos)
+
+
+def lookup_triton(seq: torch.Tensor, length: torch.Tensor, gamma: int, max_n: int) -> torch.Tensor:
+    """``lookup_reference`` as one kernel launch (flashspec_torch/kernels/steps.py)."""
+    from .kernels.steps import lookup_kernel
+
+    b, s = seq.shape
+    out = torch.empty((b, gamma), dtype=torch.int64, device=seq.device)
+    block_s = min(next_pow2(s), 1024)
+    lookup_kernel[(b,)](seq, length, out, s, gamma, MAX_N=max_n, BLOCK_S=block_s, BLOCK_G=next_pow2(gamma), num_warps=4)
+    return out

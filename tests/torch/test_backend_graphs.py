@@ -75,3 +75,18 @@ def test_buffers_are_reused_while_the_batch_fits(device):
         assert b.seqs.tokens is tokens  # same address: captured graphs stay valid
         b.prefill(PROMPTS[:2], 8)
         assert b.seqs.tokens is not tokens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphs_are_recaptured_when_the_buffers_grow(device):
+    """A longer request re-allocates the buffers and drops the graphs; the next captures work."""
+    b = backends(device, True)
+    greedy = SamplingConfig(0.0)
+    seed = torch.zeros(len(PROMPTS), dtype=torch.int64, device=device)
+    with torch.inference_mode():
+        short, _ = decode(b, PROMPTS, sampling=greedy, max_new_tokens=4, seed=seed)
+        size = b.shape
+        long, _ = decode(b, PROMPTS, sampling=greedy, max_new_tokens=480, seed=seed)
+        assert b.shape != size
+        again, _ = decode(b, PROMPTS, sampling=greedy, max_new_tokens=4, seed=seed)
+    assert [s == l[:4] for s, l in zip(short, long)] == [True] * len(PROMPTS) and again == short

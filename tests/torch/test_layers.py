@@ -71,3 +71,17 @@ def test_model_forward_fused_equals_reference():
 def test_unknown_impl_is_refused():
     with pytest.raises(ValueError, match="impl="):
         layers.check_impl("cuda", torch.device("cpu"))
+
+
+def test_layer_kernels_compile_for_sm90():
+    """GPU compile errors show up without a GPU (triton.compile for sm_90)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("compile_layers_sm90.py")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    assert out.stdout.count("ok ") == 14, out.stdout

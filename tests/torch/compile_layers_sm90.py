@@ -1,0 +1,48 @@
+"""Compile the fused layer and step kernels for sm_90 with ``triton.compile`` (no GPU needed); run as a
+script without TRITON_INTERPRET (tests/torch/test_layers.py runs it in a subprocess)."""
+
+import os
+import sys
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from flashspec_torch.kernels import layers, steps  # noqa: E402
+
+
+def compile_kernel(fn, signature: dict, constexprs: dict, num_warps: int) -> int:
+    sig = {name: signature.get(name, "constexpr" if name in constexprs else "i32") for name in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    return len(triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": num_warps}).asm["cubin"])
+
+
+def main() -> int:
+    for dt in ("bf16", "fp16", "fp32"):
+        act = f"*{dt}"
+        variants = [
+            (layers.add_rms_norm_kernel, dict(h_ptr=act, d_ptr=act, w_ptr=act, y_ptr=act, eps="fp32"),
+             dict(HAS_D=True, BLOCK_R=2, BLOCK_C=1024), 4),
+            (layers.add_rms_norm_kernel, dict(h_ptr=act, d_ptr=act, w_ptr=act, y_ptr=act, eps="fp32"),
+             dict(HAS_D=False, BLOCK_R=1, BLOCK_C=4096), 8),
+            (layers.rope_kv_kernel, dict(qkv_ptr=act, cos_ptr=act, sin_ptr=act, pos_ptr="*i64", q_ptr=act, k_ptr=act, v_ptr=act),
+             dict(H=32, H_KV=8, D=128), 1),
+            (layers.silu_mul_kernel, dict(gu_ptr=act, y_ptr=act), dict(BLOCK=2048), 4),
+        ]
+        for fn, sig, constexprs, warps in variants:
+            size = compile_kernel(fn, sig, constexprs, warps)
+            print(f"ok {fn.__name__} {dt} {constexprs}: cubin {size} bytes")
+    step_kernels = [
+        (steps.commit_kernel, dict(n_ptr="*i32", emitted_ptr="*i32", eos_ptr="*i64", tokens_ptr="*i64", length_ptr="*i64",
+                                   prompt_ptr="*i64", max_new_ptr="*i64", done_ptr="*i1", active_ptr="*i1"), dict(BLOCK_W=8), 1),
+        (steps.lookup_kernel, dict(seq_ptr="*i64", length_ptr="*i64", out_ptr="*i64"), dict(MAX_N=3, BLOCK_S=512, BLOCK_G=8), 4),
+    ]
+    for fn, sig, constexprs, warps in step_kernels:
+        print(f"ok {fn.__name__}: cubin {compile_kernel(fn, sig, constexprs, warps)} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
