@@ -116,6 +116,41 @@ def rope_kv(
     return q
 
 
+# ----------------------------------------------------------------------------- attention
+
+
+def attention_reference(q, k_cache, v_cache, mask, kv_heads: int):
+    """q [B, H, T, D]; caches [B, H_kv, S, D]; mask [B, 1, T, S'] additive -> [B, T, H D]."""
+    b, h, t, d = q.shape
+    s = mask.shape[-1]
+    attn = F.scaled_dot_product_attention(q, k_cache[:, :, :s], v_cache[:, :, :s], attn_mask=mask, enable_gqa=h != kv_heads)
+    return attn.transpose(1, 2).reshape(b, t, h * d)
+
+
+def attention(
+    q: torch.Tensor,  # [B, H, T, D]
+    k_cache: torch.Tensor,  # [B, H_kv, S, D]
+    v_cache: torch.Tensor,  # [B, H_kv, S, D]
+    positions: torch.Tensor,  # [B, T]: a query sees slots <= its position
+    mask: torch.Tensor,  # [B, 1, T, S'] additive, the same rule over slots [0, S')
+    kv_heads: int,
+    impl: str = "reference",
+) -> torch.Tensor:  # [B, T, H D]
+    """The kernel serves a few new tokens per row (decode, drafting, scoring); long prompts go
+    to SDPA in both implementations."""
+    b, h, t, d = q.shape
+    group = h // kv_heads
+    if impl == "reference" or group * t > 64 or d not in (64, 128):
+        return attention_reference(q, k_cache, v_cache, mask, kv_heads)
+    out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
+    kernels().decode_attention_kernel[(b * kv_heads,)](
+        q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2], mask.shape[-1], d ** -0.5,
+        H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(group * t)), BLOCK_S=64,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+    )
+    return out
+
+
 # ----------------------------------------------------------------------------- SwiGLU
 
 

@@ -12,10 +12,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .layers import add_rms_norm, default_impl, rope_kv, silu_mul
+from .layers import add_rms_norm, attention, default_impl, rope_kv, silu_mul
 
 
 @dataclass(frozen=True)
@@ -124,14 +123,10 @@ class Block(nn.Module):
         it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] additive.
         Returns (h, d) for the next layer: the residual add is fused into the next norm."""
         c = self.c
-        b, t, _ = h.shape
         h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl)
         q = rope_kv(self.qkv(x), cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl)
-        s = mask.shape[-1]
-        attn = F.scaled_dot_product_attention(
-            q, k_cache[:, :, :s], v_cache[:, :, :s], attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads
-        )
-        h, x = add_rms_norm(h, self.o(attn.transpose(1, 2).reshape(b, t, c.num_heads * c.head_dim)), self.mlp_norm, c.rms_norm_eps, impl)
+        attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl)  # [B, T, H D]
+        h, x = add_rms_norm(h, self.o(attn), self.mlp_norm, c.rms_norm_eps, impl)
         return h, self.down(silu_mul(self.gate_up(x), impl))
 
 

@@ -84,3 +84,47 @@ def silu_mul_kernel(
     dtype = y_ptr.dtype.element_ty
     silu = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
     tl.store(y_ptr + r * I + i, (silu * up).to(dtype), mask=mask)
+
+
+@triton.jit
+def decode_attention_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr,  # q [B, H, T, D]; k, v [B, H_kv, S, D]; pos [B, T]; out [B, T, H D]
+    T, S, attend, scale,
+    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Attention of a few new tokens (T <= BLOCK_Q / group) over the cache: one program per
+    (row, KV head) holds that head's group of query heads times T tokens, streams the slots
+    [0, attend) once with an online softmax, and writes [B, T, H D] (the o-projection's layout).
+    A query at position p sees slots s <= p."""
+    b = tl.program_id(0) // H_KV
+    kv = tl.program_id(0) % H_KV
+    GROUP: tl.constexpr = H // H_KV
+    r = tl.arange(0, BLOCK_Q)  # query rows: head-in-group major, token minor
+    head, t = kv * GROUP + r // T, r % T
+    row_ok = r < GROUP * T
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + ((b * H + head[:, None]) * T + t[:, None]) * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=-1)
+    m = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_Q,), tl.float32)
+    acc = tl.zeros((BLOCK_Q, D), tl.float32)
+    base = (b * H_KV + kv) * S * D
+    for lo in range(0, attend, BLOCK_S):
+        s = lo + tl.arange(0, BLOCK_S)
+        s_ok = s < attend
+        k = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+        v = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BQ, BS]
+        visible = (s[None, :] <= pos[:, None]) & s_ok[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(scores - m_safe[:, None])
+        alpha = tl.exp(m - m_safe)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        m = m_new
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(out_ptr + ((b * T + t[:, None]) * H + head[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])

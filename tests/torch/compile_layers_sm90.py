@@ -30,6 +30,8 @@ def main() -> int:
             (layers.rope_kv_kernel, dict(qkv_ptr=act, cos_ptr=act, sin_ptr=act, pos_ptr="*i64", q_ptr=act, k_ptr=act, v_ptr=act),
              dict(H=32, H_KV=8, D=128), 1),
             (layers.silu_mul_kernel, dict(gu_ptr=act, y_ptr=act), dict(BLOCK=2048), 4),
+            (layers.decode_attention_kernel, dict(q_ptr=act, k_ptr=act, v_ptr=act, pos_ptr="*i64", out_ptr=act, scale="fp32"),
+             dict(H=32, H_KV=8, D=128, BLOCK_Q=32, BLOCK_S=64, PRECISION="ieee" if dt == "fp32" else "tf32"), 4),
         ]
         for fn, sig, constexprs, warps in variants:
             size = compile_kernel(fn, sig, constexprs, warps)

@@ -50,12 +50,12 @@ def test_a_broken_kernel_would_be_caught():
 
 
 def test_model_forward_fused_equals_reference():
-    cfg = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8, tie_word_embeddings=True)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=64, tie_word_embeddings=True)  # head_dim 64: the attention kernel runs
     torch.manual_seed(0)
     model = Llama(cfg).eval()
     for p in model.parameters():
-        p.data.normal_(0, 0.3)
+        p.data.normal_(0, 0.1)
     tokens = torch.randint(0, 97, (2, 6))
     positions = torch.arange(6)[None].expand(2, -1)
     out = {}
@@ -63,9 +63,10 @@ def test_model_forward_fused_equals_reference():
         model.impl = impl
         cache = model.new_cache(2, 16)
         with torch.inference_mode():
-            out[impl] = (model(tokens, positions, cache, 6), cache.k.clone())
-    torch.testing.assert_close(out["triton"][0], out["reference"][0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out["triton"][1], out["reference"][1], rtol=1e-5, atol=1e-5)
+            first = model(tokens[:, :4], positions[:, :4], cache, 4)  # prefill 4, then decode 2: the kernel both times
+            out[impl] = (first, model(tokens[:, 4:], positions[:, 4:], cache, 6), cache.k.clone())
+    for got, want in zip(out["triton"], out["reference"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_unknown_impl_is_refused():
@@ -84,4 +85,16 @@ def test_layer_kernels_compile_for_sm90():
     script = Path(__file__).with_name("compile_layers_sm90.py")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    assert out.stdout.count("ok ") == 14, out.stdout
+    assert out.stdout.count("ok ") == 17, out.stdout
+
+
+@pytest.mark.parametrize("b,t,heads,kv_heads,d,s", [(1, 1, 8, 2, 64, 70), (2, 5, 4, 4, 64, 33), (2, 3, 9, 3, 64, 128)])
+def test_decode_attention_matches_sdpa(b, t, heads, kv_heads, d, s):
+    q = rand(b, heads, t, d, seed=t)
+    k, v = rand(b, kv_heads, s + 7, d, seed=1), rand(b, kv_heads, s + 7, d, seed=2)
+    positions = torch.stack([torch.arange(t) + int(x) for x in torch.randint(0, s - t + 1, (b,), generator=torch.Generator().manual_seed(b))])
+    visible = torch.arange(s)[None, None, None, :] <= positions[:, None, :, None]
+    mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+    want = layers.attention(q, k, v, positions, mask, kv_heads, impl="reference")
+    got = layers.attention(q, k, v, positions, mask, kv_heads, impl="triton")
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
