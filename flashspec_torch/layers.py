@@ -37,6 +37,8 @@ def kernels():
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [..., C], [C]
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:  # one fused op, the same formula
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
@@ -120,7 +122,7 @@ def rope_kv(
 
 
 def attention_reference(q, k_cache, v_cache, mask, kv_heads: int):
-    """q [B, H, T, D]; caches [B, H_kv, S, D]; mask [B, 1, T, S'] additive -> [B, T, H D]."""
+    """q [B, H, T, D]; caches [B, H_kv, S, D]; mask [B, 1, T, S'] bool (visible) -> [B, T, H D]."""
     b, h, t, d = q.shape
     s = mask.shape[-1]
     attn = F.scaled_dot_product_attention(q, k_cache[:, :, :s], v_cache[:, :, :s], attn_mask=mask, enable_gqa=h != kv_heads)
@@ -132,7 +134,7 @@ def attention(
     k_cache: torch.Tensor,  # [B, H_kv, S, D]
     v_cache: torch.Tensor,  # [B, H_kv, S, D]
     positions: torch.Tensor,  # [B, T]: a query sees slots <= its position
-    mask: torch.Tensor,  # [B, 1, T, S'] additive, the same rule over slots [0, S')
+    mask: torch.Tensor,  # [B, 1, T, S'] bool, the same rule over slots [0, S')
     kv_heads: int,
     impl: str = "reference",
 ) -> torch.Tensor:  # [B, T, H D]

@@ -120,7 +120,7 @@ class Block(nn.Module):
 
     def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str):
         """h [B, T, C] the residual stream and d [B, T, C] (or None) what the previous layer adds to
-        it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] additive.
+        it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] bool (slot visible).
         Returns (h, d) for the next layer: the residual add is fused into the next norm."""
         c = self.c
         h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl)
@@ -164,8 +164,7 @@ class Llama(nn.Module):
         cos = torch.cat([angles.cos()] * 2, -1).to(h.dtype)  # [B, T, D]
         sin = torch.cat([angles.sin()] * 2, -1).to(h.dtype)
         slots = torch.arange(attend_len, device=tokens.device)
-        visible = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S]
-        mask = torch.zeros(visible.shape, dtype=h.dtype, device=h.device).masked_fill_(~visible, float("-inf"))
+        mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         impl = self.impl or default_impl(h.device)
         d = None
         for i, layer in enumerate(self.layers):

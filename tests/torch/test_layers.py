@@ -93,8 +93,7 @@ def test_decode_attention_matches_sdpa(b, t, heads, kv_heads, d, s):
     q = rand(b, heads, t, d, seed=t)
     k, v = rand(b, kv_heads, s + 7, d, seed=1), rand(b, kv_heads, s + 7, d, seed=2)
     positions = torch.stack([torch.arange(t) + int(x) for x in torch.randint(0, s - t + 1, (b,), generator=torch.Generator().manual_seed(b))])
-    visible = torch.arange(s)[None, None, None, :] <= positions[:, None, :, None]
-    mask = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+    mask = torch.arange(s)[None, None, None, :] <= positions[:, None, :, None]
     want = layers.attention(q, k, v, positions, mask, kv_heads, impl="reference")
     got = layers.attention(q, k, v, positions, mask, kv_heads, impl="triton")
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)

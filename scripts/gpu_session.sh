@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
+#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile verify jax checks (default: all)
+# Runs from a source tree without installing (the device has torch/triton/jax but no network):
+# `flashspec` is the tree's shared/ folder, reached through a symlink on PYTHONPATH.
+# TREE=path runs another checkout's code (e.g. a branch exported with git archive).
+set -uo pipefail
+TREE=${TREE:-$PWD}
+OUT=${OUT:-$TREE/benchmarks/results}
+mkdir -p "$OUT" /tmp/pp_$$
+ln -sfn "$TREE/shared" /tmp/pp_$$/flashspec
+export PYTHONPATH=/tmp/pp_$$:$TREE:$TREE/benchmarks TRITON_INTERPRET=0 OUT
+cd "$TREE"
+steps=${*:-tests engine profile verify jax checks}
+for step in $steps; do
+  echo "== $step $(date +%T)"
+  case $step in
+    tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider -k cuda tests/torch/test_backend_graphs.py 2>&1 | tail -4 ;;
+    engine) timeout 300 python3 benchmarks/engine_gpu.py --tokens 128 > "$OUT/engine_gpu.log" 2>&1; tail -5 "$OUT/engine_gpu.log" ;;
+    profile) timeout 120 python3 benchmarks/engine_profile.py --shape tinyllama-1.1b > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log" ;;
+    verify) timeout 330 python3 benchmarks/verify_variants.py --out "$OUT" > "$OUT/verify_variants.log" 2>&1; tail -40 "$OUT/verify_variants.log" ;;
+    jax) timeout 400 python3 benchmarks/engine_gpu_jax.py --out "$OUT" > "$OUT/engine_gpu_jax.log" 2>&1; tail -12 "$OUT/engine_gpu_jax.log" ;;
+    checks) for b in torch jax; do timeout 240 python3 benchmarks/gpu_checks.py --backend $b > "$OUT/gpu_checks_$b.log" 2>&1; tail -3 "$OUT/gpu_checks_$b.log"; done ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
