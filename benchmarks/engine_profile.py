@@ -30,6 +30,24 @@ def wall(fn, reps=20):
     return (time.perf_counter() - t) / reps * 1e3, out
 
 
+def linear_bandwidth(cfg: LlamaConfig, tokens: int = 1) -> list[str]:
+    """Achieved bandwidth of each projection of one layer (bf16, ``tokens`` rows), graph-replayed:
+    how far cuBLAS's skinny products are from reading their weights at copy speed."""
+    from engine_gpu import graph_ms
+
+    c, d = cfg, cfg.head_dim
+    shapes = {"qkv": ((c.num_heads + 2 * c.num_kv_heads) * d, c.hidden_size), "o": (c.hidden_size, c.num_heads * d),
+              "gate_up": (2 * c.intermediate_size, c.hidden_size), "down": (c.hidden_size, c.intermediate_size),
+              "lm_head": (c.vocab_size, c.hidden_size)}
+    lines = [f"== projections, {tokens} row(s), bf16, CUDA-graph replay =="]
+    for name, (n, k) in shapes.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        ms = graph_ms(lambda: torch.nn.functional.linear(x, w))
+        lines.append(f"{name:8s} [{n} x {k}] {w.numel() * 2 / 1e6:8.1f} MB  {ms * 1e3:7.1f} us  {w.numel() * 2 / ms / 1e9:6.0f} GB/s")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
@@ -71,6 +89,7 @@ def main():
         lines.append(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25))
         lines.append("== 5 plain steps, by CUDA time ==")
         lines.append(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+        lines += linear_bandwidth(cfg, 1) + linear_bandwidth(cfg, 5)
     text = "\n".join(lines)
     print(text)
     out.mkdir(parents=True, exist_ok=True)

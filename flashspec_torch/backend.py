@@ -201,7 +201,7 @@ class TorchBackend:
     def step(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
         """draft -> score -> verify -> commit; one CUDA-graph replay when graphed."""
         draft = self.drafts[arm]
-        if not self.graphed:
+        if not self.graphed or not draft.capturable:  # e.g. a transformers model with growing inputs
             proposal = self.draft(arm, gamma, sampling, seed, offset)
             return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset))
         if draft.lagging(self.seqs):

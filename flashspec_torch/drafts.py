@@ -41,6 +41,8 @@ class Sequences:
 
 
 class ModelDraft:
+    capturable = True  # propose(graphed=True) has fixed shapes (after catch_up when lagging)
+
     def __init__(self, name: str, model: Llama, skip: frozenset[int] = frozenset()):
         if skip and max(skip) >= model.config.num_layers:
             raise ValueError(f"skip={sorted(skip)} names layers beyond the model's {model.config.num_layers}")
@@ -105,6 +107,8 @@ class ModelDraft:
 
 class LookupDraft:
     """Prompt lookup: match the last n tokens (n = max_n .. 1) against the history."""
+
+    capturable = True
 
     def __init__(self, name: str = "ngram", max_n: int = 3, impl: str | None = None):
         if max_n < 1:
