@@ -151,9 +151,42 @@ def format_table(doc: dict) -> str:
 
 def add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks that write JSON and PNG plots")
-    kinds = p.add_subparsers(dest="kind", metavar="{bandit}", parser_class=Parser)
+    kinds = p.add_subparsers(dest="kind", metavar="{bandit,generate,kernels}", parser_class=Parser)
     kinds.required = True
     add_bench_bandit(kinds)
+    for kind, (_, _, text) in BENCH_SCRIPTS.items():  # parsed by the script itself (main passes the rest on)
+        kinds.add_parser(kind, help=text + "; options: flashspec bench " + kind + " --help")
+
+
+# The engine and kernel benchmarks are scripts of the source tree (benchmarks/), not of the
+# installed package: they need a checkout, which an editable install (scripts/setup.sh) is.
+BENCH_SCRIPTS = {
+    "generate": ("generate_cpu.py", "engine_gpu.py", "tokens/s of the engines (CPU: next to transformers; GPU: ms per step)"),
+    "kernels": ("verify_kernels.py", "verify_kernels.py", "verify kernel timings against the memory floor (GPU)"),
+}
+
+
+def benchmarks_dir() -> Path:
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    if not here.is_dir():
+        raise UsageError(f"benchmarks/ is not next to the installed package ({here}): run from a source checkout "
+                         "installed with `pip install -e .` (scripts/setup.sh does)")
+    return here
+
+
+def run_bench_script(kind: str, rest: list[str]) -> int:
+    """``flashspec bench generate|kernels ARGS``: the script of benchmarks/ with ARGS (the GPU
+    variant where torch sees a GPU)."""
+    import subprocess
+
+    script, gpu_script, _ = BENCH_SCRIPTS[kind]
+    try:
+        import torch
+
+        script = gpu_script if torch.cuda.is_available() else script
+    except ImportError:
+        pass
+    return subprocess.call([sys.executable, str(benchmarks_dir() / script), *rest])
 
 
 def add_bench_bandit(kinds) -> None:
@@ -277,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"] and len(argv) > 1 and argv[1] in BENCH_SCRIPTS:
+        try:
+            return run_bench_script(argv[1], argv[2:])
+        except UsageError as e:
+            print(f"flashspec bench: error: {e}", file=sys.stderr)
+            return 2
     args = build_parser().parse_args(argv)
     args.argv = argv
     try:
