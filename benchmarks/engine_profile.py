@@ -32,19 +32,32 @@ def wall(fn, reps=20):
 
 def linear_bandwidth(cfg: LlamaConfig, tokens: int = 1) -> list[str]:
     """Achieved bandwidth of each projection of one layer (bf16, ``tokens`` rows), graph-replayed:
-    how far cuBLAS's skinny products are from reading their weights at copy speed."""
+    cuBLAS (F.linear) next to the best of a few tilings of flashspec_torch.layers.skinny_linear."""
     from engine_gpu import graph_ms
+
+    from flashspec_torch.layers import skinny_linear
 
     c, d = cfg, cfg.head_dim
     shapes = {"qkv": ((c.num_heads + 2 * c.num_kv_heads) * d, c.hidden_size), "o": (c.hidden_size, c.num_heads * d),
               "gate_up": (2 * c.intermediate_size, c.hidden_size), "down": (c.hidden_size, c.intermediate_size),
               "lm_head": (c.vocab_size, c.hidden_size)}
-    lines = [f"== projections, {tokens} row(s), bf16, CUDA-graph replay =="]
+    tilings = [(bn, bk, warps, stages) for bn in (16, 32, 64) for bk in (128, 256, 512) for warps in (4,) for stages in (3, 4)]
+    lines = [f"== projections, {tokens} row(s), bf16, CUDA-graph replay: cuBLAS | best skinny_linear tiling =="]
     for name, (n, k) in shapes.items():
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        mb = w.numel() * 2 / 1e6
         ms = graph_ms(lambda: torch.nn.functional.linear(x, w))
-        lines.append(f"{name:8s} [{n} x {k}] {w.numel() * 2 / 1e6:8.1f} MB  {ms * 1e3:7.1f} us  {w.numel() * 2 / ms / 1e9:6.0f} GB/s")
+        best = (float("inf"), None)
+        want = torch.nn.functional.linear(x, w).float()
+        for t in tilings:
+            got = skinny_linear(x, w, *t).float()
+            if not torch.allclose(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item()):
+                lines.append(f"{name} {t}: WRONG")
+                continue
+            best = min(best, (graph_ms(lambda: skinny_linear(x, w, *t), reps=20), t))
+        lines.append(f"{name:8s} [{n} x {k}] {mb:8.1f} MB  cuBLAS {ms * 1e3:7.1f} us {mb / ms / 1e3:5.0f} GB/s | "
+                     f"triton {best[0] * 1e3:7.1f} us {mb / best[0] / 1e3:5.0f} GB/s {best[1]}")
     return lines
 
 

@@ -173,5 +173,28 @@ def silu_mul(gate_up: torch.Tensor, impl: str = "reference") -> torch.Tensor:  #
     return y
 
 
+# ----------------------------------------------------------------------------- skinny products
+
+
+def skinny_linear(
+    x: torch.Tensor,  # [..., K]: a few rows
+    w: torch.Tensor,  # [N, K]
+    block_n: int = 32,
+    block_k: int = 256,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor:  # [..., N] = x w^T (F.linear without bias)
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m, n = x2.shape[0], w.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_m = 16
+    kernels().skinny_linear_kernel[(triton_cdiv(n, block_n), triton_cdiv(m, block_m))](
+        x2, w, y, m, n, k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+    )
+    return y.reshape(*x.shape[:-1], n)
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)

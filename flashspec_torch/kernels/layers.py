@@ -128,3 +128,22 @@ def decode_attention_kernel(
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + ((b * T + t[:, None]) * H + head[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
+
+
+@triton.jit
+def skinny_linear_kernel(
+    x_ptr, w_ptr, y_ptr,  # x [M, K]; w [N, K] (nn.Linear's layout); y [M, N]
+    M, N, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """y = x w^T for a few rows (decode: M = batch x new tokens): each program streams BLOCK_N
+    rows of w once, the whole reduction in registers (the product is bound by reading w)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=(n[:, None] < N) & (k[None, :] < K), other=0.0)
+        x = tl.load(x_ptr + m[:, None] * K + k[None, :], mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
+    tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
