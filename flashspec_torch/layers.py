@@ -147,8 +147,8 @@ def attention(
     out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
     kernels().decode_attention_kernel[(b * kv_heads,)](
         q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2], mask.shape[-1], d ** -0.5,
-        H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(group * t)), BLOCK_S=64,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+        H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(group * t)), BLOCK_S=128 if d == 64 else 64,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
     )
     return out
 
@@ -174,6 +174,30 @@ def silu_mul(gate_up: torch.Tensor, impl: str = "reference") -> torch.Tensor:  #
 
 
 # ----------------------------------------------------------------------------- skinny products
+
+
+def linear(
+    x: torch.Tensor,  # [..., K]
+    w: torch.Tensor,  # [N, K]
+    impl: str = "reference",
+) -> torch.Tensor:  # [..., N] = x w^T
+    """F.linear, or for a few rows (decode, drafting, scoring: M <= 16) the Triton product, which
+    on the H200 beat cuBLAS where cuBLAS splits K (benchmarks/engine_profile.py)."""
+    k = x.shape[-1]
+    m = x.numel() // k
+    if impl == "reference" or m > 16 or x.dtype == torch.float32:
+        return F.linear(x, w)
+    return skinny_linear(x, w, *skinny_tiling(w.shape[0], k))
+
+
+def skinny_tiling(n: int, k: int) -> tuple[int, int, int, int]:
+    """(block_n, block_k, num_warps, num_stages): the best measured tilings on the H200 for
+    TinyLlama's projections (engine_profile_tinyllama-1.1b.txt)."""
+    if k >= 4096:  # the down projection: cuBLAS splits K (two launches)
+        return 64, 512, 4, 3
+    if n >= 16384:  # the LM head
+        return 64, 128, 4, 3
+    return 32, 512, 4, 3
 
 
 def skinny_linear(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .layers import add_rms_norm, attention, default_impl, rope_kv, silu_mul
+from .layers import add_rms_norm, attention, default_impl, linear, rope_kv, silu_mul
 
 
 @dataclass(frozen=True)
@@ -118,16 +118,18 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
 
-    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str):
+    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str, linear_impl: str):
         """h [B, T, C] the residual stream and d [B, T, C] (or None) what the previous layer adds to
         it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] bool (slot visible).
         Returns (h, d) for the next layer: the residual add is fused into the next norm."""
         c = self.c
         h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl)
-        q = rope_kv(self.qkv(x), cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl)
+        qkv = linear(x, self.qkv.weight, linear_impl)
+        q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl)
         attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl)  # [B, T, H D]
-        h, x = add_rms_norm(h, self.o(attn), self.mlp_norm, c.rms_norm_eps, impl)
-        return h, self.down(silu_mul(self.gate_up(x), impl))
+        h, x = add_rms_norm(h, linear(attn, self.o.weight, linear_impl), self.mlp_norm, c.rms_norm_eps, impl)
+        up = silu_mul(linear(x, self.gate_up.weight, linear_impl), impl)
+        return h, linear(up, self.down.weight, linear_impl)
 
 
 class Llama(nn.Module):
@@ -143,6 +145,7 @@ class Llama(nn.Module):
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
         self.skip: frozenset[int] = frozenset()  # layers a layer-skipping draft leaves out
         self.impl: str | None = None  # layer kernels: "triton" (fused) or "reference"; None: by device
+        self.linear_impl = "reference"  # projections of a few rows: "reference" (cuBLAS) or "triton"
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.embed.weight
@@ -169,7 +172,7 @@ class Llama(nn.Module):
         d = None
         for i, layer in enumerate(self.layers):
             if i not in skip:
-                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl)
+                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl, self.linear_impl)
         if logits_last == 0:
             return None
         if select is not None:
@@ -178,4 +181,4 @@ class Llama(nn.Module):
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
         _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl)
-        return self.lm_head(x).float()
+        return linear(x, self.lm_head.weight, self.linear_impl).float()

@@ -96,7 +96,7 @@ def decode_attention_kernel(
     """Attention of a few new tokens (T <= BLOCK_Q / group) over the cache: one program per
     (row, KV head) holds that head's group of query heads times T tokens, streams the slots
     [0, attend) once with an online softmax, and writes [B, T, H D] (the o-projection's layout).
-    A query at position p sees slots s <= p."""
+    A query at position p sees slots s <= p, so the loop stops after the row's last position."""
     b = tl.program_id(0) // H_KV
     kv = tl.program_id(0) % H_KV
     GROUP: tl.constexpr = H // H_KV
@@ -110,9 +110,10 @@ def decode_attention_kernel(
     l = tl.zeros((BLOCK_Q,), tl.float32)
     acc = tl.zeros((BLOCK_Q, D), tl.float32)
     base = (b * H_KV + kv) * S * D
-    for lo in range(0, attend, BLOCK_S):
+    hi = tl.minimum(tl.max(pos, axis=0) + 1, attend)  # no query of this program sees a later slot
+    for lo in range(0, hi, BLOCK_S):
         s = lo + tl.arange(0, BLOCK_S)
-        s_ok = s < attend
+        s_ok = s < hi
         k = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
         v = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BQ, BS]
