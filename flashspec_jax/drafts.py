@@ -89,7 +89,7 @@ def as_logits(p: Proposal, vocab: int) -> Proposal:
     return Proposal(p.tokens, jnp.where(onehot, 0.0, -jnp.inf).astype(jnp.float32), jnp.zeros(p.tokens.shape, jnp.float32))
 
 
-def prompt_forward(model: Llama, seqs: Seqs, cache: KVCache, prefix: int, skip=None) -> KVCache:
+def prompt_forward(model: Llama, seqs: Seqs, cache: KVCache, prefix: int, skip: frozenset[int] = frozenset()) -> KVCache:
     """K/V of the first ``prefix`` tokens of every row (every prompt token but the last is inside)."""
     if prefix == 0:
         return cache
@@ -141,7 +141,6 @@ class ModelDraft:
             raise ValueError(f"skip={sorted(skip)} names layers beyond the model's {model.config.num_layers}")
         self.name, self.config, self.model_index, self.graphdef = name, model.config, model_index, graphdef
         self.skip = frozenset(skip)
-        self.skip_mask = np.array([i in self.skip for i in range(model.config.num_layers)])
 
     def model(self, weights) -> Llama:
         return nnx.merge(self.graphdef, weights[self.model_index])
@@ -150,7 +149,7 @@ class ModelDraft:
         """(cache, valid): the prompt fed but its last token (valid = length - 1)."""
         model = self.model(weights)
         cache = model.new_cache(*seqs.tokens.shape)
-        cache = prompt_forward(model, seqs, cache, prefix, self.skip_mask)
+        cache = prompt_forward(model, seqs, cache, prefix, self.skip)
         return cache, jnp.maximum(seqs.length - 1, 0)
 
     def propose(self, weights, state, seqs: Seqs, gamma: int, cfg: SamplingConfig, seeds: Seeds, offset):
@@ -161,7 +160,7 @@ class ModelDraft:
         def feed(cache, start, select=None):
             pos = jnp.minimum(start[:, None] + steps, s_max - 1)  # [B, C]
             tokens = jnp.take_along_axis(seqs.tokens, pos, axis=1)
-            return model(tokens, pos, cache, select=select, skip=self.skip_mask, logits=select is not None)
+            return model(tokens, pos, cache, select=select, skip=self.skip, logits=select is not None)
 
         def lagging(start):  # rows whose last token lies beyond this chunk
             return length - 1 - start >= chunk
@@ -182,7 +181,7 @@ class ModelDraft:
             ws.append(w)
             lqs.append(lq_i)
             if i + 1 < gamma:
-                w, cache = model(x_i[:, None], (length + i)[:, None], cache, skip=self.skip_mask)
+                w, cache = model(x_i[:, None], (length + i)[:, None], cache, skip=self.skip)
                 w = w[:, 0]
         proposal = Proposal(jnp.stack(xs, 1), jnp.stack(ws, 1), jnp.stack(lqs, 1))
         return proposal, (cache, length + gamma - 1)

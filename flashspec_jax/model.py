@@ -7,8 +7,10 @@ rejected tokens is free. Shapes are fixed: attention runs over the whole static 
 mask, so nothing recompiles as sequences grow.
 
 The layers' weights are stacked along a leading layer axis ([L, ...]) and the forward is one
-``lax.scan`` over layers (one compiled layer, whatever the depth); a layer-skipping draft passes a
-[L] bool mask and skipped layers are a ``lax.cond`` branch that does nothing. Weights use the
+``lax.scan`` over the indices of the layers it runs (one compiled layer, whatever the depth; the
+KV cache is carried and written in place at each layer's index). A layer-skipping draft passes
+the skipped layers as a static set, so they cost nothing and no data-dependent branch (which XLA
+on a GPU evaluates on the host) is needed. Weights use the
 torch backend's fused layout (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the one
 converted cache on disk loads into either backend.
 """
@@ -76,10 +78,10 @@ def linear(x: jax.Array, w: jax.Array) -> jax.Array:  # [..., in], [out, in] -> 
     return lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
 
 
-def write_cache(cache: jax.Array, new: jax.Array, positions: jax.Array) -> jax.Array:
-    """cache [B, H, S, D] <- new [B, T, H, D] at slots positions [B, T] (per row)."""
-    rows = jnp.arange(cache.shape[0])[:, None]
-    return cache.at[rows, :, positions].set(new.astype(cache.dtype), mode="drop")
+def write_cache(cache: jax.Array, new: jax.Array, layer, positions: jax.Array) -> jax.Array:
+    """cache [L, B, H, S, D] <- new [B, T, H, D] at layer ``layer``, slots positions [B, T] (per row)."""
+    rows = jnp.arange(cache.shape[1])[:, None]
+    return cache.at[layer, rows, :, positions].set(new.astype(cache.dtype), mode="drop")
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -105,19 +107,19 @@ class Layers(NamedTuple):
     mlp_norm: jax.Array  # [C]
 
 
-def block(c: LlamaConfig, w: Layers, h, cos, sin, k_cache, v_cache, positions, mask):
-    """h [B, T, C]; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, T, S]."""
+def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask):
+    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]."""
     b, t, _ = h.shape
     qkv = linear(rms_norm(h, w.attn_norm, c.rms_norm_eps), w.qkv)
     nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     q = apply_rope(qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), cos, sin)
     k = apply_rope(qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
     v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
-    k_cache, v_cache = write_cache(k_cache, k, positions), write_cache(v_cache, v, positions)
-    attn = attention(q, k_cache, v_cache, mask)
+    cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
+    attn = attention(q, cache.k[layer], cache.v[layer], mask)
     h = h + linear(attn.reshape(b, t, nq), w.o)
     gate, up = jnp.split(linear(rms_norm(h, w.mlp_norm, c.rms_norm_eps), w.gate_up), 2, axis=-1)
-    return h + linear(jax.nn.silu(gate) * up, w.down), k_cache, v_cache
+    return h + linear(jax.nn.silu(gate) * up, w.down), cache
 
 
 class Llama(nnx.Module):
@@ -162,7 +164,7 @@ class Llama(nnx.Module):
         cache: KVCache,
         *,
         select: jax.Array | None = None,  # [B]: logits at this token index of each row only
-        skip: jax.Array | None = None,  # [L] bool: layers to leave out (a layer-skipping draft)
+        skip: frozenset[int] | tuple[int, ...] = (),  # layers to leave out (static: a layer-skipping draft)
         logits: bool = True,
     ) -> tuple[jax.Array | None, KVCache]:  # ([B, T or 1, V] float32 or None, the updated cache)
         c = self.config
@@ -171,17 +173,15 @@ class Llama(nnx.Module):
         cos = jnp.concatenate([jnp.cos(angles)] * 2, -1)[:, :, None].astype(h.dtype)
         sin = jnp.concatenate([jnp.sin(angles)] * 2, -1)[:, :, None].astype(h.dtype)
         mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        skip = jnp.zeros(c.num_layers, bool) if skip is None else skip
+        kept = np.array([i for i in range(c.num_layers) if i not in set(skip)], np.int32)
+        layers = self.layers()
 
-        def layer(h, xs):
-            w, k_l, v_l, skip_l = xs
-            run = lambda a: block(c, w, *a)  # noqa: E731
-            keep = lambda a: (a[0], a[3], a[4])  # noqa: E731
-            h, k_l, v_l = lax.cond(skip_l, keep, run, (h, cos, sin, k_l, v_l, positions, mask))
-            return h, (k_l, v_l)
+        def layer(carry, i):
+            h, cache = carry
+            w = Layers(*(lax.dynamic_index_in_dim(a, i, keepdims=False) for a in layers))
+            return block(c, w, h, cos, sin, cache, i, positions, mask), None
 
-        h, (k, v) = lax.scan(layer, h, (self.layers(), cache.k, cache.v, skip))
-        cache = KVCache(k, v)
+        (h, cache), _ = lax.scan(layer, (h, cache), jnp.asarray(kept))
         if not logits:
             return None, cache
         if select is not None:
