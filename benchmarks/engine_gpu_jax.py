@@ -32,6 +32,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+try:
+    import flax  # noqa: E402, F401
+except ImportError as e:
+    raise SystemExit(f"engine_gpu_jax: the JAX engine needs flax (pip install flax): {e}")
+
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec.loop import SpecConfig, decode, speculate  # noqa: E402
 from flashspec_jax import whole  # noqa: E402
