@@ -24,7 +24,7 @@ from flashspec.contract import VerifyResult
 
 from .drafts import LookupDraft, ModelDraft, Proposal, make_seeds
 from .model import Llama
-from .steps import MARGIN, State, StepOut, Steps, round_up
+from .steps import State, StepOut, Steps, batch_shapes
 from .verify import on_gpu
 
 
@@ -105,12 +105,7 @@ class JaxBackend:
             raise ValueError(
                 f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit} tokens"
             )
-        s_max = round_up(longest + max_new_tokens + MARGIN)
-        tokens = np.zeros((len(prompts), s_max), np.int32)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = p
-        lengths = np.array([len(p) for p in prompts], np.int32)
-        prefix = min(round_up(longest - 1), s_max) if longest > 1 else 0
+        tokens, lengths, prefix = batch_shapes(prompts, max_new_tokens)
         return self.prefill_jit(self.weights, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens, prefix=prefix)
 
     def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:

@@ -26,7 +26,8 @@ from .drafts import LookupDraft, ModelDraft, Proposal, Seeds, Seqs, as_logits, p
 from .model import KVCache, Llama
 
 MARGIN = 66  # cache slots past prompt + max_new_tokens: room for a step's G + 1 writes (G <= 64)
-BUCKET = 64  # prompt and cache lengths are rounded up to this, so few shapes are ever compiled
+BUCKET = 64  # cache lengths are rounded up to this, so few shapes are ever compiled
+PREFIX_BUCKET = 16  # prompt prefixes (prefill lengths) are rounded up to this
 
 
 class State(NamedTuple):
@@ -45,6 +46,20 @@ class StepOut(NamedTuple):
 
 def round_up(n: int, k: int = BUCKET) -> int:
     return -(-n // k) * k
+
+
+def batch_shapes(prompts, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Prompts -> (tokens [B, S] int32 zero padded, lengths [B] int32, prefill prefix length)."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    longest = max(len(p) for p in prompts)
+    s_max = round_up(longest + max_new_tokens + MARGIN)
+    tokens = np.zeros((len(prompts), s_max), np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = p
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    prefix = min(round_up(longest - 1, PREFIX_BUCKET), s_max) if longest > 1 else 0
+    return tokens, lengths, prefix
 
 
 class Steps:

@@ -37,7 +37,7 @@ from flashspec.loop import StepRecord
 
 from .backend import JaxBackend
 from .drafts import Seeds, make_seeds
-from .steps import MARGIN, State, round_up
+from .steps import State, batch_shapes
 
 
 class BanditState(NamedTuple):
@@ -181,15 +181,7 @@ class Whole:
     # -- host front ends
 
     def inputs(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        longest = max(len(p) for p in prompts)
-        s_max = round_up(longest + max_new_tokens + MARGIN)
-        tokens = np.zeros((len(prompts), s_max), np.int32)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = p
-        lengths = np.array([len(p) for p in prompts], np.int32)
-        prefix = min(round_up(longest - 1), s_max) if longest > 1 else 0
+        tokens, lengths, prefix = batch_shapes(prompts, max_new_tokens)
         return jnp.asarray(tokens), jnp.asarray(lengths), prefix
 
     def run(self, prompts, *, max_new_tokens: int, gamma: int, sampling: SamplingConfig, seed,
