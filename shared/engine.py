@@ -14,7 +14,11 @@ def engine(backend: str = "torch", target=None, drafts=("ngram",), *, policy: st
             raise ImportError(f"backend='torch' needs the torch extra: pip install 'flashspec[torch]' ({e})") from None
         return Engine(target, drafts, policy=policy, device=device)
     if backend == "jax":
-        raise ValueError("backend='jax' generation is not available yet: the JAX engine is under construction; use backend='torch'")
+        try:
+            from flashspec_jax.engine import Engine as JaxEngine
+        except ImportError as e:
+            raise ImportError(f"backend='jax' needs the jax extra: pip install 'flashspec[jax]' ({e})") from None
+        return JaxEngine(target, drafts, policy=policy, device=device)
     raise ValueError(f"backend={backend!r} is unknown; choose one of {BACKENDS}")
 
 

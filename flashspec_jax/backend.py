@@ -1,0 +1,148 @@
+"""The JAX backend: implements ``flashspec.backend.Backend`` with jitted steps over our Flax model.
+
+Everything a step needs stays on the device (``steps.State``: token history, lengths, finished
+flags, the KV caches). Each operation is one jitted function (compiled once per shape; cache and
+prompt lengths are bucketed, so a longer sequence never recompiles); JAX dispatches
+asynchronously, and ``commit`` starts the device-to-host copy of the step's small results, which
+the loop reads one step later (``StepHandle.fetch``): the host never waits inside a step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from flashspec.backend import StepView
+from flashspec.config import SamplingConfig
+from flashspec.contract import VerifyResult
+
+from .drafts import LookupDraft, ModelDraft, Proposal, make_seeds
+from .model import Llama
+from .steps import State, StepOut, Steps, batch_shapes
+from .verify import on_gpu
+
+
+@dataclass
+class AsyncHandle:
+    """A step's small device results, copying to the host; ``fetch`` waits for that copy only."""
+
+    out: StepOut
+
+    def fetch(self) -> StepView:
+        return StepView(*(np.asarray(a).copy() for a in self.out))
+
+
+def start_copy(out: StepOut) -> AsyncHandle:
+    for a in out:
+        a.copy_to_host_async()
+    return AsyncHandle(out)
+
+
+class JaxBackend:
+    """``drafts`` are ``LookupDraft`` or ``ModelDraft`` (made with :meth:`model_draft`)."""
+
+    def __init__(self, target: Llama, eos_ids: Sequence[int] = (), verify_impl: str | None = None):
+        self.config = target.config
+        graphdef, params = nnx.split(target)
+        self.graphdef = graphdef
+        self.weights = [params]  # index 0: the target; then other draft models
+        self.draft_models: list[Llama] = [target]
+        self.drafts: list[ModelDraft | LookupDraft] = []
+        self.eos_ids, self.verify_impl = tuple(eos_ids), verify_impl
+        self.steps: Steps | None = None
+
+    # -- drafts
+
+    def model_draft(self, name: str, model: Llama | None = None, skip: frozenset[int] = frozenset()) -> ModelDraft:
+        """A draft over ``model`` (None: the target itself, e.g. with layers skipped)."""
+        model = model or self.draft_models[0]
+        if model.config.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"draft {name!r} has vocabulary size {model.config.vocab_size} but the target has "
+                f"{self.config.vocab_size}: a draft must share the target's tokenizer"
+            )
+        if not any(m is model for m in self.draft_models):
+            self.draft_models.append(model)
+            self.weights.append(nnx.split(model)[1])
+        index = next(i for i, m in enumerate(self.draft_models) if m is model)
+        return ModelDraft(name, model, index, nnx.graphdef(model), skip)
+
+    def set_drafts(self, drafts: Sequence[ModelDraft | LookupDraft]) -> None:
+        self.drafts = list(drafts)
+        self.draft_names = [d.name for d in self.drafts]
+        self.steps = Steps(self.draft_models[0], self.drafts, self.eos_ids, self.verify_impl, self.graphdef)
+        self.jit_steps()
+
+    def jit_steps(self) -> None:
+        s, donate = self.steps, on_gpu()
+        keep = lambda *names: dict(donate_argnames=names) if donate else {}  # noqa: E731
+        self.prefill_jit = jax.jit(s.prefill, static_argnames=("prefix",))
+        self.draft_jit = jax.jit(s.draft, static_argnames=("arm", "gamma", "cfg"), **keep("state"))
+        self.score_jit = jax.jit(s.score, **keep("state"))
+        self.verify_jit = jax.jit(s.verify, static_argnames=("cfg",))
+        self.commit_jit = jax.jit(s.commit, **keep("state"))
+        self.decode_jit = jax.jit(s.decode_one, static_argnames=("cfg",), **keep("state"))
+
+    # -- the batch
+
+    def prefill(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        self.state = self.start_state(prompts, max_new_tokens)
+
+    def start_state(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> State:
+        if self.steps is None:
+            raise ValueError("set_drafts(...) must be called before prefill")
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        longest = max(len(p) for p in prompts)
+        limit = self.config.max_position_embeddings
+        if longest + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit} tokens"
+            )
+        tokens, lengths, prefix = batch_shapes(prompts, max_new_tokens)
+        return self.prefill_jit(self.weights, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens, prefix=prefix)
+
+    def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:
+        proposal, self.state = self.draft_jit(arm, self.weights, self.state, gamma, sampling, self.seeds(seed), offset)
+        return proposal
+
+    def score(self, proposal: Proposal) -> jax.Array:  # [B, G+1, V]
+        z, self.state = self.score_jit(self.weights, self.state, proposal)
+        return z
+
+    def verify(self, target_logits, proposal: Proposal, sampling: SamplingConfig, seed, offset: int) -> VerifyResult:
+        return self.verify_jit(target_logits, proposal, sampling, self.seeds(seed), offset)
+
+    def commit(self, result: VerifyResult) -> AsyncHandle:
+        self.state, out = self.commit_jit(self.state, result)
+        return start_copy(out)
+
+    def decode_one(self, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
+        self.state, out = self.decode_jit(self.weights, self.state, sampling, self.seeds(seed), offset)
+        return start_copy(out)
+
+    def outputs(self) -> list[list[int]]:
+        seqs = self.state.seqs
+        tokens, start, end = (np.asarray(a) for a in (seqs.tokens, seqs.prompt_len, seqs.length))
+        return [tokens[b, start[b] : end[b]].tolist() for b in range(len(start))]
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 - the backend lives as long as its engine
+    def _seeds(self, seeds: int | tuple[int, ...]):
+        return make_seeds(np.array(seeds, dtype=np.uint64))
+
+    def seeds(self, seed):
+        """An int (shared: the batch row is a coordinate, as in the torch backend) or one int per
+        row (per-request seeds) -> uint32 halves (cached)."""
+        b = self.state.seqs.tokens.shape[0]
+        if isinstance(seed, (int, np.integer)):
+            return self._seeds(int(seed))
+        values = tuple(int(s) for s in np.asarray(seed).reshape(-1))
+        if len(values) != b:
+            raise ValueError(f"seed has {len(values)} values but the batch has {b} rows")
+        return self._seeds(values)

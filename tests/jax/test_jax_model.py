@@ -1,0 +1,96 @@
+"""The Flax Llama against the torch one on random tiny configs (GQA, llama3 RoPE, untied head),
+weights through the shared fused layout, and the random-weight constructor."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+
+import jax.numpy as jnp  # noqa: E402
+
+from flashspec_jax.model import Llama as JaxLlama  # noqa: E402
+from flashspec_jax.model import LlamaConfig, rope_frequencies  # noqa: E402
+from flashspec_jax.weights import from_state, random_model  # noqa: E402
+
+LLAMA3 = (("factor", 8.0), ("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("original_max_position_embeddings", 64.0))
+
+
+def tiny(tied: bool, scaling) -> LlamaConfig:
+    return LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=4, num_kv_heads=2,
+                       head_dim=16, rope_theta=5000.0, rope_scaling=scaling, tie_word_embeddings=tied)
+
+
+def torch_model(cfg: LlamaConfig, seed: int):
+    from flashspec_torch.model import Llama
+
+    torch.manual_seed(seed)
+    m = Llama(cfg)
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m.eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("tied,scaling", [(True, None), (False, LLAMA3)])
+def test_matches_the_torch_model_on_fresh_weights(tied, scaling):
+    from flashspec_torch.model import rope_frequencies as torch_rope
+
+    cfg = tiny(tied, scaling)
+    tm = torch_model(cfg, seed=int(tied))
+    jm = from_state(cfg, {k: v.numpy() for k, v in tm.state_dict().items()})
+    np.testing.assert_allclose(rope_frequencies(cfg), torch_rope(cfg).numpy(), rtol=1e-6)
+    rs = np.random.default_rng(0)
+    tokens = rs.integers(0, cfg.vocab_size, (3, 9))
+    pos = rs.integers(0, 20, (3, 1)) + np.arange(9)[None]  # each row at its own offset
+    with torch.inference_mode():
+        z_t = tm(torch.tensor(tokens), torch.tensor(pos), tm.new_cache(3, 40), 40).numpy()
+        cache = tm.new_cache(3, 40)
+        tm(torch.tensor(tokens[:, :5]), torch.tensor(pos[:, :5]), cache, 40)
+        step_t = tm(torch.tensor(tokens[:, 5:]), torch.tensor(pos[:, 5:]), cache, 40).numpy()
+    z_j, _ = jm(jnp.asarray(tokens), jnp.asarray(pos), jm.new_cache(3, 40))
+    _, cache = jm(jnp.asarray(tokens[:, :5]), jnp.asarray(pos[:, :5]), jm.new_cache(3, 40), logits=False)
+    step_j, _ = jm(jnp.asarray(tokens[:, 5:]), jnp.asarray(pos[:, 5:]), cache)
+    for a, b in ((z_j, z_t), (step_j, step_t)):
+        assert np.abs(np.asarray(a) - b).max() / np.abs(b).max() < 1e-5
+
+
+def test_skipping_layers_matches_the_torch_model():
+    cfg = tiny(True, None)
+    tm = torch_model(cfg, seed=3)
+    jm = from_state(cfg, {k: v.numpy() for k, v in tm.state_dict().items()})
+    tokens, pos = np.arange(6)[None] + 5, np.arange(6)[None]
+    with torch.inference_mode():
+        z_t = tm(torch.tensor(tokens), torch.tensor(pos), tm.new_cache(1, 8), 8, skip=frozenset({1})).numpy()
+    z_j, _ = jm(jnp.asarray(tokens), jnp.asarray(pos), jm.new_cache(1, 8), skip=frozenset({1}))
+    z_all, _ = jm(jnp.asarray(tokens), jnp.asarray(pos), jm.new_cache(1, 8))
+    assert np.abs(np.asarray(z_j) - z_t).max() / np.abs(z_t).max() < 1e-5
+    assert np.abs(np.asarray(z_all) - z_t).max() > 1e-3  # skipping really changes the output
+
+
+def test_rollback_is_free_stale_slots_are_never_read():
+    """Write garbage past a row's position, then rescore: logits equal a clean cache's."""
+    cfg = tiny(False, LLAMA3)
+    jm = JaxLlama(cfg, rngs=__import__("flax").nnx.Rngs(1))
+    tokens = jnp.arange(8)[None] + 3
+    clean, _ = jm(tokens[:, :6], jnp.arange(6)[None], jm.new_cache(1, 16))
+    _, dirty = jm(jnp.full((1, 8), 7), jnp.arange(8)[None], jm.new_cache(1, 16), logits=False)
+    _, dirty = jm(tokens[:, :4], jnp.arange(4)[None], dirty, logits=False)  # slots 4..7 stale
+    again, _ = jm(tokens[:, 4:6], jnp.arange(4, 6)[None], dirty)
+    np.testing.assert_allclose(np.asarray(again[0]), np.asarray(clean[0, 4:6]), rtol=1e-5, atol=1e-5)
+
+
+def test_random_model_is_built_on_the_device_in_the_requested_dtype():
+    cfg = tiny(False, None)
+    m = random_model(cfg, dtype=jnp.bfloat16, seed=0)
+    assert m.qkv.value.shape == (3, (4 + 2 * 2) * 16, 64) and m.qkv.value.dtype == jnp.bfloat16
+    assert 0.01 < float(jnp.std(m.down.value.astype(jnp.float32))) < 0.03
+    z, _ = m(jnp.zeros((1, 2), jnp.int32), jnp.arange(2)[None], m.new_cache(1, 4))
+    assert z.shape == (1, 2, cfg.vocab_size) and bool(jnp.isfinite(z).all())
+
+
+def test_weights_that_do_not_fit_are_a_clear_error():
+    cfg = tiny(True, None)
+    state = {k: v.numpy() for k, v in torch_model(cfg, 0).state_dict().items()}
+    del state["layers.1.qkv.weight"]
+    with pytest.raises(ValueError, match="layers.1.qkv.weight"):
+        from_state(cfg, state)
