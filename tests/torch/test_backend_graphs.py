@@ -90,3 +90,24 @@ def test_graphs_are_recaptured_when_the_buffers_grow(device):
         assert b.shape != size
         again, _ = decode(b, PROMPTS, sampling=greedy, max_new_tokens=4, seed=seed)
     assert [s == l[:4] for s, l in zip(short, long)] == [True] * len(PROMPTS) and again == short
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("linear_impl", ["reference", "triton"])
+def test_bf16_graphs_with_every_kernel_equal_eager(linear_impl):
+    """bf16, head_dim 64 (the attention kernel), Triton or cuBLAS projections: graphs == eager."""
+    cfg = LlamaConfig(vocab_size=501, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=64, tie_word_embeddings=False, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    m = Llama(cfg).to("cuda", torch.bfloat16).eval()
+    for p in m.parameters():
+        p.data.normal_(0, 0.1)
+    m.linear_impl = linear_impl
+    seed = torch.arange(4, device="cuda")
+    outs = {}
+    for graphs in (False, True):
+        b = TorchBackend(m, [LookupDraft(), ModelDraft("skip", m, frozenset({0}))], eos_ids=[], graphs=graphs)
+        with torch.inference_mode():
+            outs[graphs] = [speculate(b, Cycle([0, 1, 1]), PROMPTS, sampling=s, spec=SpecConfig(gamma=4, max_new_tokens=20), seed=seed)[0]
+                            for s in (SamplingConfig(0.0), SamplingConfig(0.8, top_p=0.9))]
+    assert outs[True] == outs[False]
