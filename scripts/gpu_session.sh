@@ -15,7 +15,7 @@ steps=${*:-tests engine profile verify jax checks}
 for step in $steps; do
   echo "== $step $(date +%T)"
   case $step in
-    tests) timeout 240 python3 -m pytest -q -x -p no:cacheprovider -k cuda tests/torch/test_backend_graphs.py 2>&1 | tail -4 ;;
+    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/torch/test_backend_graphs.py tests/torch/test_torch_verify_cuda_graph.py 2>&1 | tail -6 ;;
     engine) timeout 300 python3 benchmarks/engine_gpu.py --tokens 128 > "$OUT/engine_gpu.log" 2>&1; tail -5 "$OUT/engine_gpu.log" ;;
     profile) timeout 120 python3 benchmarks/engine_profile.py --shape tinyllama-1.1b > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log" ;;
     verify) timeout 330 python3 benchmarks/verify_variants.py --out "$OUT" > "$OUT/verify_variants.log" 2>&1; tail -40 "$OUT/verify_variants.log" ;;
