@@ -13,7 +13,7 @@ A program owns BLOCK_B batch rows (1 on the GPU, many in the interpreter).
 import triton
 import triton.language as tl
 
-from .random import mix, uniform_from_bits
+from .random import mix
 
 NEG_INF = tl.constexpr(float("-inf"))
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -55,8 +55,8 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
     """(max s, sum exp(s - max s)) over [v_lo, v_hi) of BLOCK_B rows, s = filter(z / T): two [BB].
 
     rows: pointers to each row's first logit, sv the stride along V (1 in practice: the JIT
-    specialises it). Each thread owns vectors of VEC logits (one 16-byte load each) and keeps a
-    running max and sum per vector: one exp2 per logit plus one per vector, FFMA-folded scale, no
+    specialises it). Each thread owns vectors of VEC logits (one 16-byte load each, the next tile's
+    issued before this tile's arithmetic) and keeps a running max and sum per vector: one exp2 per logit plus one per vector, FFMA-folded scale, no
     cross-thread reduction until the end. Without FILTER the max is taken on raw z (T > 0) and
     z / T is never formed: exp((z - m) / T) = exp2(z k - m k), k = log2(e) / T.
     """
@@ -69,9 +69,13 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
         k = LOG2E * inv_T
     m = tl.full((BLOCK_B, NT), NEG_INF, tl.float32)
     l = tl.zeros((BLOCK_B, NT), tl.float32)
+    j = v_lo + t
+    a_next = tl.load(ptrs + j.to(tl.int64) * sv, mask=live & (j < v_hi), other=NEG_INF)
     for v0 in range(v_lo, v_hi, NT * VEC):
         j = v0 + t
-        x = tl.load(ptrs + j.to(tl.int64) * sv, mask=live & (j < v_hi), other=NEG_INF).to(tl.float32)
+        x = a_next.to(tl.float32)
+        jn = j + NT * VEC  # prefetch the next tile (masked off past the end)
+        a_next = tl.load(ptrs + jn.to(tl.int64) * sv, mask=live & (jn < v_hi), other=NEG_INF)
         if FILTER:
             x = div_t(x, T, inv_T, FAST)
             x = tl.where((x > thr[:, None, None]) | ((x == thr[:, None, None]) & (j <= thr_id[:, None, None])), x, NEG_INF)
@@ -93,11 +97,25 @@ def lse_of(m, l):  # from row_lse_lanes -> log-sum-exp (-inf for an empty range)
 
 
 @triton.jit
-def load_s(ptrs, sv, j, mask, T, inv_T, FAST: tl.constexpr):  # -> float32 z / T, -inf where masked
-    z = tl.load(ptrs + j.to(tl.int64) * sv, mask=mask, other=NEG_INF).to(tl.float32)
-    if T != 1.0:
-        z = div_t(z, T, inv_T, FAST)
-    return z
+def neg_log_uniform(b):  # uint32 bits -> E = -log(u), u = (2 (b >> 9) + 1) 2**-24: the generator's uniform
+    """-log u within 0.87 ulp for every one of the 2**23 uniforms (checked against float64; NumPy's
+    float32 log is within 3.8 ulp): libdevice logf's range reduction and polynomial without its
+    special cases (u is a normal float in [2**-24, 1)), the 2**-24 folded into the exponent."""
+    n = ((b >> 9) * 2 + 1).to(tl.int32).to(tl.float32)  # 2m + 1, exactly
+    bits = n.to(tl.int32, bitcast=True)
+    e_bits = (bits - 0x3F2AAAAB) & -8388608  # exponent of n such that its mantissa m is in [2/3, 4/3)
+    f = (bits - e_bits).to(tl.float32, bitcast=True) - 1.0  # m - 1, exact
+    e = e_bits.to(tl.float32) * 1.1920928955078125e-07 - 24.0
+    p = tl.math.fma(f, -0.13018856942653656, 0.1408461034297943)
+    p = tl.math.fma(f, p, -0.12148627638816833)
+    p = tl.math.fma(f, p, 0.1398061066865921)
+    p = tl.math.fma(f, p, -0.16684235632419586)
+    p = tl.math.fma(f, p, 0.20012299716472626)
+    p = tl.math.fma(f, p, -0.24999669194221497)
+    p = tl.math.fma(f, p, 0.333331823348999)
+    p = tl.math.fma(f, p, -0.5)
+    r = tl.math.fma(f, f * p, f)  # log m
+    return -tl.math.fma(e, LN2, r)
 
 
 @triton.jit
@@ -106,48 +124,66 @@ def keep(s, j, thr, tid):  # top-k / top-p cut (thr, tid: [BB]) on [BB, S] scale
 
 
 @triton.jit
+def log2_scaled(a, j, k, lse2, T, inv_T, thr, tid, FILTER: tl.constexpr, FAST: tl.constexpr):
+    """log2 of the probabilities of raw logits a: (filter(a / T) - lse) log2(e). Without a filter
+    one FFMA, a k - lse log2(e) with k = log2(e) / T; the cut compares exact a / T with thr."""
+    x = a.to(tl.float32)
+    if FILTER:
+        x = keep(div_t(x, T, inv_T, FAST), j, thr, tid)
+    return x * k - lse2[:, None]
+
+
+@triton.jit
 def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
                     k_final, b_mask, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
                     FILTER: tl.constexpr, FAST: tl.constexpr):
-    """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the same
-    keys as ``sweep_row``, but every logit slot keeps its own running best (no reduction per tile).
+    """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the keys
+    of ``sweep_row`` scaled by log2(e) (the same argmax), every logit slot keeping its own running
+    best (no reduction per tile), the next tile's logits loaded before this tile's arithmetic.
 
-    key_p = lp + g (bonus and fallback), key_r = log max(0, p - q) + g (residual), with
-    g = -log(E), E = -log(u): E with the accurate log (u near 1 decides the winners), -log(E) and
-    log r with log2_approx. Returns (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB].
+    key_p = lp2 + g2 (bonus and fallback), key_r = log2 max(0, p - q) + g2 (residual), where lp2 =
+    log2 p, g2 = -log2(E), E = -log(u) (neg_log_uniform: u near 1 decides the winners). Returns
+    (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB].
     """
     j0 = tl.arange(0, SWEEP_V)[None, :]
     z_rows = z_row[:, None]
     w_rows = w_row[:, None]
     live = b_mask[:, None]
+    if FILTER:
+        k = LOG2E
+    else:
+        k = LOG2E * inv_T
+    lse_p2 = lse_p * LOG2E
+    lse_q2 = lse_q * LOG2E
     best_r = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
     best_p = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
     idx_r = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
     idx_p = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
     mass = tl.zeros((BLOCK_B, SWEEP_V), tl.float32)
+    j = v_lo + j0
+    z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+    if HAS_W:
+        w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
     for v0 in range(v_lo, v_hi, SWEEP_V):
         j = v0 + j0
-        mask = live & (j < v_hi)
-        s = load_s(z_rows, sv_z, j, mask, T, inv_T, FAST)
-        if FILTER:
-            s = keep(s, j, thr_p, tid_p)
-        lp = s - lse_p[:, None]
-        e = -tl.log(uniform_from_bits(mix(k_final[:, None] ^ j.to(tl.uint32))))  # E ~ Exp(1), accurate near 0
-        g = -LN2 * log2_approx(e, FAST)
-        key = lp + g
+        z = z_next
+        jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
+        z_next = tl.load(z_rows + jn.to(tl.int64) * sv_z, mask=live & (jn < v_hi), other=NEG_INF)
+        lp2 = log2_scaled(z, j, k, lse_p2, T, inv_T, thr_p, tid_p, FILTER, FAST)
+        g2 = -log2_approx(neg_log_uniform(mix(k_final[:, None] ^ j.to(tl.uint32))), FAST)
+        key = lp2 + g2
         better = key > best_p  # strict: a slot keeps its earlier (lower) index on ties
         best_p = tl.where(better, key, best_p)
         idx_p = tl.where(better, j, idx_p)
         if HAS_W:
-            t = load_s(w_rows, sv_w, j, mask, T, inv_T, FAST)
-            if FILTER:
-                t = keep(t, j, thr_q, tid_q)
-            q = tl.math.exp2((t - lse_q[:, None]) * LOG2E)
+            w = w_next
+            w_next = tl.load(w_rows + jn.to(tl.int64) * sv_w, mask=live & (jn < v_hi), other=NEG_INF)
+            q = tl.math.exp2(log2_scaled(w, j, k, lse_q2, T, inv_T, thr_q, tid_q, FILTER, FAST))
         else:
             q = tl.where(j == x_n[:, None], 1.0, 0.0)  # one-hot draft
-        r = tl.maximum(tl.math.exp2(lp * LOG2E) - q, 0.0)
+        r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
         mass = tl.maximum(mass, r)
-        key = LN2 * log2_approx(r, FAST) + g
+        key = log2_approx(r, FAST) + g2
         better = key > best_r
         best_r = tl.where(better, key, best_r)
         idx_r = tl.where(better, j, idx_r)
