@@ -64,7 +64,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     if device.type != "cuda" or interpreting():
         base = KernelConfig(block_b=1, block_v=256, sweep_v=128, num_chunks=2)
         return {"lanes": base, "tile": dataclasses.replace(base, stream="tile", sweep="tile"),
-                "lanes-exact-log": dataclasses.replace(base, fast_math=False)}
+                "lanes-no-prune": dataclasses.replace(base, prune=False)}
     lanes = choose_config(b, g, v, device, itemsize)
     out = {
         "lanes": lanes,
@@ -72,6 +72,8 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "lanes-stream+tile-sweep": dataclasses.replace(lanes, sweep="tile", sweep_v=2048, num_warps=4),
         "tile-stream+lanes-sweep": dataclasses.replace(tile_config(b, g, v, device), sweep="lanes", sweep_v=1024),
         "lanes-exact-log": dataclasses.replace(lanes, fast_math=False),
+        "lanes-no-prune": dataclasses.replace(lanes, prune=False),
+        "lanes-sweep512": dataclasses.replace(lanes, sweep_v=512),
         "lanes-w8": dataclasses.replace(lanes, num_warps=8, sweep_v=2048),
         "lanes-half-chunks": dataclasses.replace(lanes, num_chunks=max(1, lanes.num_chunks // 2)),
         "lanes-double-chunks": dataclasses.replace(lanes, num_chunks=lanes.num_chunks * 2,

@@ -282,6 +282,7 @@ class KernelConfig:
     stream: str = "lanes"  # normaliser pass: "lanes" (row by row, per-thread running max / sum) or "tile"
     sweep: str = "lanes"  # row-n sweep: "lanes" (per-slot running argmax, exp2 / lg2) or "tile"
     fast_math: bool = True  # "lanes" on a GPU: lg2.approx for -log(E) and log r, z / T by FMA (never in the interpreter)
+    prune: bool = True  # "lanes" sweep: skip the keys of tiles that cannot hold the winner (exact)
 
     def __post_init__(self):
         for name in ("stream", "sweep"):
@@ -455,7 +456,7 @@ def verify_triton(
         SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq, FILTER=filtered, GREEDY=greedy, FUSED=fused,
         SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
         PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, **lanes,
-        SWEEP_LANES=config.sweep == "lanes",
+        SWEEP_LANES=config.sweep == "lanes", PRUNE=config.prune,
         num_warps=config.num_warps,
     )
     return VerifyResult(num_accepted=num, tokens=tokens)

@@ -18,6 +18,7 @@ from .random import mix
 NEG_INF = tl.constexpr(float("-inf"))
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+PRUNE_SLACK = tl.constexpr(0.01)  # log2 units; both sides' rounding is below 1e-5
 
 
 @triton.jit
@@ -136,7 +137,7 @@ def log2_scaled(a, j, k, lse2, T, inv_T, thr, tid, FILTER: tl.constexpr, FAST: t
 @triton.jit
 def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
                     k_final, b_mask, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
-                    FILTER: tl.constexpr, FAST: tl.constexpr):
+                    FILTER: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr):
     """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the keys
     of ``sweep_row`` scaled by log2(e) (the same argmax), every logit slot keeping its own running
     best (no reduction per tile), the next tile's logits loaded before this tile's arithmetic.
@@ -144,6 +145,13 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     key_p = lp2 + g2 (bonus and fallback), key_r = log2 max(0, p - q) + g2 (residual), where lp2 =
     log2 p, g2 = -log2(E), E = -log(u) (neg_log_uniform: u near 1 decides the winners). Returns
     (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB].
+
+    PRUNE skips the keys of a tile that cannot change the result: E >= 1 - u, so both keys are at
+    most lp2 + 24 - log2(2**24 (1 - u)) (an integer from the hash bits; log2 r <= lp2), and a
+    tile none of whose logits reaches K = min(best key_p, best key_r) so far (minus a slack far
+    above the rounding of either side) is passed over. K stays -inf until some residual mass was
+    seen, so the mass flag is exact too. Exact by construction; it saves work once K is high
+    (after a few tiles on flat rows, almost at once on peaked ones).
     """
     j0 = tl.arange(0, SWEEP_V)[None, :]
     z_rows = z_row[:, None]
@@ -164,29 +172,40 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
     if HAS_W:
         w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
+    floor = tl.full((BLOCK_B,), NEG_INF, tl.float32)  # K: a key value some logit already reached
     for v0 in range(v_lo, v_hi, SWEEP_V):
         j = v0 + j0
         z = z_next
         jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
         z_next = tl.load(z_rows + jn.to(tl.int64) * sv_z, mask=live & (jn < v_hi), other=NEG_INF)
-        lp2 = log2_scaled(z, j, k, lse_p2, T, inv_T, thr_p, tid_p, FILTER, FAST)
-        g2 = -log2_approx(neg_log_uniform(mix(k_final[:, None] ^ j.to(tl.uint32))), FAST)
-        key = lp2 + g2
-        better = key > best_p  # strict: a slot keeps its earlier (lower) index on ties
-        best_p = tl.where(better, key, best_p)
-        idx_p = tl.where(better, j, idx_p)
         if HAS_W:
             w = w_next
             w_next = tl.load(w_rows + jn.to(tl.int64) * sv_w, mask=live & (jn < v_hi), other=NEG_INF)
-            q = tl.math.exp2(log2_scaled(w, j, k, lse_q2, T, inv_T, thr_q, tid_q, FILTER, FAST))
-        else:
-            q = tl.where(j == x_n[:, None], 1.0, 0.0)  # one-hot draft
-        r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
-        mass = tl.maximum(mass, r)
-        key = log2_approx(r, FAST) + g2
-        better = key > best_r
-        best_r = tl.where(better, key, best_r)
-        idx_r = tl.where(better, j, idx_r)
+        lp2 = log2_scaled(z, j, k, lse_p2, T, inv_T, thr_p, tid_p, FILTER, FAST)
+        bits = mix(k_final[:, None] ^ j.to(tl.uint32))
+        todo = 1
+        if PRUNE:
+            t = (16777215 - 2 * (bits >> 9)).to(tl.int32).to(tl.float32)  # 2**24 (1 - u), in [1, 2**24)
+            bound = lp2 + (24.0 - log2_approx(t, FAST))
+            todo = tl.max(tl.max((bound >= floor[:, None] - PRUNE_SLACK).to(tl.int32), axis=1), axis=0)
+        if todo > 0:
+            g2 = -log2_approx(neg_log_uniform(bits), FAST)
+            key = lp2 + g2
+            better = key > best_p  # strict: a slot keeps its earlier (lower) index on ties
+            best_p = tl.where(better, key, best_p)
+            idx_p = tl.where(better, j, idx_p)
+            if HAS_W:
+                q = tl.math.exp2(log2_scaled(w, j, k, lse_q2, T, inv_T, thr_q, tid_q, FILTER, FAST))
+            else:
+                q = tl.where(j == x_n[:, None], 1.0, 0.0)  # one-hot draft
+            r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
+            mass = tl.maximum(mass, r)
+            key = log2_approx(r, FAST) + g2
+            better = key > best_r
+            best_r = tl.where(better, key, best_r)
+            idx_r = tl.where(better, j, idx_r)
+            if PRUNE:
+                floor = tl.minimum(tl.max(best_p, axis=1), tl.max(best_r, axis=1))
     k_r = tl.max(best_r, axis=1)
     k_p = tl.max(best_p, axis=1)
     i_r = tl.min(tl.where(best_r == k_r[:, None], idx_r, 2147483647), axis=1)

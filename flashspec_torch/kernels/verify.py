@@ -258,7 +258,7 @@ def verify_final_kernel(
     SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, C)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
@@ -361,7 +361,7 @@ def verify_final_kernel(
         if SWEEP_LANES:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_lanes(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
-                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER, FAST)
+                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER, FAST, PRUNE)
         else:
             best_r, idx_r, best_p, idx_p, mass = sweep_row(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, pick_row(lse_p, i, n), lse_qn, x_n,

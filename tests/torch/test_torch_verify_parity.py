@@ -146,3 +146,21 @@ def test_many_rows_many_samples_match():
     for offset in range(3):
         want, got = run_all(inp, cfg, offset=offset, split=split)
         assert_parity(want, got)
+
+
+@pytest.mark.parametrize("spread", [1.0, 6.0])  # flat rows, and peaked ones where most tiles are passed over
+@pytest.mark.parametrize("onehot", [False, True])
+def test_pruned_sweep_matches_the_oracle(spread, onehot):
+    """KernelConfig(prune=True) skips the keys of tiles that cannot hold the winner: same tokens."""
+    rng = np.random.default_rng(int(spread) + 10 * onehot)
+    cfg = SamplingConfig(temperature=0.9)
+    inp = make_inputs(rng, 6, 3, 4099, cfg, spread=spread, onehot=onehot)
+    want, _ = run_all(inp, cfg)
+    z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
+    w = None if inp.w is None else torch.from_numpy(inp.w)
+    for prune in (True, False):
+        for chunks in (1, 3):
+            kc = KernelConfig(block_b=2, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune)
+            got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
+            np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{prune=} {chunks=}")
+            np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{prune=} {chunks=}")
