@@ -57,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-CORE = ("lanes", "tile", "lanes-no-prune")  # timed at every shape; the rest at ABLATION_SHAPES
+CORE = ("lanes", "tile", "lanes-no-prune", "lanes-prune")  # timed at every shape; the rest at ABLATION_SHAPES
 ABLATION_SHAPES = [(256, 4, 128256, "bfloat16", 0.7), (256, 4, 128256, "bfloat16", 1.0), (32, 4, 128256, "bfloat16", 0.7),
                    (128, 8, 32000, "float32", 0.7)]  # (B, G, V, dtype, T)
 
@@ -78,6 +78,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "tile-stream+lanes-sweep": dataclasses.replace(tile_config(b, g, v, device), sweep="lanes", sweep_v=1024),
         "lanes-exact-log": dataclasses.replace(lanes, fast_math=False),
         "lanes-no-prune": dataclasses.replace(lanes, prune=False),
+        "lanes-prune": dataclasses.replace(lanes, prune=True),
         "lanes-sweep512": dataclasses.replace(lanes, sweep_v=512),
         "lanes-w8": dataclasses.replace(lanes, num_warps=8, sweep_v=2048),
         "lanes-half-chunks": dataclasses.replace(lanes, num_chunks=max(1, lanes.num_chunks // 2)),

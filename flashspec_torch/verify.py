@@ -321,7 +321,8 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     wanted = min(math.ceil(target_programs / batch), 128 if batch < 8 else 32)
     block_v = min(8192 // itemsize, max(256, next_pow2(math.ceil(vocab / wanted))))
     chunks = min(math.ceil(vocab / block_v), wanted)
-    return KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4)
+    tiles = vocab / chunks / 1024  # sweep tiles per program: pruning pays from about 8 on flat rows
+    return KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4, prune=tiles >= 7.5)
 
 
 def tile_config(batch: int, gamma: int, vocab: int, device: torch.device) -> KernelConfig:

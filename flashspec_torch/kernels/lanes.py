@@ -120,18 +120,31 @@ def neg_log_uniform(b):  # uint32 bits -> E = -log(u), u = (2 (b >> 9) + 1) 2**-
 
 
 @triton.jit
-def keep(s, j, thr, tid):  # top-k / top-p cut (thr, tid: [BB]) on [BB, S] scaled logits
-    return tl.where((s > thr[:, None]) | ((s == thr[:, None]) & (j <= tid[:, None])), s, NEG_INF)
+def column(a, BLOCK_B: tl.constexpr):  # [BB] -> [BB, 1]; a scalar when BLOCK_B == 1
+    """With one batch row per program the per-row values enter the loops as scalars: a [1]
+    vector computed from the [BB, NC, ROWS] partials would otherwise lend its layout to the
+    per-logit arithmetic (measured: 6x the instructions, 255 registers at NC = 16)."""
+    if BLOCK_B == 1:
+        c = tl.max(a, axis=0)
+    else:
+        c = a[:, None]
+    return c
+
+
+@triton.jit
+def keep(s, j, thr, tid):  # top-k / top-p cut (thr, tid: columns) on [BB, S] scaled logits
+    return tl.where((s > thr) | ((s == thr) & (j <= tid)), s, NEG_INF)
 
 
 @triton.jit
 def log2_scaled(a, j, k, lse2, T, inv_T, thr, tid, FILTER: tl.constexpr, FAST: tl.constexpr):
     """log2 of the probabilities of raw logits a: (filter(a / T) - lse) log2(e). Without a filter
-    one FFMA, a k - lse log2(e) with k = log2(e) / T; the cut compares exact a / T with thr."""
+    one FFMA, a k - lse log2(e) with k = log2(e) / T; the cut compares exact a / T with thr.
+    lse2, thr, tid: columns."""
     x = a.to(tl.float32)
     if FILTER:
         x = keep(div_t(x, T, inv_T, FAST), j, thr, tid)
-    return x * k - lse2[:, None]
+    return x * k - lse2
 
 
 @triton.jit
@@ -161,8 +174,15 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
         k = LOG2E
     else:
         k = LOG2E * inv_T
-    lse_p2 = lse_p * LOG2E
-    lse_q2 = lse_q * LOG2E
+    lse_p2 = column(lse_p * LOG2E, BLOCK_B)
+    lse_q2 = column(lse_q * LOG2E, BLOCK_B)
+    key_n = column(k_final, BLOCK_B)
+    if FILTER:
+        thr_p, tid_p = column(thr_p, BLOCK_B), column(tid_p, BLOCK_B)
+        if HAS_W:
+            thr_q, tid_q = column(thr_q, BLOCK_B), column(tid_q, BLOCK_B)
+    if not HAS_W:
+        x_n = column(x_n, BLOCK_B)
     best_r = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
     best_p = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
     idx_r = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
@@ -172,7 +192,7 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
     if HAS_W:
         w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
-    floor = tl.full((BLOCK_B,), NEG_INF, tl.float32)  # K: a key value some logit already reached
+    floor = column(tl.max(best_p, axis=1), BLOCK_B)  # K (-inf): a key some logit already reached
     for v0 in range(v_lo, v_hi, SWEEP_V):
         j = v0 + j0
         z = z_next
@@ -182,12 +202,12 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             w = w_next
             w_next = tl.load(w_rows + jn.to(tl.int64) * sv_w, mask=live & (jn < v_hi), other=NEG_INF)
         lp2 = log2_scaled(z, j, k, lse_p2, T, inv_T, thr_p, tid_p, FILTER, FAST)
-        bits = mix(k_final[:, None] ^ j.to(tl.uint32))
+        bits = mix(key_n ^ j.to(tl.uint32))
         todo = 1
         if PRUNE:
             t = (16777215 - 2 * (bits >> 9)).to(tl.int32).to(tl.float32)  # 2**24 (1 - u), in [1, 2**24)
             bound = lp2 + (24.0 - log2_approx(t, FAST))
-            todo = tl.max(tl.max((bound >= floor[:, None] - PRUNE_SLACK).to(tl.int32), axis=1), axis=0)
+            todo = tl.max(tl.max((bound >= floor - PRUNE_SLACK).to(tl.int32), axis=1), axis=0)
         if todo > 0:
             g2 = -log2_approx(neg_log_uniform(bits), FAST)
             key = lp2 + g2
@@ -197,7 +217,7 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             if HAS_W:
                 q = tl.math.exp2(log2_scaled(w, j, k, lse_q2, T, inv_T, thr_q, tid_q, FILTER, FAST))
             else:
-                q = tl.where(j == x_n[:, None], 1.0, 0.0)  # one-hot draft
+                q = tl.where(j == x_n, 1.0, 0.0)  # one-hot draft
             r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
             mass = tl.maximum(mass, r)
             key = log2_approx(r, FAST) + g2
@@ -205,7 +225,7 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             best_r = tl.where(better, key, best_r)
             idx_r = tl.where(better, j, idx_r)
             if PRUNE:
-                floor = tl.minimum(tl.max(best_p, axis=1), tl.max(best_r, axis=1))
+                floor = column(tl.minimum(tl.max(best_p, axis=1), tl.max(best_r, axis=1)), BLOCK_B)
     k_r = tl.max(best_r, axis=1)
     k_p = tl.max(best_p, axis=1)
     i_r = tl.min(tl.where(best_r == k_r[:, None], idx_r, 2147483647), axis=1)

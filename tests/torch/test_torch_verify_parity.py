@@ -158,9 +158,8 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     want, _ = run_all(inp, cfg)
     z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
     w = None if inp.w is None else torch.from_numpy(inp.w)
-    for prune in (True, False):
-        for chunks in (1, 3):
-            kc = KernelConfig(block_b=2, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune)
-            got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
-            np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{prune=} {chunks=}")
-            np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{prune=} {chunks=}")
+    for prune, chunks, block_b in ((True, 1, 2), (True, 3, 1), (False, 3, 2)):  # block_b=1: the GPU's scalar path
+        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune)
+        got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
+        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
+        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
