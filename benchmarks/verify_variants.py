@@ -11,7 +11,7 @@ the eager median (``triton.testing.do_bench``), cycling through enough input set
 60 MB L2 three times (the timers of benchmarks/verify_kernels.py). ``x_floor`` = time / (bytes
 required / measured copy bandwidth).
 
-JAX: ``impl="pallas"`` and ``impl="reference"`` timed without per-call dispatch: one jitted
+JAX: ``impl="pallas"`` (loops "tile" and "lanes") and ``impl="reference"`` timed without per-call dispatch: one jitted
 ``lax.scan`` runs S verify steps over rotating input sets (each step's offset depends on the
 previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
 
@@ -175,22 +175,26 @@ def run_jax_shape(shape: dict) -> list[dict]:
     x = jnp.argmax(log_q + jax.random.gumbel(kg, log_q.shape), axis=-1).astype(jnp.int32)
     lq = jnp.take_along_axis(log_q, x[..., None], axis=-1)[..., 0]
     del log_q
+    from flashspec_jax.kernels.verify import VerifyKernelConfig
+
     rows = []
     outs = {}
-    for impl in ("pallas", "reference"):
-        def run(z, x, w, lq, impl=impl):
+    for name, impl, config in (("pallas", "pallas", None), ("pallas-lanes", "pallas", VerifyKernelConfig(loops="lanes")),
+                               ("reference", "reference", None)):
+        def run(z, x, w, lq, impl=impl, config=config):
             def body(acc, i):
                 j = i % k
-                res = verify(z[j], x[j], w[j], lq[j], seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl)
+                res = verify(z[j], x[j], w[j], lq[j], seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl,
+                             config=config)
                 return acc + res.tokens.sum().astype(jnp.uint32), res.tokens
             return jax.lax.scan(body, jnp.uint32(0), jnp.arange(steps))
 
         fn = jax.jit(run)
-        row = dict(backend="jax", impl=impl, **shape, steps=steps, buffers=k, bytes_required=bytes_required(shape))
+        row = dict(backend="jax", impl=name, **shape, steps=steps, buffers=k, bytes_required=bytes_required(shape))
         try:
             acc, toks = fn(z, x, w, lq)
             jax.block_until_ready(acc)
-            outs[impl] = np.asarray(toks)
+            outs[name] = np.asarray(toks)
             times = []
             for _ in range(5 if on_gpu else 1):
                 t0 = time.perf_counter()
@@ -200,9 +204,8 @@ def run_jax_shape(shape: dict) -> list[dict]:
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
-    ok = "pallas" in outs and "reference" in outs and bool(np.array_equal(outs["pallas"], outs["reference"]))
     for row in rows:
-        row["ok"] = ok
+        row["ok"] = "reference" in outs and row["impl"] in outs and bool(np.array_equal(outs[row["impl"]], outs["reference"]))
     return rows
 
 
