@@ -19,8 +19,15 @@ Two kernels, used either alone or as a pair:
   every chunk of every row has been normalised (a grid-wide dependency).
 
 Nothing of size V is ever written. All arithmetic is float32 after loading (bf16 / fp16 are upcast
-immediately), temperature is a true division (``div_rn``), and draft ids are masked: an id outside
-[0, V) is never read from memory (it counts as rejected and y is drawn from p).
+immediately) and draft ids are masked: an id outside [0, V) is never read from memory (it counts
+as rejected and y is drawn from p).
+
+The streaming loops come in two variants, chosen per launch by ``KernelConfig.stream`` /
+``.sweep`` (``flashspec_torch.verify``): "lanes" (the default; ``lanes.py``: rows one at a time,
+per-thread running state, exp2 with the scale folded in, keys in log2 units, exact pruning of
+sweep tiles) and "tile" (below: [BLOCK_B, ROWS, BLOCK_V] tiles reduced every step, z / T as
+``div_rn`` per logit). docs/kernel_notes.md has the instruction counts of both. The per-row
+scalars (the gathered z(x_i) / T of the accept test, lse) use ``div_rn`` in both.
 """
 
 import triton
