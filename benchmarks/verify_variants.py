@@ -122,6 +122,8 @@ def run_torch_shape(shape: dict, device, copy_gbps) -> list[dict]:
         row = dict(backend="torch", impl="triton", variant=name, config=dataclasses.asdict(kc), **shape,
                    bytes_required=need, floor_ms=floor_ms, buffers=len(sets))
         try:
+            seed.fill_(7)
+            offset.fill_(0)  # the reference's randomness (a failed variant may have left others)
             got = step(sets[0])
             row["ok"] = bool(torch.equal(got.tokens, want.tokens) and torch.equal(got.num_accepted, want.num_accepted))
             row["mismatched_rows"] = int((got.tokens != want.tokens).any(-1).sum())
