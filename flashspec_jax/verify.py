@@ -51,6 +51,7 @@ def verify(
     seed=0,
     offset=0,
     impl: str | None = None,
+    config: kernels.VerifyKernelConfig | None = None,  # impl="pallas": tiling and loop variant (None: default)
 ) -> VerifyResult[jax.Array]:
     """Accept / reject the drafted tokens and draw the residual or bonus token (see SPEC.md)."""
     impl = resolve_impl(impl)
@@ -66,7 +67,7 @@ def verify(
     decision = verify_jit(
         *args, seed_lo, seed_hi, offset_lo,
         temperature=float(cfg.temperature), top_k=int(cfg.top_k), top_p=float(cfg.top_p), impl=impl,
-        interpret=not on_gpu(),
+        interpret=not on_gpu(), config=config,
     )
     if concrete and draft_logits is not None and draft_logprobs is None and not cfg.greedy:
         check_draft_support(np.asarray(decision.log_q_x), np.asarray(draft_tokens))
@@ -93,7 +94,7 @@ def make_counters(seed_lo, seed_hi, offset, batch: int) -> kernels.Counters:
     return kernels.Counters(full(seed_lo), full(seed_hi), full(offset), row)
 
 
-@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p", "impl", "interpret"))
+@functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p", "impl", "interpret", "config"))
 def verify_jit(
     z,  # [B, G+1, V]
     x,  # [B, G]
@@ -108,6 +109,7 @@ def verify_jit(
     top_p: float,
     impl: str,
     interpret: bool,
+    config: kernels.VerifyKernelConfig | None = None,
 ) -> kernels.Decision:
     c = make_counters(seed_lo, seed_hi, offset, z.shape[0])
     x = x.astype(jnp.int32)
@@ -116,7 +118,7 @@ def verify_jit(
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if impl == "reference":
         return kernels.verify_reference(z, x, w, log_q_given, c, **sampling)
-    return kernels.verify(z, x, w, log_q_given, c, **sampling, interpret=interpret)
+    return kernels.verify(z, x, w, log_q_given, c, **sampling, config=config, interpret=interpret)
 
 
 # ----------------------------------------------------------------------------- value checks

@@ -20,6 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from flashspec.config import SamplingConfig
@@ -28,6 +29,7 @@ from flashspec.contract import VerifyResult, check_verify_args
 from . import random as rng
 
 IMPLS = ("triton", "reference")
+VARIANTS = ("lanes", "tile")  # KernelConfig.stream / .sweep
 INT32_MAX = 2**31 - 1
 
 
@@ -44,6 +46,7 @@ def verify(
     offset: int | torch.Tensor = 0,  # int, or int tensor [] or [B]
     impl: str | None = None,  # "triton" (default on CUDA) or "reference" (default on CPU)
     validate: bool = False,  # value checks on a GPU too (a host sync); CPU tensors always get them
+    config: KernelConfig | None = None,  # impl="triton": the kernels' tiling and variants (None: choose_config)
 ) -> VerifyResult[torch.Tensor]:
     """Exact speculative verification (SPEC.md); num_accepted [B] int32, tokens [B, G+1] int32."""
     shape, cfg = check_verify_args(
@@ -57,7 +60,7 @@ def verify(
         check_values(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg)
     if impl == "reference":
         return verify_reference(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset)
-    return verify_triton(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset)
+    return verify_triton(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset, config)
 
 
 def default_impl(target_logits: torch.Tensor) -> str:
@@ -276,8 +279,15 @@ class KernelConfig:
     sweep_v: int = 4096  # vocabulary entries per step of the row-n sweep
     num_chunks: int = 1  # programs per batch row along V; 1: the single fused launch
     num_warps: int = 4
+    stream: str = "lanes"  # normaliser pass: "lanes" (row by row, per-thread running max / sum) or "tile"
+    sweep: str = "lanes"  # row-n sweep: "lanes" (per-slot running argmax, exp2 / lg2) or "tile"
+    fast_math: bool = True  # "lanes" on a GPU: lg2.approx for -log(E) and log r, z / T by FMA (never in the interpreter)
+    prune: bool = True  # "lanes" sweep: skip the keys of tiles that cannot hold the winner (exact)
 
     def __post_init__(self):
+        for name in ("stream", "sweep"):
+            if getattr(self, name) not in VARIANTS:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be one of {VARIANTS}")
         for name in ("block_b", "block_v", "sweep_v"):
             val = getattr(self, name)
             if not (isinstance(val, int) and val >= 1 and val & (val - 1) == 0):
@@ -298,23 +308,34 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def choose_config(batch: int, gamma: int, vocab: int, device: torch.device) -> KernelConfig:
-    """GPU: ~2K-element tiles and V split over programs until ~16 programs per SM (measured best;
-    no register spills at 8 warps on sm_90, see tests/torch/compile_sm90.py). Interpreter: few,
-    large programs."""
+def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, itemsize: int = 2) -> KernelConfig:
+    """GPU: V split over programs until ~16 programs per SM; "lanes" loops with 8 KB (bf16: 4096
+    logits) per program per step, fewer logits per step when the split needs more chunks.
+    Interpreter: few, large programs."""
     rows = next_pow2(gamma + 1)
     if device.type != "cuda" or interpreting():  # the interpreter: few, large programs
         block_v = max(16, min(next_pow2(vocab), 4096 // rows))
         block_b = min(next_pow2(batch), max(1, 2**18 // (rows * block_v)))
         return KernelConfig(block_b=block_b, block_v=block_v, sweep_v=max(16, min(next_pow2(vocab), 4096)))
-    # Measured on an H200 (benchmarks/results/verify_tuning.json): [1, ROWS, block_v] tiles of about
-    # 2K elements (4K for G = 8) and ~16 programs per SM (V split even for large B) were fastest;
-    # a single fused launch per row left the kernel 10-25% slower at B = 128-256, V = 128256.
+    target_programs = 16 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    wanted = min(math.ceil(target_programs / batch), 128 if batch < 8 else 32)
+    block_v = min(8192 // itemsize, max(256, next_pow2(math.ceil(vocab / wanted))))
+    chunks = min(math.ceil(vocab / block_v), wanted)
+    tiles = vocab / chunks / 1024  # sweep tiles per program: pruning pays from about 8 on flat rows
+    return KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4, prune=tiles >= 7.5)
+
+
+def tile_config(batch: int, gamma: int, vocab: int, device: torch.device) -> KernelConfig:
+    """The previous GPU default ("tile" loops), measured best for them on an H200
+    (benchmarks/results/verify_tuning.json): [1, ROWS, block_v] tiles of about 2K elements (4K for
+    G = 8) and ~16 programs per SM."""
+    rows = next_pow2(gamma + 1)
     block_v = 256 if rows >= 8 else 2048 // rows
     target_programs = 16 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
     blocks = math.ceil(vocab / block_v)
     chunks = min(blocks, math.ceil(target_programs / batch), 128 if batch < 8 else 32)
-    return KernelConfig(block_b=1, block_v=block_v, sweep_v=2048, num_chunks=chunks, num_warps=8)
+    return KernelConfig(block_b=1, block_v=block_v, sweep_v=2048, num_chunks=chunks, num_warps=8,
+                        stream="tile", sweep="tile")
 
 
 @functools.lru_cache(maxsize=None)
@@ -384,7 +405,7 @@ def verify_triton(
     kernels = load_kernels(z.device)
     b, g1, v = z.shape
     g, rows = g1 - 1, next_pow2(g1)
-    config = choose_config(b, g, v, z.device) if config is None else config
+    config = choose_config(b, g, v, z.device, z.element_size()) if config is None else config
     greedy = cfg.greedy
     has_w, has_lq = w is not None and not greedy, lq is not None and not greedy
     filtered = cfg.filtered and not greedy
@@ -404,6 +425,10 @@ def verify_triton(
     chunks = math.ceil(v / chunk)
     fused = chunks == 1
     tiles = math.ceil(b / config.block_b)
+    t32 = np.float32(cfg.temperature or 1.0)
+    temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
+    lanes = dict(LANES=config.stream == "lanes", VEC=max(1, 16 // z.element_size()),
+                 FAST=config.fast_math and not interpreting())
     tokens = torch.empty((b, g1), **i32)
     num = torch.empty((b,), **i32)
     if fused:
@@ -415,22 +440,24 @@ def verify_triton(
         counter = torch.empty((tiles,), **i32)
         kernels.verify_stats_kernel[(tiles, chunks)](
             z, w_arg, thr_p, tid_p, thr_q, tid_q, m_buf, l_buf, a_buf, counter,
-            b, v, chunk, chunks, float(cfg.temperature or 1.0),
+            b, v, chunk, chunks, *temps,
             z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
             G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
-            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, num_warps=config.num_warps,
+            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, num_warps=config.num_warps,
         )
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
     kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](
         z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
         z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride,
         m_buf, l_buf, a_buf, ck, ci, cf, counter, tokens, num,
-        b, v, chunk, chunks, float(cfg.temperature or 1.0),
+        b, v, chunk, chunks, *temps,
         z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
         x.stride(0), x.stride(1), *lq_strides,
         G=g, ROWS=rows, NC=next_pow2(chunks), BLOCK_B=config.block_b, BLOCK_V=config.block_v,
         SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq, FILTER=filtered, GREEDY=greedy, FUSED=fused,
         SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
-        PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, num_warps=config.num_warps,
+        PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, **lanes,
+        SWEEP_LANES=config.sweep == "lanes", PRUNE=config.prune,
+        num_warps=config.num_warps,
     )
     return VerifyResult(num_accepted=num, tokens=tokens)

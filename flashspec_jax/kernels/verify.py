@@ -67,6 +67,8 @@ from jax.experimental.pallas import triton as plt
 
 from flashspec_jax import random as rng
 
+from . import lanes
+
 NEG_INF = float("-inf")
 
 
@@ -78,8 +80,11 @@ class VerifyKernelConfig:
     num_warps: int = 8
     num_stages: int = 2
     min_programs: int = 264  # split V until B * NV reaches this (2 waves of 132 SMs)
+    loops: str = "tile"  # "tile" (a reduction per tile) or "lanes" (per-slot state, exp2 / lg2; lanes.py)
 
     def __post_init__(self):
+        if self.loops not in ("tile", "lanes"):
+            raise ValueError(f"{self.loops=} must be 'tile' or 'lanes'")
         if self.block_v < 16 or self.block_v & (self.block_v - 1):
             raise ValueError(f"{self.block_v=} must be a power of 2 >= 16")
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -155,6 +160,7 @@ def row_stats_kernel(
     greedy: bool,
     chunking: Chunking,
     exact_div: bool,
+    per_lane: bool,
 ):
     b, c = pl.program_id(0), pl.program_id(1)
     num_rows, vocab = a_ref.shape[1], a_ref.shape[2]
@@ -179,8 +185,14 @@ def row_stats_kernel(
             z, start = load(r, j)
             return update_argmax(*best, z, start)
 
+        def lanes_body(j, ml):  # raw logits; the scale folded into exp2 (the max divided outside)
+            return lanes.stats_step(load(r, j)[0], ml, lanes.LOG2E / temperature)
+
         init = jnp.float32(NEG_INF)
-        if greedy:
+        if not greedy and per_lane:
+            ml = lax.fori_loop(0, chunking.blocks, lanes_body, lanes.stats_init(bv))
+            m, second = lanes.stats_finish(ml, lanes.LOG2E / temperature)
+        elif greedy:
             m, second = lax.fori_loop(0, chunking.blocks, argmax_body, (init, c * chunking.blocks * bv))
         else:
             m, second = lax.fori_loop(0, chunking.blocks, stats_body, (init, jnp.float32(0)))
@@ -201,11 +213,13 @@ def row_stats(
 ) -> tuple[jax.Array, jax.Array]:  # [B, NV, Ra] f32, [B, NV, Ra] f32 (greedy: int32)
     batch, num_rows, vocab = a.shape
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
+    per_lane = config.loops == "lanes" and not greedy
     kernel = functools.partial(
         row_stats_kernel, temperature=temperature, greedy=greedy, chunking=chunking, exact_div=not interpret,
+        per_lane=per_lane,
     )
     shape = (batch, chunking.num_chunks, num_rows)
-    return pl.pallas_call(
+    m, l = pl.pallas_call(
         kernel,
         out_shape=[
             jax.ShapeDtypeStruct(shape, jnp.float32),
@@ -216,6 +230,7 @@ def row_stats(
         interpret=interpret,
         name="flashspec_row_stats",
     )(a)
+    return (scale(m, temperature), l) if per_lane else (m, l)  # per lane: the max of raw a, divided here (IEEE)
 
 
 def combine_logsumexp(m: jax.Array, l: jax.Array) -> jax.Array:
@@ -248,6 +263,7 @@ def final_draw_kernel(
     has_draft: bool,
     chunking: Chunking,
     exact_div: bool,
+    per_lane: bool,
 ):
     w_ref = refs[0] if has_draft else None
     r_val_ref, r_idx_ref, p_val_ref, p_idx_ref, any_ref = refs[1:] if has_draft else refs
@@ -276,9 +292,24 @@ def final_draw_kernel(
         p_val, p_idx = update_argmax(p_val, p_idx, log_p + g, start)
         return r_val, r_idx, p_val, p_idx, jnp.maximum(any_r, (jnp.max(res) > 0).astype(jnp.int32))
 
+    def lanes_body(j, carry):
+        start = (c * chunking.blocks + j) * bv
+        cols = start + jnp.arange(bv, dtype=jnp.int32)
+        inside = cols < vocab
+        z = plt.load(z_ref.at[b, n, cols], mask=inside, other=NEG_INF).astype(jnp.float32)
+        w = None
+        if has_draft:
+            i = jnp.minimum(n, gamma - 1)
+            w = plt.load(w_ref.at[b, i, cols], mask=inside & ~bonus, other=NEG_INF).astype(jnp.float32)
+        return lanes.sweep_step(carry, z, w, cols, key, x_n, lse_p, lse_q, lanes.LOG2E / temperature, exact_div)
+
     start = c * chunking.blocks * bv
-    init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
-    r_val, r_idx, p_val, p_idx, any_r = lax.fori_loop(0, chunking.blocks, body, init)
+    if per_lane:
+        carry = lax.fori_loop(0, chunking.blocks, lanes_body, lanes.sweep_init(bv, start))
+        r_val, r_idx, p_val, p_idx, any_r = lanes.sweep_finish(carry)
+    else:
+        init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
+        r_val, r_idx, p_val, p_idx, any_r = lax.fori_loop(0, chunking.blocks, body, init)
     r_val_ref[b, c] = r_val
     r_idx_ref[b, c] = r_idx
     p_val_ref[b, c] = p_val
@@ -303,7 +334,7 @@ def final_draw(
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
     kernel = functools.partial(
         final_draw_kernel, temperature=temperature, has_draft=w is not None, chunking=chunking,
-        exact_div=not interpret,
+        exact_div=not interpret, per_lane=config.loops == "lanes",
     )
     shape = (batch, chunking.num_chunks)
     f32, i32 = jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)

@@ -19,13 +19,21 @@ Two kernels, used either alone or as a pair:
   every chunk of every row has been normalised (a grid-wide dependency).
 
 Nothing of size V is ever written. All arithmetic is float32 after loading (bf16 / fp16 are upcast
-immediately), temperature is a true division (``div_rn``), and draft ids are masked: an id outside
-[0, V) is never read from memory (it counts as rejected and y is drawn from p).
+immediately) and draft ids are masked: an id outside [0, V) is never read from memory (it counts
+as rejected and y is drawn from p).
+
+The streaming loops come in two variants, chosen per launch by ``KernelConfig.stream`` /
+``.sweep`` (``flashspec_torch.verify``): "lanes" (the default; ``lanes.py``: rows one at a time,
+per-thread running state, exp2 with the scale folded in, keys in log2 units, exact pruning of
+sweep tiles) and "tile" (below: [BLOCK_B, ROWS, BLOCK_V] tiles reduced every step, z / T as
+``div_rn`` per logit). docs/kernel_notes.md has the instruction counts of both. The per-row
+scalars (the gathered z(x_i) / T of the accept test, lse) use ``div_rn`` in both.
 """
 
 import triton
 import triton.language as tl
 
+from .lanes import rows_stats_lanes, sweep_row_lanes
 from .random import gumbel_from_bits, key, mix, uniform_from_bits
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -195,9 +203,10 @@ def emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G: tl.constexpr, ROWS: tl.cons
 def verify_stats_kernel(
     z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1, V], [B, G, V], [B, G+1] x2, [B, G] x2
     m_ptr, l_ptr, a_ptr, counter_ptr,  # [B, C, 2, ROWS] f32 x2, [B, C, ROWS] i32, [tiles] i32
-    B, V, chunk, C, T, szb, szr, szv, swb, swr, swv,
+    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
-    HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr,
+    HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C)."""
     pid_b, pid_c = tl.program_id(0), tl.program_id(1)
@@ -216,6 +225,18 @@ def verify_stats_kernel(
         best, arg = row_argmax(z_rows, p_mask[:, :, None], v_lo, v_hi, szv, BLOCK_B, ROWS, BLOCK_V)
         tl.store(m_ptr + out, best, mask=p_mask)
         tl.store(a_ptr + (b64 * C + pid_c) * ROWS + r, arg, mask=p_mask)
+    elif LANES:
+        bb = b.to(tl.int64)
+        m, l = rows_stats_lanes(z_ptr, szb, szr, szv, thr_p_ptr, tid_p_ptr, bb, b_mask, G + 1, v_lo, v_hi, T, inv_T,
+                                BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+        tl.store(m_ptr + out, m, mask=p_mask)
+        tl.store(l_ptr + out, l, mask=p_mask)
+        if HAS_W_STATS:
+            q_mask = b_mask[:, None] & (r < G)
+            m, l = rows_stats_lanes(w_ptr, swb, swr, swv, thr_q_ptr, tid_q_ptr, bb, b_mask, G, v_lo, v_hi, T, inv_T,
+                                    BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+            tl.store(m_ptr + out + ROWS, m, mask=q_mask)
+            tl.store(l_ptr + out + ROWS, l, mask=q_mask)
     else:
         thr_p = tl.load(thr_p_ptr + b64 * (G + 1) + r, mask=p_mask, other=NEG_INF) if FILTER else 0.0
         tid_p = tl.load(tid_p_ptr + b64 * (G + 1) + r, mask=p_mask, other=0) if FILTER else 0
@@ -239,11 +260,12 @@ def verify_final_kernel(
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,  # [B] or [] int64, or scalars
     m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr,  # phase-1 partials; [B, C, 2] candidates
     tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
-    B, V, chunk, C, T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
     G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
-    PER_ROW_SEED: tl.constexpr,
+    PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, C)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
@@ -267,6 +289,14 @@ def verify_final_kernel(
     if FUSED:
         if GREEDY:
             _, arg = row_argmax(z_rows[:, :, None], p_mask[:, :, None], 0, V, szv, BLOCK_B, ROWS, BLOCK_V)
+        elif LANES:
+            m, l = rows_stats_lanes(z_ptr, szb, szr, szv, thr_p_ptr, tid_p_ptr, b64, b_mask, G + 1, 0, V, T, inv_T,
+                                    BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+            lse_p = m + safe_log(l)
+            if HAS_W_STATS:
+                m, l = rows_stats_lanes(w_ptr, swb, swr, swv, thr_q_ptr, tid_q_ptr, b64, b_mask, G, 0, V, T, inv_T,
+                                        BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+                lse_q = m + safe_log(l)
         else:
             m, l = row_stats(z_rows[:, :, None], p_mask[:, :, None], 0, V, szv, T, thr_p, tid_p,
                              BLOCK_B, ROWS, BLOCK_V, FILTER)
@@ -329,12 +359,20 @@ def verify_final_kernel(
         k_final = key(lo, hi, off, row, n.to(tl.uint32), tl.full((), FINAL_STREAM, tl.uint32))
         v_lo = pid_c * chunk
         v_hi = tl.minimum(v_lo + chunk, V)
-        best_r, idx_r, best_p, idx_p, mass = sweep_row(
-            z_ptr + b64 * szb + n.to(tl.int64) * szr, w_ptr + b64 * swb + n_q.to(tl.int64) * swr, szv, swv,
-            v_lo, v_hi, T, pick_row(lse_p, i, n), lse_qn, x_n,
-            pick_row(thr_p, i, n) if FILTER else 0.0, pick_row_int(tid_p, i, n) if FILTER else 0,
-            pick_row(thr_q, i, n_q) if FILTER and HAS_W else 0.0, pick_row_int(tid_q, i, n_q) if FILTER and HAS_W else 0,
-            k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER)
+        z_n = z_ptr + b64 * szb + n.to(tl.int64) * szr
+        w_n = w_ptr + b64 * swb + n_q.to(tl.int64) * swr
+        thr_pn = pick_row(thr_p, i, n) if FILTER else 0.0
+        tid_pn = pick_row_int(tid_p, i, n) if FILTER else 0
+        thr_qn = pick_row(thr_q, i, n_q) if FILTER and HAS_W else 0.0
+        tid_qn = pick_row_int(tid_q, i, n_q) if FILTER and HAS_W else 0
+        if SWEEP_LANES:
+            best_r, idx_r, best_p, idx_p, mass = sweep_row_lanes(
+                z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
+                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER, FAST, PRUNE)
+        else:
+            best_r, idx_r, best_p, idx_p, mass = sweep_row(
+                z_n, w_n, szv, swv, v_lo, v_hi, T, pick_row(lse_p, i, n), lse_qn, x_n,
+                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER)
         use_p = (n == G) | ~x_n_ok  # the bonus; or a masked draft id: y ~ p
         if FUSED:
             y = tl.where(use_p | (mass == 0), idx_p, idx_r)

@@ -16,14 +16,15 @@ import pytest
 testing = pytest.importorskip("flashspec.testing")
 
 from flashspec_jax import verify  # noqa: E402
+from flashspec_jax.kernels.verify import VerifyKernelConfig  # noqa: E402
 from flashspec_jax.verify import on_gpu  # noqa: E402
 
 
-def numpy_adapter(impl: str):
+def numpy_adapter(impl: str, config=None):
     """A callable with flashspec.reference.verify's NumPy signature over flashspec_jax.verify."""
 
     def verify_np(target_logits, draft_tokens, draft_logits=None, draft_logprobs=None, **kwargs):
-        res = verify(target_logits, draft_tokens, draft_logits, draft_logprobs, **kwargs, impl=impl)
+        res = verify(target_logits, draft_tokens, draft_logits, draft_logprobs, **kwargs, impl=impl, config=config)
         return type(res)(num_accepted=np.asarray(res.num_accepted), tokens=np.asarray(res.tokens))
 
     return verify_np
@@ -37,3 +38,10 @@ def test_pallas_is_exact():
     full = on_gpu() or os.environ.get("FLASHSPEC_FULL_SUITE") == "1"
     sizes = {} if full else dict(n_samples=10_000, ks_samples=5_000)
     testing.assert_exact(numpy_adapter("pallas"), **sizes)
+
+
+def test_pallas_lanes_is_exact():
+    """The per-lane loop bodies (VerifyKernelConfig(loops="lanes"), flashspec_jax/kernels/lanes.py)."""
+    full = on_gpu() or os.environ.get("FLASHSPEC_FULL_SUITE") == "1"
+    sizes = {} if full else dict(n_samples=10_000, ks_samples=5_000)
+    testing.assert_exact(numpy_adapter("pallas", VerifyKernelConfig(loops="lanes")), **sizes)

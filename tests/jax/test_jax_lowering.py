@@ -19,10 +19,13 @@ from flashspec_jax.verify import make_counters
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
 
 
-def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits"):
+def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits", loops="tile"):
+    config = kernels.VerifyKernelConfig(loops=loops)
+
     def f(z, x, w, lq, seed):
         c = make_counters(seed, seed, seed, z.shape[0])
-        d = kernels.verify(z, x, w, lq, c, temperature=temperature, top_k=top_k, top_p=top_p, interpret=False)
+        d = kernels.verify(z, x, w, lq, c, temperature=temperature, top_k=top_k, top_p=top_p, config=config,
+                           interpret=False)
         return d.num_accepted, d.tokens
 
     spec = jax.ShapeDtypeStruct
@@ -52,3 +55,9 @@ def test_lowers_to_triton(batch, gamma, vocab, dtype, temperature, top_k, top_p,
     assert exported.platforms == ("cuda",)
     text = exported.mlir_module()
     assert sum(text.count(name) for name in TRITON_CALLS) == kernels_expected
+
+
+@pytest.mark.parametrize("draft,temperature", [("logits", 0.7), ("logprobs", 1.0), ("onehot", 0.9)])
+def test_lanes_loops_lower_to_triton(draft, temperature):
+    exported = export_for_cuda(4, 4, 32000, jnp.bfloat16, temperature=temperature, draft=draft, loops="lanes")
+    assert sum(exported.mlir_module().count(name) for name in TRITON_CALLS) == (3 if draft == "logits" else 2)

@@ -119,8 +119,10 @@ def test_parity_masked_vocabulary_and_equal_draft():
         kernels.VerifyKernelConfig(block_v=64, min_programs=1),  # one chunk, many tiles
         kernels.VerifyKernelConfig(block_v=32, min_programs=8),  # chunks of several tiles
         kernels.VerifyKernelConfig(block_v=16, min_programs=1000),  # one tile per chunk
+        kernels.VerifyKernelConfig(block_v=64, min_programs=1, loops="lanes"),  # per-slot state, exp2 / lg2
+        kernels.VerifyKernelConfig(block_v=32, min_programs=8, loops="lanes"),
     ],
-    ids=["one-chunk", "chunks", "tile-per-chunk"],
+    ids=["one-chunk", "chunks", "tile-per-chunk", "lanes-one-chunk", "lanes-chunks"],
 )
 @pytest.mark.parametrize("temperature,draft", [(1.0, "logits"), (0.7, "logprobs"), (1.0, "onehot"), (0.0, "logits")])
 def test_kernel_tilings(config, temperature, draft):

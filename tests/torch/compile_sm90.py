@@ -33,7 +33,7 @@ def signature(fn, constexprs: dict, logits: str) -> dict:
             sig[name] = "*fp32"
         elif name.endswith("_ptr"):
             sig[name] = f"*{logits}"
-        elif name == "T":
+        elif name in ("T", "inv_T"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
@@ -47,16 +47,34 @@ def compile_variant(fn, logits: str, **constexprs) -> int:
 
 
 COMMON = dict(G=4, ROWS=8, BLOCK_B=1, BLOCK_V=512)
-FINAL = dict(NC=16, SWEEP_V=2048, SEED_TENSOR=False, OFFSET_TENSOR=False, PER_ROW_SEED=False)
+FINAL = dict(NC=16, SWEEP_V=2048)
+COUNTERS = dict(SEED_TENSOR=False, OFFSET_TENSOR=False, PER_ROW_SEED=False)  # scalar seed / offset
+TILE = dict(LANES=False, VEC=8, FAST=False)  # KernelConfig(stream="tile", sweep="tile")
+LANES = dict(LANES=True, VEC=8, FAST=True)  # the default: "lanes" loops, fast lg2 and FMA division
+LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
 VARIANTS = [
-    (kernels.verify_stats_kernel, "fp32", dict(HAS_W_STATS=True, FILTER=True, GREEDY=False)),
-    (kernels.verify_stats_kernel, "bf16", dict(HAS_W_STATS=False, FILTER=False, GREEDY=True)),
-    (kernels.verify_final_kernel, "fp32", dict(FINAL, HAS_W=True, HAS_LQ=False, FILTER=True, GREEDY=False, FUSED=True,
-                                               SEED_TENSOR=True, OFFSET_TENSOR=True, PER_ROW_SEED=True)),
-    (kernels.verify_final_kernel, "bf16", dict(FINAL, HAS_W=True, HAS_LQ=True, FILTER=False, GREEDY=False, FUSED=False)),
-    (kernels.verify_final_kernel, "fp16", dict(FINAL, HAS_W=False, HAS_LQ=False, FILTER=False, GREEDY=False, FUSED=False)),
-    (kernels.verify_final_kernel, "fp32", dict(FINAL, HAS_W=False, HAS_LQ=False, FILTER=False, GREEDY=True, FUSED=False)),
-    (kernels.verify_final_kernel, "bf16", dict(FINAL, HAS_W=True, HAS_LQ=False, FILTER=False, GREEDY=True, FUSED=True)),
+    (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
+    (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
+    (kernels.verify_stats_kernel, "fp32", dict(**LANES4, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
+    (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **TILE, SWEEP_LANES=False, PRUNE=False, HAS_W=True, HAS_LQ=False, FILTER=True,
+                                               GREEDY=False, FUSED=True, SEED_TENSOR=True, OFFSET_TENSOR=True,
+                                               PER_ROW_SEED=True)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **TILE, SWEEP_LANES=False, PRUNE=False, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False)),
+    (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **TILE, SWEEP_LANES=False, PRUNE=False, HAS_W=False, HAS_LQ=False, FILTER=False,
+                                               GREEDY=False, FUSED=False)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **COUNTERS, **TILE, SWEEP_LANES=False, PRUNE=False, HAS_W=False, HAS_LQ=False, FILTER=False,
+                                               GREEDY=True, FUSED=False)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **TILE, SWEEP_LANES=False, PRUNE=False, HAS_W=True, HAS_LQ=False, FILTER=False,
+                                               GREEDY=True, FUSED=True)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=False,
+                                               FILTER=True, GREEDY=False, FUSED=True, SEED_TENSOR=True,
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False)),
+    (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
+                                               FILTER=False, GREEDY=False, FUSED=True)),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flashspec.contract import VerifyResult
-from flashspec_torch import verify
+from flashspec_torch import KernelConfig, verify
 
 testing = pytest.importorskip("flashspec.testing")
 
@@ -24,18 +24,24 @@ def as_tensor(a):
     return None if a is None else torch.from_numpy(np.array(a))  # a copy: keeps the dtype, drops broadcasting
 
 
-def numpy_adapter(impl: str):
+# The "tile" loops of the Triton kernels (KernelConfig.stream / .sweep; the default is "lanes"),
+# with the interpreter's large programs.
+TILE = KernelConfig(block_b=64, block_v=512, sweep_v=1024, stream="tile", sweep="tile")
+
+
+def numpy_adapter(impl: str, config: KernelConfig | None = None):
     """numpy arrays -> torch tensors -> flashspec_torch.verify(impl=...) -> numpy arrays."""
 
     def verify_np(target_logits, draft_tokens, draft_logits=None, draft_logprobs=None, **options):
         res = verify(as_tensor(target_logits), as_tensor(draft_tokens), as_tensor(draft_logits),
-                     as_tensor(draft_logprobs), impl=impl, **options)
+                     as_tensor(draft_logprobs), impl=impl, config=config, **options)
         return VerifyResult(res.num_accepted.numpy(), res.tokens.numpy())
 
     return verify_np
 
 
-@pytest.mark.parametrize("impl", ["reference", "triton"])
-def test_shared_exactness_suite(impl):
-    report = testing.assert_exact(numpy_adapter(impl), n_samples=N_SAMPLES, ks_samples=KS_SAMPLES)
+@pytest.mark.parametrize("impl,config", [("reference", None), ("triton", None), ("triton", TILE)],
+                         ids=["reference", "triton-lanes", "triton-tile"])
+def test_shared_exactness_suite(impl, config):
+    report = testing.assert_exact(numpy_adapter(impl, config), n_samples=N_SAMPLES, ks_samples=KS_SAMPLES)
     assert len(report.checks) > 50

@@ -10,6 +10,8 @@ from flashspec.config import SamplingConfig
 from flashspec_torch import KernelConfig, verify, verify_triton
 
 SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4)  # V over 4 programs: two launches
+TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="tile", sweep="tile")  # the tile loops
+MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
 
 
 def as_torch(a):
@@ -17,7 +19,7 @@ def as_torch(a):
 
 
 def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT):
-    """(oracle, torch reference, triton fused, triton split) results as numpy (n, tokens) pairs."""
+    """(oracle, torch reference, triton fused, triton split, tile variants) results as numpy (n, tokens) pairs."""
     z, w = as_torch(inp.z).to(dtype), as_torch(inp.w)
     w = None if w is None else w.to(dtype)
     zf = z.float().numpy()  # the oracle sees the same upcast values
@@ -30,11 +32,12 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     x, lq_t = as_torch(inp.x), as_torch(lq)
     got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
     got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
+    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in (TILE, MIXED))
     return (want.num_accepted, want.tokens), [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
 def assert_parity(want, got):
-    names = ("torch reference", "triton fused", "triton split-V")
+    names = ("torch reference", "triton fused", "triton split-V", "triton tile split-V", "triton tile/lanes fused")
     for name, (n, t) in zip(names, got):
         assert n.dtype == np.int32 and t.dtype == np.int32, name
         np.testing.assert_array_equal(n, want[0], err_msg=f"{name}: num_accepted")
@@ -143,3 +146,20 @@ def test_many_rows_many_samples_match():
     for offset in range(3):
         want, got = run_all(inp, cfg, offset=offset, split=split)
         assert_parity(want, got)
+
+
+@pytest.mark.parametrize("spread", [1.0, 6.0])  # flat rows, and peaked ones where most tiles are passed over
+@pytest.mark.parametrize("onehot", [False, True])
+def test_pruned_sweep_matches_the_oracle(spread, onehot):
+    """KernelConfig(prune=True) skips the keys of tiles that cannot hold the winner: same tokens."""
+    rng = np.random.default_rng(int(spread) + 10 * onehot)
+    cfg = SamplingConfig(temperature=0.9)
+    inp = make_inputs(rng, 6, 3, 4099, cfg, spread=spread, onehot=onehot)
+    want, _ = run_all(inp, cfg)
+    z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
+    w = None if inp.w is None else torch.from_numpy(inp.w)
+    for prune, chunks, block_b in ((True, 1, 2), (True, 3, 1), (False, 3, 2)):  # block_b=1: the GPU's scalar path
+        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune)
+        got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
+        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
+        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")

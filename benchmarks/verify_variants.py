@@ -1,0 +1,305 @@
+"""Variants of the Triton verify kernels (KernelConfig) against the memory floor, plus Pallas / jnp.
+
+    python benchmarks/verify_variants.py --out DIR     # on the H200: under 5 minutes (time guards skip the rest)
+    python benchmarks/verify_variants.py --dry-run     # tiny shapes on a CPU (Triton interpreter, Pallas interpret)
+
+Per shape (B, G, V, logits dtype, T; draft log-probs given, so a step needs one read of the target
+logits and of the draft row n): first every variant's tokens must equal the torch reference's
+(and, on a GPU, a CUDA-graph replay must equal eager); then each variant is timed as the median
+per-call time of CUDA-graph replays of one verify per input set (launch overhead removed) and as
+the eager median (``triton.testing.do_bench``), cycling through enough input sets to exceed the
+60 MB L2 three times (the timers of benchmarks/verify_kernels.py). ``x_floor`` = time / (bytes
+required / measured copy bandwidth).
+
+JAX: ``impl="pallas"`` (loops "tile" and "lanes") and ``impl="reference"`` timed without per-call dispatch: one jitted
+``lax.scan`` runs S verify steps over rotating input sets (each step's offset depends on the
+previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
+
+Writes DIR/verify_variants.json (default benchmarks/results/) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+JAX_SHAPES = [(256, 128256, 1.0), (256, 128256, 0.7), (32, 128256, 1.0), (32, 32000, 0.7), (1, 128256, 1.0)]  # (B, V, T)
+sys.path.insert(0, str(HERE))
+
+from verify_kernels import (  # noqa: E402  (benchmarks/ is on sys.path)
+    L2_BYTES, bytes_required, capture, copy_bandwidth_gbps, environment, input_sets, time_graph,
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ints = lambda s: [int(t) for t in s.split(",")]  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=ints, default=[256, 128, 32, 8, 1])
+    p.add_argument("--gamma", type=ints, default=[4, 8])
+    p.add_argument("--vocab", type=ints, default=[128256, 32000])
+    p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
+    p.add_argument("--temperatures", type=lambda s: [float(t) for t in s.split(",")], default=[1.0, 0.7])
+    p.add_argument("--budget-s", type=float, default=190.0, help="stop timing torch shapes after this many seconds (JAX: 80 s more)")
+    p.add_argument("--no-jax", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes; CPU (Triton interpreter, Pallas interpret)")
+    p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.batch, args.gamma, args.vocab, args.dtypes = [3, 1], [4], [1000], ["bfloat16", "float32"]
+    return args
+
+
+CORE = ("lanes", "tile", "lanes-no-prune", "lanes-prune")  # timed at every shape; the rest at ABLATION_SHAPES
+ABLATION_SHAPES = [(256, 4, 128256, "bfloat16", 0.7), (256, 4, 128256, "bfloat16", 1.0), (32, 4, 128256, "bfloat16", 0.7),
+                   (128, 8, 32000, "float32", 0.7)]  # (B, G, V, dtype, T)
+
+
+def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
+    """name -> KernelConfig; "lanes" is the default (choose_config)."""
+    from flashspec_torch.verify import KernelConfig, choose_config, interpreting, tile_config
+
+    if device.type != "cuda" or interpreting():
+        base = KernelConfig(block_b=1, block_v=256, sweep_v=128, num_chunks=2)
+        return {"lanes": base, "tile": dataclasses.replace(base, stream="tile", sweep="tile"),
+                "lanes-no-prune": dataclasses.replace(base, prune=False)}
+    lanes = choose_config(b, g, v, device, itemsize)
+    out = {
+        "lanes": lanes,
+        "tile": tile_config(b, g, v, device),
+        "lanes-stream+tile-sweep": dataclasses.replace(lanes, sweep="tile", sweep_v=2048, num_warps=4),
+        "tile-stream+lanes-sweep": dataclasses.replace(tile_config(b, g, v, device), sweep="lanes", sweep_v=1024),
+        "lanes-exact-log": dataclasses.replace(lanes, fast_math=False),
+        "lanes-no-prune": dataclasses.replace(lanes, prune=False),
+        "lanes-prune": dataclasses.replace(lanes, prune=True),
+        "lanes-sweep512": dataclasses.replace(lanes, sweep_v=512),
+        "lanes-w8": dataclasses.replace(lanes, num_warps=8, sweep_v=2048),
+        "lanes-half-chunks": dataclasses.replace(lanes, num_chunks=max(1, lanes.num_chunks // 2)),
+        "lanes-double-chunks": dataclasses.replace(lanes, num_chunks=lanes.num_chunks * 2,
+                                                   block_v=max(256, lanes.block_v // 2)),
+        "lanes-small-tiles": dataclasses.replace(lanes, block_v=max(256, lanes.block_v // 2), sweep_v=512),
+    }
+    return out
+
+
+# ----------------------------------------------------------------------------- torch
+
+
+def run_torch_shape(shape: dict, device, copy_gbps) -> list[dict]:
+    import torch
+    import triton.testing
+
+    from flashspec.config import SamplingConfig
+    from flashspec_torch import verify, verify_triton
+
+    on_gpu = device.type == "cuda"
+    sets = input_sets(shape, device)
+    b, t = shape["B"], shape["temperature"]
+    cfg = SamplingConfig(temperature=t)
+    seed = torch.full((b,), 7, dtype=torch.int64, device=device)
+    offset = torch.zeros((), dtype=torch.int64, device=device)
+    want = verify(**sets[0], temperature=t, seed=seed, offset=offset, impl="reference")
+    need = bytes_required(shape)
+    floor_ms = need / (copy_gbps * 1e9) * 1e3 if copy_gbps else None
+    itemsize = 2 if shape["dtype"] in ("bfloat16", "float16") else 4
+    rows = []
+    every = variants(b, shape["G"], shape["V"], itemsize, device)
+    key = (b, shape["G"], shape["V"], shape["dtype"], t)
+    for name, kc in every.items():
+        if on_gpu and name not in CORE and key not in ABLATION_SHAPES:
+            continue
+        def step(inp, kc=kc):
+            return verify_triton(inp["target_logits"], inp["draft_tokens"], inp["draft_logits"],
+                                 inp["draft_logprobs"], cfg, seed, offset, config=kc)
+
+        row = dict(backend="torch", impl="triton", variant=name, config=dataclasses.asdict(kc), **shape,
+                   bytes_required=need, floor_ms=floor_ms, buffers=len(sets))
+        try:
+            seed.fill_(7)
+            offset.fill_(0)  # the reference's randomness (a failed variant may have left others)
+            got = step(sets[0])
+            row["ok"] = bool(torch.equal(got.tokens, want.tokens) and torch.equal(got.num_accepted, want.num_accepted))
+            row["mismatched_rows"] = int((got.tokens != want.tokens).any(-1).sum())
+            if on_gpu:
+                graph, outs = capture(step, sets)
+                seed.fill_(11)
+                offset.fill_(5)
+                graph.replay()
+                eager = step(sets[-1])
+                torch.cuda.synchronize()
+                row["graph_ok"] = bool(torch.equal(outs[-1].tokens, eager.tokens))
+                seed.fill_(7)
+                offset.fill_(0)
+                row["graph_ms"] = time_graph(graph, len(sets), reps=15)
+                del graph, outs
+                cycle = itertools.cycle(sets)
+                row["eager_ms"] = triton.testing.do_bench(lambda: step(next(cycle)), warmup=5, rep=25,
+                                                          return_mode="median")
+                row["x_floor"] = row["graph_ms"] / floor_ms
+                row["eager_x_floor"] = row["eager_ms"] / floor_ms
+        except Exception as e:  # noqa: BLE001 - a variant that fails to compile or launch is reported
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(row)
+    del sets
+    if on_gpu:
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ----------------------------------------------------------------------------- jax
+
+
+def run_jax_shape(shape: dict) -> list[dict]:
+    """Pallas and jnp verify timed inside one jitted scan over rotating input sets."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from flashspec_jax import verify
+
+    b, g, v, dtype, t = shape["B"], shape["G"], shape["V"], shape["dtype"], shape["temperature"]
+    on_gpu = jax.default_backend() in ("gpu", "cuda")
+    per_set = (g + 1) * b * v * jnp.dtype(dtype).itemsize + b * v * jnp.dtype(dtype).itemsize
+    k = max(2, min(32, math.ceil(3 * L2_BYTES / per_set)))
+    steps = max(k, 32) if on_gpu else 2
+    key = jax.random.key(b * 7919 + g * 31 + v)
+    kz, kw, kg = jax.random.split(key, 3)
+    z = (2.0 * jax.random.normal(kz, (k, b, g + 1, v), jnp.float32)).astype(dtype)
+    w = (z[:, :, :g].astype(jnp.float32) + 1.4 * jax.random.normal(kw, (k, b, g, v), jnp.float32)).astype(dtype)
+    log_q = jax.nn.log_softmax(w.astype(jnp.float32) / t, axis=-1)
+    x = jnp.argmax(log_q + jax.random.gumbel(kg, log_q.shape), axis=-1).astype(jnp.int32)
+    lq = jnp.take_along_axis(log_q, x[..., None], axis=-1)[..., 0]
+    del log_q
+    from flashspec_jax.kernels.verify import VerifyKernelConfig
+
+    rows = []
+    outs = {}
+    for name, impl, config in (("pallas", "pallas", None), ("pallas-lanes", "pallas", VerifyKernelConfig(loops="lanes")),
+                               ("reference", "reference", None)):
+        def run(z, x, w, lq, impl=impl, config=config):
+            def body(acc, i):
+                j = i % k
+                res = verify(z[j], x[j], w[j], lq[j], seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl,
+                             config=config)
+                return acc + res.tokens.sum().astype(jnp.uint32), res.tokens
+            return jax.lax.scan(body, jnp.uint32(0), jnp.arange(steps))
+
+        fn = jax.jit(run)
+        row = dict(backend="jax", impl=name, **shape, steps=steps, buffers=k, bytes_required=bytes_required(shape))
+        try:
+            acc, toks = fn(z, x, w, lq)
+            jax.block_until_ready(acc)
+            outs[name] = np.asarray(toks)
+            times = []
+            for _ in range(5 if on_gpu else 1):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(z, x, w, lq)[0])
+                times.append(time.perf_counter() - t0)
+            row["loop_ms"] = 1e3 * sorted(times)[len(times) // 2] / steps
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(row)
+    for row in rows:
+        row["ok"] = "reference" in outs and row["impl"] in outs and bool(np.array_equal(outs[row["impl"]], outs["reference"]))
+    return rows
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def shapes_from(args) -> list[dict]:
+    """The ablation shapes first, then largest batches first (the x_floor goal is for B >= 32)."""
+    grid = [(b, g, v, d, t) for b, v, d, g, t in
+            itertools.product(args.batch, args.vocab, args.dtypes, args.gamma, args.temperatures)]
+    first = [k for k in ABLATION_SHAPES if k in grid]
+    return [dict(B=b, G=g, V=v, dtype=d, temperature=t, draft="logprobs")
+            for b, g, v, d, t in first + [k for k in grid if k not in first]]
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'B':>4} {'G':>2} {'V':>6} {'dtype':8} {'T':>4} {'variant':26} {'graph us':>9} {'eager us':>9} "
+             f"{'x floor':>7} ok"]
+    for r in rows:
+        if r["backend"] != "torch":
+            continue
+        g_us = 1e3 * r["graph_ms"] if r.get("graph_ms") else float("nan")
+        e_us = 1e3 * r["eager_ms"] if r.get("eager_ms") else float("nan")
+        lines.append(f"{r['B']:4d} {r['G']:2d} {r['V']:6d} {r['dtype']:8} {r['temperature']:4.1f} {r['variant']:26} "
+                     f"{g_us:9.1f} {e_us:9.1f} {r.get('x_floor', float('nan')):7.2f} {r.get('ok')}"
+                     + (f" ERROR {r['error'][:60]}" if "error" in r else ""))
+    for r in rows:
+        if r["backend"] == "jax":
+            ms = r.get("loop_ms")
+            lines.append(f"{r['B']:4d} {r['G']:2d} {r['V']:6d} {r['dtype']:8} {r['temperature']:4.1f} "
+                         f"{'jax/' + r['impl']:26} {'':9} {1e3 * ms if ms else float('nan'):9.1f} (in-jit loop) "
+                         f"{r.get('ok')}" + (f" ERROR {r['error'][:60]}" if "error" in r else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        if not args.dry_run:
+            print("no CUDA device: use --dry-run (tiny shapes through the Triton interpreter)")
+            return 2
+        os.environ["TRITON_INTERPRET"] = "1"  # before flashspec_torch defines its kernels
+    device = torch.device("cuda" if on_gpu else "cpu")
+    t0 = time.perf_counter()
+    copy_gbps = copy_bandwidth_gbps(device) if on_gpu else None
+    rows, skipped = [], []
+    for shape in shapes_from(args):
+        if time.perf_counter() - t0 > args.budget_s:
+            skipped.append(shape)
+            continue
+        new = run_torch_shape(shape, device, copy_gbps)
+        rows.extend(new)
+        best = min((r for r in new if r.get("graph_ms")), key=lambda r: r["graph_ms"], default=None)
+        print(f"B={shape['B']:4d} G={shape['G']} V={shape['V']:6d} {shape['dtype']:8s} T={shape['temperature']}: "
+              + " ".join(f"{r['variant']}={1e3 * r['graph_ms']:.0f}us" if r.get("graph_ms") else
+                         f"{r['variant']}:{'ok' if r.get('ok') else 'FAIL'}" for r in new)
+              + (f"  best {best['variant']} {best['x_floor']:.2f}x floor" if best else ""), flush=True)
+    jax_status = "skipped (--no-jax)"
+    if not args.no_jax:
+        try:
+            grid = JAX_SHAPES if on_gpu else [(3, 1000, 1.0), (3, 1000, 0.7)]
+            jax_shapes = [dict(B=b, G=4, V=v, dtype="bfloat16", temperature=t, draft="logprobs") for b, v, t in grid]
+            for shape in jax_shapes:
+                if time.perf_counter() - t0 > args.budget_s + 80:
+                    skipped.append(shape)
+                    continue
+                rows.extend(run_jax_shape(shape))
+            jax_status = "ok"
+        except Exception as e:  # noqa: BLE001 - keep the torch results
+            jax_status = f"failed: {type(e).__name__}: {e}"[:300]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = dict(environment=environment(device), copy_bandwidth_gbps=copy_gbps, jax=jax_status,
+                  seconds=time.perf_counter() - t0, skipped=skipped,
+                  all_tokens_match=all(r.get("ok", False) for r in rows),
+                  all_graphs_match=all(r.get("graph_ok", True) for r in rows), rows=rows)
+    try:
+        import jax
+
+        result["environment"]["jax"] = jax.__version__
+    except ImportError:
+        pass
+    (out / "verify_variants.json").write_text(json.dumps(result, indent=1))
+    print(table(rows))
+    print(f"wrote {out / 'verify_variants.json'} ({len(rows)} rows, {result['seconds']:.0f} s, "
+          f"{len(skipped)} shapes skipped by the time guard); tokens match: {result['all_tokens_match']}; jax: {jax_status}")
+    return 0 if result["all_tokens_match"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

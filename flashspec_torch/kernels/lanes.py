@@ -1,0 +1,256 @@
+"""Per-lane streaming device functions for the verify kernels (``KernelConfig(stream="lanes",
+sweep="lanes")``; the instruction counts behind them are in docs/kernel_notes.md).
+
+Both loops keep their running state per thread (per vector of VEC logits, or per logit) and reduce
+across threads once, after the loop: no shuffles or barriers per tile, no padding of the G+1 rows
+to a power of two (one row at a time), exponentials as ``exp2`` with the log2(e) / T scale folded
+into one FFMA, and (with ``FAST``, on a GPU only) the fast hardware ``lg2`` where an absolute
+error of ~1e-7 is below the float32 rounding of the key it enters.
+
+A program owns BLOCK_B batch rows (1 on the GPU, many in the interpreter).
+"""
+
+import triton
+import triton.language as tl
+
+from .random import mix
+
+NEG_INF = tl.constexpr(float("-inf"))
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+PRUNE_SLACK = tl.constexpr(0.01)  # log2 units; both sides' rounding is below 1e-5
+
+
+@triton.jit
+def log2_approx(x, FAST: tl.constexpr):  # float32 >= 0 -> log2(x), -inf at 0
+    """lg2.approx.ftz (one MUFU op, absolute error ~2**-22) on the GPU; exact log2 otherwise (the
+    interpreter runs no inline assembly)."""
+    if FAST:
+        y = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+    else:
+        y = tl.where(x > 0, tl.math.log2(tl.where(x > 0, x, 1.0)), NEG_INF)
+    return y
+
+
+@triton.jit
+def div_t(z, T, inv_T, FAST: tl.constexpr):  # float32 z / T, correctly rounded
+    """z / T without a division per element on the GPU: q = RN(z * RN(1/T)), then one FMA
+    correction (Markstein): q + (z - q T) / T rounded once, as CUDA's div.rn fast path (checked
+    against RN(z / T) on 48M float32 z in [2**-30, 2**12] for 12 temperatures; docs/kernel_notes.md).
+    -inf stays -inf (the FMA of inf would be NaN). The interpreter's fma rounds twice, so it
+    divides (div_rn)."""
+    if FAST:
+        q = z * inv_T
+        r = tl.math.fma(-q, T, z)
+        y = tl.where(q == NEG_INF, q, tl.math.fma(r, inv_T, q))
+    else:
+        y = tl.math.div_rn(z, T)
+    return y
+
+
+@triton.jit
+def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows, row_mask, thr, thr_id: [BB]
+                  BLOCK_B: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr, VEC: tl.constexpr,
+                  FAST: tl.constexpr):
+    """(max s, sum exp(s - max s)) over [v_lo, v_hi) of BLOCK_B rows, s = filter(z / T): two [BB].
+
+    rows: pointers to each row's first logit, sv the stride along V (1 in practice: the JIT
+    specialises it). Each thread owns vectors of VEC logits (one 16-byte load each, the next tile's
+    issued before this tile's arithmetic) and keeps a running max and sum per vector: one exp2 per logit plus one per vector, FFMA-folded scale, no
+    cross-thread reduction until the end. Without FILTER the max is taken on raw z (T > 0) and
+    z / T is never formed: exp((z - m) / T) = exp2(z k - m k), k = log2(e) / T.
+    """
+    t = (tl.arange(0, NT)[:, None] * VEC + tl.arange(0, VEC)[None, :])[None, :, :]  # [1, NT, VEC]
+    ptrs = rows[:, None, None]
+    live = row_mask[:, None, None]
+    if FILTER:
+        k = LOG2E
+    else:
+        k = LOG2E * inv_T
+    m = tl.full((BLOCK_B, NT), NEG_INF, tl.float32)
+    l = tl.zeros((BLOCK_B, NT), tl.float32)
+    j = v_lo + t
+    a_next = tl.load(ptrs + j.to(tl.int64) * sv, mask=live & (j < v_hi), other=NEG_INF)
+    for v0 in range(v_lo, v_hi, NT * VEC):
+        j = v0 + t
+        x = a_next.to(tl.float32)
+        jn = j + NT * VEC  # prefetch the next tile (masked off past the end)
+        a_next = tl.load(ptrs + jn.to(tl.int64) * sv, mask=live & (jn < v_hi), other=NEG_INF)
+        if FILTER:
+            x = div_t(x, T, inv_T, FAST)
+            x = tl.where((x > thr[:, None, None]) | ((x == thr[:, None, None]) & (j <= thr_id[:, None, None])), x, NEG_INF)
+        m_new = tl.maximum(m, tl.max(x, axis=2))
+        mk = tl.where(m_new == NEG_INF, 0.0, m_new) * k
+        l = l * tl.math.exp2(m * k - mk) + tl.sum(tl.math.exp2(x * k - mk[:, :, None]), axis=2)
+        m = m_new
+    m_all = tl.max(m, axis=1)
+    mk = tl.where(m_all == NEG_INF, 0.0, m_all) * k
+    l_all = tl.sum(l * tl.math.exp2(m * k - mk[:, None]), axis=1)
+    if not FILTER:
+        m_all = tl.math.div_rn(m_all, T)  # max z / T, the scale of s
+    return m_all, l_all
+
+
+@triton.jit
+def lse_of(m, l):  # from row_lse_lanes -> log-sum-exp (-inf for an empty range)
+    return m + tl.where(l > 0, tl.log(tl.where(l > 0, l, 1.0)), NEG_INF)
+
+
+@triton.jit
+def neg_log_uniform(b):  # uint32 bits -> E = -log(u), u = (2 (b >> 9) + 1) 2**-24: the generator's uniform
+    """-log u within 0.87 ulp for every one of the 2**23 uniforms (checked against float64; NumPy's
+    float32 log is within 3.8 ulp): libdevice logf's range reduction and polynomial without its
+    special cases (u is a normal float in [2**-24, 1)), the 2**-24 folded into the exponent."""
+    n = ((b >> 9) * 2 + 1).to(tl.int32).to(tl.float32)  # 2m + 1, exactly
+    bits = n.to(tl.int32, bitcast=True)
+    e_bits = (bits - 0x3F2AAAAB) & -8388608  # exponent of n such that its mantissa m is in [2/3, 4/3)
+    f = (bits - e_bits).to(tl.float32, bitcast=True) - 1.0  # m - 1, exact
+    e = e_bits.to(tl.float32) * 1.1920928955078125e-07 - 24.0
+    p = tl.math.fma(f, -0.13018856942653656, 0.1408461034297943)
+    p = tl.math.fma(f, p, -0.12148627638816833)
+    p = tl.math.fma(f, p, 0.1398061066865921)
+    p = tl.math.fma(f, p, -0.16684235632419586)
+    p = tl.math.fma(f, p, 0.20012299716472626)
+    p = tl.math.fma(f, p, -0.24999669194221497)
+    p = tl.math.fma(f, p, 0.333331823348999)
+    p = tl.math.fma(f, p, -0.5)
+    r = tl.math.fma(f, f * p, f)  # log m
+    return -tl.math.fma(e, LN2, r)
+
+
+@triton.jit
+def column(a, BLOCK_B: tl.constexpr):  # [BB] -> [BB, 1]; a scalar when BLOCK_B == 1
+    """With one batch row per program the per-row values enter the loops as scalars: a [1]
+    vector computed from the [BB, NC, ROWS] partials would otherwise lend its layout to the
+    per-logit arithmetic (measured: 6x the instructions, 255 registers at NC = 16)."""
+    if BLOCK_B == 1:
+        c = tl.max(a, axis=0)
+    else:
+        c = a[:, None]
+    return c
+
+
+@triton.jit
+def keep(s, j, thr, tid):  # top-k / top-p cut (thr, tid: columns) on [BB, S] scaled logits
+    return tl.where((s > thr) | ((s == thr) & (j <= tid)), s, NEG_INF)
+
+
+@triton.jit
+def log2_scaled(a, j, k, lse2, T, inv_T, thr, tid, FILTER: tl.constexpr, FAST: tl.constexpr):
+    """log2 of the probabilities of raw logits a: (filter(a / T) - lse) log2(e). Without a filter
+    one FFMA, a k - lse log2(e) with k = log2(e) / T; the cut compares exact a / T with thr.
+    lse2, thr, tid: columns."""
+    x = a.to(tl.float32)
+    if FILTER:
+        x = keep(div_t(x, T, inv_T, FAST), j, thr, tid)
+    return x * k - lse2
+
+
+@triton.jit
+def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
+                    k_final, b_mask, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
+                    FILTER: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr):
+    """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the keys
+    of ``sweep_row`` scaled by log2(e) (the same argmax), every logit slot keeping its own running
+    best (no reduction per tile), the next tile's logits loaded before this tile's arithmetic.
+
+    key_p = lp2 + g2 (bonus and fallback), key_r = log2 max(0, p - q) + g2 (residual), where lp2 =
+    log2 p, g2 = -log2(E), E = -log(u) (neg_log_uniform: u near 1 decides the winners). Returns
+    (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB].
+
+    PRUNE skips the keys of a tile that cannot change the result: E >= 1 - u, so both keys are at
+    most lp2 + 24 - log2(2**24 (1 - u)) (an integer from the hash bits; log2 r <= lp2), and a
+    tile none of whose logits reaches K = min(best key_p, best key_r) so far (minus a slack far
+    above the rounding of either side) is passed over. K stays -inf until some residual mass was
+    seen, so the mass flag is exact too. Exact by construction; it saves work once K is high
+    (after a few tiles on flat rows, almost at once on peaked ones).
+    """
+    j0 = tl.arange(0, SWEEP_V)[None, :]
+    z_rows = z_row[:, None]
+    w_rows = w_row[:, None]
+    live = b_mask[:, None]
+    if FILTER:
+        k = LOG2E
+    else:
+        k = LOG2E * inv_T
+    lse_p2 = column(lse_p * LOG2E, BLOCK_B)
+    lse_q2 = column(lse_q * LOG2E, BLOCK_B)
+    key_n = column(k_final, BLOCK_B)
+    if FILTER:
+        thr_p, tid_p = column(thr_p, BLOCK_B), column(tid_p, BLOCK_B)
+        if HAS_W:
+            thr_q, tid_q = column(thr_q, BLOCK_B), column(tid_q, BLOCK_B)
+    if not HAS_W:
+        x_n = column(x_n, BLOCK_B)
+    best_r = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
+    best_p = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
+    idx_r = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
+    idx_p = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
+    mass = tl.zeros((BLOCK_B, SWEEP_V), tl.float32)
+    j = v_lo + j0
+    z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+    if HAS_W:
+        w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
+    floor = column(tl.max(best_p, axis=1), BLOCK_B)  # K (-inf): a key some logit already reached
+    for v0 in range(v_lo, v_hi, SWEEP_V):
+        j = v0 + j0
+        z = z_next
+        jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
+        z_next = tl.load(z_rows + jn.to(tl.int64) * sv_z, mask=live & (jn < v_hi), other=NEG_INF)
+        if HAS_W:
+            w = w_next
+            w_next = tl.load(w_rows + jn.to(tl.int64) * sv_w, mask=live & (jn < v_hi), other=NEG_INF)
+        lp2 = log2_scaled(z, j, k, lse_p2, T, inv_T, thr_p, tid_p, FILTER, FAST)
+        bits = mix(key_n ^ j.to(tl.uint32))
+        todo = 1
+        if PRUNE:
+            t = (16777215 - 2 * (bits >> 9)).to(tl.int32).to(tl.float32)  # 2**24 (1 - u), in [1, 2**24)
+            bound = lp2 + (24.0 - log2_approx(t, FAST))
+            todo = tl.max(tl.max((bound >= floor - PRUNE_SLACK).to(tl.int32), axis=1), axis=0)
+        if todo > 0:
+            g2 = -log2_approx(neg_log_uniform(bits), FAST)
+            key = lp2 + g2
+            better = key > best_p  # strict: a slot keeps its earlier (lower) index on ties
+            best_p = tl.where(better, key, best_p)
+            idx_p = tl.where(better, j, idx_p)
+            if HAS_W:
+                q = tl.math.exp2(log2_scaled(w, j, k, lse_q2, T, inv_T, thr_q, tid_q, FILTER, FAST))
+            else:
+                q = tl.where(j == x_n, 1.0, 0.0)  # one-hot draft
+            r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
+            mass = tl.maximum(mass, r)
+            key = log2_approx(r, FAST) + g2
+            better = key > best_r
+            best_r = tl.where(better, key, best_r)
+            idx_r = tl.where(better, j, idx_r)
+            if PRUNE:
+                floor = column(tl.minimum(tl.max(best_p, axis=1), tl.max(best_r, axis=1)), BLOCK_B)
+    k_r = tl.max(best_r, axis=1)
+    k_p = tl.max(best_p, axis=1)
+    i_r = tl.min(tl.where(best_r == k_r[:, None], idx_r, 2147483647), axis=1)
+    i_p = tl.min(tl.where(best_p == k_p[:, None], idx_p, 2147483647), axis=1)
+    return k_r, i_r, k_p, i_p, (tl.max(mass, axis=1) > 0).to(tl.int32)
+
+
+@triton.jit
+def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_lo, v_hi, T, inv_T,
+                     BLOCK_B: tl.constexpr, ROWS: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr,
+                     VEC: tl.constexpr, FAST: tl.constexpr):
+    """row_lse_lanes over the n_rows rows of each batch row, one row after the other (no padding
+    rows are streamed): (max, sum-exp) as two [BB, ROWS], -inf / 0 in rows >= n_rows."""
+    i = tl.arange(0, ROWS)[None, :]
+    m_all = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
+    l_all = tl.zeros((BLOCK_B, ROWS), tl.float32)
+    for k in range(n_rows):
+        if FILTER:
+            thr = tl.load(thr_ptr + b64 * n_rows + k, mask=b_mask, other=NEG_INF)
+            tid = tl.load(tid_ptr + b64 * n_rows + k, mask=b_mask, other=0)
+        else:
+            thr = tl.zeros((BLOCK_B,), tl.float32)
+            tid = tl.zeros((BLOCK_B,), tl.int32)
+        m, l = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
+                             BLOCK_B, FILTER, NT, VEC, FAST)
+        m_all = tl.where(i == k, m[:, None], m_all)
+        l_all = tl.where(i == k, l[:, None], l_all)
+    return m_all, l_all
