@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -68,16 +69,19 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperatures", default="0,0.7")
-    ap.add_argument("--drafts", default="ngram,nf4,layerskip", help="comma-separated draft names")
+    ap.add_argument("--draft", action="append", help="a draft name; repeat (default ngram, nf4, layerskip)")
     ap.add_argument("--domains", default=",".join(DOMAINS))
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/drafts_by_domain.json"))
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a shared 2-core machine more threads thrash)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     from flashspec_torch.nf4 import quantize_nf4
     from flashspec_torch.weights import load
 
     torch.manual_seed(0)
     target = load(None)
-    names = args.drafts.split(",")
+    names = args.draft or ["ngram", "nf4", "layerskip"]
     nf4_model = quantize_nf4(target.model) if "nf4" in names else None
     engines = make_engines(names, target, nf4_model)
     plain = next(iter(engines.values()))
@@ -100,8 +104,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     result = {
-        "command": f"python benchmarks/drafts_by_domain.py --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
-                   f"--gamma {args.gamma} --temperatures {args.temperatures} --drafts {args.drafts} --domains {args.domains}",
+        "command": "python " + shlex.join(sys.argv),
         **machine(),
         "gamma": args.gamma,
         "drafts": {n: (e.drafts[0].name, sorted(getattr(e.drafts[0], "skip", ()))) for n, e in engines.items()},

@@ -153,7 +153,10 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/drafts_layerskip_search.json"))
     ap.add_argument("--rescore", type=Path, help="recompute the gains of this saved search and exit")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a shared 2-core machine more threads thrash)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     if args.rescore:
         return rescore(args.rescore)
     from flashspec_torch.engine import Engine

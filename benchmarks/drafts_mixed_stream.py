@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -58,17 +59,20 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--drafts", default="ngram,nf4,layerskip")
+    ap.add_argument("--draft", action="append", help="a draft name; repeat (default ngram, nf4, layerskip)")
     ap.add_argument("--policies", default="thompson-token", help="comma-separated bandit policies")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/drafts_mixed_stream.json"))
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a shared 2-core machine more threads thrash)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     from flashspec_torch.engine import Engine
     from flashspec_torch.nf4 import quantize_nf4
     from flashspec_torch.weights import LoadedModel, load
 
     torch.manual_seed(0)
     target = load(None)
-    names = args.drafts.split(",")
+    names = args.draft or ["ngram", "nf4", "layerskip"]
     nf4 = LoadedModel(quantize_nf4(target.model), target.tokenizer, "nf4") if "nf4" in names else None
     drafts = [nf4 if n == "nf4" else n for n in names]
     stream = build_stream(args.per_segment)
@@ -89,9 +93,7 @@ def main() -> None:
     fixed = {k: v["tokens_per_s"] for k, v in results.items() if k.startswith("fixed")}
     best_fixed = max(fixed, key=fixed.get)
     doc = {
-        "command": f"python benchmarks/drafts_mixed_stream.py --per-segment {args.per_segment} --max-new-tokens "
-                   f"{args.max_new_tokens} --gamma {args.gamma} --temperature {args.temperature} --drafts {args.drafts} "
-                   f"--policies {args.policies}",
+        "command": "python " + shlex.join(sys.argv),
         **machine(),
         "stream": [d for d, _ in stream],
         "best_fixed": best_fixed,
