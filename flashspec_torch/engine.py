@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
