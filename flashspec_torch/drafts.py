@@ -4,6 +4,7 @@
   copy, or the target itself with layers skipped (``skip``). It keeps its own KV cache and catches
   up lazily: when it was not used for some steps (the bandit chose another arm), its first forward
   of the next step feeds every token it has not seen, so arms can switch every step.
+* ``TransformersDraft``: any other transformers causal LM sharing the tokenizer (no cache).
 * ``LookupDraft``: prompt-lookup (n-gram) drafting on the device: find the latest earlier
   occurrence of the sequence's last n tokens and propose what followed. Deterministic, so q is
   one-hot (``logits`` is None).
@@ -21,6 +22,11 @@ from .layers import default_impl
 from .model import Llama
 from .sampling import sample
 from .verify import next_pow2
+from .weights import LoadedModel, from_transformers
+
+# layerskip's default skip set: the best estimated gain of benchmarks/drafts_layerskip_search.py (in
+# benchmarks/results/drafts_layerskip_search.json)
+LAYERSKIP_DEFAULT = "25"
 
 
 @dataclass
@@ -162,3 +168,79 @@ def lookup_triton(seq: torch.Tensor, length: torch.Tensor, gamma: int, max_n: in
     block_s = min(next_pow2(s), 1024)
     lookup_kernel[(b,)](seq, length, out, s, gamma, MAX_N=max_n, BLOCK_S=block_s, BLOCK_G=next_pow2(gamma), num_warps=4)
     return out
+
+
+class TransformersDraft:
+    """Any transformers causal LM sharing the tokenizer, run through its own forward.
+
+    Architectures our ``Llama`` does not cover (GPT-2, Qwen, ...) land here. It keeps no cache:
+    each drafted token re-reads the row's whole history (right-padded, masked), which is simple
+    and exact but costs O(S) per token: meant for small drafts.
+    """
+
+    capturable = False  # its inputs grow with the sequence: run eagerly inside a graphed engine
+
+    def __init__(self, name: str, hf_model: torch.nn.Module):
+        self.name, self.hf = name, hf_model.eval().requires_grad_(False)
+
+    def start(self, batch: int, max_len: int) -> None:
+        pass
+
+    def lagging(self, seqs: Sequences) -> bool:
+        return False
+
+    def mark_used(self, seqs: Sequences) -> None:
+        pass
+
+    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
+        length = seqs.length  # [B]
+        width = min(seqs.max_len_bound + gamma, seqs.tokens.shape[1])
+        tokens = seqs.tokens[:, :width].clone()  # [B, W]: history, then the drafted tokens
+        slots = torch.arange(width, device=tokens.device)
+        xs, ws, lqs = [], [], []
+        for i in range(gamma):
+            t = min(seqs.max_len_bound + i, width)
+            mask = (slots[None, :t] < (length + i)[:, None]).long()  # [B, t]
+            z = self.hf(input_ids=tokens[:, :t], attention_mask=mask, use_cache=False).logits  # [B, t, V]
+            last = (length - 1 + i).clamp(max=t - 1)
+            w = z.gather(1, last[:, None, None].expand(-1, 1, z.shape[-1]))[:, 0].float()  # [B, V]
+            x_i, lq_i = sample(w, sampling, seed, offset, position=i)
+            tokens.scatter_(1, (length + i).clamp(max=width - 1)[:, None], x_i[:, None])
+            xs.append(x_i)
+            ws.append(w)
+            lqs.append(lq_i)
+        return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
+
+
+def is_llama_family(hf_config) -> bool:
+    return getattr(hf_config, "model_type", None) in ("llama", "mistral")
+
+
+def draft_from_model(source, target: Llama, dtype: torch.dtype, device) -> ModelDraft | TransformersDraft:
+    """A draft over another model sharing the target's tokenizer: a ``LoadedModel``, one of our
+    ``Llama``s, or a transformers causal-LM object (Llama family: weights copied to our layout
+    and cached drafting; any other architecture: ``TransformersDraft``)."""
+    if isinstance(source, LoadedModel):
+        name, model = source.name, source.model
+    elif isinstance(source, Llama):
+        name, model = "model", source
+    elif isinstance(source, torch.nn.Module) and hasattr(source, "config") and hasattr(source.config, "vocab_size"):
+        name = getattr(source.config, "name_or_path", "") or type(source).__name__
+        check_vocab(name, source.config.vocab_size, target)
+        if not is_llama_family(source.config):
+            return TransformersDraft(name, source.to(device=device, dtype=dtype))
+        model = from_transformers(source, dtype, device, name=name).model
+    else:
+        raise ValueError(
+            f"draft {source!r} must be a draft name, a LoadedModel, a Llama or a transformers causal-LM object"
+        )
+    check_vocab(name, model.config.vocab_size, target)
+    return ModelDraft(name, model)
+
+
+def check_vocab(name: str, vocab_size: int, target: Llama) -> None:
+    if vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"draft {name!r} has vocabulary size {vocab_size} but the target has "
+            f"{target.config.vocab_size}: a draft must share the target's tokenizer"
+        )

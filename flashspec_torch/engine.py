@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -13,10 +14,14 @@ from flashspec.loop import SpecConfig, StepRecord, decode, speculate
 from flashspec.stats import summarize
 
 from .backend import TorchBackend
-from .drafts import LookupDraft, ModelDraft
-from .weights import LoadedModel, load
+from .drafts import LAYERSKIP_DEFAULT, LookupDraft, ModelDraft, TransformersDraft, draft_from_model
+from .weights import LLAMA_FAMILY, LoadedModel, directory_model_type, load, load_transformers_directory
 
-DRAFT_HELP = "ngram[:N] | layerskip:L1-L2,L3 | self | PATH (a model directory or .gguf sharing the tokenizer)"
+DRAFT_HELP = (
+    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | PATH (a model directory or .gguf sharing the tokenizer) "
+    "| a transformers model object (Python API)"
+)
+TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
 
 
 def parse_layers(text: str, num_layers: int) -> frozenset[int]:
@@ -35,13 +40,27 @@ def parse_layers(text: str, num_layers: int) -> frozenset[int]:
     return frozenset(layers)
 
 
+def load_target(spec: str | None, dtype: torch.dtype, device) -> LoadedModel:
+    """``TARGET_HELP``: a model as ``weights.load`` reads it, or ``nf4[:PATH]``, its NF4 copy."""
+    if spec is not None and (spec == "nf4" or spec.startswith("nf4:")):
+        from .nf4 import quantize_nf4
+
+        base = load(spec[4:] or None, dtype, device)
+        return LoadedModel(quantize_nf4(base.model), base.tokenizer, f"{base.name} (nf4)")
+    return load(spec, dtype, device)
+
+
 class Engine:
-    """``Engine(target=None)`` loads the embedded SmolLM2-135M-Instruct; ``generate`` runs it."""
+    """``Engine(target=None)`` loads the embedded SmolLM2-135M-Instruct; ``generate`` runs it.
+
+    ``target``: a LoadedModel or a spelling of TARGET_HELP (``"nf4"``: the embedded model in NF4).
+    ``drafts``: names of DRAFT_HELP, LoadedModels or transformers causal-LM objects.
+    """
 
     def __init__(
         self,
         target: str | LoadedModel | None = None,
-        drafts: Sequence[str] = ("ngram",),
+        drafts: Sequence = ("ngram",),
         *,
         policy: str = "thompson-token",
         objective: str = "throughput",
@@ -55,7 +74,7 @@ class Engine:
             raise ValueError("drafts must name at least one draft; use speculate=False for plain decoding")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.target = target if isinstance(target, LoadedModel) else load(target, self.dtype, self.device)
+        self.target = target if isinstance(target, LoadedModel) else load_target(target, self.dtype, self.device)
         self.tokenizer = self.target.tokenizer
         self.policy_name, self.objective = policy, objective
         self.policy = None  # shared across generate calls, so what one request learns helps the next
@@ -65,8 +84,11 @@ class Engine:
         eos = set(config.eos_token_ids)
         self.backend = TorchBackend(self.target.model, self.drafts, sorted(eos), verify_impl)
 
-    def make_draft(self, spec: str) -> ModelDraft | LookupDraft:
+    def make_draft(self, spec) -> ModelDraft | LookupDraft | TransformersDraft:
+        """A draft from its name (see DRAFT_HELP), a LoadedModel or a transformers model object."""
         model = self.target.model
+        if not isinstance(spec, str):
+            return draft_from_model(spec, model, self.dtype, self.device)
         name, _, arg = spec.partition(":")
         if name == "ngram":
             try:
@@ -74,19 +96,22 @@ class Engine:
             except ValueError:
                 raise ValueError(f"draft {spec!r}: use ngram or ngram:N with N >= 1") from None
         if name == "layerskip":
-            return ModelDraft(spec, model, parse_layers(arg, model.config.num_layers))
+            return ModelDraft(spec, model, parse_layers(arg or LAYERSKIP_DEFAULT, model.config.num_layers))
+        if spec == "nf4":
+            from .nf4 import is_nf4, quantize_nf4
+
+            return ModelDraft("nf4", model if is_nf4(model) else quantize_nf4(model))
         if spec == "self":
             return ModelDraft("self", model)
+        if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
+            hf = load_transformers_directory(spec, self.dtype, self.device)
+            hf.config.name_or_path = Path(spec).name
+            return draft_from_model(hf, model, self.dtype, self.device)
         try:
             other = load(spec, self.dtype, self.device)
         except FileNotFoundError as e:
             raise ValueError(f"draft {spec!r} is unknown ({e}); a draft is {DRAFT_HELP}") from None
-        if other.model.config.vocab_size != model.config.vocab_size:
-            raise ValueError(
-                f"draft {spec!r} has vocabulary size {other.model.config.vocab_size} but the target has "
-                f"{model.config.vocab_size}: a draft must share the target's tokenizer"
-            )
-        return ModelDraft(other.name, other.model)
+        return draft_from_model(other, model, self.dtype, self.device)
 
     def policy_for(self, gamma: int, seed: int):
         if self.policy is None or self.policy_gamma != gamma:

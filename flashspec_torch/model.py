@@ -107,6 +107,14 @@ def rope_frequencies(config: LlamaConfig) -> torch.Tensor:  # [D/2] float32
     return inv_freq.float()
 
 
+def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x [..., K] -> [..., N]
+    """A projection: the module itself (nn.Linear, or a 4-bit one), or for plain nn.Linear weights
+    ``layers.linear`` with ``impl`` (the Triton product for a few rows)."""
+    if impl == "reference" or type(module) is not nn.Linear:
+        return module(x)
+    return linear(x, module.weight, impl)
+
+
 class Block(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
@@ -124,12 +132,12 @@ class Block(nn.Module):
         Returns (h, d) for the next layer: the residual add is fused into the next norm."""
         c = self.c
         h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl)
-        qkv = linear(x, self.qkv.weight, linear_impl)
+        qkv = project(self.qkv, x, linear_impl)
         q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl)
         attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl)  # [B, T, H D]
-        h, x = add_rms_norm(h, linear(attn, self.o.weight, linear_impl), self.mlp_norm, c.rms_norm_eps, impl)
-        up = silu_mul(linear(x, self.gate_up.weight, linear_impl), impl)
-        return h, linear(up, self.down.weight, linear_impl)
+        h, x = add_rms_norm(h, project(self.o, attn, linear_impl), self.mlp_norm, c.rms_norm_eps, impl)
+        up = silu_mul(project(self.gate_up, x, linear_impl), impl)
+        return h, project(self.down, up, linear_impl)
 
 
 class Llama(nn.Module):
@@ -181,4 +189,4 @@ class Llama(nn.Module):
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
         _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl)
-        return linear(x, self.lm_head.weight, self.linear_impl).float()
+        return project(self.lm_head, x, self.linear_impl).float()

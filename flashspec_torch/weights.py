@@ -121,6 +121,28 @@ def load_directory(path: str | Path, dtype=torch.float32, device="cpu") -> Loade
     return LoadedModel(build(config, state, dtype, device), load_tokenizer(path), path.name)
 
 
+LLAMA_FAMILY = (None, "llama", "mistral")  # the model types our Llama class reads
+
+
+def directory_model_type(path: str | Path) -> str | None:
+    """The ``model_type`` of a Hugging Face model directory's config.json (None: absent)."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def load_transformers_directory(path: str | Path, dtype=torch.float32, device="cpu"):
+    """Any transformers causal LM saved in a directory, as a transformers object (for a draft of
+    an architecture our Llama class does not cover)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"cannot load {path} as a transformers causal LM: {e}") from None
+
+
 def load_tokenizer(path: Path):
     """The directory's tokenizer, or None when it has none (enough for a draft model)."""
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):

@@ -243,9 +243,10 @@ def add_generate(sub) -> None:
                        description="Generate with the embedded SmolLM2-135M-Instruct (or --target) and adaptive drafts.")
     p.add_argument("prompt")
     p.add_argument("--backend", choices=("torch", "jax"), default="torch")
-    p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
+                                    "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | layerskip:L1-L2 | self | PATH; repeat for several (default ngram)")
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | PATH; repeat for several (default ngram)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token")
     p.add_argument("--gamma", type=positive_int, default=4)
     p.add_argument("--temperature", type=non_negative_float, default=0.7)
