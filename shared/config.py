@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass
 
 
+MIN_TEMPERATURE = 1e-6  # below it z / T overflows float32 for ordinary logits; use 0 for greedy
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How tokens are sampled: temperature, then top-k, then top-p (nucleus).
@@ -23,6 +26,9 @@ class SamplingConfig:
             raise ValueError(
                 f"temperature={t!r} must be a finite number >= 0 (0 means greedy)"
             )
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={t!r} must be 0 (greedy) or >= {MIN_TEMPERATURE}: "
+                             "smaller ones overflow z / T in float32")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"top_k={k!r} must be an integer >= 0 (0 means off)")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
