@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import sys
 from dataclasses import dataclass
 
 
@@ -22,7 +22,7 @@ class SamplingConfig:
 
     def __post_init__(self):
         t, k, p = self.temperature, self.top_k, self.top_p
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= sys.float_info.max:
             raise ValueError(
                 f"temperature={t!r} must be a finite number >= 0 (0 means greedy)"
             )
