@@ -2,6 +2,7 @@
 random shapes, dtypes and values (good and bad), tensors on another device, numpy inputs."""
 
 import numpy as np
+import pytest
 import torch
 from fuzz_cases import DOCUMENTED, check_result, verify_args
 from hypothesis import HealthCheck, given, settings
@@ -30,3 +31,13 @@ def test_torch_verify(case, device, moved):
     except DOCUMENTED:
         return
     check_result(res, z, x)
+
+
+def test_tensors_on_another_device_are_named():
+    z, x = torch.zeros(2, 3, 5), torch.zeros(2, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="draft_tokens is on meta but target_logits is on cpu"):
+        verify(z, x.to("meta"))
+    with pytest.raises(ValueError, match="seed is on meta"):
+        verify(z, x, seed=torch.zeros(2, dtype=torch.int64, device="meta"))
+    with pytest.raises(ValueError, match="seed is a ndarray; flashspec_torch.verify takes torch tensors"):
+        verify(z, x, seed=np.zeros(2, np.int64))
