@@ -14,6 +14,10 @@ DOCUMENTED = (ValueError, TypeError)
 # any Python value a user might pass for a scalar setting
 junk = st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.integers(), st.floats(),
                  st.lists(st.integers(0, 3), max_size=2))
+# the same for sizes (arms, batch, rounds, seeds), without huge ints: a valid size of 10**12 is a
+# resource request, not malformed input, and would allocate until the machine kills the test
+junk_size = st.one_of(st.none(), st.booleans(), st.text(max_size=3), st.integers(-10, 40), st.floats(),
+                      st.lists(st.integers(0, 3), max_size=2))
 
 
 @st.composite

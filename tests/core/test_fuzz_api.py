@@ -3,7 +3,7 @@
 
 import numpy as np
 import pytest
-from fuzz_cases import DOCUMENTED, check_result, junk, verify_args
+from fuzz_cases import DOCUMENTED, check_result, junk, junk_size, verify_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -55,7 +55,7 @@ FIELDS = ["objective", "likelihood", "prior_a", "prior_b", "gamma", "discount", 
 @FAST
 @given(st.dictionaries(st.sampled_from(FIELDS), st.one_of(junk, st.sampled_from(["acceptance", "token", "arm"])),
                        max_size=3),
-       st.sampled_from(sorted(POLICIES)), st.one_of(st.integers(-1, 4), junk), st.one_of(st.integers(-1, 3), junk),
+       st.sampled_from(sorted(POLICIES)), st.one_of(st.integers(-1, 4), junk_size), st.one_of(st.integers(-1, 3), junk_size),
        st.lists(st.tuples(junk, junk, junk, junk), max_size=3))
 def test_policies(fields, name, num_arms, batch, observations):
     try:
@@ -76,7 +76,7 @@ def test_policies(fields, name, num_arms, batch, observations):
        gamma=st.one_of(st.integers(-1, 80), st.tuples(st.integers(0, 5), st.integers(0, 5)), junk),
        switch_at=st.one_of(st.tuples(st.integers(-1, 30)), st.just(()), junk),
        costs=st.one_of(st.none(), st.tuples(st.floats(-1, 2), st.floats(-1, 2)), junk),
-       rounds=st.one_of(st.integers(-1, 30), junk), seeds=st.one_of(st.integers(-1, 4), junk))
+       rounds=st.one_of(st.integers(-1, 30), junk_size), seeds=st.one_of(st.integers(-1, 4), junk_size))
 def test_simulator(means, reward, gamma, switch_at, costs, rounds, seeds):
     try:
         env = Environment(means, reward=reward, gamma=gamma, switch_at=switch_at, costs=costs)
