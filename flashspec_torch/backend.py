@@ -18,6 +18,7 @@ from flashspec.contract import VerifyResult
 from flashspec.random import FINAL
 
 from .drafts import LookupDraft, ModelDraft, Proposal, Sequences
+from .faults import discard_flagged, screen
 from .layers import default_impl
 from .model import Llama
 from .sampling import sample
@@ -31,12 +32,14 @@ class AsyncHandle:
     num_accepted: torch.Tensor
     active: torch.Tensor
     done: torch.Tensor
+    bad: torch.Tensor
     event: torch.cuda.Event | None
 
     def fetch(self) -> StepView:
         if self.event is not None:
             self.event.synchronize()
-        return StepView(self.num_accepted.numpy().copy(), self.active.numpy().copy(), self.done.numpy().copy())
+        return StepView(self.num_accepted.numpy().copy(), self.active.numpy().copy(), self.done.numpy().copy(),
+                        self.bad.numpy().copy())
 
 
 class HostMirror:
@@ -48,16 +51,16 @@ class HostMirror:
         self.device, self.turn = device, 0
         if device.type == "cuda":
             self.slots = [
-                [torch.empty(batch, dtype=dt, pin_memory=True) for dt in (torch.int32, torch.bool, torch.bool)]
+                [torch.empty(batch, dtype=dt, pin_memory=True) for dt in (torch.int32, torch.bool, torch.bool, torch.uint8)]
                 for _ in range(2)
             ]
 
-    def start(self, num_accepted, active, done) -> AsyncHandle:
+    def start(self, num_accepted, active, done, bad) -> AsyncHandle:
         if self.device.type != "cuda":
-            return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), None)
+            return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), bad.clone(), None)
         slot = self.slots[self.turn]
         self.turn ^= 1
-        for h, t in zip(slot, (num_accepted.to(torch.int32), active, done)):
+        for h, t in zip(slot, (num_accepted.to(torch.int32), active, done, bad)):
             h.copy_(t, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
@@ -162,6 +165,7 @@ class TorchBackend:
         self.prompt_len.copy_(seqs.length)
         self.max_new.fill_(max_new_tokens)
         self.done.zero_()
+        self.bad.zero_()
         if longest > 1:  # K/V of every prompt token but the last (the first step feeds the last)
             pos = torch.arange(longest - 1, device=dev)[None].expand(b, -1)
             self.target(seqs.tokens[:, : longest - 1], pos, self.cache, longest - 1, logits_last=0)
@@ -180,6 +184,7 @@ class TorchBackend:
         self.max_new = torch.zeros((), **i64)
         self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.active = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.bad = torch.zeros(batch, dtype=torch.uint8, device=dev)  # flashspec.faults bits of the step
         self.seed = torch.zeros(batch, **i64)
         self.offset = torch.zeros((), **i64)
         self.cache = self.target.new_cache(batch, s_max)
@@ -191,7 +196,7 @@ class TorchBackend:
     def state(self) -> list[torch.Tensor]:
         """What a step writes besides the KV caches (whose rewrites are idempotent)."""
         valid = [d.valid for d in self.drafts if isinstance(d, ModelDraft)]
-        return [self.seqs.tokens, self.seqs.length, self.done, self.active, *valid]
+        return [self.seqs.tokens, self.seqs.length, self.done, self.active, self.bad, *valid]
 
     def attend(self, extra: int) -> int:  # a host bound on the slots any query may see
         return self.cache.max_len if self.graphed else min(self.seqs.max_len_bound + extra, self.cache.max_len)
@@ -240,8 +245,9 @@ class TorchBackend:
         return self.target(torch.cat([last, proposal.tokens], 1), pos, self.cache, self.attend(g))
 
     def verify(self, target_logits, proposal: Proposal, sampling: SamplingConfig, seed, offset) -> VerifyResult:
+        target_logits, logits, logprobs = screen(self.bad, target_logits, proposal.logits, proposal.logprobs)
         return verify(
-            target_logits, proposal.tokens, proposal.logits, proposal.logprobs,
+            target_logits, proposal.tokens, logits, logprobs,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             seed=seed, offset=offset, impl=self.verify_impl,
         )
@@ -266,6 +272,7 @@ class TorchBackend:
         length = self.seqs.length
         last = self.seqs.tokens.gather(1, (length - 1)[:, None])
         z = self.target(last, (length - 1)[:, None], self.cache, self.attend(0))[:, 0]
+        screen(self.bad, z[:, None])
         y, _ = sample(z, sampling, seed, offset, position=0, stream=FINAL)
         tokens = torch.cat([y[:, None], torch.full_like(y[:, None], -1)], 1)
         return VerifyResult(torch.zeros_like(y, dtype=torch.int32), tokens.to(torch.int32))
@@ -279,19 +286,21 @@ class TorchBackend:
     def commit_device(self, result: VerifyResult) -> None:
         """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place."""
         seqs = self.seqs
+        length_before = seqs.length.clone()
         args = (result.num_accepted, result.tokens, self.eos, seqs.tokens, seqs.length, self.prompt_len,
                 self.max_new, self.done, self.active)
         if (self.commit_impl or default_impl(self.device)) == "triton":
             commit_triton(*args)
         else:
             commit_reference(*args)
+        discard_flagged(self.bad, length_before, seqs.length, self.done, self.active)  # NaN / inf logits
 
     def commit_host(self, num_accepted: torch.Tensor, width: int) -> AsyncHandle:
         """Host bookkeeping of a committed step; starts the asynchronous copy of its results."""
         seqs = self.seqs
         seqs.max_len_bound = min(seqs.max_len_bound + width, seqs.tokens.shape[1])
         seqs.step += 1
-        return self.mirror.start(num_accepted, self.active, self.done)
+        return self.mirror.start(num_accepted, self.active, self.done, self.bad)
 
     def outputs(self) -> list[list[int]]:
         tokens = self.seqs.tokens.cpu().numpy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -10,11 +11,14 @@ import torch
 
 from flashspec.bandits import POLICIES, BanditConfig
 from flashspec.config import SamplingConfig
+from flashspec.faults import NonFiniteLogitsError
 from flashspec.loop import SpecConfig, StepRecord, decode, speculate
 from flashspec.stats import summarize
 
 from .backend import TorchBackend
 from .drafts import LAYERSKIP_DEFAULT, LookupDraft, ModelDraft, TransformersDraft, draft_from_model
+from .faults import scrub_caches
+from .verify import IMPLS
 from .weights import LLAMA_FAMILY, LoadedModel, directory_model_type, load, load_transformers_directory
 
 DRAFT_HELP = (
@@ -70,15 +74,30 @@ class Engine:
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r} is unknown; choose one of {sorted(POLICIES)}")
+        if isinstance(drafts, str) or not all(isinstance(d, str) for d in drafts):
+            raise TypeError(f"drafts={drafts!r} must be a sequence of draft names such as ('ngram',); a draft is {DRAFT_HELP}")
         if not drafts:
-            raise ValueError("drafts must name at least one draft; use speculate=False for plain decoding")
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            raise ValueError("drafts must name at least one draft; use speculation=False for plain decoding")
+        BanditConfig(objective=objective)  # validate now
+        if verify_impl not in (None, *IMPLS):
+            raise ValueError(f"verify_impl={verify_impl!r} must be one of {IMPLS} or None (by device)")
+        if target is not None and not isinstance(target, (str, LoadedModel)) and not hasattr(target, "__fspath__"):
+            raise TypeError(f"target must be None (the embedded model), a path or a LoadedModel, got {type(target).__name__}")
+        self.device = check_device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
+            raise ValueError(f"dtype={dtype!r} must be a floating-point torch dtype (torch.float32, torch.bfloat16, ...)")
         self.target = target if isinstance(target, LoadedModel) else load_target(target, self.dtype, self.device)
+        weights = self.target.model.embed.weight
+        if weights.device.type != self.device.type:
+            raise ValueError(f"target's weights are on {weights.device} but device={str(self.device)!r}: "
+                             "move the model, or pass the device it is on")
+        if self.target.tokenizer is None:
+            raise ValueError(f"target {self.target.name!r} has no tokenizer (tokenizer.json or tokenizer_config.json): "
+                             "a target needs one to encode prompts; a directory without one can only be a draft")
         self.tokenizer = self.target.tokenizer
         self.policy_name, self.objective = policy, objective
         self.policy = None  # shared across generate calls, so what one request learns helps the next
-        BanditConfig(objective=objective)  # validate now
         self.drafts = [self.make_draft(d) for d in drafts]
         config = self.target.model.config
         eos = set(config.eos_token_ids)
@@ -149,24 +168,35 @@ class Engine:
         ``seed`` is the request's own: an int for every prompt, or one per prompt. A request's
         tokens depend on its prompt and seed only, not on its row in the batch.
         """
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts:
-            raise ValueError("prompt must be a string or a non-empty list of strings")
+        prompts, seeds = check_request(prompt, seed, speculation, chat, on_step)
         sampling = SamplingConfig(temperature, top_k, top_p)
         spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
         ids = [self.encode(p, chat) for p in prompts]
-        seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
-        if len(seeds) != len(prompts) or any(not isinstance(s, int) or not 0 <= s < 2**63 for s in seeds):
-            raise ValueError(f"seed must be an int in [0, 2**63) or one per prompt ({len(prompts)}), got {seed!r}")
         seed_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
+        records: list[StepRecord] = []
+        interrupted = False
         start = time.perf_counter()
-        with torch.inference_mode():
-            if speculation:
-                policy = self.policy_for(gamma, seeds[0])
-                outs, records = speculate(self.backend, policy, ids, sampling=sampling, spec=spec, seed=seed_t, on_step=on_step)
-            else:
-                outs, records = decode(self.backend, ids, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed_t, on_step=on_step)
-        wall = time.perf_counter() - start
+        try:
+            with torch.inference_mode():
+                if speculation:
+                    policy = self.policy_for(gamma, seeds[0])
+                    speculate(self.backend, policy, ids, sampling=sampling, spec=spec, seed=seed_t, on_step=on_step,
+                              records=records)
+                else:
+                    decode(self.backend, ids, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed_t,
+                           on_step=on_step, records=records)
+        except KeyboardInterrupt:  # Ctrl-C: return what was produced; the next call starts afresh
+            interrupted = True
+        except NonFiniteLogitsError as e:
+            e.result = self.result(prompt, records, time.perf_counter() - start, speculation, gamma, interrupted=False)
+            with torch.inference_mode():
+                scrub_caches(self.caches())  # stale NaN K/V would poison the next request's attention
+            raise
+        return self.result(prompt, records, time.perf_counter() - start, speculation, gamma, interrupted)
+
+    def result(self, prompt, records: list[StepRecord], wall: float, speculation: bool, gamma: int, interrupted: bool) -> dict:
+        """SPEC.md's stats dict of what the backend holds now (the whole batch, or a partial one)."""
+        outs = self.backend.outputs()
         stats = summarize(records, self.backend.draft_names, wall, sum(map(len, outs)))
         texts = [self.tokenizer.decode(o, skip_special_tokens=True, clean_up_tokenization_spaces=False) for o in outs]
         single = isinstance(prompt, str)
@@ -181,4 +211,46 @@ class Engine:
             "backend": "torch",
             "device": str(self.device),
             "wall_s": wall,
+            "interrupted": interrupted,
         }
+
+    def caches(self) -> list:
+        """Every KV cache of the current batch (the target's and the model drafts')."""
+        found = [self.backend.cache] if self.backend.shape is not None else []
+        return found + [d.cache for d in self.drafts if getattr(d, "cache", None) is not None]
+
+
+def check_device(device) -> torch.device:
+    """None: cuda when available, else cpu."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device!r} is not a torch device; use 'cpu', 'cuda' or 'cuda:N'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: the torch engine runs on 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here (torch {torch.__version__}); use device='cpu'")
+    return dev
+
+
+def check_request(prompt, seed, speculation, chat, on_step) -> tuple[list[str], list[int]]:
+    """generate()'s request arguments; returns (prompts, one seed per prompt)."""
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise ValueError(f"prompt must be a string or a non-empty list of strings, got {type(prompt).__name__}")
+    seeds = [seed] * len(prompts) if isinstance(seed, numbers.Integral) else seed
+    if not isinstance(seeds, (list, tuple)) or len(seeds) != len(prompts) or not all(
+        isinstance(s, numbers.Integral) and not isinstance(s, bool) and 0 <= s < 2**63 for s in seeds
+    ):
+        raise ValueError(f"seed must be an int in [0, 2**63) or a list of one per prompt ({len(prompts)}), got {seed!r}")
+    for name, flag in (("speculation", speculation), ("chat", chat)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}={flag!r} must be a bool")
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step={on_step!r} must be None or a function of a StepRecord")
+    return prompts, [int(s) for s in seeds]

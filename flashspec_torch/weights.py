@@ -106,7 +106,13 @@ def load_directory(path: str | Path, dtype=torch.float32, device="cpu") -> Loade
         hf_config = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{cfg_file} is not valid JSON ({e}): the model directory is corrupt") from None
-    config = LlamaConfig.from_hf(hf_config)
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{cfg_file} holds a {type(hf_config).__name__}, not a JSON object: not a model config")
+    try:
+        config = LlamaConfig.from_hf(hf_config)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{cfg_file} lacks or mistypes {e}: not a Llama-family config (hidden_size, "
+                         "num_attention_heads, ... are needed)") from None
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{path} has no *.safetensors weights")
@@ -177,6 +183,18 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)  # atomic: an interrupted conversion never leaves a half cache
 
 
+def convert_checked(gguf: Path, out_dir: Path) -> None:
+    """``convert_gguf`` with a corrupt or truncated file (whatever the GGUF reader raises: struct
+    errors, KeyError, ValueError...) reported as one ValueError naming the file."""
+    try:
+        convert_gguf(gguf, out_dir)
+    except ImportError as e:
+        raise ImportError(f"reading {gguf.name} needs transformers and gguf: pip install 'flashspec[torch]' ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the reader's many error types, re-raised as one
+        raise ValueError(f"cannot read {gguf}: {type(e).__name__}: {e}; the file is corrupt, truncated or not a "
+                         "Llama-family GGUF") from None
+
+
 def load_gguf(gguf: str | Path, dtype=torch.float32, device="cpu") -> LoadedModel:
     gguf = Path(gguf)
     if not gguf.is_file():
@@ -184,11 +202,11 @@ def load_gguf(gguf: str | Path, dtype=torch.float32, device="cpu") -> LoadedMode
     stat = gguf.stat()
     out = cache_root() / f"{gguf.stem}-{stat.st_size}"
     if not (out / "model.safetensors").is_file():
-        convert_gguf(gguf, out)
+        convert_checked(gguf, out)
     try:
         loaded = load_directory(out, dtype, device)
     except (ValueError, FileNotFoundError):  # a damaged cache: convert again
-        convert_gguf(gguf, out)
+        convert_checked(gguf, out)
         loaded = load_directory(out, dtype, device)
     loaded.name = gguf.stem
     return loaded

@@ -24,6 +24,7 @@ class StepView:
     num_accepted: np.ndarray  # [B] int: accepted drafted tokens per row
     active: np.ndarray  # [B] bool: the row was still generating during this step
     done: np.ndarray  # [B] bool: the row has finished (EOS or length) after this step
+    bad: np.ndarray | None = None  # [B] uint8: flashspec.faults bits, the model(s) whose logits were not finite
 
 
 class StepHandle(Protocol):

@@ -2,13 +2,16 @@
 
 Each subcommand is an ``add_*`` function that adds its parser and sets ``run`` to a function of
 the parsed arguments returning the exit status. Bad input exits with status 2 and one line on
-stderr, never a traceback.
+stderr, never a traceback; a fault while running (NaN logits, an unexpected error) exits 1 with one
+line; Ctrl-C exits 130 (``generate`` prints what it had produced first). docs/failure_modes.md
+lists them. ``FLASHSPEC_TRACEBACK=1`` shows the traceback of an unexpected error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -46,6 +49,16 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def seed_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer in [0, 2**63)")
     return value
 
 
@@ -94,7 +107,7 @@ def add_bandit_sim(sub) -> None:
                    help="per-arm success (or per-token acceptance) probabilities (default 0.3,0.7,0.5)")
     p.add_argument("--rounds", type=positive_int, default=10_000)
     p.add_argument("--seeds", type=positive_int, default=200)
-    p.add_argument("--seed", type=int, default=0, help="base seed of every generator")
+    p.add_argument("--seed", type=seed_int, default=0, help="base seed of every generator")
     p.add_argument("--reward", choices=("bernoulli", "acceptance"), default="bernoulli")
     p.add_argument("--gamma", type=ints, default=(4,),
                    help="tokens drafted per pull for --reward acceptance (one, or one per arm)")
@@ -195,7 +208,7 @@ def add_bench_bandit(kinds) -> None:
                    help="folder for bandit_*.json and bandit_*.png (default %(default)s)")
     b.add_argument("--rounds", type=positive_int, default=10_000)
     b.add_argument("--seeds", type=positive_int, default=200)
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=seed_int, default=0)
     b.add_argument("--no-plot", action="store_true", help="write the JSON only")
     b.set_defaults(run=run_bench_bandit)
 
@@ -253,7 +266,7 @@ def add_generate(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=probability, default=1.0)
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding (the baseline)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
@@ -261,9 +274,24 @@ def add_generate(sub) -> None:
     p.set_defaults(run=run_generate)
 
 
+def check_generate_args(args) -> None:
+    """The request's settings, checked before the model is loaded (seconds) rather than after."""
+    from .config import SamplingConfig
+    from .loop import SpecConfig
+
+    try:
+        SamplingConfig(args.temperature, args.top_k, args.top_p)
+        SpecConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens)
+    except ValueError as e:
+        raise UsageError(str(e).replace("self.", "--").replace("_", "-")) from None
+    if not args.prompt.strip():
+        raise UsageError("the prompt must be a non-empty string")
+
+
 def run_generate(args) -> int:
     from .engine import engine
 
+    check_generate_args(args)
     eng = engine(args.backend, args.target, tuple(args.draft or ("ngram",)), policy=args.policy, device=args.device)
     show = sys.stderr.isatty()
     counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}
@@ -278,15 +306,26 @@ def run_generate(args) -> int:
             print(f"\r[{counted['tokens']:>5} tokens | {counted['steps']:>4} steps | acceptance {acc:.2f}]",
                   end="", file=sys.stderr, flush=True)
 
+    from .faults import NonFiniteLogitsError
+
     try:
         result = eng.generate(
             args.prompt, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, seed=args.seed, speculation=not args.no_speculation,
             chat=not args.no_chat, on_step=progress,
         )
+    except NonFiniteLogitsError as e:  # print what was produced before the fault, then the one line
+        if e.result is not None:
+            print(json.dumps(e.result) if args.json else e.result["text"])
+        print(f"flashspec generate: error: {e}", file=sys.stderr)
+        return 1
     finally:
         if show:
             print(file=sys.stderr)
+    if result.get("interrupted"):
+        print(json.dumps(result) if args.json else result["text"])
+        print(f"flashspec generate: interrupted after {result['new_tokens']} tokens", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(result))
         return 0
@@ -322,8 +361,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (ValueError, UsageError, OSError, ImportError) as e:
-        print(f"flashspec {args.command}: error: {e}", file=sys.stderr)
+        print(f"flashspec {args.command}: error: {one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"flashspec {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - a bug or a fault: still one line, unless asked for more
+        if os.environ.get("FLASHSPEC_TRACEBACK"):
+            raise
+        print(f"flashspec {args.command}: internal error: {type(e).__name__}: {one_line(e)} "
+              "(FLASHSPEC_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

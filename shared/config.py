@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import math
+import sys
 from dataclasses import dataclass
+
+
+MIN_TEMPERATURE = 1e-6  # below it z / T overflows float32 for ordinary logits; use 0 for greedy
 
 
 @dataclass(frozen=True)
@@ -19,10 +22,13 @@ class SamplingConfig:
 
     def __post_init__(self):
         t, k, p = self.temperature, self.top_k, self.top_p
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0 or math.isinf(t):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= sys.float_info.max:
             raise ValueError(
                 f"temperature={t!r} must be a finite number >= 0 (0 means greedy)"
             )
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={t!r} must be 0 (greedy) or >= {MIN_TEMPERATURE}: "
+                             "smaller ones overflow z / T in float32")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"top_k={k!r} must be an integer >= 0 (0 means off)")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):

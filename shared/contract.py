@@ -51,6 +51,8 @@ def check_counter(name: str, value: Any, batch: int, limit: int) -> None:
         if not 0 <= value <= limit:
             raise ValueError(f"{name}={value} must be in [0, {limit}]")
         return
+    if not hasattr(value, "shape"):
+        raise ValueError(f"{name}={value!r} must be an int in [0, {limit}] or an integer array of shape [] or [B]")
     shape = _shape(name, value)
     if shape not in ((), (batch,)):
         raise ValueError(f"{name} has shape {list(shape)}; expected an int or shape [] or [{batch}] (one per row)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .backend import Backend, StepHandle
 from .config import SamplingConfig
+from .faults import check_finite
 
 
 @dataclass(frozen=True)
@@ -59,22 +60,24 @@ def speculate(
     seed=0,
     first_offset: int = 0,
     on_step=None,  # called with each StepRecord as it is observed (a progress bar)
+    records: list[StepRecord] | None = None,  # appended to as steps are observed (kept if interrupted)
 ) -> tuple[list[list[int]], list[StepRecord]]:
-    """Generate for every prompt; returns (new tokens per row, per-step records)."""
+    """Generate for every prompt; returns (new tokens per row, per-step records). Raises
+    flashspec.faults.NonFiniteLogitsError when a model's logits were NaN or infinite."""
     backend.prefill(prompts, spec.max_new_tokens)
-    records: list[StepRecord] = []
+    records = [] if records is None else records
     pending: tuple[int, StepHandle, float] | None = None
     max_steps = spec.max_steps or spec.max_new_tokens
     for step in range(max_steps):
         arm = policy.choose()
         start = time.perf_counter()
         handle = speculative_step(backend, arm, spec.gamma, sampling, seed, first_offset + step)
-        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step):
+        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step, step=step - 1):
             pending = None
             break
         pending = (arm, handle, start)
     if pending is not None:
-        observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step)
+        observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step, step=step)
     return backend.outputs(), records
 
 
@@ -90,9 +93,11 @@ def speculative_step(backend: Backend, arm: int, gamma: int, sampling: SamplingC
     return backend.commit(result)
 
 
-def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *, end: float, on_step=None) -> bool:
+def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *,
+            end: float, on_step=None, step: int = -1) -> bool:
     """Read a finished step, feed the policy, record it; True when every row is done."""
     view = handle.fetch()
+    check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
         accepted = int(view.num_accepted[view.active].sum())
@@ -114,25 +119,28 @@ def decode(
     seed=0,
     first_offset: int = 0,
     on_step=None,
+    records: list[StepRecord] | None = None,
 ) -> tuple[list[list[int]], list[StepRecord]]:
     """Plain autoregressive decoding on the same backend (``backend.decode_one``): the baseline."""
     backend.prefill(prompts, max_new_tokens)
-    records: list[StepRecord] = []
+    records = [] if records is None else records
     pending = None
     for step in range(max_new_tokens):
         start = time.perf_counter()
         handle = backend.decode_one(sampling, seed, first_offset + step)
-        if pending is not None and _observe_plain(records, *pending, end=start, on_step=on_step):
+        if pending is not None and _observe_plain(records, *pending, end=start, on_step=on_step, step=step - 1):
             pending = None
             break
         pending = (handle, start)
     if pending is not None:
-        _observe_plain(records, *pending, end=time.perf_counter(), on_step=on_step)
+        _observe_plain(records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
     return backend.outputs(), records
 
 
-def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float, on_step=None) -> bool:
+def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float, on_step=None,
+                   step: int = -1) -> bool:
     view = handle.fetch()
+    check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
         records.append(StepRecord(-1, 0, 0, rows, rows, end - start))

@@ -257,11 +257,11 @@ class ReferenceVerifier:
 
 def _check_logits(name: str, a: np.ndarray) -> None:
     if np.isnan(a).any() or np.isposinf(a).any():
-        idx = tuple(np.argwhere(np.isnan(a) | np.isposinf(a))[0])
+        idx = tuple(int(i) for i in np.argwhere(np.isnan(a) | np.isposinf(a))[0])
         raise ValueError(f"{name}{list(idx)} is {a[idx]}: logits must be finite or -inf (masked)")
     empty = ~np.isfinite(a).any(-1)
     if empty.any():
-        idx = tuple(np.argwhere(empty)[0])
+        idx = tuple(int(i) for i in np.argwhere(empty)[0])
         raise ValueError(f"{name}{list(idx)} has no finite logit: every row needs at least one token with mass")
 
 

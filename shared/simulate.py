@@ -53,9 +53,9 @@ class Environment:
             raise ValueError(f"objective={self.objective!r} must be one of {', '.join(OBJECTIVES)}")
         g = self.gamma if isinstance(self.gamma, tuple) else (self.gamma,)
         if len(g) not in (1, len(m)) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in g
+            isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 64 for x in g
         ):
-            raise ValueError(f"gamma={self.gamma!r} must be an integer >= 1, or one per arm")
+            raise ValueError(f"gamma={self.gamma!r} must be an integer in [1, 64], or one per arm")
         s = self.switch_at
         if not isinstance(s, tuple) or not all(isinstance(x, int) and x >= 1 for x in s) or any(
             b <= a for a, b in zip(s, s[1:])

@@ -34,3 +34,9 @@ def test_missing_backend_names_its_extra(module, extra):
 def test_generate_without_torch_names_the_extra():
     r = run("import flashspec.engine\nflashspec.engine.generate('hi')")
     assert r.returncode != 0 and "flashspec[torch]" in r.stderr
+
+
+def test_cli_generate_without_torch_is_one_line_naming_the_extra():
+    r = run("import sys\nfrom flashspec.cli import main\nsys.exit(main(['generate', 'hi']))")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "pip install 'flashspec[torch]'" in r.stderr and "Traceback" not in r.stderr
