@@ -138,20 +138,29 @@ def fault_check(device) -> dict:
     want_other = eng.generate(other, speculation=True, **kw)["tokens"]
     out["clean_request_after_fault_ok"] = want_other == bad_eng.generate(other, speculation=True, **kw)["tokens"]
     if device.type == "cuda":  # the flags are computed and copied without a host sync
-        b = bad_eng.backend
-        greedy = SamplingConfig(0.0)
-        b.prefill([ids], 16)
-        b.step(0, 4, greedy, 0, 0)  # capture first
-        b.prefill([ids], 16)
-        out["host_syncs_per_spec_step"] = count_syncs(lambda: b.step(0, 4, greedy, 0, 0))
-        b.prefill([ids], 16)
-        b.decode_one(greedy, 0, 0)
-        b.prefill([ids], 16)
-        out["host_syncs_per_plain_step"] = count_syncs(lambda: b.decode_one(greedy, 0, 0))
+        with torch.inference_mode():  # as in Engine.generate, whose buffers are inference tensors
+            out.update(fault_syncs(bad_eng.backend, ids))
     out["ok"] = all(v["raised"] and v["tokens_kept_ok"] for v in (out["plain"], out["spec"])) and \
         out["clean_request_after_fault_ok"] and out.get("host_syncs_per_spec_step", 0) == 0 and \
         out.get("host_syncs_per_plain_step", 0) == 0
     print("fault check:", json.dumps(out), flush=True)
+    return out
+
+
+def fault_syncs(b, ids) -> dict:
+    """Host synchronisations of one graphed speculative and one plain step (after capture)."""
+    from flashspec.config import SamplingConfig
+
+    greedy = SamplingConfig(0.0)
+    out = {}
+    b.prefill([ids], 16)
+    b.step(0, 4, greedy, 0, 0)  # capture first
+    b.prefill([ids], 16)
+    out["host_syncs_per_spec_step"] = count_syncs(lambda: b.step(0, 4, greedy, 0, 0))
+    b.prefill([ids], 16)
+    b.decode_one(greedy, 0, 0)
+    b.prefill([ids], 16)
+    out["host_syncs_per_plain_step"] = count_syncs(lambda: b.decode_one(greedy, 0, 0))
     return out
 
 
