@@ -249,7 +249,7 @@ class TorchBackend:
         return verify(
             target_logits, proposal.tokens, logits, logprobs,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            seed=seed, offset=offset, impl=self.verify_impl,
+            seed=seed, offset=offset, impl=self.verify_impl, validate=False,  # screened above; ids are the drafts' own
         )
 
     # -- plain decoding

@@ -8,7 +8,8 @@ rejection, y the residual or bonus token.
 Both implementations are free of host synchronisation (no ``.item()``, no data-dependent shapes),
 so a step can be captured in a CUDA graph; pass ``seed`` / ``offset`` as device tensors to replay
 it with new randomness. Value checks that need the data (NaN logits, rows without a finite logit,
-draft ids outside [0, V)) run on CPU tensors, or on any device with ``validate=True``, which costs
+draft ids outside [0, V)) run on CPU tensors (``validate=False`` skips them: the engine, whose drafts
+emit valid ids and whose logits are screened on the device, does), or on any device with ``validate=True``, which costs
 a device-to-host synchronisation. Without them a draft id outside [0, V) (e.g. -1 padding) is
 never read out of bounds: it counts as rejected and y is drawn from p at that position.
 """
@@ -45,7 +46,7 @@ def verify(
     seed: int | torch.Tensor = 0,  # int, or int tensor [] or [B] (per-row seeds: generator row 0)
     offset: int | torch.Tensor = 0,  # int, or int tensor [] or [B]
     impl: str | None = None,  # "triton" (default on CUDA) or "reference" (default on CPU)
-    validate: bool = False,  # value checks on a GPU too (a host sync); CPU tensors always get them
+    validate: bool | None = None,  # value checks: None on CPU tensors only, True also on a GPU (a host sync), False never
     config: KernelConfig | None = None,  # impl="triton": the kernels' tiling and variants (None: choose_config)
 ) -> VerifyResult[torch.Tensor]:
     """Exact speculative verification (SPEC.md); num_accepted [B] int32, tokens [B, G+1] int32."""
@@ -56,7 +57,7 @@ def verify(
     impl = default_impl(target_logits) if impl is None else impl
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
-    if validate or target_logits.device.type == "cpu":
+    if validate or (validate is None and target_logits.device.type == "cpu"):
         check_values(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg)
     if impl == "reference":
         return verify_reference(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset)

@@ -92,3 +92,15 @@ def test_import_without_torch_names_the_extra():
             "except ImportError as e:\n    print('ERR', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "pip install 'flashspec[torch]'" in out.stdout, out.stdout + out.stderr
+
+
+def test_validate_false_skips_the_cpu_value_checks():
+    """The engine screens logits on the device and drafts emit valid ids: it opts out of the CPU
+    checks (a full pass over the logits per step); the default still checks."""
+    z = torch.zeros(1, 3, 10)
+    z[0, 1, 4] = float("nan")
+    x = torch.tensor([[1, 2]])
+    with pytest.raises(ValueError, match="target_logits"):
+        verify(z, x, temperature=0.0)
+    res = verify(z, x, temperature=0.0, validate=False)
+    assert res.tokens.shape == (1, 3)
