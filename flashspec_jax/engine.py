@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from flashspec.bandits import POLICIES, BanditConfig
+from flashspec.engine import EngineBase, check_request
 from flashspec.config import SamplingConfig
 from flashspec.loop import SpecConfig, StepRecord, decode, speculate
-from flashspec.stats import summarize
 from flashspec_torch.engine import DRAFT_HELP, parse_layers
 
 from . import whole
@@ -29,8 +29,10 @@ from .weights import LoadedModel, load
 LOOPS = ("host", "device")
 
 
-class Engine:
+class Engine(EngineBase):
     """``Engine(target=None)`` loads the embedded SmolLM2-135M-Instruct; ``generate`` runs it."""
+
+    backend_name = "jax"
 
     def __init__(
         self,
@@ -58,7 +60,6 @@ class Engine:
             self.target = target if isinstance(target, LoadedModel) else load(target, self.dtype)
             self.tokenizer = self.target.tokenizer
             self.policy_name, self.objective, self.loop = policy, objective, loop
-            self.policy = None  # shared across generate calls, so what one request learns helps the next
             BanditConfig(objective=objective)  # validate now
             config = self.target.model.config
             self.backend = JaxBackend(self.target.model, sorted(set(config.eos_token_ids)), verify_impl)
@@ -98,23 +99,6 @@ class Engine:
             raise ValueError(f"draft {spec!r} is unknown ({e}); a draft is {DRAFT_HELP}") from None
         return self.backend.model_draft(other.name, other.model)
 
-    def policy_for(self, gamma: int, seed: int):
-        if self.policy is None or self.policy_gamma != gamma:
-            config = BanditConfig(objective=self.objective, gamma=gamma)
-            self.policy = POLICIES[self.policy_name](len(self.backend.drafts), config, rng=seed)
-            self.policy_gamma = gamma
-        return self.policy
-
-    def encode(self, prompt: str, chat: bool) -> list[int]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            return list(ids)
-        return list(tok(prompt)["input_ids"])
-
     def generate(
         self,
         prompt: str | Sequence[str],
@@ -134,15 +118,10 @@ class Engine:
         ``seed`` is the request's own: an int for every prompt, or one per prompt. A request's
         tokens depend on its prompt and seed only, not on its row in the batch.
         """
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts:
-            raise ValueError("prompt must be a string or a non-empty list of strings")
+        prompts, seeds = check_request(prompt, seed, speculation, chat, on_step)
         sampling = SamplingConfig(temperature, top_k, top_p)
         spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
         ids = [self.encode(p, chat) for p in prompts]
-        seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
-        if len(seeds) != len(prompts) or any(not isinstance(s, int) or not 0 <= s < 2**63 for s in seeds):
-            raise ValueError(f"seed must be an int in [0, 2**63) or one per prompt ({len(prompts)}), got {seed!r}")
         per_row = np.array(seeds, dtype=np.uint64)
         start = time.perf_counter()
         with self.on_device():
@@ -160,19 +139,4 @@ class Engine:
             records = [StepRecord(r.arm, r.drafted, r.accepted, r.emitted, r.rows, wall / max(1, len(records))) for r in records]
             for r in records if on_step else ():
                 on_step(r)
-        stats = summarize(records, self.backend.draft_names, wall, sum(map(len, outs)))
-        texts = [self.tokenizer.decode(o, skip_special_tokens=True, clean_up_tokenization_spaces=False) for o in outs]
-        single = isinstance(prompt, str)
-        return {
-            "text": texts[0] if single else texts,
-            "tokens": outs[0] if single else outs,
-            **stats,
-            "speculation": speculation,
-            "gamma": gamma if speculation else None,
-            "policy": self.policy_name if speculation else None,
-            "drafts": self.backend.draft_names if speculation else [],
-            "backend": "jax",
-            "loop": self.loop if speculation else "host",
-            "device": str(self.device),
-            "wall_s": wall,
-        }
+        return self.report(prompt, outs, records, wall, speculation, gamma, {"loop": self.loop if speculation else "host"})

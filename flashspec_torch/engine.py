@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -10,10 +9,10 @@ from pathlib import Path
 import torch
 
 from flashspec.bandits import POLICIES, BanditConfig
+from flashspec.engine import EngineBase, check_request
 from flashspec.config import SamplingConfig
 from flashspec.faults import NonFiniteLogitsError
 from flashspec.loop import SpecConfig, StepRecord, decode, speculate
-from flashspec.stats import summarize
 
 from .backend import TorchBackend
 from .drafts import LAYERSKIP_DEFAULT, LookupDraft, ModelDraft, TransformersDraft, draft_from_model
@@ -54,12 +53,14 @@ def load_target(spec: str | None, dtype: torch.dtype, device) -> LoadedModel:
     return load(spec, dtype, device)
 
 
-class Engine:
+class Engine(EngineBase):
     """``Engine(target=None)`` loads the embedded SmolLM2-135M-Instruct; ``generate`` runs it.
 
     ``target``: a LoadedModel or a spelling of TARGET_HELP (``"nf4"``: the embedded model in NF4).
     ``drafts``: names of DRAFT_HELP, LoadedModels or transformers causal-LM objects.
     """
+
+    backend_name = "torch"
 
     def __init__(
         self,
@@ -97,7 +98,6 @@ class Engine:
                              "a target needs one to encode prompts; a directory without one can only be a draft")
         self.tokenizer = self.target.tokenizer
         self.policy_name, self.objective = policy, objective
-        self.policy = None  # shared across generate calls, so what one request learns helps the next
         self.drafts = [self.make_draft(d) for d in drafts]
         config = self.target.model.config
         eos = set(config.eos_token_ids)
@@ -131,23 +131,6 @@ class Engine:
         except FileNotFoundError as e:
             raise ValueError(f"draft {spec!r} is unknown ({e}); a draft is {DRAFT_HELP}") from None
         return draft_from_model(other, model, self.dtype, self.device)
-
-    def policy_for(self, gamma: int, seed: int):
-        if self.policy is None or self.policy_gamma != gamma:
-            config = BanditConfig(objective=self.objective, gamma=gamma)
-            self.policy = POLICIES[self.policy_name](len(self.drafts), config, rng=seed)
-            self.policy_gamma = gamma
-        return self.policy
-
-    def encode(self, prompt: str, chat: bool) -> list[int]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            return list(ids)
-        return list(tok(prompt)["input_ids"])
 
     def generate(
         self,
@@ -196,23 +179,7 @@ class Engine:
 
     def result(self, prompt, records: list[StepRecord], wall: float, speculation: bool, gamma: int, interrupted: bool) -> dict:
         """SPEC.md's stats dict of what the backend holds now (the whole batch, or a partial one)."""
-        outs = self.backend.outputs()
-        stats = summarize(records, self.backend.draft_names, wall, sum(map(len, outs)))
-        texts = [self.tokenizer.decode(o, skip_special_tokens=True, clean_up_tokenization_spaces=False) for o in outs]
-        single = isinstance(prompt, str)
-        return {
-            "text": texts[0] if single else texts,
-            "tokens": outs[0] if single else outs,
-            **stats,
-            "speculation": speculation,
-            "gamma": gamma if speculation else None,
-            "policy": self.policy_name if speculation else None,
-            "drafts": self.backend.draft_names if speculation else [],
-            "backend": "torch",
-            "device": str(self.device),
-            "wall_s": wall,
-            "interrupted": interrupted,
-        }
+        return self.report(prompt, self.backend.outputs(), records, wall, speculation, gamma, {"interrupted": interrupted})
 
     def caches(self) -> list:
         """Every KV cache of the current batch (the target's and the model drafts')."""
@@ -233,24 +200,3 @@ def check_device(device) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} but CUDA is not available here (torch {torch.__version__}); use device='cpu'")
     return dev
-
-
-def check_request(prompt, seed, speculation, chat, on_step) -> tuple[list[str], list[int]]:
-    """generate()'s request arguments; returns (prompts, one seed per prompt)."""
-    if isinstance(prompt, str):
-        prompts = [prompt]
-    elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, str) for p in prompt):
-        prompts = list(prompt)
-    else:
-        raise ValueError(f"prompt must be a string or a non-empty list of strings, got {type(prompt).__name__}")
-    seeds = [seed] * len(prompts) if isinstance(seed, numbers.Integral) else seed
-    if not isinstance(seeds, (list, tuple)) or len(seeds) != len(prompts) or not all(
-        isinstance(s, numbers.Integral) and not isinstance(s, bool) and 0 <= s < 2**63 for s in seeds
-    ):
-        raise ValueError(f"seed must be an int in [0, 2**63) or a list of one per prompt ({len(prompts)}), got {seed!r}")
-    for name, flag in (("speculation", speculation), ("chat", chat)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name}={flag!r} must be a bool")
-    if on_step is not None and not callable(on_step):
-        raise TypeError(f"on_step={on_step!r} must be None or a function of a StepRecord")
-    return prompts, [int(s) for s in seeds]
