@@ -75,8 +75,10 @@ class Engine(EngineBase):
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r} is unknown; choose one of {sorted(POLICIES)}")
-        if isinstance(drafts, str) or not all(isinstance(d, str) for d in drafts):
-            raise TypeError(f"drafts={drafts!r} must be a sequence of draft names such as ('ngram',); a draft is {DRAFT_HELP}")
+        kinds = (str, LoadedModel, torch.nn.Module)  # names, or models sharing the tokenizer
+        if isinstance(drafts, str) or not isinstance(drafts, (list, tuple)) or not all(isinstance(d, kinds) for d in drafts):
+            raise TypeError(f"drafts={drafts!r} must be a sequence of draft names such as ('ngram',) or model objects "
+                            f"(LoadedModel, Llama, a transformers causal LM); a draft name is {DRAFT_HELP}")
         if not drafts:
             raise ValueError("drafts must name at least one draft; use speculation=False for plain decoding")
         BanditConfig(objective=objective)  # validate now
