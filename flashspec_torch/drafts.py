@@ -46,6 +46,19 @@ class Sequences:
     step: int = 0
 
 
+class Stateless:
+    """A draft that keeps no cache: nothing to start, never behind, nothing to record."""
+
+    def start(self, batch: int, max_len: int) -> None:
+        pass
+
+    def lagging(self, seqs: Sequences) -> bool:
+        return False
+
+    def mark_used(self, seqs: Sequences) -> None:
+        pass
+
+
 class ModelDraft:
     capturable = True  # propose(graphed=True) has fixed shapes (after catch_up when lagging)
 
@@ -111,7 +124,7 @@ class ModelDraft:
         self.used_at = seqs.step
 
 
-class LookupDraft:
+class LookupDraft(Stateless):
     """Prompt lookup: match the last n tokens (n = max_n .. 1) against the history."""
 
     capturable = True
@@ -121,15 +134,6 @@ class LookupDraft:
             raise ValueError(f"{max_n=} must be >= 1")
         self.name, self.max_n = name, max_n
         self.impl = impl  # "triton" (one kernel) or "reference" (torch ops); None: by device
-
-    def start(self, batch: int, max_len: int) -> None:
-        pass
-
-    def lagging(self, seqs: Sequences) -> bool:
-        return False
-
-    def mark_used(self, seqs: Sequences) -> None:
-        pass
 
     def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
         impl = self.impl or default_impl(seqs.tokens.device)
@@ -170,7 +174,7 @@ def lookup_triton(seq: torch.Tensor, length: torch.Tensor, gamma: int, max_n: in
     return out
 
 
-class TransformersDraft:
+class TransformersDraft(Stateless):
     """Any transformers causal LM sharing the tokenizer, run through its own forward.
 
     Architectures our ``Llama`` does not cover (GPT-2, Qwen, ...) land here. It keeps no cache:
@@ -182,15 +186,6 @@ class TransformersDraft:
 
     def __init__(self, name: str, hf_model: torch.nn.Module):
         self.name, self.hf = name, hf_model.eval().requires_grad_(False)
-
-    def start(self, batch: int, max_len: int) -> None:
-        pass
-
-    def lagging(self, seqs: Sequences) -> bool:
-        return False
-
-    def mark_used(self, seqs: Sequences) -> None:
-        pass
 
     def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
         length = seqs.length  # [B]
