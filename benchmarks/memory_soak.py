@@ -169,6 +169,8 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="30 calls, sampled every 10")
     ap.add_argument("--random", action="store_true", help="random SmolLM2-135M-shaped weights, byte tokenizer")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                    help="skip Engine.warm_up before the first call (graphs are then captured as kinds first occur)")
     args = ap.parse_args()
     if args.dry_run:
         args.calls, args.every = 30, 10
@@ -181,13 +183,16 @@ def main() -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target = random_target(device, dtype, small=False) if args.random else None
     engine = Engine(target, ("ngram",), policy="thompson-token", device=str(device))
+    # The soak's settings: gamma 3, greedy and T = 0.7, speculative and plain (see soak()).
+    captured = engine.warm_up(gamma=3, temperatures=(0.0, 0.7)) if args.warm_up else None
     rows = soak(engine, args.calls, args.every, args.max_new_tokens)
     wall = time.perf_counter() - start
     keys = ["rss_mib"] + (["cuda_allocated_mib", "cuda_reserved_mib"] if engine.device.type == "cuda" else [])
     doc = {
         "what": "memory after consecutive short generate calls on one Engine (embedded SmolLM2-135M-Instruct)",
         "command": "python benchmarks/memory_soak.py" + (" --dry-run" if args.dry_run else f" --calls {args.calls}")
-        + (" --random" if args.random else ""),
+        + (" --random" if args.random else "") + ("" if args.warm_up else " --no-warm-up"),
+        "warm_up_graphs": captured,
         "fault_check": checked, "random_weights": args.random,
         "calls": args.calls, "max_new_tokens": args.max_new_tokens, "device": str(engine.device),
         "dtype": str(engine.dtype), "wall_s": wall,
@@ -199,7 +204,8 @@ def main() -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = "memory_soak" + ("_random" if args.random else "") + ("_dry_run" if args.dry_run else "") + ("_cuda" if engine.device.type == "cuda" else "")
+    name = "memory_soak" + ("_random" if args.random else "") + ("" if args.warm_up else "_lazy") + \
+        ("_dry_run" if args.dry_run else "") + ("_cuda" if engine.device.type == "cuda" else "")
     path = args.out / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1))
     print(f"\n{args.calls} calls in {wall:.0f} s on {engine.device}")

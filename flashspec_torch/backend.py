@@ -68,34 +68,51 @@ class HostMirror:
 
 
 class StepGraphs:
-    """Whole steps captured as CUDA graphs on first use (per key) and replayed after.
+    """Whole steps captured as CUDA graphs (per key) and replayed after.
 
     A step reads and writes only buffers that live as long as the batch state (token history,
     lengths, caches, seed, offset), so one capture serves every later step. Capture is preceded by
-    one eager warm-up (compiles the Triton kernels, creates cuBLAS handles); the warm-up's effects
-    on the state are undone from a snapshot, so the first replay is the step's real execution.
+    one eager warm-up (compiles the Triton kernels, creates cuBLAS handles) on one side stream kept
+    for the object's life (cuBLAS keeps a workspace per stream: a fresh stream per capture would
+    hold one more each time); the warm-up's effects on the state are undone from a snapshot, so the
+    first replay is the step's real execution. At most ``max_graphs`` are kept, the oldest dropped
+    first (a server that sees many sampling settings holds a bounded set).
     """
 
-    def __init__(self):
+    def __init__(self, max_graphs: int = 64):
+        if max_graphs < 1:
+            raise ValueError(f"{max_graphs=} must be >= 1")
+        self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
+        self.side = torch.cuda.Stream()
         self.graphs: dict = {}
+
+    def capture(self, key, step, state: Sequence[torch.Tensor]) -> None:
+        """Capture ``step`` under ``key`` unless it is captured already (nothing is executed)."""
+        if key in self.graphs:
+            return
+        try:
+            snapshot = [t.clone() for t in state]
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                step()
+            torch.cuda.current_stream().wait_stream(self.side)
+            for t, saved in zip(state, snapshot):
+                t.copy_(saved)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.side):
+                outputs = step()
+        except BaseException:  # e.g. Ctrl-C mid-capture: a half-made graph must not be kept, nor its pool
+            self.clear()
+            raise
+        if len(self.graphs) >= self.max_graphs:
+            del self.graphs[next(iter(self.graphs))]  # after the new capture: the pool keeps a live graph
+        self.graphs[key] = (graph, outputs)
 
     def replay(self, key, step, state: Sequence[torch.Tensor]):
         """Replay the graph of ``key`` (capturing ``step`` first if new); returns the outputs
         ``step`` returned when it was captured (static buffers, refreshed by every replay)."""
-        if key not in self.graphs:
-            snapshot = [t.clone() for t in state]
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                step()
-            torch.cuda.current_stream().wait_stream(side)
-            for t, saved in zip(state, snapshot):
-                t.copy_(saved)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                outputs = step()
-            self.graphs[key] = (graph, outputs)
+        self.capture(key, step, state)
         graph, outputs = self.graphs[key]
         graph.replay()
         return outputs
@@ -110,6 +127,12 @@ class StepGraphs:
 class StaticSteps:
     """The graphed steps' fixed-shape code run eagerly, without capture: what ``graphs=True``
     does off CUDA, so the CPU tests cover the code that the GPU captures."""
+
+    def __init__(self):
+        self.graphs: dict = {}  # always empty: nothing is captured
+
+    def capture(self, key, step, state) -> None:
+        pass
 
     def replay(self, key, step, state):
         return step()
@@ -142,6 +165,7 @@ class TorchBackend:
         self.graphed = self.device.type == "cuda" if graphs is None else bool(graphs)
         self.graphs = (StepGraphs() if self.device.type == "cuda" else StaticSteps()) if self.graphed else None
         self.shape: tuple[int, int] | None = None  # (B, S) of the buffers below
+        self.warm_for: tuple[int | None, SamplingConfig] | None = None  # prefill then captures these kinds (warm_up)
 
     # -- the batch
 
@@ -171,6 +195,8 @@ class TorchBackend:
             self.target(seqs.tokens[:, : longest - 1], pos, self.cache, longest - 1, logits_last=0)
         for d in self.drafts:
             d.start(b, self.shape[1])
+        if self.warm_for is not None:
+            self.warm_up(*self.warm_for)
 
     def allocate(self, batch: int, s_needed: int) -> None:
         """Buffers for a batch; kept (and the graphs with them) while the next batch fits."""
@@ -212,6 +238,14 @@ class TorchBackend:
         if draft.lagging(self.seqs):
             draft.catch_up(self.seqs, gamma)
         self.set_counters(seed, offset)
+        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),
+                                          self.state())
+        draft.mark_used(self.seqs)
+        return self.commit_host(num_accepted, gamma + 1)
+
+    def graphed_step(self, arm: int, gamma: int, sampling: SamplingConfig):
+        """The device work of one speculative step, reading seed / offset from the buffers."""
+        draft = self.drafts[arm]
 
         def run():
             p = draft.propose(self.seqs, gamma, sampling, self.seed, self.offset, graphed=True)
@@ -219,9 +253,31 @@ class TorchBackend:
             self.commit_device(r)
             return r.num_accepted
 
-        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling), run, self.state())
-        draft.mark_used(self.seqs)
-        return self.commit_host(num_accepted, gamma + 1)
+        return run
+
+    def graphed_decode(self, sampling: SamplingConfig):
+        def run():
+            r = self.sample_next(sampling, self.seed, self.offset)
+            self.commit_device(r)
+            return r.num_accepted
+
+        return run
+
+    def warm_up(self, gamma: int | None, sampling: SamplingConfig) -> int:
+        """Capture now every step kind a request with these settings can run: each capturable
+        draft at ``gamma`` (None: none) and plain decoding. Call after ``prefill``. The policy may
+        pick any draft at any step, so capturing all of them here puts the graphs' memory and
+        compile time into the first call instead of a later one. Returns the graphs captured."""
+        if not self.graphed:
+            return 0
+        before = len(self.graphs.graphs)
+        if gamma is not None:
+            for arm, d in enumerate(self.drafts):
+                if d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
+                    self.graphs.capture(("spec", arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),
+                                        self.state())
+        self.graphs.capture(("plain", sampling), self.graphed_decode(sampling), self.state())
+        return len(self.graphs.graphs) - before
 
     def set_counters(self, seed, offset: int) -> None:
         """The step's seed / offset into the buffers the graphs read."""
@@ -259,13 +315,7 @@ class TorchBackend:
         if not self.graphed:
             return self.commit(self.sample_next(sampling, seed, offset))
         self.set_counters(seed, offset)
-
-        def run():
-            r = self.sample_next(sampling, self.seed, self.offset)
-            self.commit_device(r)
-            return r.num_accepted
-
-        num_accepted = self.graphs.replay(("plain", sampling), run, self.state())
+        num_accepted = self.graphs.replay(("plain", sampling), self.graphed_decode(sampling), self.state())
         return self.commit_host(num_accepted, 2)
 
     def sample_next(self, sampling: SamplingConfig, seed, offset) -> VerifyResult:

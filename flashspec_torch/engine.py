@@ -161,6 +161,7 @@ class Engine(EngineBase):
         records: list[StepRecord] = []
         interrupted = False
         start = time.perf_counter()
+        self.backend.warm_for = (gamma if speculation else None, sampling)  # every draft's graph on first sight
         try:
             with torch.inference_mode():
                 if speculation:
@@ -178,6 +179,31 @@ class Engine(EngineBase):
                 scrub_caches(self.caches())  # stale NaN K/V would poison the next request's attention
             raise
         return self.result(prompt, records, time.perf_counter() - start, speculation, gamma, interrupted)
+
+    def warm_up(self, *, batch: int = 1, gamma: int = 4, temperatures: Sequence[float] = (0.0, 0.7), top_k: int = 0,
+                top_p: float = 1.0, context: int | None = None) -> int:
+        """Capture now the CUDA graphs of every step kind that requests of ``batch`` prompts with
+        these settings can run (each draft at ``gamma``, plain decoding; one set per temperature),
+        for prompt + new tokens up to ``context`` (None: 512, or the model's context if shorter).
+
+        ``generate`` captures every draft's kind for its own settings on first sight anyway; this
+        takes all the settings a server will see up front, so that GPU memory and compile time stop
+        growing after it. Returns the number of graphs captured (0 off CUDA, where nothing is)."""
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"{batch=} must be an integer >= 1 (the number of prompts of the requests to come)")
+        samplings = [SamplingConfig(t, top_k, top_p) for t in temperatures]
+        limit = self.target.model.config.max_position_embeddings
+        context = min(512, limit) if context is None else context
+        if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= limit:
+            raise ValueError(f"{context=} must be in [2, {limit}] (the model's context)")
+        SpecConfig(gamma=gamma, max_new_tokens=context - 1)  # validates gamma
+        captured = 0
+        with torch.inference_mode():
+            self.backend.warm_for = None
+            self.backend.prefill([[0]] * batch, context - 1)
+            for sampling in samplings:
+                captured += self.backend.warm_up(gamma, sampling)
+        return captured
 
     def result(self, prompt, records: list[StepRecord], wall: float, speculation: bool, gamma: int, interrupted: bool) -> dict:
         """SPEC.md's stats dict of what the backend holds now (the whole batch, or a partial one)."""

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile verify jax checks (default: all)
+#   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
+#   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
+#   into /tmp/site first: the device has no bitsandbytes.
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
 # `flashspec` is the tree's shared/ folder, reached through a symlink on PYTHONPATH.
 # TREE=path runs another checkout's code (e.g. a branch exported with git archive).
@@ -15,7 +17,13 @@ steps=${*:-tests engine profile verify jax checks}
 for step in $steps; do
   echo "== $step $(date +%T)"
   case $step in
-    tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/torch/test_backend_graphs.py tests/torch/test_torch_verify_cuda_graph.py 2>&1 | tail -6 ;;
+    bnb) python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+           && export PYTHONPATH=$PYTHONPATH:/tmp/site && python3 -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" ;;
+    tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/torch/test_backend_graphs.py tests/torch/test_torch_verify_cuda_graph.py \
+             tests/torch/test_warm_up.py tests/torch/test_nf4_gpu.py ${EXTRA_TESTS:-} > "$OUT/tests.log" 2>&1; tail -15 "$OUT/tests.log" ;;
+    soak) for v in "" --no-warm-up; do timeout 200 python3 benchmarks/memory_soak.py --random --device cuda --out "$OUT" $v > "$OUT/memory_soak$v.log" 2>&1; tail -6 "$OUT/memory_soak$v.log"; done ;;
+    nf4) timeout 300 python3 benchmarks/nf4_gpu.py --shapes ${NF4_SHAPES:-smollm2-135m,tinyllama-1.1b} > "$OUT/nf4_gpu.log" 2>&1; tail -4 "$OUT/nf4_gpu.log" ;;
+    gemv) timeout ${GEMV_TIMEOUT:-330} python3 benchmarks/gemv_sweep.py --out "$OUT/gemv_sweep.json" > "$OUT/gemv_sweep.log" 2>&1; tail -40 "$OUT/gemv_sweep.log" ;;
     engine) timeout 300 python3 benchmarks/engine_gpu.py --tokens 128 > "$OUT/engine_gpu.log" 2>&1; tail -5 "$OUT/engine_gpu.log" ;;
     profile) timeout 120 python3 benchmarks/engine_profile.py --shape tinyllama-1.1b > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log" ;;
     verify) timeout 330 python3 benchmarks/verify_variants.py --out "$OUT" > "$OUT/verify_variants.log" 2>&1; tail -40 "$OUT/verify_variants.log" ;;
