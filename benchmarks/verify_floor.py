@@ -1,0 +1,80 @@
+"""How close can a verify step get to the memory floor? The Triton verify next to the plainest kernel
+that reads the target logits once (torch's row max: one kernel) and next to an empty kernel, all timed the same way (CUDA-graph replays
+of one call per input set, cycling sets larger than L2; ``verify_kernels.time_graph``).
+
+    python benchmarks/verify_floor.py [--batch 32,128,256] [--vocab 32000,128256]   # writes $OUT/verify_floor.json
+
+"read" is what any kernel that must see every logit once costs on this GPU at this size, launch and
+tail included; "verify / read" is what the verify algorithm adds on top of reading its input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import pathlib
+
+import torch
+
+from verify_kernels import bytes_required, capture, copy_bandwidth_gbps, input_sets, time_graph
+from flashspec_torch.verify import verify
+
+
+def read_once(inp: dict) -> torch.Tensor:  # [B, G+1]: every target logit read once, one kernel
+    return torch.amax(inp["target_logits"], -1)
+
+
+def empty(inp: dict) -> torch.Tensor:
+    return inp["draft_tokens"][:1, :1] + 1  # one tiny kernel
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", default="32,128,256")
+    ap.add_argument("--vocab", default="32000,128256")
+    ap.add_argument("--gamma", default="4")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "benchmarks/results")))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("verify_floor.py needs a CUDA GPU")
+    dev = torch.device("cuda")
+    gbps = copy_bandwidth_gbps(dev)
+    rows = []
+    for v, dt, g, b in itertools.product(*(map(int, args.vocab.split(",")),), args.dtypes.split(","),
+                                         map(int, args.gamma.split(",")), map(int, args.batch.split(","))):
+        shape = dict(B=b, G=g, V=v, dtype=dt, draft="logprobs", temperature=0.7)
+        sets = input_sets(shape, dev)
+        floor_us = bytes_required(shape) / (gbps * 1e9) * 1e6
+        steps = {
+            "verify": lambda inp: verify(**inp, temperature=0.7, seed=1, offset=2, impl="triton", validate=False),
+            "read": read_once,
+            "empty": empty,
+        }
+        row = dict(shape, floor_us=floor_us, sets=len(sets))
+        for name, step in steps.items():
+            graph, _ = capture(step, sets)
+            row[f"{name}_us"] = time_graph(graph, len(sets)) * 1e3
+            del graph
+        row["verify_x_floor"] = row["verify_us"] / floor_us
+        z = sets[0]["target_logits"]
+        row["read_floor_us"] = z.numel() * z.element_size() / (gbps * 1e9) * 1e6  # the target logits alone
+        row["read_x_floor"] = row["read_us"] / row["read_floor_us"]
+        row["verify_x_read"] = row["verify_us"] / row["read_us"]
+        print(f"B={b:<4} G={g} V={v:<7} {dt:<9} floor {floor_us:7.1f} us | verify {row['verify_us']:7.1f} "
+              f"({row['verify_x_floor']:.2f}x) | read once {row['read_us']:7.1f} ({row['read_x_floor']:.2f}x) | "
+              f"empty {row['empty_us']:5.1f} | verify/read {row['verify_x_read']:.2f}", flush=True)
+        rows.append(row)
+        del sets
+        torch.cuda.empty_cache()
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+           "copy_bandwidth_gbps": gbps, "command": "python benchmarks/verify_floor.py", "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "verify_floor.json").write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
