@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .layers import add_rms_norm_reference, silu_mul_reference
+from .layers import add_rms_norm_reference, pdl_on, silu_mul_reference
 from .verify import interpreting, next_pow2
 
 MAX_ROWS = 8
@@ -174,7 +174,7 @@ def launch(prologue: str, x, d, g, w, h_out, eps: float, config: GemvConfig | No
     if config is None:
         config = gemv_config(n, k, m, prologue)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    use_pdl = bool(pdl) and x.is_cuda and not interpreting()
+    use_pdl = pdl_on(pdl, x)
     kernels().gemv_kernel[(-(-n // config.block_n),)](
         x, x if d is None else d, x if g is None else g, w, y, x if h_out is None else h_out,
         m, n, k, eps,
