@@ -27,6 +27,11 @@ def check_impl(impl: str, device: torch.device) -> None:
         raise RuntimeError("impl='triton' on the CPU needs TRITON_INTERPRET=1 set before flashspec_torch is imported")
 
 
+def pdl_on(pdl: bool, x: torch.Tensor) -> bool:
+    """Programmatic dependent launch (Hopper) only where asked for and on a GPU, never interpreted."""
+    return bool(pdl) and x.is_cuda and not interpreting()
+
+
 def kernels():
     from .kernels import layers
 
@@ -55,6 +60,7 @@ def add_rms_norm(
     weight: torch.Tensor,  # [C]
     eps: float,
     impl: str = "reference",
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (h + d, rms_norm(h + d) * weight)
     if impl == "reference":
         return add_rms_norm_reference(h, d, weight, eps)
@@ -66,7 +72,8 @@ def add_rms_norm(
     block_r = max(1, min(next_pow2(rows), 2048 // block_c)) if h.is_cuda else next_pow2(rows)
     kernels().add_rms_norm_kernel[(triton_cdiv(rows, block_r),)](
         h, h if d is None else d, weight, y, rows, c, eps,
-        HAS_D=d is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=4 if block_c * block_r <= 4096 else 8,
+        HAS_D=d is not None, BLOCK_R=block_r, BLOCK_C=block_c, USE_PDL=pdl_on(pdl, h),
+        num_warps=4 if block_c * block_r <= 4096 else 8, launch_pdl=pdl_on(pdl, h),
     )
     return h, y
 
@@ -103,6 +110,7 @@ def rope_kv(
     heads: int,
     kv_heads: int,
     impl: str = "reference",
+    pdl: bool = False,
 ) -> torch.Tensor:  # q [B, H, T, D], rotated
     if impl == "reference":
         return rope_kv_reference(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads)
@@ -113,7 +121,7 @@ def rope_kv(
     q = torch.empty((b, heads, t, d), dtype=qkv.dtype, device=qkv.device)
     kernels().rope_kv_kernel[(b * t, heads + 2 * kv_heads)](
         qkv, cos, sin, positions, q, k_cache, v_cache, t, k_cache.shape[2],
-        H=heads, H_KV=kv_heads, D=d, num_warps=1,
+        H=heads, H_KV=kv_heads, D=d, USE_PDL=pdl_on(pdl, qkv), num_warps=1, launch_pdl=pdl_on(pdl, qkv),
     )
     return q
 
@@ -137,6 +145,7 @@ def attention(
     mask: torch.Tensor,  # [B, 1, T, S'] bool, the same rule over slots [0, S')
     kv_heads: int,
     impl: str = "reference",
+    pdl: bool = False,
 ) -> torch.Tensor:  # [B, T, H D]
     """The kernel serves a few new tokens per row (decode, drafting, scoring); long prompts go
     to SDPA in both implementations."""
@@ -148,7 +157,8 @@ def attention(
     kernels().decode_attention_kernel[(b * kv_heads,)](
         q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2], mask.shape[-1], d ** -0.5,
         H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(group * t)), BLOCK_S=128 if d == 64 else 64,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=pdl_on(pdl, q), num_warps=4, num_stages=2,
+        launch_pdl=pdl_on(pdl, q),
     )
     return out
 
@@ -161,7 +171,7 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2I] -> [
     return F.silu(gate) * up
 
 
-def silu_mul(gate_up: torch.Tensor, impl: str = "reference") -> torch.Tensor:  # [..., 2I] -> [..., I]
+def silu_mul(gate_up: torch.Tensor, impl: str = "reference", pdl: bool = False) -> torch.Tensor:  # [..., 2I] -> [..., I]
     if impl == "reference":
         return silu_mul_reference(gate_up)
     i2 = gate_up.shape[-1]
@@ -169,7 +179,9 @@ def silu_mul(gate_up: torch.Tensor, impl: str = "reference") -> torch.Tensor:  #
     rows, i = gate_up.numel() // i2, i2 // 2
     y = torch.empty((*gate_up.shape[:-1], i), dtype=gate_up.dtype, device=gate_up.device)
     block = min(next_pow2(i), 2048)
-    kernels().silu_mul_kernel[(rows, triton_cdiv(i, block))](gate_up, y, i, BLOCK=block, num_warps=4)
+    kernels().silu_mul_kernel[(rows, triton_cdiv(i, block))](
+        gate_up, y, i, BLOCK=block, USE_PDL=pdl_on(pdl, gate_up), num_warps=4, launch_pdl=pdl_on(pdl, gate_up),
+    )
     return y
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import gemv as fused
 from .layers import add_rms_norm, attention, default_impl, linear, rope_kv, silu_mul
 
 
@@ -110,9 +111,22 @@ def rope_frequencies(config: LlamaConfig) -> torch.Tensor:  # [D/2] float32
 def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x [..., K] -> [..., N]
     """A projection: the module itself (nn.Linear, or a 4-bit one), or for plain nn.Linear weights
     ``layers.linear`` with ``impl`` (the Triton product for a few rows)."""
-    if impl == "reference" or type(module) is not nn.Linear:
+    if impl in ("reference", "fused") or type(module) is not nn.Linear:
         return module(x)
     return linear(x, module.weight, impl)
+
+
+LINEAR_IMPLS = ("reference", "triton", "fused")
+
+
+def fusable(x: torch.Tensor, linear_impl: str, *modules: nn.Module) -> bool:
+    """The fused path (flashspec_torch.gemv: the norms and SwiGLU inside the products) serves
+    plain nn.Linear weights and at most 8 rows; otherwise the layer runs unfused, projections by
+    cuBLAS."""
+    if linear_impl not in LINEAR_IMPLS:
+        raise ValueError(f"linear_impl={linear_impl!r} must be one of {LINEAR_IMPLS}")
+    m = x.numel() // x.shape[-1]
+    return linear_impl == "fused" and fused.fits(m, x) and all(type(mod) is nn.Linear for mod in modules)
 
 
 class Block(nn.Module):
@@ -126,11 +140,18 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
 
-    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str, linear_impl: str):
+    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str, linear_impl: str, pdl: bool = False):
         """h [B, T, C] the residual stream and d [B, T, C] (or None) what the previous layer adds to
         it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] bool (slot visible).
         Returns (h, d) for the next layer: the residual add is fused into the next norm."""
         c = self.c
+        if fusable(h, linear_impl, self.qkv, self.o, self.gate_up, self.down):  # 6 launches
+            qkv, h = fused.gemv_add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, self.qkv.weight, pdl=pdl)
+            q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl, pdl)
+            attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl, pdl)  # [B, T, H D]
+            o = fused.gemv(attn, self.o.weight, pdl=pdl)
+            gate_up, h = fused.gemv_add_rms_norm(h, o, self.mlp_norm, c.rms_norm_eps, self.gate_up.weight, pdl=pdl)
+            return h, fused.gemv_silu_mul(gate_up, self.down.weight, pdl=pdl)
         h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl)
         qkv = project(self.qkv, x, linear_impl)
         q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl)
@@ -153,7 +174,10 @@ class Llama(nn.Module):
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
         self.skip: frozenset[int] = frozenset()  # layers a layer-skipping draft leaves out
         self.impl: str | None = None  # layer kernels: "triton" (fused) or "reference"; None: by device
-        self.linear_impl = "reference"  # projections of a few rows: "reference" (cuBLAS) or "triton"
+        # projections of a few rows: "reference" (cuBLAS), "triton" (layers.skinny_linear), or "fused"
+        # (flashspec_torch.gemv: norms and SwiGLU inside the products, <= 8 rows; more rows: cuBLAS)
+        self.linear_impl = "reference"
+        self.pdl = False  # programmatic dependent launch between the layer kernels (Hopper; GPU only)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.embed.weight
@@ -180,7 +204,7 @@ class Llama(nn.Module):
         d = None
         for i, layer in enumerate(self.layers):
             if i not in skip:
-                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl, self.linear_impl)
+                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl, self.linear_impl, self.pdl)
         if logits_last == 0:
             return None
         if select is not None:
@@ -188,5 +212,7 @@ class Llama(nn.Module):
             d = None if d is None else d.gather(1, select[:, None, None].expand(-1, 1, d.shape[-1]))
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
+        if fusable(h, self.linear_impl, self.lm_head):
+            return fused.gemv_add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, self.lm_head.weight, pdl=self.pdl)[0].float()
         _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl)
         return project(self.lm_head, x, self.linear_impl).float()

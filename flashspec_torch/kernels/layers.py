@@ -11,10 +11,15 @@ three, and round every intermediate to the activation dtype exactly where the pl
 * ``silu_mul_kernel``: silu(gate) * up from the fused gate_up projection.
 
 All arithmetic is float32 after loading; ``ROUND`` rounds to the storage dtype in between.
+
+``USE_PDL`` (opt-in, Hopper programmatic dependent launch, launched with ``launch_pdl=True``): each
+kernel waits for the previous one (``gdc_wait``) before it reads or writes anything, then lets the
+next one launch, so a layer's kernels form one PDL chain.
 """
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -23,11 +28,19 @@ def rounded(x, DTYPE: tl.constexpr):  # float32 -> float32, rounded through the 
 
 
 @triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):  # before the first read of anything the previous kernel wrote
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def add_rms_norm_kernel(
     h_ptr, d_ptr, w_ptr, y_ptr,  # h, d, y: [R, C] rows; w: [C]
     rows, C, eps,
-    HAS_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]  # [BR, 1]
     c = tl.arange(0, BLOCK_C)[None, :]  # [1, BC]
     mask = (r < rows) & (c < C)
@@ -47,8 +60,9 @@ def rope_kv_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr,  # qkv [B, T, (H + 2 H_kv) D]; cos, sin [B, T, D]; pos [B, T]
     q_ptr, k_ptr, v_ptr,  # q [B, H, T, D]; k, v caches [B, H_kv, S, D]
     T, S,
-    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
+    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     bt = tl.program_id(0)  # one token
     head = tl.program_id(1)  # one of the H + 2 H_kv head vectors of that token
     b, t = bt // T, bt % T
@@ -74,8 +88,9 @@ def rope_kv_kernel(
 @triton.jit
 def silu_mul_kernel(
     gu_ptr, y_ptr,  # gu [R, 2I] (gate then up); y [R, I]
-    I, BLOCK: tl.constexpr,
+    I, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     r = tl.program_id(0)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = i < I
@@ -91,12 +106,13 @@ def decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr,  # q [B, H, T, D]; k, v [B, H_kv, S, D]; pos [B, T]; out [B, T, H D]
     T, S, attend, scale,
     H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """Attention of a few new tokens (T <= BLOCK_Q / group) over the cache: one program per
     (row, KV head) holds that head's group of query heads times T tokens, streams the slots
     [0, attend) once with an online softmax, and writes [B, T, H D] (the o-projection's layout).
     A query at position p sees slots s <= p, so the loop stops after the row's last position."""
+    pdl_wait(USE_PDL)
     b = tl.program_id(0) // H_KV
     kv = tl.program_id(0) % H_KV
     GROUP: tl.constexpr = H // H_KV

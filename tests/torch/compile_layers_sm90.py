@@ -1,5 +1,6 @@
-"""Compile the fused layer and step kernels for sm_90 with ``triton.compile`` (no GPU needed); run as a
-script without TRITON_INTERPRET (tests/torch/test_layers.py runs it in a subprocess)."""
+"""Compile the fused layer, step and GEMV kernels for sm_90 with ``triton.compile`` (no GPU needed); run
+as a script without TRITON_INTERPRET: ``compile_layers_sm90.py [layers] [gemv]`` (no argument: both).
+tests/torch/test_layers.py runs the layers group in a subprocess, tests/torch/test_gemv.py the gemv group."""
 
 import os
 import sys
@@ -10,7 +11,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashspec_torch.kernels import layers, steps  # noqa: E402
+from flashspec_torch.kernels import gemv, layers, steps  # noqa: E402
 
 
 def compile_kernel(fn, signature: dict, constexprs: dict, num_warps: int) -> int:
@@ -19,7 +20,28 @@ def compile_kernel(fn, signature: dict, constexprs: dict, num_warps: int) -> int
     return len(triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": num_warps}).asm["cubin"])
 
 
-def main() -> int:
+def main(groups: list[str]) -> int:
+    if "layers" in groups:
+        compile_layers()
+    if "gemv" in groups:
+        compile_gemv()
+    return 0
+
+
+def compile_gemv() -> None:
+    """Every prologue and dtype, with and without PDL; 1 row (block_n 8) and 8 rows (block_n 1)."""
+    for dt in ("bf16", "fp16", "fp32"):
+        act = f"*{dt}"
+        sig = dict(x_ptr=act, d_ptr=act, g_ptr=act, w_ptr=act, y_ptr=act, h_out_ptr=act, eps="fp32")
+        for prologue, has_d in ((0, False), (1, True), (1, False), (2, False)):
+            for use_pdl in (False, True):
+                block_m, block_n = (1, 8) if use_pdl else (8, 1)
+                constexprs = dict(PROLOGUE=prologue, HAS_D=has_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=512, USE_PDL=use_pdl)
+                size = compile_kernel(gemv.gemv_kernel, sig, constexprs, 4)
+                print(f"ok gemv_kernel {dt} {constexprs}: cubin {size} bytes")
+
+
+def compile_layers() -> None:
     for dt in ("bf16", "fp16", "fp32"):
         act = f"*{dt}"
         variants = [
@@ -36,8 +58,11 @@ def main() -> int:
              dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PRECISION="ieee" if dt == "fp32" else "tf32"), 4),
         ]
         for fn, sig, constexprs, warps in variants:
-            size = compile_kernel(fn, sig, constexprs, warps)
-            print(f"ok {fn.__name__} {dt} {constexprs}: cubin {size} bytes")
+            for use_pdl in (False, True) if "USE_PDL" in fn.arg_names else (None,):
+                if use_pdl is not None:
+                    constexprs = {**constexprs, "USE_PDL": use_pdl}
+                size = compile_kernel(fn, sig, constexprs, warps)
+                print(f"ok {fn.__name__} {dt} {constexprs}: cubin {size} bytes")
     step_kernels = [
         (steps.commit_kernel, dict(n_ptr="*i32", emitted_ptr="*i32", eos_ptr="*i64", tokens_ptr="*i64", length_ptr="*i64",
                                    prompt_ptr="*i64", max_new_ptr="*i64", done_ptr="*i1", active_ptr="*i1"), dict(BLOCK_W=8), 1),
@@ -45,8 +70,7 @@ def main() -> int:
     ]
     for fn, sig, constexprs, warps in step_kernels:
         print(f"ok {fn.__name__}: cubin {compile_kernel(fn, sig, constexprs, warps)} bytes")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:] or ["layers", "gemv"]))

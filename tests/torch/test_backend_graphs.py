@@ -93,16 +93,17 @@ def test_graphs_are_recaptured_when_the_buffers_grow(device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("linear_impl", ["reference", "triton"])
-def test_bf16_graphs_with_every_kernel_equal_eager(linear_impl):
-    """bf16, head_dim 64 (the attention kernel), Triton or cuBLAS projections: graphs == eager."""
+@pytest.mark.parametrize("linear_impl,pdl", [("reference", False), ("triton", False), ("fused", False), ("fused", True)])
+def test_bf16_graphs_with_every_kernel_equal_eager(linear_impl, pdl):
+    """bf16, head_dim 64 (the attention kernel), Triton, cuBLAS or fused projections (with PDL
+    launches inside the captured graphs too): graphs == eager."""
     cfg = LlamaConfig(vocab_size=501, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=64, tie_word_embeddings=False, max_position_embeddings=1024)
     torch.manual_seed(0)
     m = Llama(cfg).to("cuda", torch.bfloat16).eval()
     for p in m.parameters():
         p.data.normal_(0, 0.1)
-    m.linear_impl = linear_impl
+    m.linear_impl, m.pdl = linear_impl, pdl
     seed = torch.arange(4, device="cuda")
     outs = {}
     for graphs in (False, True):
