@@ -24,7 +24,7 @@ for step in $steps; do
     soak) for v in "" --no-warm-up; do timeout 200 python3 benchmarks/memory_soak.py --random --device cuda --out "$OUT" $v > "$OUT/memory_soak$v.log" 2>&1; tail -6 "$OUT/memory_soak$v.log"; done ;;
     nf4) timeout 300 python3 benchmarks/nf4_gpu.py --shapes ${NF4_SHAPES:-smollm2-135m,tinyllama-1.1b} > "$OUT/nf4_gpu.log" 2>&1; tail -4 "$OUT/nf4_gpu.log" ;;
     gemv) timeout ${GEMV_TIMEOUT:-330} python3 benchmarks/gemv_sweep.py --out "$OUT/gemv_sweep.json" > "$OUT/gemv_sweep.log" 2>&1; tail -40 "$OUT/gemv_sweep.log" ;;
-    engine) timeout 300 python3 benchmarks/engine_gpu.py --tokens 128 > "$OUT/engine_gpu.log" 2>&1; tail -5 "$OUT/engine_gpu.log" ;;
+    engine) timeout ${ENGINE_TIMEOUT:-300} python3 benchmarks/engine_gpu.py --tokens 128 ${ENGINE_ARGS:-} > "$OUT/engine_gpu.log" 2>&1; tail -5 "$OUT/engine_gpu.log" ;;
     profile) timeout 120 python3 benchmarks/engine_profile.py --shape tinyllama-1.1b > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log" ;;
     floor) timeout 200 python3 benchmarks/verify_floor.py > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
     verify) timeout 330 python3 benchmarks/verify_variants.py --out "$OUT" > "$OUT/verify_variants.log" 2>&1; tail -40 "$OUT/verify_variants.log" ;;
