@@ -151,7 +151,7 @@ def tuned_configs(sweep: dict) -> dict:
     count, so greedy speculation stays token-for-token equal to greedy decoding in bf16)."""
     from flashspec_torch.gemv import GemvConfig
 
-    keys = ("block_n", "block_k", "num_warps", "num_stages")
+    keys = ("block_n", "block_k", "num_warps", "num_stages", "preload")  # preload: absent from older sweeps
     by_shape: dict = {}
     for r in sweep["gemv"]:
         if r.get("best"):
@@ -164,7 +164,7 @@ def tuned_configs(sweep: dict) -> dict:
         for m, r in rows.items():
             same = sorted((c for c in r["configs"] if c.get("us") and c["block_k"] == block_k), key=lambda c: c["us"])
             if same:
-                out[(n, k, m, prologue)] = GemvConfig(**{key: same[0][key] for key in keys})
+                out[(n, k, m, prologue)] = GemvConfig(**{key: same[0][key] for key in keys if key in same[0]})
     return out
 
 

@@ -268,3 +268,76 @@ def test_unknown_linear_impl_is_refused():
     model.linear_impl = "cublas"
     with pytest.raises(ValueError, match="linear_impl='cublas' must be one of"):
         model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 4), 1)
+
+
+SUBSETS = [frozenset({"qkv", "down"}), frozenset({"o", "down", "lm_head"}), frozenset({"gate_up"}), frozenset()]
+
+
+def count_fused_calls(monkeypatch) -> dict:
+    calls = {"gemv": 0, "gemv_add_rms_norm": 0, "gemv_silu_mul": 0}
+    for name in calls:
+        real = getattr(G, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(G, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])  # the layer kernels in torch, or Triton (in place h)
+@pytest.mark.parametrize("subset", SUBSETS, ids=lambda s: "+".join(sorted(s)) or "none")
+def test_a_fused_subset_matches_the_reference_model(monkeypatch, subset, impl):
+    """bf16 prefill 6 + decode 1 with only `subset` fused (the rest cuBLAS after the separate norm /
+    SwiGLU): logits and the cache match the reference, and exactly the subset's products ran."""
+    model = tiny_llama(torch.bfloat16)
+    model.impl = impl
+    tokens = torch.randint(0, 97, (1, 7), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for linear_impl in ("reference", "fused"):
+        model.linear_impl = linear_impl
+        model.fused = subset if linear_impl == "fused" else frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
+        calls = count_fused_calls(monkeypatch)
+        cache = model.new_cache(1, 16)
+        with torch.inference_mode():
+            prefill = model(tokens[:, :6], torch.arange(6)[None], cache, 6)
+            decode = model(tokens[:, 6:7], torch.tensor([[6]]), cache, 7)
+        out[linear_impl] = (prefill, decode, cache.k.float().clone(), cache.v.float().clone())
+        monkeypatch.undo()
+    for got, want in zip(out["fused"], out["reference"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0.05 * want.abs().max().item())
+    forwards, layers = 2, 2
+    assert calls["gemv"] == forwards * layers * ("o" in subset)
+    assert calls["gemv_silu_mul"] == forwards * layers * ("down" in subset)
+    norms = layers * (("qkv" in subset) + ("gate_up" in subset)) + ("lm_head" in subset)
+    assert calls["gemv_add_rms_norm"] == forwards * norms
+
+
+@pytest.mark.parametrize("subset", SUBSETS[:2], ids=lambda s: "+".join(sorted(s)))
+def test_a_fused_subset_generates_the_same_greedy_tokens(subset):
+    model = tiny_llama(torch.float32, seed=1)
+    runs = {}
+    for linear_impl in ("reference", "fused"):
+        model.linear_impl, model.fused = linear_impl, subset
+        cache = model.new_cache(2, 16)
+        tokens = torch.tensor([[5, 9, 11], [7, 1, 2]])
+        with torch.inference_mode():
+            logits = model(tokens, torch.arange(3).expand(2, -1), cache, 3, logits_last=1)
+            seq = []
+            for pos in range(3, 9):
+                nxt = logits[:, -1].argmax(-1)
+                seq.append(nxt)
+                logits = model(nxt[:, None], torch.full((2, 1), pos), cache, pos + 1)
+        runs[linear_impl] = torch.stack(seq, 1)
+    assert torch.equal(runs["fused"], runs["reference"]), runs
+
+
+def test_an_unknown_fused_projection_is_refused():
+    model = tiny_llama(torch.float32)
+    model.linear_impl, model.fused = "fused", frozenset({"qkv", "mlp"})
+    with pytest.raises(ValueError, match="fused=frozenset.*must be a frozenset of"):
+        model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 4), 1)
+    model.fused = {"qkv"}  # a plain set: refused, like any non-frozenset
+    with pytest.raises(ValueError, match="must be a frozenset"):
+        model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 4), 1)
