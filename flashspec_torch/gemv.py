@@ -87,7 +87,10 @@ def gemv_config(n: int, k: int, m: int, prologue: str = "none") -> GemvConfig:
     block_k = default_block_k(k)
     block_m = next_pow2(m)
     block_n = max(1, min(8, 4096 // (block_m * block_k)))  # ~32 float32 accumulators per thread at 4 warps
-    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1)
+    preload = default_preload(block_n, block_k, 4)
+    if block_m > 2:  # the [BM, BK] activations take registers too (8 rows, block_n 1: 4 chunks spill)
+        preload = min(2, preload)
+    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1, preload=preload)
 
 
 def fits(m: int, x: torch.Tensor) -> bool:

@@ -188,6 +188,7 @@ def test_bad_arguments_are_clear_errors():
 def test_configs_are_overridable_and_block_k_does_not_depend_on_m():
     assert G.gemv_config(2560, 2048, 1).block_k == G.gemv_config(2560, 2048, 5).block_k
     assert G.gemv_config(64, 576, 1).block_k == 128  # 576 = 4.5 x 128: the last chunk wastes 64 of 640
+    assert G.gemv_config(2048, 5632, 1, "silu_mul").preload == 2 and G.gemv_config(2048, 5632, 5, "silu_mul").preload == 2
     custom = G.GemvConfig(block_n=16, block_k=256, num_warps=8, num_stages=2)
     G.GEMV_CONFIGS[(2560, 2048, 1, "add_rms_norm")] = custom
     try:
