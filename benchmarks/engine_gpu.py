@@ -42,13 +42,15 @@ SHAPES = {
 }
 
 
-# mode: (CUDA graphs, model.linear_impl, model.pdl). "fused": flashspec_torch.gemv's products with the
-# norms / SwiGLU folded in (6 launches per layer); pdl: programmatic dependent launch between them.
+# mode: (CUDA graphs, model.linear_impl, model.pdl, model.fused). "fused": flashspec_torch.gemv's products
+# with the norms / SwiGLU folded in (6 launches per layer); pdl: programmatic dependent launch between
+# them. --gemv-configs with a sweep's best_chain adds "graphs_best": that variant (maybe a fused subset).
+ALL = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
 MODES = {
-    "eager": (False, "reference", False),
-    "graphs": (True, "reference", False),
-    "graphs_fused": (True, "fused", False),
-    "graphs_fused_pdl": (True, "fused", True),
+    "eager": (False, "reference", False, ALL),
+    "graphs": (True, "reference", False, ALL),
+    "graphs_fused": (True, "fused", False, ALL),
+    "graphs_fused_pdl": (True, "fused", True, ALL),
 }
 
 
@@ -151,7 +153,7 @@ def tuned_configs(sweep: dict) -> dict:
     count, so greedy speculation stays token-for-token equal to greedy decoding in bf16)."""
     from flashspec_torch.gemv import GemvConfig
 
-    keys = ("block_n", "block_k", "num_warps", "num_stages")
+    keys = ("block_n", "block_k", "num_warps", "num_stages", "preload")  # preload: absent from older sweeps
     by_shape: dict = {}
     for r in sweep["gemv"]:
         if r.get("best"):
@@ -164,11 +166,11 @@ def tuned_configs(sweep: dict) -> dict:
         for m, r in rows.items():
             same = sorted((c for c in r["configs"] if c.get("us") and c["block_k"] == block_k), key=lambda c: c["us"])
             if same:
-                out[(n, k, m, prologue)] = GemvConfig(**{key: same[0][key] for key in keys})
+                out[(n, k, m, prologue)] = GemvConfig(**{key: same[0][key] for key in keys if key in same[0]})
     return out
 
 
-def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float) -> dict:
+def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float, modes: dict) -> dict:
     cfg = LlamaConfig(**SHAPES[name], max_position_embeddings=8192)
     m = random_model(cfg)
     weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
@@ -178,8 +180,8 @@ def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float) ->
                weights_floor_ms=weight_bytes / bw * 1e3)
     with torch.inference_mode():
         runs = {}
-        for mode, (graphs, linear, pdl) in MODES.items():
-            m.linear_impl, m.pdl = linear, pdl
+        for mode, (graphs, linear, pdl, fused) in modes.items():
+            m.linear_impl, m.pdl, m.fused = linear, pdl, fused
             backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=graphs)
             runs[mode] = time_engine(backend, prompts, tokens, seed)
             attend = backend.cache.max_len
@@ -192,7 +194,7 @@ def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float) ->
         row["equals_cublas_tokens"] = {mode: r["outputs"] == ref for mode, r in runs.items()}
         ctx = prompt_len + tokens // 2
         for mode, r in runs.items():
-            m.linear_impl, m.pdl = MODES[mode][1:]
+            m.linear_impl, m.pdl, m.fused = modes[mode][1:]
             fwd1, fwd5 = forward_ms(m, batch, 1, ctx, attend), forward_ms(m, batch, 5, ctx, attend)
             del r["outputs"], r["spec_outputs"]
             r.update(forward_1_token_ms=fwd1, forward_5_tokens_ms=fwd5)
@@ -200,7 +202,7 @@ def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float) ->
             r["spec_share_outside_forward"] = 1 - fwd5 / r["spec_ms_per_step"]
             r["ar_over_weights_floor"] = r["ar_ms_per_token"] / row["weights_floor_ms"]
             row[mode] = r
-        m.pdl = False
+        m.pdl, m.fused = False, ALL
         m.linear_impl = "reference"
         row["attend_slots"] = attend
     row.update(hf_generate(cfg, m, prompts, tokens))
@@ -242,25 +244,31 @@ def main() -> None:
     ap.add_argument("--gemv-configs", type=Path, default=None,
                     help="a benchmarks/gemv_sweep.py JSON: its tuned tilings for the fused products")
     args = ap.parse_args()
-    tuned = {}
+    tuned, modes = {}, dict(MODES)
     if args.gemv_configs is not None:
         from flashspec_torch.gemv import GEMV_CONFIGS
 
-        tuned = tuned_configs(json.loads(args.gemv_configs.read_text()))
+        sweep = json.loads(args.gemv_configs.read_text())
+        tuned = tuned_configs(sweep)
         GEMV_CONFIGS.update(tuned)
+        best = sweep.get("best_chain")
+        if best:  # the sweep's fastest whole-forward variant (its fused subset, PDL or not)
+            modes["graphs_best"] = (True, best["linear_impl"], best["pdl"], frozenset(best["fused"]) if best["linear_impl"] == "fused" else ALL)
     out = Path(os.environ.get("OUT", "benchmarks/results"))
     bw = copy_bandwidth_gbps("cuda") * 1e9
     rows = []
     for name in args.shapes.split(","):
         for batch in map(int, args.batch.split(",")):
             try:
-                rows.append(run_shape(name, args.tokens, batch, args.prompt_len, bw))
+                rows.append(run_shape(name, args.tokens, batch, args.prompt_len, bw, modes))
             except Exception as e:  # one shape failing must not lose the others
                 rows.append(dict(shape=name, batch=batch, error=f"{type(e).__name__}: {e}"[:500]))
             print(json.dumps(rows[-1]), flush=True)
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, date=str(date.today()),
                   copy_bandwidth_GBs=bw / 1e9, dtype="bfloat16", rows=rows,
                   gemv_configs={",".join(map(str, key)): vars(c) for key, c in tuned.items()},
+                  graphs_best=None if "graphs_best" not in modes else dict(zip(("linear_impl", "pdl"), modes["graphs_best"][1:3]),
+                                                                           fused=sorted(modes["graphs_best"][3])),
                   command="python benchmarks/engine_gpu.py" + (f" --gemv-configs {args.gemv_configs}" if tuned else ""))
     out.mkdir(parents=True, exist_ok=True)
     (out / "engine_gpu.json").write_text(json.dumps(result, indent=1))
@@ -269,7 +277,7 @@ def main() -> None:
         if "error" in r:
             print(r["shape"], r["batch"], r["error"][:200])
             continue
-        for mode in MODES:
+        for mode in modes:
             g = r[mode]
             print(f"{r['shape']} {r['batch']} | {r['weights_floor_ms']:.3f} | {mode} | {g['ar_ms_per_token']:.3f} | "
                   f"{g['ar_over_weights_floor']:.2f} | {g['forward_1_token_ms']:.3f} | {g['ar_share_outside_forward']:.1%} | "

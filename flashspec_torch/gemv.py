@@ -35,6 +35,9 @@ class GemvConfig:
     block_k: int = 512  # K chunk per loop step
     num_warps: int = 4
     num_stages: int = 1
+    # K chunks of each program's weight slice loaded up front (before the PDL wait), clamped to the
+    # chunks there are; None: default_preload (preload * block_n * block_k * 2 bytes <= 16 KB)
+    preload: int | None = None
 
     def __post_init__(self):
         if not (1 <= self.block_n <= 256 and self.block_n & (self.block_n - 1) == 0):
@@ -45,6 +48,25 @@ class GemvConfig:
             raise ValueError(f"{self.num_warps=} must be one of 1, 2, 4, 8, 16")
         if not 1 <= self.num_stages <= 8:
             raise ValueError(f"{self.num_stages=} must be in [1, 8]")
+        if self.preload is None:
+            object.__setattr__(self, "preload", default_preload(self.block_n, self.block_k, self.num_warps))
+        if not (isinstance(self.preload, int) and 1 <= self.preload <= MAX_PRELOAD):
+            raise ValueError(f"{self.preload=} must be in [1, {MAX_PRELOAD}]")
+        if self.preload > 1 and self.preload * self.block_n * self.block_k * 2 > PRELOAD_BYTES_PER_WARP * self.num_warps:
+            raise ValueError(f"{self.preload=} x block_n {self.block_n} x block_k {self.block_k} x 2 bytes exceeds "
+                             f"{PRELOAD_BYTES_PER_WARP // 1024} KB per warp x {self.num_warps} warps (registers)")
+
+
+MAX_PRELOAD = 16
+PRELOAD_BYTES_PER_WARP = 16 << 10  # bf16 bytes of preloaded weights: 128 registers per thread at most
+
+
+def default_preload(block_n: int, block_k: int, num_warps: int) -> int:
+    """The most chunks (<= 4) whose bf16 tiles fit in 16 KB per program (4 KB per warp below 4 warps).
+    ptxas for sm_90, 4 warps, bf16, 1 row, block_n 8: 116 registers with 1 chunk of 512 preloaded,
+    152 with 2 (16 KB), 168 with 4 (32 KB); 8 rows, block_n 1, K 5632: 4 chunks spill, 2 do not."""
+    budget = min(16 << 10, (4 << 10) * num_warps)
+    return max(1, min(4, budget // (2 * block_n * block_k)))
 
 
 # (n, k, m, prologue) -> GemvConfig: tilings measured on the target GPU; empty means the defaults.
@@ -65,7 +87,10 @@ def gemv_config(n: int, k: int, m: int, prologue: str = "none") -> GemvConfig:
     block_k = default_block_k(k)
     block_m = next_pow2(m)
     block_n = max(1, min(8, 4096 // (block_m * block_k)))  # ~32 float32 accumulators per thread at 4 warps
-    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1)
+    preload = default_preload(block_n, block_k, 4)
+    if block_m > 2:  # the [BM, BK] activations take registers too (8 rows, block_n 1: 4 chunks spill)
+        preload = min(2, preload)
+    return GemvConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=1, preload=preload)
 
 
 def fits(m: int, x: torch.Tensor) -> bool:
@@ -179,6 +204,6 @@ def launch(prologue: str, x, d, g, w, h_out, eps: float, config: GemvConfig | No
         x, x if d is None else d, x if g is None else g, w, y, x if h_out is None else h_out,
         m, n, k, eps,
         PROLOGUE=PROLOGUES.index(prologue), HAS_D=d is not None, BLOCK_M=next_pow2(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        USE_PDL=use_pdl, num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=use_pdl,
+        USE_PDL=use_pdl, PRELOAD=min(config.preload, -(-k // config.block_k)), num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=use_pdl,
     )
     return y

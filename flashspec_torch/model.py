@@ -117,6 +117,7 @@ def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x
 
 
 LINEAR_IMPLS = ("reference", "triton", "fused")
+FUSABLE = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})  # projections flashspec_torch.gemv can serve
 
 
 def fusable(x: torch.Tensor, linear_impl: str, *modules: nn.Module) -> bool:
@@ -127,6 +128,12 @@ def fusable(x: torch.Tensor, linear_impl: str, *modules: nn.Module) -> bool:
         raise ValueError(f"linear_impl={linear_impl!r} must be one of {LINEAR_IMPLS}")
     m = x.numel() // x.shape[-1]
     return linear_impl == "fused" and fused.fits(m, x) and all(type(mod) is nn.Linear for mod in modules)
+
+
+def check_fused(names: frozenset[str]) -> frozenset[str]:
+    if not isinstance(names, frozenset) or not names <= FUSABLE:
+        raise ValueError(f"fused={names!r} must be a frozenset of {sorted(FUSABLE)}")
+    return names
 
 
 class Block(nn.Module):
@@ -140,25 +147,35 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
 
-    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str, linear_impl: str, pdl: bool = False):
+    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str, linear_impl: str, pdl: bool = False,
+                fused_projs: frozenset[str] = FUSABLE):
         """h [B, T, C] the residual stream and d [B, T, C] (or None) what the previous layer adds to
         it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] bool (slot visible).
-        Returns (h, d) for the next layer: the residual add is fused into the next norm."""
+        Returns (h, d) for the next layer: the residual add is fused into the next norm.
+
+        With ``linear_impl == "fused"`` the projections named in ``fused_projs`` run as
+        flashspec_torch.gemv products with their prologue inside (all four: 6 launches); the others
+        run by cuBLAS after the separate add_rms_norm / silu_mul kernels. ``pdl`` goes to every
+        Triton kernel of the layer."""
         c = self.c
-        if fusable(h, linear_impl, self.qkv, self.o, self.gate_up, self.down):  # 6 launches
+        names = tuple(n for n in ("qkv", "o", "gate_up", "down") if n in fused_projs)
+        on = frozenset(names) if fusable(h, linear_impl, *(getattr(self, n) for n in names)) else frozenset()
+        if "qkv" in on:
             qkv, h = fused.gemv_add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, self.qkv.weight, pdl=pdl)
-            q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl, pdl)
-            attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl, pdl)  # [B, T, H D]
-            o = fused.gemv(attn, self.o.weight, pdl=pdl)
+        else:
+            h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl, pdl)
+            qkv = project(self.qkv, x, linear_impl)
+        q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl, pdl)
+        attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl, pdl)  # [B, T, H D]
+        o = fused.gemv(attn, self.o.weight, pdl=pdl) if "o" in on else project(self.o, attn, linear_impl)
+        if "gate_up" in on:
             gate_up, h = fused.gemv_add_rms_norm(h, o, self.mlp_norm, c.rms_norm_eps, self.gate_up.weight, pdl=pdl)
+        else:
+            h, x = add_rms_norm(h, o, self.mlp_norm, c.rms_norm_eps, impl, pdl)
+            gate_up = project(self.gate_up, x, linear_impl)
+        if "down" in on:
             return h, fused.gemv_silu_mul(gate_up, self.down.weight, pdl=pdl)
-        h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl)
-        qkv = project(self.qkv, x, linear_impl)
-        q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl)
-        attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl)  # [B, T, H D]
-        h, x = add_rms_norm(h, project(self.o, attn, linear_impl), self.mlp_norm, c.rms_norm_eps, impl)
-        up = silu_mul(project(self.gate_up, x, linear_impl), impl)
-        return h, project(self.down, up, linear_impl)
+        return h, project(self.down, silu_mul(gate_up, impl, pdl), linear_impl)
 
 
 class Llama(nn.Module):
@@ -177,7 +194,9 @@ class Llama(nn.Module):
         # projections of a few rows: "reference" (cuBLAS), "triton" (layers.skinny_linear), or "fused"
         # (flashspec_torch.gemv: norms and SwiGLU inside the products, <= 8 rows; more rows: cuBLAS)
         self.linear_impl = "reference"
-        self.pdl = False  # programmatic dependent launch between the layer kernels (Hopper; GPU only)
+        self.pdl = False  # programmatic dependent launch between the Triton kernels (Hopper; GPU only)
+        # with linear_impl "fused": the projections that run fused; the others by cuBLAS (see Block.forward)
+        self.fused: frozenset[str] = FUSABLE
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.embed.weight
@@ -201,10 +220,11 @@ class Llama(nn.Module):
         slots = torch.arange(attend_len, device=tokens.device)
         mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         impl = self.impl or default_impl(h.device)
+        fused_projs = check_fused(self.fused)
         d = None
         for i, layer in enumerate(self.layers):
             if i not in skip:
-                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl, self.linear_impl, self.pdl)
+                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl, self.linear_impl, self.pdl, fused_projs)
         if logits_last == 0:
             return None
         if select is not None:
@@ -212,7 +232,7 @@ class Llama(nn.Module):
             d = None if d is None else d.gather(1, select[:, None, None].expand(-1, 1, d.shape[-1]))
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
-        if fusable(h, self.linear_impl, self.lm_head):
+        if "lm_head" in fused_projs and fusable(h, self.linear_impl, self.lm_head):
             return fused.gemv_add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, self.lm_head.weight, pdl=self.pdl)[0].float()
-        _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl)
+        _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl, self.pdl)
         return project(self.lm_head, x, self.linear_impl).float()

@@ -15,9 +15,13 @@ and the tile is summed over BLOCK_K by ``tree_sum``, a fixed pairwise tree (an a
 is commutative, so the tree gives the same bits whatever layout the compiler picks). A row thus
 gets the same bits for any M and BLOCK_N, given the same BLOCK_K.
 
-``USE_PDL`` (Hopper programmatic dependent launch): the first weight tile (never written by any
-kernel) is loaded before ``gdc_wait``; everything the previous kernel wrote is read after it,
-and nothing is written before it.
+``PRELOAD`` (K a constexpr): the first PRELOAD [BLOCK_N, BLOCK_K] chunks of the program's weight
+slice (never written by any kernel) are loaded into registers first, then consumed in chunk order
+before the rest streams with one chunk in flight: more bytes in flight per SM, and with ``USE_PDL``
+(Hopper programmatic dependent launch) all of them load before ``gdc_wait``, overlapping the
+previous kernel's tail. Everything the previous kernel wrote is read after the wait, and nothing is
+written before it. PRELOAD changes neither the chunk order nor ``tree_sum``: a row's bits depend on
+BLOCK_K only.
 """
 
 import triton
@@ -52,6 +56,22 @@ def residual_chunk(h_ptr, d_ptr, offs, mask, HAS_D: tl.constexpr, DTYPE: tl.cons
 
 
 @triton.jit
+def chunk_x(x_ptr, d_ptr, g_ptr, m, k, mask, rms, K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_D: tl.constexpr, DTYPE: tl.constexpr):
+    """The prologue's activations for one K chunk: m [BM, 1], k [1, BK], rms [BM, 1] -> x [BM, BK] float32."""
+    if PROLOGUE == ADD_RMS_NORM:
+        hn = residual_chunk(x_ptr, d_ptr, m * K + k, mask, HAS_D, DTYPE)
+        g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        x = rounded(rounded(hn * rms, DTYPE) * g, DTYPE)
+    elif PROLOGUE == SILU_MUL:
+        gate = tl.load(x_ptr + m * 2 * K + k, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + m * 2 * K + K + k, mask=mask, other=0.0).to(tl.float32)
+        x = rounded(rounded(gate / (1.0 + tl.exp(-gate)), DTYPE) * up, DTYPE)
+    else:
+        x = tl.load(x_ptr + m * K + k, mask=mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
 def gemv_kernel(
     x_ptr,  # [M, K] x; ADD_RMS_NORM: h [M, K]; SILU_MUL: gu [M, 2K]
     d_ptr,  # [M, K] (ADD_RMS_NORM with HAS_D; else unused)
@@ -59,9 +79,10 @@ def gemv_kernel(
     w_ptr,  # [N, K]
     y_ptr,  # [M, N]
     h_out_ptr,  # [M, K] hn (ADD_RMS_NORM with HAS_D; else unused)
-    M, N, K, eps,
+    M, N, K: tl.constexpr, eps,
     PROLOGUE: tl.constexpr, HAS_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    PRELOAD: tl.constexpr,  # K chunks of this program's weight slice loaded before the wait, 1 <= PRELOAD <= cdiv(K, BLOCK_K)
 ):
     pid = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
@@ -71,11 +92,16 @@ def gemv_kernel(
     m_ok = m < M
     w_rows = w_ptr + n.to(tl.int64)[:, None] * K  # [BN, 1]
     n_ok = (n < N)[:, None]
-    w = tl.load(w_rows + kk[None, :], mask=n_ok & (kk[None, :] < K), other=0.0)  # [BN, BK]: before the wait
+    # the first PRELOAD chunks of w [BN, K] (never written by any kernel): in flight before the wait
+    ws = (tl.load(w_rows + kk[None, :], mask=n_ok & (kk[None, :] < K), other=0.0),)  # [BN, BK] each
+    for i in tl.static_range(1, PRELOAD):
+        k_pre = i * BLOCK_K + kk[None, :]
+        ws = ws + (tl.load(w_rows + k_pre, mask=n_ok & (k_pre < K), other=0.0),)
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
 
+    rms = tl.zeros([BLOCK_M, 1], tl.float32)
     if PROLOGUE == ADD_RMS_NORM:
         squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -88,23 +114,23 @@ def gemv_kernel(
         total = tree_sum(tl.reshape(squares, [BLOCK_M, 1, BLOCK_K]), BLOCK_M, 1, BLOCK_K)  # [BM, 1]
         rms = tl.math.rsqrt(total / K + eps)
 
+    # chunks in order 0, 1, ...: the preloaded ones, then the rest streamed (chunk c + 1 in flight during c)
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + kk[None, :]  # [1, BK]
-        k_next = k + BLOCK_K
-        w_next = tl.load(w_rows + k_next, mask=n_ok & (k_next < K), other=0.0)  # in flight during this chunk
-        mask = m_ok & (k < K)
-        if PROLOGUE == ADD_RMS_NORM:
-            hn = residual_chunk(x_ptr, d_ptr, m * K + k, mask, HAS_D, dtype)
-            g = tl.load(g_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-            x = rounded(rounded(hn * rms, dtype) * g, dtype)
-        elif PROLOGUE == SILU_MUL:
-            gate = tl.load(x_ptr + m * 2 * K + k, mask=mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + m * 2 * K + K + k, mask=mask, other=0.0).to(tl.float32)
-            x = rounded(rounded(gate / (1.0 + tl.exp(-gate)), dtype) * up, dtype)
-        else:
-            x = tl.load(x_ptr + m * K + k, mask=mask, other=0.0).to(tl.float32)
-        acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
-        w = w_next
+    STREAM: tl.constexpr = PRELOAD * BLOCK_K < K
+    for i in tl.static_range(PRELOAD):
+        k = i * BLOCK_K + kk[None, :]  # [1, BK]
+        if STREAM and i == PRELOAD - 1:
+            k_next = k + BLOCK_K
+            w = tl.load(w_rows + k_next, mask=n_ok & (k_next < K), other=0.0)
+        x = chunk_x(x_ptr, d_ptr, g_ptr, m, k, m_ok & (k < K), rms, K, PROLOGUE, HAS_D, dtype)
+        acc += ws[i].to(tl.float32)[None, :, :] * x[:, None, :]
+    if STREAM:
+        for k0 in range(PRELOAD * BLOCK_K, K, BLOCK_K):
+            k = k0 + kk[None, :]  # [1, BK]
+            k_next = k + BLOCK_K
+            w_next = tl.load(w_rows + k_next, mask=n_ok & (k_next < K), other=0.0)  # in flight during this chunk
+            x = chunk_x(x_ptr, d_ptr, g_ptr, m, k, m_ok & (k < K), rms, K, PROLOGUE, HAS_D, dtype)
+            acc += w.to(tl.float32)[None, :, :] * x[:, None, :]
+            w = w_next
     y = tree_sum(acc, BLOCK_M, BLOCK_N, BLOCK_K)  # [BM, BN]
     tl.store(y_ptr + m * N + n[None, :], y.to(dtype), mask=m_ok & (n < N)[None, :])

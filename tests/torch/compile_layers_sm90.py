@@ -29,14 +29,17 @@ def main(groups: list[str]) -> int:
 
 
 def compile_gemv() -> None:
-    """Every prologue and dtype, with and without PDL; 1 row (block_n 8) and 8 rows (block_n 1)."""
-    for dt in ("bf16", "fp16", "fp32"):
+    """Every prologue and dtype, with and without PDL; 1 row (block_n 8) and 8 rows (block_n 1), one
+    chunk preloaded; then bf16 with 4 chunks preloaded: all of K = 2048, or 4 of K = 5632's 11."""
+    variants = [(dt, 2048, 1) for dt in ("bf16", "fp16", "fp32")] + [("bf16", 2048, 4), ("bf16", 5632, 4)]
+    for dt, k, preload in variants:
         act = f"*{dt}"
         sig = dict(x_ptr=act, d_ptr=act, g_ptr=act, w_ptr=act, y_ptr=act, h_out_ptr=act, eps="fp32")
         for prologue, has_d in ((0, False), (1, True), (1, False), (2, False)):
             for use_pdl in (False, True):
                 block_m, block_n = (1, 8) if use_pdl else (8, 1)
-                constexprs = dict(PROLOGUE=prologue, HAS_D=has_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=512, USE_PDL=use_pdl)
+                constexprs = dict(K=k, PROLOGUE=prologue, HAS_D=has_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=512,
+                                  USE_PDL=use_pdl, PRELOAD=preload)
                 size = compile_kernel(gemv.gemv_kernel, sig, constexprs, 4)
                 print(f"ok gemv_kernel {dt} {constexprs}: cubin {size} bytes")
 

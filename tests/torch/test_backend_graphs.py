@@ -92,18 +92,24 @@ def test_graphs_are_recaptured_when_the_buffers_grow(device):
     assert [s == l[:4] for s, l in zip(short, long)] == [True] * len(PROMPTS) and again == short
 
 
+ALL = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("linear_impl,pdl", [("reference", False), ("triton", False), ("fused", False), ("fused", True)])
-def test_bf16_graphs_with_every_kernel_equal_eager(linear_impl, pdl):
-    """bf16, head_dim 64 (the attention kernel), Triton, cuBLAS or fused projections (with PDL
-    launches inside the captured graphs too): graphs == eager."""
+@pytest.mark.parametrize("linear_impl,pdl,fused", [
+    ("reference", False, ALL), ("reference", True, ALL), ("triton", False, ALL), ("fused", False, ALL), ("fused", True, ALL),
+    ("fused", True, frozenset({"qkv", "down"})), ("fused", True, frozenset({"o", "down", "lm_head"})), ("fused", True, frozenset()),
+])
+def test_bf16_graphs_with_every_kernel_equal_eager(linear_impl, pdl, fused):
+    """bf16, head_dim 64 (the attention kernel), Triton, cuBLAS, fused or partly fused projections
+    (with PDL launches inside the captured graphs too, also next to cuBLAS): graphs == eager."""
     cfg = LlamaConfig(vocab_size=501, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                       num_kv_heads=2, head_dim=64, tie_word_embeddings=False, max_position_embeddings=1024)
     torch.manual_seed(0)
     m = Llama(cfg).to("cuda", torch.bfloat16).eval()
     for p in m.parameters():
         p.data.normal_(0, 0.1)
-    m.linear_impl, m.pdl = linear_impl, pdl
+    m.linear_impl, m.pdl, m.fused = linear_impl, pdl, fused
     seed = torch.arange(4, device="cuda")
     outs = {}
     for graphs in (False, True):

@@ -28,17 +28,18 @@ def close(got, want, dtype):
 SHAPES = [(1, 40, 100), (3, 33, 130), (5, 17, 64), (8, 9, 77)]  # (M, N, K): N, K not multiples of the blocks
 
 
+@pytest.mark.parametrize("preload", [1, 2, 16])  # K in 1-3 chunks: all streamed, some preloaded, all preloaded
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_plain_product_matches_f_linear(m, n, k, dtype):
+def test_plain_product_matches_f_linear(m, n, k, dtype, preload):
     x, w = rand(m, k, seed=m, dtype=dtype), rand(n, k, seed=n, dtype=dtype)
-    close(G.gemv(x, w, CONFIG), G.gemv_reference(x, w), dtype)
+    close(G.gemv(x, w, G.GemvConfig(block_n=8, block_k=64, preload=preload)), G.gemv_reference(x, w), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("with_d", [True, False])
 @pytest.mark.parametrize("m,n,k", SHAPES[:3])
-def test_add_rms_norm_prologue_matches_reference(m, n, k, with_d, dtype):
+def test_add_rms_norm_prologue_matches_reference(m, n, k, with_d, dtype):  # CONFIG: every chunk preloaded
     h, w, g = rand(1, m, k, seed=1, dtype=dtype), rand(n, k, seed=2, dtype=dtype), rand(k, seed=3, dtype=dtype)
     d = rand(1, m, k, seed=4, dtype=dtype) if with_d else None
     h_before = h.clone()
@@ -70,12 +71,32 @@ def test_silu_mul_prologue_matches_reference(m, n, k, dtype):
 
 
 @pytest.mark.parametrize("prologue", G.PROLOGUES)
-def test_a_row_has_the_same_bits_for_any_number_of_rows(prologue):
-    """Decode (1 row) and scoring (5 rows) give row 0 bit-identically, also with another block_n."""
-    k, n = 200, 30
+def test_streamed_chunks_after_preloaded_ones_match_the_reference(prologue):
+    """K = 5.2 chunks: 1 or 2 preloaded, the rest streamed (the prologue reads chunk by chunk)."""
+    m, n, k = 3, 20, 330
     w, g = rand(n, k, seed=1, dtype=torch.bfloat16), rand(k, seed=2, dtype=torch.bfloat16)
-    five = rand(5, 2 * k if prologue == "silu_mul" else k, seed=3, dtype=torch.bfloat16)
-    d5 = rand(5, k, seed=4, dtype=torch.bfloat16)
+    x = rand(m, 2 * k if prologue == "silu_mul" else k, seed=3, dtype=torch.bfloat16) * 2
+    d = rand(m, k, seed=4, dtype=torch.bfloat16)
+    for preload in (1, 2):
+        config = G.GemvConfig(block_n=8, block_k=64, preload=preload)
+        if prologue == "none":
+            got, want = G.gemv(x, w, config), G.gemv_reference(x, w)
+        elif prologue == "silu_mul":
+            got, want = G.gemv_silu_mul(x, w, config), G.gemv_silu_mul_reference(x, w)
+        else:
+            got, want = G.gemv_add_rms_norm(x, d, g, 1e-5, w, config)[0], G.gemv_add_rms_norm_reference(x, d, g, 1e-5, w)[0]
+        close(got, want, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # float32 outputs show any change of the sum order
+@pytest.mark.parametrize("prologue", G.PROLOGUES)
+def test_a_row_has_the_same_bits_for_any_number_of_rows(prologue, dtype):
+    """Decode (1 row) and scoring (5 rows) give row 0 bit-identically, also with another block_n
+    or preload."""
+    k, n = 200, 30
+    w, g = rand(n, k, seed=1, dtype=dtype), rand(k, seed=2, dtype=dtype)
+    five = rand(5, 2 * k if prologue == "silu_mul" else k, seed=3, dtype=dtype)
+    d5 = rand(5, k, seed=4, dtype=dtype)
 
     def run(rows, config):
         if prologue == "none":
@@ -84,10 +105,12 @@ def test_a_row_has_the_same_bits_for_any_number_of_rows(prologue):
             return G.gemv_silu_mul(five[:rows], w, config)
         return G.gemv_add_rms_norm(five[:rows], d5[:rows], g, 1e-5, w, config)[0]
 
-    one = run(1, G.GemvConfig(block_n=8, block_k=64))
-    assert torch.equal(run(5, G.GemvConfig(block_n=8, block_k=64))[:1], one)
-    assert torch.equal(run(5, G.GemvConfig(block_n=2, block_k=64))[:1], one)
-    assert torch.equal(run(3, G.GemvConfig(block_n=16, block_k=64))[:1], one)
+    one = run(1, G.GemvConfig(block_n=8, block_k=64, preload=1))  # K = 200: 4 chunks
+    assert torch.equal(run(5, G.GemvConfig(block_n=8, block_k=64, preload=1))[:1], one)
+    assert torch.equal(run(5, G.GemvConfig(block_n=2, block_k=64, preload=3))[:1], one)
+    assert torch.equal(run(3, G.GemvConfig(block_n=16, block_k=64, preload=2))[:1], one)
+    assert torch.equal(run(1, G.GemvConfig(block_n=4, block_k=64, preload=4))[:1], one)  # every chunk preloaded
+    assert torch.equal(run(2, G.GemvConfig(block_n=8, block_k=64, preload=16))[:1], one)  # clamped to 4
 
 
 def mismatches(got, want):  # the fraction of elements that differ
@@ -153,11 +176,19 @@ def test_bad_arguments_are_clear_errors():
         G.GemvConfig(block_k=8)
     with pytest.raises(ValueError, match="self.num_warps=3 must be one of"):
         G.GemvConfig(num_warps=3)
+    with pytest.raises(ValueError, match="self.preload=0 must be in"):
+        G.GemvConfig(preload=0)
+    with pytest.raises(ValueError, match="self.preload=8 x block_n 16 x block_k 512 x 2 bytes exceeds"):
+        G.GemvConfig(block_n=16, block_k=512, num_warps=4, preload=8)
+    assert G.GemvConfig(block_n=32, block_k=1024, num_warps=2).preload == 1  # a big tile: no extra chunks
+    assert G.GemvConfig(block_n=8, block_k=512).preload == 2  # 16 KB of bf16
+    assert G.GemvConfig(block_n=8, block_k=256, preload=8).preload == 8  # 32 KB: allowed at 4 warps
 
 
 def test_configs_are_overridable_and_block_k_does_not_depend_on_m():
     assert G.gemv_config(2560, 2048, 1).block_k == G.gemv_config(2560, 2048, 5).block_k
     assert G.gemv_config(64, 576, 1).block_k == 128  # 576 = 4.5 x 128: the last chunk wastes 64 of 640
+    assert G.gemv_config(2048, 5632, 1, "silu_mul").preload == 2 and G.gemv_config(2048, 5632, 5, "silu_mul").preload == 2
     custom = G.GemvConfig(block_n=16, block_k=256, num_warps=8, num_stages=2)
     G.GEMV_CONFIGS[(2560, 2048, 1, "add_rms_norm")] = custom
     try:
@@ -178,7 +209,7 @@ def test_gemv_kernel_compiles_for_sm90():
     script = Path(__file__).with_name("compile_layers_sm90.py")
     out = subprocess.run([sys.executable, str(script), "gemv"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    assert out.stdout.count("ok gemv_kernel") == 24, out.stdout  # 3 dtypes x 4 prologue variants x PDL on/off
+    assert out.stdout.count("ok gemv_kernel") == 40, out.stdout  # (3 dtypes + 2 bf16 preloads) x 4 prologue variants x PDL on/off
 
 
 def tiny_llama(dtype, seed=0):
@@ -239,4 +270,77 @@ def test_unknown_linear_impl_is_refused():
     model = tiny_llama(torch.float32)
     model.linear_impl = "cublas"
     with pytest.raises(ValueError, match="linear_impl='cublas' must be one of"):
+        model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 4), 1)
+
+
+SUBSETS = [frozenset({"qkv", "down"}), frozenset({"o", "down", "lm_head"}), frozenset({"gate_up"}), frozenset()]
+
+
+def count_fused_calls(monkeypatch) -> dict:
+    calls = {"gemv": 0, "gemv_add_rms_norm": 0, "gemv_silu_mul": 0}
+    for name in calls:
+        real = getattr(G, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(G, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])  # the layer kernels in torch, or Triton (in place h)
+@pytest.mark.parametrize("subset", SUBSETS, ids=lambda s: "+".join(sorted(s)) or "none")
+def test_a_fused_subset_matches_the_reference_model(monkeypatch, subset, impl):
+    """bf16 prefill 6 + decode 1 with only `subset` fused (the rest cuBLAS after the separate norm /
+    SwiGLU): logits and the cache match the reference, and exactly the subset's products ran."""
+    model = tiny_llama(torch.bfloat16)
+    model.impl = impl
+    tokens = torch.randint(0, 97, (1, 7), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for linear_impl in ("reference", "fused"):
+        model.linear_impl = linear_impl
+        model.fused = subset if linear_impl == "fused" else frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
+        calls = count_fused_calls(monkeypatch)
+        cache = model.new_cache(1, 16)
+        with torch.inference_mode():
+            prefill = model(tokens[:, :6], torch.arange(6)[None], cache, 6)
+            decode = model(tokens[:, 6:7], torch.tensor([[6]]), cache, 7)
+        out[linear_impl] = (prefill, decode, cache.k.float().clone(), cache.v.float().clone())
+        monkeypatch.undo()
+    for got, want in zip(out["fused"], out["reference"]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0.05 * want.abs().max().item())
+    forwards, layers = 2, 2
+    assert calls["gemv"] == forwards * layers * ("o" in subset)
+    assert calls["gemv_silu_mul"] == forwards * layers * ("down" in subset)
+    norms = layers * (("qkv" in subset) + ("gate_up" in subset)) + ("lm_head" in subset)
+    assert calls["gemv_add_rms_norm"] == forwards * norms
+
+
+@pytest.mark.parametrize("subset", SUBSETS[:2], ids=lambda s: "+".join(sorted(s)))
+def test_a_fused_subset_generates_the_same_greedy_tokens(subset):
+    model = tiny_llama(torch.float32, seed=1)
+    runs = {}
+    for linear_impl in ("reference", "fused"):
+        model.linear_impl, model.fused = linear_impl, subset
+        cache = model.new_cache(2, 16)
+        tokens = torch.tensor([[5, 9, 11], [7, 1, 2]])
+        with torch.inference_mode():
+            logits = model(tokens, torch.arange(3).expand(2, -1), cache, 3, logits_last=1)
+            seq = []
+            for pos in range(3, 9):
+                nxt = logits[:, -1].argmax(-1)
+                seq.append(nxt)
+                logits = model(nxt[:, None], torch.full((2, 1), pos), cache, pos + 1)
+        runs[linear_impl] = torch.stack(seq, 1)
+    assert torch.equal(runs["fused"], runs["reference"]), runs
+
+
+def test_an_unknown_fused_projection_is_refused():
+    model = tiny_llama(torch.float32)
+    model.linear_impl, model.fused = "fused", frozenset({"qkv", "mlp"})
+    with pytest.raises(ValueError, match="fused=frozenset.*must be a frozenset of"):
+        model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 4), 1)
+    model.fused = {"qkv"}  # a plain set: refused, like any non-frozenset
+    with pytest.raises(ValueError, match="must be a frozenset"):
         model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 4), 1)
