@@ -42,15 +42,17 @@ SHAPES = {
 }
 
 
-# mode: (CUDA graphs, model.linear_impl, model.pdl, model.fused). "fused": flashspec_torch.gemv's products
-# with the norms / SwiGLU folded in (6 launches per layer); pdl: programmatic dependent launch between
-# them. --gemv-configs with a sweep's best_chain adds "graphs_best": that variant (maybe a fused subset).
+# mode: (CUDA graphs, model.linear_impl, model.pdl, model.fused); None: the model's own default by
+# device and shape (Llama.decode_settings: on CUDA PDL, and the fused products for one row on the
+# projections measured faster). "fused": flashspec_torch.gemv's products with the norms / SwiGLU
+# folded in (all five, any row count up to 8: bit-equal rows); pdl: programmatic dependent launch.
+# --gemv-configs with a sweep's best_chain adds "graphs_best": that variant (maybe a fused subset).
 ALL = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})
 MODES = {
-    "eager": (False, "reference", False, ALL),
-    "graphs": (True, "reference", False, ALL),
-    "graphs_fused": (True, "fused", False, ALL),
-    "graphs_fused_pdl": (True, "fused", True, ALL),
+    "eager": (False, None, None, None),
+    "graphs": (True, None, None, None),
+    "graphs_cublas": (True, "reference", False, None),
+    "graphs_fused_all_pdl": (True, "fused", True, ALL),
 }
 
 
@@ -186,8 +188,8 @@ def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float, mo
             runs[mode] = time_engine(backend, prompts, tokens, seed)
             attend = backend.cache.max_len
             del backend
-        ref = runs["eager"]["outputs"]
-        row["tokens_agree"] = runs["graphs"]["outputs"] == ref and runs["graphs"]["spec_outputs"] == ref
+        ref = runs["graphs_cublas"]["outputs"]
+        row["tokens_agree"] = runs["graphs"]["outputs"] == runs["eager"]["outputs"] == runs["graphs"]["spec_outputs"]
         # greedy speculation == greedy decoding per mode (bit-equal logits of 1-row and 5-row passes make it exact
         # in bf16 too), and each mode's tokens against cuBLAS's (bf16 rounding may differ)
         row["spec_equals_plain"] = {mode: r["spec_outputs"] == r["outputs"] for mode, r in runs.items()}
@@ -202,8 +204,7 @@ def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float, mo
             r["spec_share_outside_forward"] = 1 - fwd5 / r["spec_ms_per_step"]
             r["ar_over_weights_floor"] = r["ar_ms_per_token"] / row["weights_floor_ms"]
             row[mode] = r
-        m.pdl, m.fused = False, ALL
-        m.linear_impl = "reference"
+        m.linear_impl = m.pdl = m.fused = None
         row["attend_slots"] = attend
     row.update(hf_generate(cfg, m, prompts, tokens))
     del m

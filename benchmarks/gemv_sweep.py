@@ -218,6 +218,7 @@ def chain(torch, G, timer, spec, dev, dtype, dry, variants, tuned: bool):
     floor_us = params * dtype.itemsize / 4.8e12 * 1e6
     cache = model.new_cache(1, 256)
     tok, pos = torch.tensor([[7]], device=dev), torch.tensor([[100]], device=dev)
+    model.linear_impl, model.pdl = "reference", False
     with torch.inference_mode():
         want = model(tok, pos, cache, 128)  # linear_impl "reference", no PDL
     out = []

@@ -69,8 +69,17 @@ def default_preload(block_n: int, block_k: int, num_warps: int) -> int:
     return max(1, min(4, budget // (2 * block_n * block_k)))
 
 
-# (n, k, m, prologue) -> GemvConfig: tilings measured on the target GPU; empty means the defaults.
-GEMV_CONFIGS: dict[tuple[int, int, int, str], GemvConfig] = {}
+# (n, k, m, prologue) -> GemvConfig: tilings measured on the target GPU, the defaults elsewhere.
+# Shipped: the H200 winners for TinyLlama-1.1B's projections at 1 row (benchmarks/gemv_sweep.py,
+# benchmarks/results/gemv_sweep.json, 2026-12-01). A row's bits equal those of another row count
+# only at the same block_k (the head's 256 is not the default 512).
+GEMV_CONFIGS: dict[tuple[int, int, int, str], GemvConfig] = {
+    (2560, 2048, 1, "add_rms_norm"): GemvConfig(block_n=4, block_k=512, num_warps=4, preload=1),
+    (2048, 2048, 1, "none"): GemvConfig(block_n=4, block_k=512, num_warps=4, preload=2),
+    (11264, 2048, 1, "add_rms_norm"): GemvConfig(block_n=4, block_k=512, num_warps=4, preload=2),
+    (2048, 5632, 1, "silu_mul"): GemvConfig(block_n=4, block_k=512, num_warps=8, preload=2),
+    (32000, 2048, 1, "add_rms_norm"): GemvConfig(block_n=16, block_k=256, num_warps=8, preload=4),
+}
 
 
 def default_block_k(k: int) -> int:

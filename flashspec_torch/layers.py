@@ -137,26 +137,32 @@ def attention_reference(q, k_cache, v_cache, mask, kv_heads: int):
     return attn.transpose(1, 2).reshape(b, t, h * d)
 
 
+def kernel_attends(impl: str, heads: int, kv_heads: int, tokens: int, head_dim: int) -> bool:
+    """Whether ``attention`` runs the kernel (which needs no mask) rather than SDPA."""
+    return impl != "reference" and (heads // kv_heads) * tokens <= 64 and head_dim in (64, 128)
+
+
 def attention(
     q: torch.Tensor,  # [B, H, T, D]
     k_cache: torch.Tensor,  # [B, H_kv, S, D]
     v_cache: torch.Tensor,  # [B, H_kv, S, D]
     positions: torch.Tensor,  # [B, T]: a query sees slots <= its position
-    mask: torch.Tensor,  # [B, 1, T, S'] bool, the same rule over slots [0, S')
+    mask: torch.Tensor | None,  # [B, 1, T, S'] bool, the same rule over slots [0, S'); None where the kernel serves
     kv_heads: int,
     impl: str = "reference",
     pdl: bool = False,
+    attend_len: int | None = None,  # S' (None: mask's last dimension)
 ) -> torch.Tensor:  # [B, T, H D]
     """The kernel serves a few new tokens per row (decode, drafting, scoring); long prompts go
     to SDPA in both implementations."""
     b, h, t, d = q.shape
-    group = h // kv_heads
-    if impl == "reference" or group * t > 64 or d not in (64, 128):
+    if not kernel_attends(impl, h, kv_heads, t, d):
         return attention_reference(q, k_cache, v_cache, mask, kv_heads)
     out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
     kernels().decode_attention_kernel[(b * kv_heads,)](
-        q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2], mask.shape[-1], d ** -0.5,
-        H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(group * t)), BLOCK_S=128 if d == 64 else 64,
+        q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2],
+        mask.shape[-1] if attend_len is None else attend_len, d ** -0.5,
+        H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(h // kv_heads * t)), BLOCK_S=128 if d == 64 else 64,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=pdl_on(pdl, q), num_warps=4, num_stages=2,
         launch_pdl=pdl_on(pdl, q),
     )

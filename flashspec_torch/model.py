@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import gemv as fused
-from .layers import add_rms_norm, attention, default_impl, linear, rope_kv, silu_mul
+from .layers import add_rms_norm, attention, default_impl, kernel_attends, linear, rope_kv, silu_mul
 
 
 @dataclass(frozen=True)
@@ -120,14 +120,14 @@ LINEAR_IMPLS = ("reference", "triton", "fused")
 FUSABLE = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})  # projections flashspec_torch.gemv can serve
 
 
-def fusable(x: torch.Tensor, linear_impl: str, *modules: nn.Module) -> bool:
+def fusable(x: torch.Tensor, linear_impl: str, rows: int, *modules: nn.Module) -> bool:
     """The fused path (flashspec_torch.gemv: the norms and SwiGLU inside the products) serves
     plain nn.Linear weights and at most 8 rows; otherwise the layer runs unfused, projections by
     cuBLAS."""
     if linear_impl not in LINEAR_IMPLS:
         raise ValueError(f"linear_impl={linear_impl!r} must be one of {LINEAR_IMPLS}")
     m = x.numel() // x.shape[-1]
-    return linear_impl == "fused" and fused.fits(m, x) and all(type(mod) is nn.Linear for mod in modules)
+    return linear_impl == "fused" and m <= rows and fused.fits(m, x) and all(type(mod) is nn.Linear for mod in modules)
 
 
 def check_fused(names: frozenset[str]) -> frozenset[str]:
@@ -147,10 +147,11 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
 
-    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, impl: str, linear_impl: str, pdl: bool = False,
-                fused_projs: frozenset[str] = FUSABLE):
+    def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, attend_len: int, impl: str, linear_impl: str,
+                pdl: bool = False, fused_projs: frozenset[str] = FUSABLE, fused_rows: int = fused.MAX_ROWS):
         """h [B, T, C] the residual stream and d [B, T, C] (or None) what the previous layer adds to
-        it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] bool (slot visible).
+        it; k_cache, v_cache [B, H_kv, S, D]; positions [B, T]; mask [B, 1, T, S] bool (slot visible;
+        None where the attention kernel serves, which needs only ``attend_len``).
         Returns (h, d) for the next layer: the residual add is fused into the next norm.
 
         With ``linear_impl == "fused"`` the projections named in ``fused_projs`` run as
@@ -159,14 +160,14 @@ class Block(nn.Module):
         Triton kernel of the layer."""
         c = self.c
         names = tuple(n for n in ("qkv", "o", "gate_up", "down") if n in fused_projs)
-        on = frozenset(names) if fusable(h, linear_impl, *(getattr(self, n) for n in names)) else frozenset()
+        on = frozenset(names) if fusable(h, linear_impl, fused_rows, *(getattr(self, n) for n in names)) else frozenset()
         if "qkv" in on:
             qkv, h = fused.gemv_add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, self.qkv.weight, pdl=pdl)
         else:
             h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, impl, pdl)
             qkv = project(self.qkv, x, linear_impl)
         q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, impl, pdl)
-        attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl, pdl)  # [B, T, H D]
+        attn = attention(q, k_cache, v_cache, positions, mask, c.num_kv_heads, impl, pdl, attend_len)  # [B, T, H D]
         o = fused.gemv(attn, self.o.weight, pdl=pdl) if "o" in on else project(self.o, attn, linear_impl)
         if "gate_up" in on:
             gate_up, h = fused.gemv_add_rms_norm(h, o, self.mlp_norm, c.rms_norm_eps, self.gate_up.weight, pdl=pdl)
@@ -192,11 +193,45 @@ class Llama(nn.Module):
         self.skip: frozenset[int] = frozenset()  # layers a layer-skipping draft leaves out
         self.impl: str | None = None  # layer kernels: "triton" (fused) or "reference"; None: by device
         # projections of a few rows: "reference" (cuBLAS), "triton" (layers.skinny_linear), or "fused"
-        # (flashspec_torch.gemv: norms and SwiGLU inside the products, <= 8 rows; more rows: cuBLAS)
-        self.linear_impl = "reference"
-        self.pdl = False  # programmatic dependent launch between the Triton kernels (Hopper; GPU only)
+        # (flashspec_torch.gemv: norms and SwiGLU inside the products, <= 8 rows; more rows: cuBLAS).
+        # None (this and the three below): by device and shape, see decode_settings.
+        self.linear_impl: str | None = None
+        self.pdl: bool | None = None  # programmatic dependent launch between the Triton kernels (Hopper; GPU only)
         # with linear_impl "fused": the projections that run fused; the others by cuBLAS (see Block.forward)
-        self.fused: frozenset[str] = FUSABLE
+        self.fused: frozenset[str] | None = None
+        self.fused_rows: int | None = None  # the fused products serve at most this many rows (<= 8)
+
+    def decode_settings(self, device: torch.device) -> tuple[str, bool, frozenset[str], int]:
+        """(linear_impl, pdl, fused, fused_rows): what is set, else the measured defaults. CPU:
+        cuBLAS-free torch (F.linear), no PDL. CUDA: PDL between the Triton kernels, and the fused
+        products for one row (decoding, drafting; the 5-row scoring pass measured 2-3x slower fused
+        than cuBLAS) on the projections where the H200 measured them faster in the whole step
+        (benchmarks/engine_gpu.py, gemv_sweep.py's chain, 2026-12-01): all five at hidden 576
+        (SmolLM2-135M: 0.65 against 0.95 ms per token), o and down at 2048 (TinyLlama-1.1B: 1.04
+        against 1.20 ms), none at 4096 (Llama-3-8B: cuBLAS is at 1.24x its floor already)."""
+        explicit = self.linear_impl is not None
+        subset = FUSABLE if self.fused is None else check_fused(self.fused)
+        if device.type != "cuda":
+            return self.linear_impl or "reference", bool(self.pdl), subset, self.fused_rows or fused.MAX_ROWS
+        hidden = self.config.hidden_size
+        default = FUSABLE if hidden <= 1024 else frozenset({"o", "down"}) if hidden <= 2048 else frozenset()
+        linear_impl = self.linear_impl or ("fused" if default else "reference")
+        subset = default if self.fused is None else subset
+        rows = self.fused_rows or (fused.MAX_ROWS if explicit else 1)
+        return linear_impl, True if self.pdl is None else self.pdl, subset, rows
+
+    def rope_tables(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [P, D] cos, sin in like's dtype
+        """cos and sin of every position up to max_position_embeddings, built on first use (per
+        device and dtype) and then only gathered: two launches per forward instead of eight. Each
+        entry is what ``cat([cos(p f)] * 2).to(dtype)`` of the position alone gives (elementwise)."""
+        tables = getattr(self, "_rope", None)
+        if tables is None or tables[0].device != like.device or tables[0].dtype != like.dtype:
+            # past the context too: finished rows and graphed steps may index a few slots beyond it
+            p = torch.arange(max(512, self.config.max_position_embeddings) + 512, device=like.device)
+            angles = p[:, None].float() * self.inv_freq.to(like.device)  # [P, D/2]
+            tables = tuple(torch.cat([f(angles)] * 2, -1).to(like.dtype) for f in (torch.cos, torch.sin))
+            self._rope = tables  # graphs captured with these keep reading them: never replaced on one device
+        return tables
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.embed.weight
@@ -214,17 +249,20 @@ class Llama(nn.Module):
     ) -> torch.Tensor | None:  # [B, logits_last or T or 1, V] float32
         skip = self.skip if skip is None else skip
         h = self.embed(tokens)
-        angles = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
-        cos = torch.cat([angles.cos()] * 2, -1).to(h.dtype)  # [B, T, D]
-        sin = torch.cat([angles.sin()] * 2, -1).to(h.dtype)
-        slots = torch.arange(attend_len, device=tokens.device)
-        mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
+        cos_table, sin_table = self.rope_tables(h)
+        cos, sin = cos_table[positions], sin_table[positions]  # [B, T, D]
         impl = self.impl or default_impl(h.device)
-        fused_projs = check_fused(self.fused)
+        c = self.config
+        mask = None  # the attention kernel needs none: skip its two launches
+        if not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
+            slots = torch.arange(attend_len, device=tokens.device)
+            mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
+        linear_impl, pdl, fused_projs, fused_rows = self.decode_settings(h.device)
         d = None
         for i, layer in enumerate(self.layers):
             if i not in skip:
-                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, impl, self.linear_impl, self.pdl, fused_projs)
+                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, attend_len, impl, linear_impl,
+                             pdl, fused_projs, fused_rows)
         if logits_last == 0:
             return None
         if select is not None:
@@ -232,7 +270,7 @@ class Llama(nn.Module):
             d = None if d is None else d.gather(1, select[:, None, None].expand(-1, 1, d.shape[-1]))
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
-        if "lm_head" in fused_projs and fusable(h, self.linear_impl, self.lm_head):
-            return fused.gemv_add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, self.lm_head.weight, pdl=self.pdl)[0].float()
-        _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl, self.pdl)
-        return project(self.lm_head, x, self.linear_impl).float()
+        if "lm_head" in fused_projs and fusable(h, linear_impl, fused_rows, self.lm_head):
+            return fused.gemv_add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, self.lm_head.weight, pdl=pdl)[0].float()
+        _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl, pdl)
+        return project(self.lm_head, x, linear_impl).float()

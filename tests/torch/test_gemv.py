@@ -344,3 +344,25 @@ def test_an_unknown_fused_projection_is_refused():
     model.fused = {"qkv"}  # a plain set: refused, like any non-frozenset
     with pytest.raises(ValueError, match="must be a frozenset"):
         model(torch.tensor([[1]]), torch.tensor([[0]]), model.new_cache(1, 4), 1)
+
+
+def test_decode_settings_by_device_and_shape():
+    """None means the measured default (Llama.decode_settings); what is set wins."""
+    from flashspec_torch.model import FUSABLE, Llama, LlamaConfig
+
+    def model(hidden):
+        with torch.device("meta"):
+            return Llama(LlamaConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=1,
+                                     num_heads=hidden // 64, num_kv_heads=1, head_dim=64))
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert model(576).decode_settings(cpu) == ("reference", False, FUSABLE, G.MAX_ROWS)
+    assert model(576).decode_settings(cuda) == ("fused", True, FUSABLE, 1)
+    assert model(2048).decode_settings(cuda) == ("fused", True, frozenset({"o", "down"}), 1)
+    assert model(4096).decode_settings(cuda) == ("reference", True, frozenset(), 1)
+    m = model(2048)
+    m.linear_impl, m.pdl, m.fused = "fused", False, frozenset({"qkv"})
+    assert m.decode_settings(cuda) == ("fused", False, frozenset({"qkv"}), G.MAX_ROWS)
+    m.fused = frozenset({"attention"})
+    with pytest.raises(ValueError, match="fused"):
+        m.decode_settings(cuda)
