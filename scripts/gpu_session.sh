@@ -21,7 +21,7 @@ for step in $steps; do
            && export PYTHONPATH=$PYTHONPATH:/tmp/site && python3 -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" ;;
     tests) timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider tests/torch/test_backend_graphs.py tests/torch/test_torch_verify_cuda_graph.py \
              tests/torch/test_warm_up.py tests/torch/test_nf4_gpu.py ${EXTRA_TESTS:-} > "$OUT/tests.log" 2>&1; tail -15 "$OUT/tests.log" ;;
-    soak) for v in ${SOAK_VARIANTS:-"" --no-warm-up}; do timeout 200 python3 benchmarks/memory_soak.py --random --device cuda --out "$OUT" $v > "$OUT/memory_soak$v.log" 2>&1; tail -6 "$OUT/memory_soak$v.log"; done ;;
+    soak) for v in ${SOAK_VARIANTS:-warm lazy}; do a=; [ "$v" = lazy ] && a=--no-warm-up; timeout 200 python3 benchmarks/memory_soak.py --random --device cuda --out "$OUT" $a > "$OUT/memory_soak_$v.log" 2>&1; tail -6 "$OUT/memory_soak_$v.log"; done ;;
     nf4) timeout 300 python3 benchmarks/nf4_gpu.py --shapes ${NF4_SHAPES:-smollm2-135m,tinyllama-1.1b} > "$OUT/nf4_gpu.log" 2>&1; tail -4 "$OUT/nf4_gpu.log" ;;
     gemv) timeout ${GEMV_TIMEOUT:-330} python3 benchmarks/gemv_sweep.py --out "$OUT/gemv_sweep.json" > "$OUT/gemv_sweep.log" 2>&1; tail -40 "$OUT/gemv_sweep.log" ;;
     engine) timeout ${ENGINE_TIMEOUT:-300} python3 benchmarks/engine_gpu.py --tokens 128 ${ENGINE_ARGS:-} > "$OUT/engine_gpu.log" 2>&1; tail -5 "$OUT/engine_gpu.log" ;;
