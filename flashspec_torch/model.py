@@ -159,8 +159,10 @@ class Block(nn.Module):
         run by cuBLAS after the separate add_rms_norm / silu_mul kernels. ``pdl`` goes to every
         Triton kernel of the layer."""
         c = self.c
-        names = tuple(n for n in ("qkv", "o", "gate_up", "down") if n in fused_projs)
-        on = frozenset(names) if fusable(h, linear_impl, fused_rows, *(getattr(self, n) for n in names)) else frozenset()
+        on = frozenset()  # the cheap test first: this runs per layer and per token on the CPU too
+        if linear_impl == "fused" and fused_projs:
+            names = tuple(n for n in ("qkv", "o", "gate_up", "down") if n in fused_projs)
+            on = frozenset(names) if fusable(h, linear_impl, fused_rows, *(getattr(self, n) for n in names)) else on
         if "qkv" in on:
             qkv, h = fused.gemv_add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, self.qkv.weight, pdl=pdl)
         else:
@@ -210,6 +212,8 @@ class Llama(nn.Module):
         (SmolLM2-135M: 0.65 against 0.95 ms per token), o and down at 2048 (TinyLlama-1.1B: 1.04
         against 1.20 ms), none at 4096 (Llama-3-8B: cuBLAS is at 1.24x its floor already)."""
         explicit = self.linear_impl is not None
+        if explicit and self.linear_impl not in LINEAR_IMPLS:
+            raise ValueError(f"linear_impl={self.linear_impl!r} must be one of {LINEAR_IMPLS} (or None: by device)")
         subset = FUSABLE if self.fused is None else check_fused(self.fused)
         if device.type != "cuda":
             return self.linear_impl or "reference", bool(self.pdl), subset, self.fused_rows or fused.MAX_ROWS
