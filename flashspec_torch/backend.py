@@ -322,6 +322,9 @@ class TorchBackend:
         length = self.seqs.length
         last = self.seqs.tokens.gather(1, (length - 1)[:, None])
         z = self.target(last, (length - 1)[:, None], self.cache, self.attend(0))[:, 0]
+        if sampling.greedy:  # screen + argmax: one launch on a GPU instead of about ten
+            triton = (self.commit_impl or default_impl(self.device)) == "triton"
+            return (greedy_next_triton if triton else greedy_next_reference)(z, self.bad)
         screen(self.bad, z[:, None])
         y, _ = sample(z, sampling, seed, offset, position=0, stream=FINAL)
         tokens = torch.cat([y[:, None], torch.full_like(y[:, None], -1)], 1)
@@ -393,3 +396,29 @@ def commit_triton(num_accepted, emitted, eos, tokens, length, prompt_len, max_ne
     b, w = emitted.shape
     commit_kernel[(b,)](num_accepted, emitted, eos, tokens, length, prompt_len, max_new, done, active,
                         w, eos.numel(), tokens.shape[1], BLOCK_W=next_pow2(w), num_warps=1)
+
+
+def greedy_next_reference(
+    z: torch.Tensor,  # [B, V] float logits
+    bad: torch.Tensor,  # [B] uint8, written: flashspec.faults bits of this step
+) -> VerifyResult:  # num_accepted [B] zeros; tokens [B, 2] int32: (argmax, -1)
+    """Plain greedy decoding's result: the fault screen, then torch.argmax."""
+    screen(bad, z[:, None])
+    y = z.argmax(-1)
+    tokens = torch.stack([y, torch.full_like(y, -1)], 1).to(torch.int32)
+    return VerifyResult(torch.zeros_like(tokens[:, 0]), tokens)
+
+
+def greedy_next_triton(z: torch.Tensor, bad: torch.Tensor) -> VerifyResult:  # as greedy_next_reference
+    """``greedy_next_reference`` as one kernel launch (flashspec_torch/kernels/steps.py)."""
+    from flashspec.faults import TARGET_LOGITS
+
+    from .kernels.steps import greedy_next_kernel
+
+    b, v = z.shape
+    tokens = torch.empty((b, 2), dtype=torch.int32, device=z.device)
+    num = torch.empty((b,), dtype=torch.int32, device=z.device)
+    block = min(8192, next_pow2(v)) if z.is_cuda else min(1024, next_pow2(v))
+    greedy_next_kernel[(b,)](z, tokens, num, bad, v, z.stride(0), FLAG=TARGET_LOGITS, BLOCK_V=block,
+                             num_warps=16 if block >= 4096 else 4)
+    return VerifyResult(num, tokens)

@@ -8,6 +8,8 @@ cost more than the work they do.
   advance its length, flag it done.
 * ``lookup_kernel``: prompt lookup: the latest earlier occurrence of the row's last n tokens
   (n = MAX_N .. 1, the longest match wins) and the G tokens that followed it.
+* ``greedy_next_kernel``: plain greedy decoding's pick and fault screen in one pass over a row of
+  logits (``TorchBackend.greedy_next_reference`` is the torch version: screen, argmax, result).
 """
 
 import triton
@@ -74,3 +76,41 @@ def lookup_kernel(
     g = tl.arange(0, BLOCK_G)
     pos = tl.minimum(start + g, length - 1)
     tl.store(out_ptr + b * G + g, tl.load(row + pos, mask=g < G, other=0), mask=g < G)
+
+
+@triton.jit
+def greedy_next_kernel(
+    z_ptr, tokens_ptr, num_ptr, bad_ptr,  # z [B, V] logits (row stride given); tokens [B, 2] int32; num [B] int32; bad [B] uint8
+    V, stride_b,
+    FLAG: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """tokens[b] = (the lowest index of the row's largest logit, -1), as torch.argmax picks it (NaN
+    counts as the largest); num[b] = 0; bad[b] = FLAG when the row holds a NaN or +inf or no finite
+    logit (what ``faults.nonfinite_rows`` flags), else 0."""
+    b = tl.program_id(0)
+    lane = tl.arange(0, BLOCK_V)
+    best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    best_i = tl.full((BLOCK_V,), BIG, tl.int32)
+    nan_lane = lane < 0  # all False
+    bad_lane = lane < 0
+    finite_lane = lane < 0
+    for v0 in range(0, V, BLOCK_V):
+        v = v0 + lane
+        x = tl.load(z_ptr + b * stride_b + v, mask=v < V, other=float("-inf")).to(tl.float32)
+        is_nan = x != x
+        take = ((x > best) & ~nan_lane) | (is_nan & ~nan_lane)  # strict: a lane keeps its earliest maximum
+        best = tl.where(take, x, best)
+        best_i = tl.where(take, v, best_i)
+        nan_lane = nan_lane | is_nan
+        bad_lane = bad_lane | is_nan | (x == float("inf"))
+        finite_lane = finite_lane | ((x == x) & (x != float("inf")) & (x != float("-inf")))
+    any_nan = tl.max(nan_lane.to(tl.int32), axis=0) > 0
+    top = tl.max(tl.where(nan_lane, float("-inf"), best), axis=0)
+    pick_nan = tl.min(tl.where(nan_lane, best_i, BIG), axis=0)
+    pick = tl.min(tl.where(~nan_lane & (best == top), best_i, BIG), axis=0)
+    token = tl.where(any_nan, pick_nan, tl.where(pick == BIG, 0, pick))
+    bad = (tl.max(bad_lane.to(tl.int32), axis=0) > 0) | (tl.max(finite_lane.to(tl.int32), axis=0) == 0)
+    tl.store(tokens_ptr + b * 2, token)
+    tl.store(tokens_ptr + b * 2 + 1, -1)
+    tl.store(num_ptr + b, 0)
+    tl.store(bad_ptr + b, tl.where(bad, FLAG, 0).to(tl.uint8))

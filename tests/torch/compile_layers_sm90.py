@@ -70,6 +70,8 @@ def compile_layers() -> None:
         (steps.commit_kernel, dict(n_ptr="*i32", emitted_ptr="*i32", eos_ptr="*i64", tokens_ptr="*i64", length_ptr="*i64",
                                    prompt_ptr="*i64", max_new_ptr="*i64", done_ptr="*i1", active_ptr="*i1"), dict(BLOCK_W=8), 1),
         (steps.lookup_kernel, dict(seq_ptr="*i64", length_ptr="*i64", out_ptr="*i64"), dict(MAX_N=3, BLOCK_S=512, BLOCK_G=8), 4),
+        (steps.greedy_next_kernel, dict(z_ptr="*fp32", tokens_ptr="*i32", num_ptr="*i32", bad_ptr="*u8"),
+         dict(FLAG=1, BLOCK_V=8192), 16),
     ]
     for fn, sig, constexprs, warps in step_kernels:
         print(f"ok {fn.__name__}: cubin {compile_kernel(fn, sig, constexprs, warps)} bytes")
