@@ -70,10 +70,11 @@ def add_rms_norm(
     rows = h.numel() // c
     block_c = next_pow2(c)
     block_r = max(1, min(next_pow2(rows), 2048 // block_c)) if h.is_cuda else next_pow2(rows)
+    on = pdl_on(pdl, h)
     kernels().add_rms_norm_kernel[(triton_cdiv(rows, block_r),)](
         h, h if d is None else d, weight, y, rows, c, eps,
-        HAS_D=d is not None, BLOCK_R=block_r, BLOCK_C=block_c, USE_PDL=pdl_on(pdl, h),
-        num_warps=4 if block_c * block_r <= 4096 else 8, launch_pdl=pdl_on(pdl, h),
+        HAS_D=d is not None, BLOCK_R=block_r, BLOCK_C=block_c, USE_PDL=on,
+        num_warps=4 if block_c * block_r <= 4096 else 8, launch_pdl=on,
     )
     return h, y
 
@@ -119,9 +120,10 @@ def rope_kv(
     qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
     q = torch.empty((b, heads, t, d), dtype=qkv.dtype, device=qkv.device)
+    on = pdl_on(pdl, qkv)
     kernels().rope_kv_kernel[(b * t, heads + 2 * kv_heads)](
         qkv, cos, sin, positions, q, k_cache, v_cache, t, k_cache.shape[2],
-        H=heads, H_KV=kv_heads, D=d, USE_PDL=pdl_on(pdl, qkv), num_warps=1, launch_pdl=pdl_on(pdl, qkv),
+        H=heads, H_KV=kv_heads, D=d, USE_PDL=on, num_warps=1, launch_pdl=on,
     )
     return q
 
@@ -159,12 +161,13 @@ def attention(
     if not kernel_attends(impl, h, kv_heads, t, d):
         return attention_reference(q, k_cache, v_cache, mask, kv_heads)
     out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
+    on = pdl_on(pdl, q)
     kernels().decode_attention_kernel[(b * kv_heads,)](
         q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2],
         mask.shape[-1] if attend_len is None else attend_len, d ** -0.5,
         H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(h // kv_heads * t)), BLOCK_S=128 if d == 64 else 64,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=pdl_on(pdl, q), num_warps=4, num_stages=2,
-        launch_pdl=pdl_on(pdl, q),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=on, num_warps=4, num_stages=2,
+        launch_pdl=on,
     )
     return out
 
@@ -185,8 +188,9 @@ def silu_mul(gate_up: torch.Tensor, impl: str = "reference", pdl: bool = False) 
     rows, i = gate_up.numel() // i2, i2 // 2
     y = torch.empty((*gate_up.shape[:-1], i), dtype=gate_up.dtype, device=gate_up.device)
     block = min(next_pow2(i), 2048)
+    on = pdl_on(pdl, gate_up)
     kernels().silu_mul_kernel[(rows, triton_cdiv(i, block))](
-        gate_up, y, i, BLOCK=block, USE_PDL=pdl_on(pdl, gate_up), num_warps=4, launch_pdl=pdl_on(pdl, gate_up),
+        gate_up, y, i, BLOCK=block, USE_PDL=on, num_warps=4, launch_pdl=on,
     )
     return y
 

@@ -122,10 +122,8 @@ FUSABLE = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})  # projections f
 
 def fusable(x: torch.Tensor, linear_impl: str, rows: int, *modules: nn.Module) -> bool:
     """The fused path (flashspec_torch.gemv: the norms and SwiGLU inside the products) serves
-    plain nn.Linear weights and at most 8 rows; otherwise the layer runs unfused, projections by
-    cuBLAS."""
-    if linear_impl not in LINEAR_IMPLS:
-        raise ValueError(f"linear_impl={linear_impl!r} must be one of {LINEAR_IMPLS}")
+    plain nn.Linear weights and at most ``rows`` (<= 8) rows; otherwise the layer runs unfused,
+    projections by cuBLAS. ``linear_impl`` as ``Llama.decode_settings`` checked it."""
     m = x.numel() // x.shape[-1]
     return linear_impl == "fused" and m <= rows and fused.fits(m, x) and all(type(mod) is nn.Linear for mod in modules)
 
