@@ -87,10 +87,11 @@ class StepGraphs:
         self.side = torch.cuda.Stream()
         self.graphs: dict = {}
 
-    def capture(self, key, step, state: Sequence[torch.Tensor]) -> None:
-        """Capture ``step`` under ``key`` unless it is captured already (nothing is executed)."""
+    def capture(self, key, step, state: Sequence[torch.Tensor]) -> bool:
+        """Capture ``step`` under ``key`` unless it is captured already (nothing is executed);
+        whether it was new."""
         if key in self.graphs:
-            return
+            return False
         try:
             snapshot = [t.clone() for t in state]
             self.side.wait_stream(torch.cuda.current_stream())
@@ -108,6 +109,7 @@ class StepGraphs:
         if len(self.graphs) >= self.max_graphs:
             del self.graphs[next(iter(self.graphs))]  # after the new capture: the pool keeps a live graph
         self.graphs[key] = (graph, outputs)
+        return True
 
     def replay(self, key, step, state: Sequence[torch.Tensor]):
         """Replay the graph of ``key`` (capturing ``step`` first if new); returns the outputs
@@ -128,11 +130,8 @@ class StaticSteps:
     """The graphed steps' fixed-shape code run eagerly, without capture: what ``graphs=True``
     does off CUDA, so the CPU tests cover the code that the GPU captures."""
 
-    def __init__(self):
-        self.graphs: dict = {}  # always empty: nothing is captured
-
-    def capture(self, key, step, state) -> None:
-        pass
+    def capture(self, key, step, state) -> bool:
+        return False  # nothing is captured
 
     def replay(self, key, step, state):
         return step()
@@ -270,14 +269,13 @@ class TorchBackend:
         compile time into the first call instead of a later one. Returns the graphs captured."""
         if not self.graphed:
             return 0
-        before = len(self.graphs.graphs)
+        captured = 0
         if gamma is not None:
             for arm, d in enumerate(self.drafts):
                 if d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
-                    self.graphs.capture(("spec", arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),
-                                        self.state())
-        self.graphs.capture(("plain", sampling), self.graphed_decode(sampling), self.state())
-        return len(self.graphs.graphs) - before
+                    captured += self.graphs.capture(("spec", arm, gamma, sampling),
+                                                    self.graphed_step(arm, gamma, sampling), self.state())
+        return captured + self.graphs.capture(("plain", sampling), self.graphed_decode(sampling), self.state())
 
     def set_counters(self, seed, offset: int) -> None:
         """The step's seed / offset into the buffers the graphs read."""
@@ -326,9 +324,7 @@ class TorchBackend:
             triton = (self.commit_impl or default_impl(self.device)) == "triton"
             return (greedy_next_triton if triton else greedy_next_reference)(z, self.bad)
         screen(self.bad, z[:, None])
-        y, _ = sample(z, sampling, seed, offset, position=0, stream=FINAL)
-        tokens = torch.cat([y[:, None], torch.full_like(y[:, None], -1)], 1)
-        return VerifyResult(torch.zeros_like(y, dtype=torch.int32), tokens.to(torch.int32))
+        return next_token_result(sample(z, sampling, seed, offset, position=0, stream=FINAL)[0])
 
     # -- commit
 
@@ -404,7 +400,11 @@ def greedy_next_reference(
 ) -> VerifyResult:  # num_accepted [B] zeros; tokens [B, 2] int32: (argmax, -1)
     """Plain greedy decoding's result: the fault screen, then torch.argmax."""
     screen(bad, z[:, None])
-    y = z.argmax(-1)
+    return next_token_result(z.argmax(-1))
+
+
+def next_token_result(y: torch.Tensor) -> VerifyResult:  # y [B] int -> num_accepted [B] zeros, tokens [B, 2] (y, -1)
+    """A plain decoding step as ``commit`` takes it: nothing accepted, one token emitted."""
     tokens = torch.stack([y, torch.full_like(y, -1)], 1).to(torch.int32)
     return VerifyResult(torch.zeros_like(tokens[:, 0]), tokens)
 
