@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -96,48 +95,17 @@ class Timer:
         self.torch, self.calls, self.replays, self.dry = torch, calls, replays, dry
 
     def per_call_us(self, fns) -> float:
-        """fns: callables (one per weight copy); one graph of `calls` calls cycling over them."""
-        torch = self.torch
+        """fns: callables (one per weight copy); one graph of `calls` calls cycling over them
+        (verify_kernels' capture and timer, as the other benchmarks use them)."""
+        from verify_kernels import capture, time_graph  # benchmarks/ is on sys.path for scripts
+
         seq = [fns[i % len(fns)] for i in range(max(self.calls, len(fns)))]
         if self.dry:
             t = time.perf_counter()
             seq[0]()
             return (time.perf_counter() - t) * 1e6
-        for f in fns[:2]:
-            f()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for f in seq:
-                f()
-        for _ in range(3):
-            g.replay()
-        times = []
-        for _ in range(self.replays):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / len(seq))
-        return statistics.median(times)
-
-
-def copy_bandwidth_gbs(torch) -> float:
-    """Read + write bytes per second of a 2 GiB device-to-device copy."""
-    a = torch.empty(1 << 30, dtype=torch.int16, device="cuda")
-    b = torch.empty_like(a)
-    b.copy_(a)
-    ts = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1e3)
-    del a, b
-    return 2 * 2 * (1 << 30) / min(ts) / 1e9
+        graph, _ = capture(lambda f: f(), seq)
+        return time_graph(graph, len(seq), reps=self.replays) * 1e3
 
 
 def sweep_projection(torch, G, timer, name, n, k, m, prologue, dev, dtype, dry):
@@ -268,13 +236,14 @@ def main() -> int:
         print("gemv_sweep.py needs a CUDA GPU (or --dry-run for a CPU check of the script)", file=sys.stderr)
         return 2
     from flashspec_torch import gemv as G
+    from verify_kernels import copy_bandwidth_gbps
 
     dev = "cpu" if args.dry_run else "cuda"
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     timer = Timer(torch, args.calls, args.replays, args.dry_run)
     result = dict(gpu="cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S"), dry_run=args.dry_run,
-                  copy_bandwidth_gbs=None if args.dry_run else copy_bandwidth_gbs(torch), gemv=[], chain=[], best_chain=None,
+                  copy_bandwidth_gbs=None if args.dry_run else copy_bandwidth_gbps("cuda"), gemv=[], chain=[], best_chain=None,
                   gemv_configs={}, command=" ".join(["python benchmarks/gemv_sweep.py"] + sys.argv[1:]))
     copy_bw = result["copy_bandwidth_gbs"] or float("nan")
     print(f"{result['gpu']}: copy {copy_bw:.0f} GB/s (read + write)")
