@@ -248,21 +248,25 @@ def test_fused_model_logits_match_the_reference_model(monkeypatch):
     assert len(calls) == 3 * 2  # the fused path ran: three forwards, two layers
 
 
+def greedy_tokens(model, steps: int) -> torch.Tensor:  # [2, steps]: greedy continuations of two 3-token prompts
+    cache = model.new_cache(2, 16)
+    tokens = torch.tensor([[5, 9, 11], [7, 1, 2]])
+    with torch.inference_mode():
+        logits = model(tokens, torch.arange(3).expand(2, -1), cache, 3, logits_last=1)
+        seq = []
+        for pos in range(3, 3 + steps):
+            nxt = logits[:, -1].argmax(-1)
+            seq.append(nxt)
+            logits = model(nxt[:, None], torch.full((2, 1), pos), cache, pos + 1)
+    return torch.stack(seq, 1)
+
+
 def test_fused_model_generates_the_same_greedy_tokens():
     model = tiny_llama(torch.float32, seed=1)
     runs = {}
     for linear_impl in ("reference", "fused"):
         model.linear_impl = linear_impl
-        cache = model.new_cache(2, 16)
-        tokens = torch.tensor([[5, 9, 11], [7, 1, 2]])
-        with torch.inference_mode():
-            logits = model(tokens, torch.arange(3).expand(2, -1), cache, 3, logits_last=1)
-            seq = []
-            for pos in range(3, 10):
-                nxt = logits[:, -1].argmax(-1)
-                seq.append(nxt)
-                logits = model(nxt[:, None], torch.full((2, 1), pos), cache, pos + 1)
-        runs[linear_impl] = torch.stack(seq, 1)
+        runs[linear_impl] = greedy_tokens(model, 7)
     assert torch.equal(runs["fused"], runs["reference"]), runs
 
 
@@ -323,16 +327,7 @@ def test_a_fused_subset_generates_the_same_greedy_tokens(subset):
     runs = {}
     for linear_impl in ("reference", "fused"):
         model.linear_impl, model.fused = linear_impl, subset
-        cache = model.new_cache(2, 16)
-        tokens = torch.tensor([[5, 9, 11], [7, 1, 2]])
-        with torch.inference_mode():
-            logits = model(tokens, torch.arange(3).expand(2, -1), cache, 3, logits_last=1)
-            seq = []
-            for pos in range(3, 9):
-                nxt = logits[:, -1].argmax(-1)
-                seq.append(nxt)
-                logits = model(nxt[:, None], torch.full((2, 1), pos), cache, pos + 1)
-        runs[linear_impl] = torch.stack(seq, 1)
+        runs[linear_impl] = greedy_tokens(model, 6)
     assert torch.equal(runs["fused"], runs["reference"]), runs
 
 
