@@ -21,7 +21,7 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line errors."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")  # the user's text may hold a line break
 
 
 class UsageError(Exception):
@@ -317,7 +317,7 @@ def run_generate(args) -> int:
     except NonFiniteLogitsError as e:  # print what was produced before the fault, then the one line
         if e.result is not None:
             print(json.dumps(e.result) if args.json else e.result["text"])
-        print(f"flashspec generate: error: {e}", file=sys.stderr)
+        print(f"flashspec generate: error: {one_line(e)}", file=sys.stderr)
         return 1
     finally:
         if show:
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run_bench_script(argv[1], argv[2:])
         except UsageError as e:
-            print(f"flashspec bench: error: {e}", file=sys.stderr)
+            print(f"flashspec bench: error: {one_line(e)}", file=sys.stderr)
             return 2
     args = build_parser().parse_args(argv)
     args.argv = argv
@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def one_line(e: BaseException) -> str:
+def one_line(e: BaseException | str) -> str:
+    """An error's text on one line: every run of whitespace (line breaks, carriage returns, ...) as one space."""
     return " ".join(str(e).split()) or type(e).__name__
 
 

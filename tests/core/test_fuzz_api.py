@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 from fuzz_cases import DOCUMENTED, check_result, junk, junk_size, verify_args
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from flashspec.bandits import POLICIES, BanditConfig
@@ -127,6 +127,7 @@ class FakeEngine:
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(max_size=8), st.lists(st.tuples(st.sampled_from(GENERATE_OPTIONS), VALUES), max_size=5))
+@example(prompt="", pairs=[("--json", "\r0")])  # found by CI: argparse quoted the \r into a second line
 def test_cli_generate_arguments(capsys, prompt, pairs):
     import flashspec.engine
 
