@@ -3,6 +3,10 @@
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
 #   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
+#   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB): `stash` keeps
+#   .carry_a/gguf.part_a in /tmp/fs on the device; the next call (back to back, while the machine
+#   is warm) carries .carry_b/ (gguf.part_b, gguf.sha256, the gguf and accelerate wheels) and its
+#   `embedded` step reassembles the file, checks its hash and runs engine_gpu_embedded.py.
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
 # `flashspec` is the tree's shared/ folder, reached through a symlink on PYTHONPATH.
 # TREE=path runs another checkout's code (e.g. a branch exported with git archive).
@@ -30,6 +34,13 @@ for step in $steps; do
     verify) timeout 330 python3 benchmarks/verify_variants.py --out "$OUT" > "$OUT/verify_variants.log" 2>&1; tail -40 "$OUT/verify_variants.log" ;;
     jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/engine_gpu_jax.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --out "$OUT" > "$OUT/engine_gpu_jax.log" 2>&1; tail -12 "$OUT/engine_gpu_jax.log" ;;
     checks) for b in ${CHECK_BACKENDS:-torch jax}; do timeout 240 python3 benchmarks/gpu_checks.py --backend $b > "$OUT/gpu_checks_$b.log" 2>&1; tail -3 "$OUT/gpu_checks_$b.log"; done ;;
+    stash) mkdir -p /tmp/fs && cp .carry_a/* /tmp/fs/ && ls -la /tmp/fs ;;
+    embedded) cat /tmp/fs/gguf.part_a .carry_b/gguf.part_b > /tmp/fs/model.gguf \
+           && echo "$(cat .carry_b/gguf.sha256)  /tmp/fs/model.gguf" | sha256sum -c \
+           && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 .carry_b/*.whl \
+           && PYTHONPATH=$PYTHONPATH:/tmp/site2 FLASHSPEC_CACHE=/tmp/fscache timeout ${EMBEDDED_TIMEOUT:-420} \
+              python3 benchmarks/engine_gpu_embedded.py --gguf /tmp/fs/model.gguf ${EMBEDDED_ARGS:-} > "$OUT/engine_gpu_embedded.log" 2>&1; \
+           tail -14 "$OUT/engine_gpu_embedded.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done
