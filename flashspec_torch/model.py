@@ -200,6 +200,9 @@ class Llama(nn.Module):
         # with linear_impl "fused": the projections that run fused; the others by cuBLAS (see Block.forward)
         self.fused: frozenset[str] | None = None
         self.fused_rows: int | None = None  # the fused products serve at most this many rows (<= 8)
+        # CUDA: every product fused at up to 8 rows, so a row's logits do not depend on how many rows
+        # a pass computes (greedy speculation == greedy decoding in bf16, batch 1, G <= 7)
+        self.row_invariant = False
 
     def decode_settings(self, device: torch.device) -> tuple[str, bool, frozenset[str], int]:
         """(linear_impl, pdl, fused, fused_rows): what is set, else the measured defaults. CPU:
@@ -208,13 +211,20 @@ class Llama(nn.Module):
         than cuBLAS) on the projections where the H200 measured them faster in the whole step
         (benchmarks/engine_gpu.py, gemv_sweep.py's chain, 2026-12-01): all five at hidden 576
         (SmolLM2-135M: 0.65 against 0.95 ms per token), o and down at 2048 (TinyLlama-1.1B: 1.04
-        against 1.20 ms), none at 4096 (Llama-3-8B: cuBLAS is at 1.24x its floor already)."""
+        against 1.20 ms), none at 4096 (Llama-3-8B: cuBLAS is at 1.24x its floor already).
+        ``row_invariant`` (CUDA): all five products fused at up to 8 rows instead."""
         explicit = self.linear_impl is not None
         if explicit and self.linear_impl not in LINEAR_IMPLS:
             raise ValueError(f"linear_impl={self.linear_impl!r} must be one of {LINEAR_IMPLS} (or None: by device)")
         subset = FUSABLE if self.fused is None else check_fused(self.fused)
         if device.type != "cuda":
             return self.linear_impl or "reference", bool(self.pdl), subset, self.fused_rows or fused.MAX_ROWS
+        if self.row_invariant:
+            if self.linear_impl not in (None, "fused") or self.fused not in (None, FUSABLE) or self.fused_rows not in (None, fused.MAX_ROWS):
+                raise ValueError(f"row_invariant needs every product fused at up to {fused.MAX_ROWS} rows, but linear_impl="
+                                 f"{self.linear_impl!r}, fused={self.fused!r}, fused_rows={self.fused_rows!r} are set: "
+                                 "leave them None, or set row_invariant = False")
+            return "fused", True if self.pdl is None else self.pdl, FUSABLE, fused.MAX_ROWS
         hidden = self.config.hidden_size
         default = FUSABLE if hidden <= 1024 else frozenset({"o", "down"}) if hidden <= 2048 else frozenset()
         linear_impl = self.linear_impl or ("fused" if default else "reference")

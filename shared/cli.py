@@ -270,6 +270,9 @@ def add_generate(sub) -> None:
     p.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding (the baseline)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--row-invariant", action="store_true",
+                   help="torch on a GPU: a row's logits independent of the rows computed with it, so greedy "
+                        "speculation gives exactly greedy decoding's tokens in bf16 (slower speculative steps)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_generate)
 
@@ -292,7 +295,8 @@ def run_generate(args) -> int:
     from .engine import engine
 
     check_generate_args(args)
-    eng = engine(args.backend, args.target, tuple(args.draft or ("ngram",)), policy=args.policy, device=args.device)
+    eng = engine(args.backend, args.target, tuple(args.draft or ("ngram",)), policy=args.policy, device=args.device,
+                 row_invariant=args.row_invariant)
     show = sys.stderr.isatty()
     counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}
 

@@ -77,15 +77,19 @@ def check_request(prompt, seed, speculation, chat, on_step) -> tuple[list[str], 
     return prompts, [int(s) for s in seeds]
 
 
-def engine(backend: str = "torch", target=None, drafts=("ngram",), *, policy: str = "thompson-token", device=None):
-    """An engine holding the loaded target and drafts (load once, generate many times)."""
+def engine(backend: str = "torch", target=None, drafts=("ngram",), *, policy: str = "thompson-token", device=None,
+           row_invariant: bool = False):
+    """An engine holding the loaded target and drafts (load once, generate many times).
+    ``row_invariant``: torch on CUDA only, see flashspec_torch.Engine."""
     if backend == "torch":
         try:
             from flashspec_torch.engine import Engine
         except ImportError as e:
             raise ImportError(f"backend='torch' needs the torch extra: pip install 'flashspec[torch]' ({e})") from None
-        return Engine(target, drafts, policy=policy, device=device)
+        return Engine(target, drafts, policy=policy, device=device, row_invariant=row_invariant)
     if backend == "jax":
+        if row_invariant:
+            raise ValueError("row_invariant is an option of the torch backend (its fused products); use backend='torch'")
         try:
             from flashspec_jax.engine import Engine as JaxEngine
         except ImportError as e:
@@ -94,10 +98,11 @@ def engine(backend: str = "torch", target=None, drafts=("ngram",), *, policy: st
     raise ValueError(f"backend={backend!r} is unknown; choose one of {BACKENDS}")
 
 
-def generate(prompt, *, backend: str = "torch", target=None, drafts=("ngram",), policy: str = "thompson-token", device=None, **options) -> dict:
+def generate(prompt, *, backend: str = "torch", target=None, drafts=("ngram",), policy: str = "thompson-token", device=None,
+             row_invariant: bool = False, **options) -> dict:
     """One-shot generation (loads the model each call; hold an ``engine(...)`` to reuse it).
 
     ``options`` are ``Engine.generate``'s keyword arguments: gamma, temperature, top_k, top_p,
     max_new_tokens, seed, speculation, chat, on_step.
     """
-    return engine(backend, target, drafts, policy=policy, device=device).generate(prompt, **options)
+    return engine(backend, target, drafts, policy=policy, device=device, row_invariant=row_invariant).generate(prompt, **options)

@@ -358,6 +358,14 @@ def test_decode_settings_by_device_and_shape():
     m = model(2048)
     m.linear_impl, m.pdl, m.fused = "fused", False, frozenset({"qkv"})
     assert m.decode_settings(cuda) == ("fused", False, frozenset({"qkv"}), G.MAX_ROWS)
+    for hidden in (576, 2048, 4096):  # row-invariant: everything fused at any row count, any width
+        m = model(hidden)
+        m.row_invariant = True
+        assert m.decode_settings(cuda) == ("fused", True, FUSABLE, G.MAX_ROWS)
+        assert m.decode_settings(cpu) == ("reference", False, FUSABLE, G.MAX_ROWS)  # the CPU path is unchanged
+    m.fused = frozenset({"o"})
+    with pytest.raises(ValueError, match="row_invariant needs every product fused"):
+        m.decode_settings(cuda)
     m.fused = frozenset({"attention"})
     with pytest.raises(ValueError, match="fused"):
         m.decode_settings(cuda)
