@@ -75,6 +75,7 @@ def test_nf4_model_logits_are_close_to_fp32(target):
     m = target.model
     q = quantize_nf4(m)
     assert is_nf4(q) and not is_nf4(m) and q.embed is m.embed  # the copy shares what it keeps in fp32
+    assert q.rope_tables(m.embed.weight) is m.rope_tables(m.embed.weight)  # and the RoPE tables
     text = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
             "The quick brown fox jumps over the lazy dog. Photosynthesis is the process by which plants")
     ids = torch.tensor([target.tokenizer(text)["input_ids"]])
