@@ -288,7 +288,7 @@ class KernelConfig:
     fast_math: bool = True  # "lanes" on a GPU: lg2.approx for -log(E) and log r, z / T by FMA (never in the interpreter)
     prune: bool = True  # "lanes" sweep: skip the keys of tiles that cannot hold the winner (exact)
     schedule: str = "two_launch"  # "persistent": both phases in one launch of ticketed work items (kernels/persistent.py)
-    programs_per_sm: int = 4  # "persistent": P = SMs x this on a GPU, this in the interpreter
+    programs_per_sm: int = 3  # "persistent": P = SMs x this on a GPU (sm_90: 159 registers, 3 resident), this in the interpreter
     lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
 
     def __post_init__(self):
@@ -357,6 +357,12 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def device_sms(device: torch.device) -> int:  # SMs of a GPU; 1 in the interpreter (the persistent grid)
+    if device.type != "cuda" or interpreting():
+        return 1
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def load_kernels(device: torch.device):
     """The kernels module; on CPU only with the Triton interpreter (a clear error otherwise)."""
     hint = ("set TRITON_INTERPRET=1 in the environment before flashspec_torch first uses impl='triton' "
@@ -414,7 +420,8 @@ def verify_triton(
     offset,
     config: KernelConfig | None = None,
 ) -> VerifyResult[torch.Tensor]:
-    """Launch the fused kernels: one launch if ``config.num_chunks == 1``, else two (see kernels)."""
+    """Launch the fused kernels: one launch if ``config.num_chunks == 1``, else two (see kernels), or
+    with ``config.schedule == "persistent"`` one launch of both phases (kernels/persistent.py)."""
     z, x, w, lq = target_logits, draft_tokens, draft_logits, draft_logprobs
     kernels = load_kernels(z.device)
     b, g1, v = z.shape
@@ -476,9 +483,8 @@ def verify_triton(
     if not persistent:
         kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](*args, *sizes, FUSED=fused, **flags)
         return VerifyResult(num_accepted=num, tokens=tokens)
-    sms = 1 if dev.type != "cuda" or interpreting() else sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
     per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
-    programs, lookahead = schedule.grid(sms * config.programs_per_sm, config.lookahead, tiles, per_tile)
+    programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)
     with schedule.workspace(dev, tiles) as (ticket, counter, ready):
         kernels.verify_persistent_kernel[(programs,)](
             *args[:-3], counter, tokens, num, ticket, ready, *sizes,

@@ -17,6 +17,11 @@ Two kernels, used either alone or as a pair:
   program of a batch tile to finish (an atomic counter) reduces the C candidates and writes the
   tokens. Two launches are needed because row n, hence the chunks to sweep, is only known once
   every chunk of every row has been normalised (a grid-wide dependency).
+* ``verify_persistent_kernel`` (``persistent.py``, ``KernelConfig(schedule="persistent")``): the
+  same two phases in one launch, as ticketed work items that wait on per-tile counters.
+
+The work of one program of either split kernel is a device function (``stats_item``,
+``final_item``), which the persistent kernel calls per work item.
 
 Nothing of size V is ever written. All arithmetic is float32 after loading (bf16 / fp16 are upcast
 immediately) and draft ids are masked: an id outside [0, V) is never read from memory (it counts
@@ -444,4 +449,9 @@ def final_item(
                     tl.store(ready_ptr + pid_b, 0)  # every phase-2 item of the tile is past its wait
 
 
-from .persistent import verify_persistent_kernel  # noqa: E402,F401  (the launcher finds every kernel here)
+def __getattr__(name):  # the launcher finds every kernel here; persistent.py imports this module, hence lazily
+    if name == "verify_persistent_kernel":
+        from .persistent import verify_persistent_kernel
+
+        return verify_persistent_kernel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
