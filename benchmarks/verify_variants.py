@@ -89,7 +89,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "lanes-double-chunks": dataclasses.replace(lanes, num_chunks=lanes.num_chunks * 2,
                                                    block_v=max(256, lanes.block_v // 2)),
         "lanes-small-tiles": dataclasses.replace(lanes, block_v=max(256, lanes.block_v // 2), sweep_v=512),
-        "persistent": persistent,  # choose_config's tiling, P = 3 programs per SM (resident on sm_90), automatic lookahead
+        "persistent": persistent,  # choose_config's tiling, P = 3 programs per SM (all resident), automatic lookahead
         "persistent-prune": dataclasses.replace(persistent, prune=True),
         "persistent-no-prune": dataclasses.replace(persistent, prune=False),
         "persistent-p2": dataclasses.replace(persistent, programs_per_sm=2),

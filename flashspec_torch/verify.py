@@ -287,8 +287,8 @@ class KernelConfig:
     sweep: str = "lanes"  # row-n sweep: "lanes" (per-slot running argmax, exp2 / lg2) or "tile"
     fast_math: bool = True  # "lanes" on a GPU: lg2.approx for -log(E) and log r, z / T by FMA (never in the interpreter)
     prune: bool = True  # "lanes" sweep: skip the keys of tiles that cannot hold the winner (exact)
-    schedule: str = "two_launch"  # "persistent": both phases in one launch of ticketed work items (kernels/persistent.py)
-    programs_per_sm: int = 3  # "persistent": P = SMs x this on a GPU (sm_90: 159 registers, 3 resident), this in the interpreter
+    schedule: str = "two_launch"  # "persistent": both phases in one launch of ticketed items (kernels/persistent.py)
+    programs_per_sm: int = 3  # "persistent": P = SMs x this on a GPU (sm_90: 159 registers: 3 resident); interpreter: P
     lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
 
     def __post_init__(self):

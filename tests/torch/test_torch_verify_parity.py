@@ -37,7 +37,8 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     x, lq_t = as_torch(inp.x), as_torch(lq)
     got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
     got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
-    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in (TILE, MIXED, PERSISTENT, PERSISTENT_1))
+    more = (TILE, MIXED, PERSISTENT, PERSISTENT_1)
+    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in more)
     return (want.num_accepted, want.tokens), [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
