@@ -94,6 +94,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "persistent-no-prune": dataclasses.replace(persistent, prune=False),
         "persistent-p2": dataclasses.replace(persistent, programs_per_sm=2),
         "persistent-p4": dataclasses.replace(persistent, programs_per_sm=4),  # more than resident: a longer lookahead
+        "persistent-p4-r128": dataclasses.replace(persistent, programs_per_sm=4, max_registers=128),  # 4 resident
         "persistent-la4": dataclasses.replace(persistent, lookahead=4),  # row n more likely in L2, more waiting
         "persistent-la64": dataclasses.replace(persistent, lookahead=64),  # no waiting, row n less likely in L2
         "persistent-half-chunks": dataclasses.replace(persistent, num_chunks=max(1, lanes.num_chunks // 2)),

@@ -290,6 +290,7 @@ class KernelConfig:
     schedule: str = "two_launch"  # "persistent": both phases in one launch of ticketed items (kernels/persistent.py)
     programs_per_sm: int = 3  # "persistent": P = SMs x this on a GPU (sm_90: 159 registers: 3 resident); interpreter: P
     lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
+    max_registers: int = 0  # GPU: ptxas register cap (maxnreg) of the final / persistent launch; 0: none
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -298,6 +299,8 @@ class KernelConfig:
             raise ValueError(f"{self.programs_per_sm=} must be an int >= 1")
         if not (isinstance(self.lookahead, int) and self.lookahead >= 0):
             raise ValueError(f"{self.lookahead=} must be an int >= 0 (0: automatic)")
+        if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
+            raise ValueError(f"{self.max_registers=} must be 0 (no cap) or an int in [24, 255]")
         for name in ("stream", "sweep"):
             if getattr(self, name) not in VARIANTS:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {VARIANTS}")
@@ -480,6 +483,8 @@ def verify_triton(
                  SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
                  PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, **lanes,
                  SWEEP_LANES=config.sweep == "lanes", PRUNE=config.prune, num_warps=config.num_warps)
+    if config.max_registers and not interpreting():
+        flags["maxnreg"] = config.max_registers
     if not persistent:
         kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](*args, *sizes, FUSED=fused, **flags)
         return VerifyResult(num_accepted=num, tokens=tokens)

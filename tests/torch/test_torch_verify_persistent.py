@@ -92,7 +92,8 @@ def test_workspace_grows_and_is_replaced_after_a_failed_launch():
     assert not schedule.buffer(dev, 3).any()  # a fresh, zeroed buffer
 
 
-@pytest.mark.parametrize("field,value", [("schedule", "persistant"), ("programs_per_sm", 0), ("lookahead", -1)])
+@pytest.mark.parametrize("field,value", [("schedule", "persistant"), ("programs_per_sm", 0), ("lookahead", -1),
+                                         ("max_registers", 16)])
 def test_schedule_fields_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
         KernelConfig(**{field: value})
