@@ -169,6 +169,16 @@ def predict(b, g, v, dtype, temperature, name, config, show_loops=False) -> dict
         issued = programs * warps * total  # everything once
         mufu = 0
         elements = 0
+        if fn.__name__ == "verify_persistent_kernel":  # one launch: both phases' work items overlap
+            t_issue, t_mufu, t_mem, items, per, lp_norm, lp_sweep = persistent_model(fn, args, kwargs, b, g, v,
+                                                                                       itemsize, total, loops)
+            out["launches"].append(dict(kernel=fn.__name__, grid=grid, warps=warps, regs=regs, chunks=chunks,
+                                        items=items, loop_instr=[lp.size for lp in loops],
+                                        normaliser_loop=lp_norm.size, sweep_loop=lp_sweep.size,
+                                        lane_instr_per_element=per, issue_us=t_issue, mufu_us=t_mufu,
+                                        memory_us=t_mem, model_us=max(t_issue, t_mufu, t_mem)))
+            print_loops(fn, loops, show_loops)
+            continue
         if fn.__name__ == "verify_stats_kernel" and inner:
             rows = (g + 1) if lanes else 1  # "tile" streams all rows in one [ROWS, BLOCK_V] tile
             iters = rows * math.ceil(span / block)
@@ -190,14 +200,45 @@ def predict(b, g, v, dtype, temperature, name, config, show_loops=False) -> dict
                                     loop_instr=[lp.size for lp in loops], lane_instr_per_element=per,
                                     issue_us=t_issue, mufu_us=t_mufu, memory_us=t_mem,
                                     model_us=max(t_issue, t_mufu, t_mem)))
-        if show_loops:
-            for lp in loops:
-                print(f"    {fn.__name__} loop {lp.lo:#x}-{lp.hi:#x}: {lp.size} instr: "
-                      + ", ".join(f"{k}:{n}" for k, n in lp.mix.most_common()))
+        print_loops(fn, loops, show_loops)
     out["model_us"] = sum(launch["model_us"] for launch in out["launches"])
     floor = (b * (g + 2) * v * itemsize + b * g * 12) / (H200["tbps"] * 1e6)
     out.update(floor_us=floor, model_x_floor=out["model_us"] / floor)
     return out
+
+
+def print_loops(fn, loops, show: bool) -> None:
+    if show:
+        for lp in loops:
+            print(f"    {fn.__name__} loop {lp.lo:#x}-{lp.hi:#x}: {lp.size} instr: "
+                  + ", ".join(f"{k}:{n}" for k, n in lp.mix.most_common()))
+
+
+def persistent_model(fn, args, kwargs, b, g, v, itemsize, total, loops):
+    """Model of the persistent launch: the work of all items against one launch's issue / MUFU /
+    memory budget (the phases overlap). The normaliser loop: the innermost loop with loads and no
+    MUFU.LG2; the sweep loop: the innermost one with loads and LG2 (FAST); plain loads only (the
+    spin loop's acquire load is LDG.E.STRONG.GPU). Per item, half the
+    kernel's instructions outside the loops (only one phase's branch runs). Bytes: the target
+    logits once, the draft row n once; row n of z is assumed to come from L2 (the lookahead)."""
+    arg = lambda name: args[fn.arg_names.index(name)]  # noqa: E731
+    chunk, c, c2, tiles = arg("chunk"), arg("C"), arg("C2"), arg("tiles")
+    warps = kwargs["num_warps"]
+    loads = [lp for lp in loops if lp.mix.get("LDG.E.128", 0) + lp.mix.get("LDG.E", 0) > 0]  # not the spin loop
+    lp_norm = next(lp for lp in loads if not lp.mix.get("MUFU.LG2", 0))
+    lp_sweep = next((lp for lp in loads if lp.mix.get("MUFU.LG2", 0)), lp_norm)
+    rows = g + 1 if kwargs.get("LANES", False) else 1
+    norm_iters = tiles * c * rows * math.ceil(chunk / kwargs["BLOCK_V"])
+    sweep_iters = 0 if kwargs.get("GREEDY", False) else tiles * c2 * math.ceil(chunk / kwargs["SWEEP_V"])
+    items = tiles * (c + c2)
+    loop_issue = warps * (norm_iters * lp_norm.size + sweep_iters * lp_sweep.size)
+    issued = items * warps * total / 2 + loop_issue
+    mufu = warps * (norm_iters * lp_norm.mufu + sweep_iters * lp_sweep.mufu)
+    rate = H200["sms"] * H200["schedulers"] * H200["ghz"] * 1e3  # warp instructions per us
+    nbytes = b * (g + 1) * v * itemsize + (b * v * itemsize if kwargs.get("HAS_W", False) else 0)
+    per = loop_issue * 32 / (b * (g + 2) * v)
+    return (issued / rate, mufu * H200["mufu_cycles"] / rate, nbytes / (H200["tbps"] * 1e6), items, per,
+            lp_norm, lp_sweep)
 
 
 def main(argv=None) -> int:
@@ -207,6 +248,7 @@ def main(argv=None) -> int:
     fv = importlib.import_module("flashspec_torch.verify")
     fv.sm_count = lambda index: H200["sms"]  # choose_config as on the H200
     fv.interpreting = lambda: False
+    fv.device_sms = lambda device: H200["sms"]  # the persistent grid as on the H200
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from verify_variants import variants
 
@@ -220,6 +262,9 @@ def main(argv=None) -> int:
                     r = predict(b, g, v, dtype, args.temperature, name, every[name], args.show_loops)
                     parts = "; ".join(
                         f"{x['kernel'].split('_')[1]}: grid {x['grid']} x{x['warps']}w {x['regs']} regs, "
+                        f"loops {x['loop_instr']}, "
+                        + (f"{x['items']} items, normaliser loop {x['normaliser_loop']}, sweep loop {x['sweep_loop']}, "
+                           if "items" in x else "") +
                         f"{x['lane_instr_per_element']:.1f} instr/elem, issue {x['issue_us']:.0f} us, "
                         f"MUFU {x['mufu_us']:.0f} us, memory {x['memory_us']:.0f} us" for x in r["launches"])
                     print(f"B={b} G={g} V={v} {args.dtype} T={args.temperature} {name}: model {r['model_us']:.0f} us "

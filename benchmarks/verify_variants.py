@@ -57,7 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-CORE = ("lanes", "tile", "lanes-no-prune", "lanes-prune")  # timed at every shape; the rest at ABLATION_SHAPES
+CORE = ("lanes", "tile", "lanes-no-prune", "lanes-prune", "persistent", "persistent-prune")  # timed at every shape;
+# the rest at ABLATION_SHAPES
 ABLATION_SHAPES = [(256, 4, 128256, "bfloat16", 0.7), (256, 4, 128256, "bfloat16", 1.0), (32, 4, 128256, "bfloat16", 0.7),
                    (128, 8, 32000, "float32", 0.7)]  # (B, G, V, dtype, T)
 
@@ -69,8 +70,11 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     if device.type != "cuda" or interpreting():
         base = KernelConfig(block_b=1, block_v=256, sweep_v=128, num_chunks=2)
         return {"lanes": base, "tile": dataclasses.replace(base, stream="tile", sweep="tile"),
-                "lanes-no-prune": dataclasses.replace(base, prune=False)}
+                "lanes-no-prune": dataclasses.replace(base, prune=False),
+                "persistent": dataclasses.replace(base, schedule="persistent", programs_per_sm=2),
+                "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1)}
     lanes = choose_config(b, g, v, device, itemsize)
+    persistent = dataclasses.replace(lanes, schedule="persistent")  # one launch, ticketed items (kernels/persistent.py)
     out = {
         "lanes": lanes,
         "tile": tile_config(b, g, v, device),
@@ -85,6 +89,15 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "lanes-double-chunks": dataclasses.replace(lanes, num_chunks=lanes.num_chunks * 2,
                                                    block_v=max(256, lanes.block_v // 2)),
         "lanes-small-tiles": dataclasses.replace(lanes, block_v=max(256, lanes.block_v // 2), sweep_v=512),
+        "persistent": persistent,  # choose_config's tiling, P = 3 programs per SM (all resident), automatic lookahead
+        "persistent-prune": dataclasses.replace(persistent, prune=True),
+        "persistent-no-prune": dataclasses.replace(persistent, prune=False),
+        "persistent-p2": dataclasses.replace(persistent, programs_per_sm=2),
+        "persistent-p4": dataclasses.replace(persistent, programs_per_sm=4),  # more than resident: a longer lookahead
+        "persistent-p4-r128": dataclasses.replace(persistent, programs_per_sm=4, max_registers=128),  # 4 resident
+        "persistent-la4": dataclasses.replace(persistent, lookahead=4),  # row n more likely in L2, more waiting
+        "persistent-la64": dataclasses.replace(persistent, lookahead=64),  # no waiting, row n less likely in L2
+        "persistent-half-chunks": dataclasses.replace(persistent, num_chunks=max(1, lanes.num_chunks // 2)),
     }
     return out
 

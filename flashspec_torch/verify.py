@@ -27,10 +27,13 @@ import torch
 from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult, check_verify_args
 
+from . import persistent as schedule
 from . import random as rng
 
 IMPLS = ("triton", "reference")
 VARIANTS = ("lanes", "tile")  # KernelConfig.stream / .sweep
+SCHEDULES = ("two_launch", "persistent")  # KernelConfig.schedule of the split path
+DEFAULT_SCHEDULE = "two_launch"  # choose_config's schedule on a GPU (the one-line switch)
 INT32_MAX = 2**31 - 1
 
 
@@ -284,8 +287,20 @@ class KernelConfig:
     sweep: str = "lanes"  # row-n sweep: "lanes" (per-slot running argmax, exp2 / lg2) or "tile"
     fast_math: bool = True  # "lanes" on a GPU: lg2.approx for -log(E) and log r, z / T by FMA (never in the interpreter)
     prune: bool = True  # "lanes" sweep: skip the keys of tiles that cannot hold the winner (exact)
+    schedule: str = "two_launch"  # "persistent": both phases in one launch of ticketed items (kernels/persistent.py)
+    programs_per_sm: int = 3  # "persistent": P = SMs x this on a GPU (sm_90: 159 registers: 3 resident); interpreter: P
+    lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
+    max_registers: int = 0  # GPU: ptxas register cap (maxnreg) of the final / persistent launch; 0: none
 
     def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"{self.schedule=} must be one of {SCHEDULES}")
+        if not (isinstance(self.programs_per_sm, int) and self.programs_per_sm >= 1):
+            raise ValueError(f"{self.programs_per_sm=} must be an int >= 1")
+        if not (isinstance(self.lookahead, int) and self.lookahead >= 0):
+            raise ValueError(f"{self.lookahead=} must be an int >= 0 (0: automatic)")
+        if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
+            raise ValueError(f"{self.max_registers=} must be 0 (no cap) or an int in [24, 255]")
         for name in ("stream", "sweep"):
             if getattr(self, name) not in VARIANTS:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be one of {VARIANTS}")
@@ -323,7 +338,8 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     block_v = min(8192 // itemsize, max(256, next_pow2(math.ceil(vocab / wanted))))
     chunks = min(math.ceil(vocab / block_v), wanted)
     tiles = vocab / chunks / 1024  # sweep tiles per program: pruning pays from about 8 on flat rows
-    return KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4, prune=tiles >= 7.5)
+    return KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4, prune=tiles >= 7.5,
+                        schedule=DEFAULT_SCHEDULE)
 
 
 def tile_config(batch: int, gamma: int, vocab: int, device: torch.device) -> KernelConfig:
@@ -342,6 +358,12 @@ def tile_config(batch: int, gamma: int, vocab: int, device: torch.device) -> Ker
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def device_sms(device: torch.device) -> int:  # SMs of a GPU; 1 in the interpreter (the persistent grid)
+    if device.type != "cuda" or interpreting():
+        return 1
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def load_kernels(device: torch.device):
@@ -401,7 +423,8 @@ def verify_triton(
     offset,
     config: KernelConfig | None = None,
 ) -> VerifyResult[torch.Tensor]:
-    """Launch the fused kernels: one launch if ``config.num_chunks == 1``, else two (see kernels)."""
+    """Launch the fused kernels: one launch if ``config.num_chunks == 1``, else two (see kernels), or
+    with ``config.schedule == "persistent"`` one launch of both phases (kernels/persistent.py)."""
     z, x, w, lq = target_logits, draft_tokens, draft_logits, draft_logprobs
     kernels = load_kernels(z.device)
     b, g1, v = z.shape
@@ -424,7 +447,8 @@ def verify_triton(
     chunks = min(config.num_chunks, math.ceil(v / config.block_v))
     chunk = math.ceil(math.ceil(v / chunks) / config.block_v) * config.block_v
     chunks = math.ceil(v / chunk)
-    fused = chunks == 1
+    persistent = config.schedule == "persistent"  # flashspec_torch/persistent.py
+    fused = chunks == 1 and not persistent
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -438,7 +462,8 @@ def verify_triton(
         m_buf, l_buf = torch.empty((b, chunks, 2, rows), **f32), torch.empty((b, chunks, 2, rows), **f32)
         a_buf = torch.empty((b, chunks, rows), **i32) if greedy else num
         ck, ci, cf = torch.empty((b, chunks, 2), **f32), torch.empty((b, chunks, 2), **i32), torch.empty((b, chunks), **i32)
-        counter = torch.empty((tiles,), **i32)
+        counter = None if persistent else torch.empty((tiles,), **i32)
+    if not fused and not persistent:
         kernels.verify_stats_kernel[(tiles, chunks)](
             z, w_arg, thr_p, tid_p, thr_q, tid_q, m_buf, l_buf, a_buf, counter,
             b, v, chunk, chunks, *temps,
@@ -447,18 +472,26 @@ def verify_triton(
             HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, num_warps=config.num_warps,
         )
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
-    kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](
-        z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
-        z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride,
-        m_buf, l_buf, a_buf, ck, ci, cf, counter, tokens, num,
-        b, v, chunk, chunks, *temps,
-        z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
-        x.stride(0), x.stride(1), *lq_strides,
-        G=g, ROWS=rows, NC=next_pow2(chunks), BLOCK_B=config.block_b, BLOCK_V=config.block_v,
-        SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq, FILTER=filtered, GREEDY=greedy, FUSED=fused,
-        SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
-        PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, **lanes,
-        SWEEP_LANES=config.sweep == "lanes", PRUNE=config.prune,
-        num_warps=config.num_warps,
-    )
+    args = (z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
+            z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride,
+            m_buf, l_buf, a_buf, ck, ci, cf, counter, tokens, num)
+    sizes = (b, v, chunk, chunks, *temps,
+             z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
+             x.stride(0), x.stride(1), *lq_strides)
+    flags = dict(G=g, ROWS=rows, NC=next_pow2(chunks), BLOCK_B=config.block_b, BLOCK_V=config.block_v,
+                 SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq, FILTER=filtered, GREEDY=greedy,
+                 SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
+                 PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, **lanes,
+                 SWEEP_LANES=config.sweep == "lanes", PRUNE=config.prune, num_warps=config.num_warps)
+    if config.max_registers and not interpreting():
+        flags["maxnreg"] = config.max_registers
+    if not persistent:
+        kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](*args, *sizes, FUSED=fused, **flags)
+        return VerifyResult(num_accepted=num, tokens=tokens)
+    per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
+    programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)
+    with schedule.workspace(dev, tiles) as (ticket, counter, ready):
+        kernels.verify_persistent_kernel[(programs,)](
+            *args[:-3], counter, tokens, num, ticket, ready, *sizes,
+            tiles, per_tile - chunks, lookahead, programs, **flags)
     return VerifyResult(num_accepted=num, tokens=tokens)

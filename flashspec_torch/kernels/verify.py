@@ -17,6 +17,11 @@ Two kernels, used either alone or as a pair:
   program of a batch tile to finish (an atomic counter) reduces the C candidates and writes the
   tokens. Two launches are needed because row n, hence the chunks to sweep, is only known once
   every chunk of every row has been normalised (a grid-wide dependency).
+* ``verify_persistent_kernel`` (``persistent.py``, ``KernelConfig(schedule="persistent")``): the
+  same two phases in one launch, as ticketed work items that wait on per-tile counters.
+
+The work of one program of either split kernel is a device function (``stats_item``,
+``final_item``), which the persistent kernel calls per work item.
 
 Nothing of size V is ever written. All arithmetic is float32 after loading (bf16 / fp16 are upcast
 immediately) and draft ids are masked: an id outside [0, V) is never read from memory (it counts
@@ -212,6 +217,20 @@ def verify_stats_kernel(
     pid_b, pid_c = tl.program_id(0), tl.program_id(1)
     if pid_c == 0:
         tl.store(counter_ptr + pid_b, 0)  # arms phase 2's last-program detection
+    stats_item(pid_b, pid_c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
+               B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
+               G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST)
+
+
+@triton.jit
+def stats_item(
+    pid_b, pid_c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
+    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
+    G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    """Phase-1 work of batch tile pid_b, chunk pid_c: the (max, sum-exp) partials, or the argmax (T = 0)."""
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
     b64 = b.to(tl.int64)[:, None]
@@ -268,8 +287,31 @@ def verify_final_kernel(
     FAST: tl.constexpr, PRUNE: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, C)."""
+    final_item(tl.program_id(0), tl.program_id(1), z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr,
+               tid_q_ptr, seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
+               m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, tokens_ptr, num_ptr,
+               B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+               G, ROWS, NC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
+               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False)
+
+
+@triton.jit
+def final_item(
+    pid_b, pid_c, z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,
+    seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
+    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, ready_ptr, tokens_ptr, num_ptr,
+    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+    G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+    SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
+    GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+    PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
+    ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
+    other programs of the same launch), and the tile's last finisher also resets ``ready_ptr[pid_b]``,
+    the count of its finished phase-1 items."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
-    pid_b, pid_c = tl.program_id(0), tl.program_id(1)
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
     b64 = b.to(tl.int64)
@@ -311,21 +353,24 @@ def verify_final_kernel(
         cp_mask = b_mask[:, None, None] & (c < C) & (i[:, None, :] < G + 1)  # written partials only
         cq_mask = b_mask[:, None, None] & (c < C) & (i[:, None, :] < G)
         if GREEDY:
-            best = tl.load(m_ptr + part, mask=cp_mask, other=NEG_INF)
-            arg = tl.load(a_ptr + (b64[:, None, None] * C + c) * ROWS + i[:, None, :], mask=cp_mask, other=BIG_INDEX)
+            best = tl.load(m_ptr + part, mask=cp_mask, other=NEG_INF, volatile=PERSISTENT)
+            arg = tl.load(a_ptr + (b64[:, None, None] * C + c) * ROWS + i[:, None, :], mask=cp_mask, other=BIG_INDEX,
+                          volatile=PERSISTENT)
             arg = tl.min(tl.where(best == tl.max(best, axis=1)[:, None, :], arg, BIG_INDEX), axis=1)
         else:
-            lse_p = combine_lse(tl.load(m_ptr + part, mask=cp_mask, other=NEG_INF),
-                                tl.load(l_ptr + part, mask=cp_mask, other=0.0), 1)
+            lse_p = combine_lse(tl.load(m_ptr + part, mask=cp_mask, other=NEG_INF, volatile=PERSISTENT),
+                                tl.load(l_ptr + part, mask=cp_mask, other=0.0, volatile=PERSISTENT), 1)
             if HAS_W_STATS:
-                lse_q = combine_lse(tl.load(m_ptr + part + ROWS, mask=cq_mask, other=NEG_INF),
-                                    tl.load(l_ptr + part + ROWS, mask=cq_mask, other=0.0), 1)
+                lse_q = combine_lse(tl.load(m_ptr + part + ROWS, mask=cq_mask, other=NEG_INF, volatile=PERSISTENT),
+                                    tl.load(l_ptr + part + ROWS, mask=cq_mask, other=0.0, volatile=PERSISTENT), 1)
     # ---- accept tests and the first rejection n
     if GREEDY:
         accepted = x_ok & (x == arg)
         n = tl.min(tl.where(q_mask & ~accepted, i, G), axis=1)
         if pid_c == 0:
             emit(tokens_ptr, num_ptr, b, b_mask, x, n, pick_row_int(arg, i, n), G, ROWS)
+            if PERSISTENT:
+                tl.store(ready_ptr + pid_b, 0)  # the tile's only phase-2 item: its phase-1 count is spent
     else:
         lse_p = tl.where(p_mask, lse_p, 0.0)  # padding rows: no -inf - -inf below
         s_x = tl.where(q_mask, load_scaled(z_rows + x * szv, q_mask, T, True), 0.0)  # z_i(x_i) / T
@@ -400,3 +445,13 @@ def verify_final_kernel(
                 y = tl.where(use_p | (tl.max(f, axis=1) == 0), y_p, y_r)
                 emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G, ROWS)
                 tl.store(counter_ptr + pid_b, 0)
+                if PERSISTENT:
+                    tl.store(ready_ptr + pid_b, 0)  # every phase-2 item of the tile is past its wait
+
+
+def __getattr__(name):  # the launcher finds every kernel here; persistent.py imports this module, hence lazily
+    if name == "verify_persistent_kernel":
+        from .persistent import verify_persistent_kernel
+
+        return verify_persistent_kernel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from flashspec_torch.kernels import verify as kernels  # noqa: E402
 
-INT_PTRS = {"tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr"}
+INT_PTRS = {"tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr", "ticket_ptr",
+            "ready_ptr"}
 I64_PTRS = {"x_ptr", "seed_ptr", "offset_ptr"}
 F32_PTRS = {"thr_p_ptr", "thr_q_ptr", "m_ptr", "l_ptr", "ck_ptr", "lq_ptr"}
 
@@ -75,6 +76,18 @@ VARIANTS = [
                                                GREEDY=False, FUSED=False)),
     (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=True)),
+    # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
+    (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
+                                                    HAS_LQ=True, FILTER=False, GREEDY=False)),
+    (kernels.verify_persistent_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=False, HAS_W=True, HAS_LQ=False,
+                                                    FILTER=True, GREEDY=False, SEED_TENSOR=True, OFFSET_TENSOR=True,
+                                                    PER_ROW_SEED=True)),
+    (kernels.verify_persistent_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False,
+                                                    HAS_LQ=False, FILTER=False, GREEDY=False)),
+    (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
+                                                    HAS_LQ=False, FILTER=False, GREEDY=True)),
+    (kernels.verify_persistent_kernel, "fp32", dict(**FINAL, **COUNTERS, **TILE, SWEEP_LANES=False, PRUNE=False, HAS_W=True,
+                                                    HAS_LQ=False, FILTER=True, GREEDY=False)),
 ]
 
 

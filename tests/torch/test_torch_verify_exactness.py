@@ -27,6 +27,8 @@ def as_tensor(a):
 # The "tile" loops of the Triton kernels (KernelConfig.stream / .sweep; the default is "lanes"),
 # with the interpreter's large programs.
 TILE = KernelConfig(block_b=64, block_v=512, sweep_v=1024, stream="tile", sweep="tile")
+# The persistent schedule (one launch of ticketed phase-1 / phase-2 work items; the suite's V <= 16 gives one chunk)
+PERSISTENT = KernelConfig(block_b=1024, block_v=16, sweep_v=16, num_chunks=2, schedule="persistent", programs_per_sm=2)
 
 
 def numpy_adapter(impl: str, config: KernelConfig | None = None):
@@ -40,8 +42,8 @@ def numpy_adapter(impl: str, config: KernelConfig | None = None):
     return verify_np
 
 
-@pytest.mark.parametrize("impl,config", [("reference", None), ("triton", None), ("triton", TILE)],
-                         ids=["reference", "triton-lanes", "triton-tile"])
+@pytest.mark.parametrize("impl,config", [("reference", None), ("triton", None), ("triton", TILE), ("triton", PERSISTENT)],
+                         ids=["reference", "triton-lanes", "triton-tile", "triton-persistent"])
 def test_shared_exactness_suite(impl, config):
     report = testing.assert_exact(numpy_adapter(impl, config), n_samples=N_SAMPLES, ks_samples=KS_SAMPLES)
     assert len(report.checks) > 50

@@ -1,4 +1,5 @@
-"""Parity: NumPy oracle == torch reference == Triton (fused and split-V), token for token."""
+"""Parity: NumPy oracle == torch reference == Triton (fused, split-V two launches, split-V persistent),
+token for token."""
 
 import numpy as np
 import pytest
@@ -12,6 +13,10 @@ from flashspec_torch import KernelConfig, verify, verify_triton
 SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4)  # V over 4 programs: two launches
 TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="tile", sweep="tile")  # the tile loops
 MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
+# One persistent launch of ticketed work items (kernels/persistent.py): the split arithmetic, another schedule
+PERSISTENT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4, schedule="persistent", programs_per_sm=2)
+PERSISTENT_1 = KernelConfig(block_b=1, block_v=128, sweep_v=64, num_chunks=3, schedule="persistent",  # the GPU's
+                            programs_per_sm=3, lookahead=1)  # one row per program; phase 2 right after phase 1
 
 
 def as_torch(a):
@@ -32,12 +37,14 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     x, lq_t = as_torch(inp.x), as_torch(lq)
     got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
     got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
-    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in (TILE, MIXED))
+    more = (TILE, MIXED, PERSISTENT, PERSISTENT_1)
+    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in more)
     return (want.num_accepted, want.tokens), [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
 def assert_parity(want, got):
-    names = ("torch reference", "triton fused", "triton split-V", "triton tile split-V", "triton tile/lanes fused")
+    names = ("torch reference", "triton fused", "triton split-V", "triton tile split-V", "triton tile/lanes fused",
+             "triton persistent", "triton persistent one row per program")
     for name, (n, t) in zip(names, got):
         assert n.dtype == np.int32 and t.dtype == np.int32, name
         np.testing.assert_array_equal(n, want[0], err_msg=f"{name}: num_accepted")
@@ -158,8 +165,9 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     want, _ = run_all(inp, cfg)
     z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
     w = None if inp.w is None else torch.from_numpy(inp.w)
-    for prune, chunks, block_b in ((True, 1, 2), (True, 3, 1), (False, 3, 2)):  # block_b=1: the GPU's scalar path
-        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune)
+    for prune, chunks, block_b, schedule in ((True, 1, 2, "two_launch"), (True, 3, 1, "two_launch"),  # block_b=1: the GPU's
+                                             (False, 3, 2, "two_launch"), (True, 3, 1, "persistent")):  # scalar path
+        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune, schedule=schedule)
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
         np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
         np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
