@@ -13,8 +13,8 @@ from flashspec_torch import KernelConfig, verify, verify_triton
 SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4)  # V over 4 programs: two launches
 TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="tile", sweep="tile")  # the tile loops
 MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
-# One persistent launch of ticketed work items (kernels/persistent.py): the split arithmetic, another schedule
-PERSISTENT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4, schedule="persistent", programs_per_sm=2)
+# One persistent launch of ticketed work items (kernels/persistent.py; not the default: slower on the H200): the
+# split arithmetic, another schedule. test_torch_verify_persistent.py covers more of its configurations.
 PERSISTENT_1 = KernelConfig(block_b=1, block_v=128, sweep_v=64, num_chunks=3, schedule="persistent",  # the GPU's
                             programs_per_sm=3, lookahead=1)  # one row per program; phase 2 right after phase 1
 
@@ -37,14 +37,14 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     x, lq_t = as_torch(inp.x), as_torch(lq)
     got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
     got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
-    more = (TILE, MIXED, PERSISTENT, PERSISTENT_1)
+    more = (TILE, MIXED, PERSISTENT_1)
     got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in more)
     return (want.num_accepted, want.tokens), [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
 def assert_parity(want, got):
     names = ("torch reference", "triton fused", "triton split-V", "triton tile split-V", "triton tile/lanes fused",
-             "triton persistent", "triton persistent one row per program")
+             "triton persistent one row per program")
     for name, (n, t) in zip(names, got):
         assert n.dtype == np.int32 and t.dtype == np.int32, name
         np.testing.assert_array_equal(n, want[0], err_msg=f"{name}: num_accepted")
