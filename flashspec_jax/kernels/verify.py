@@ -74,13 +74,17 @@ NEG_INF = float("-inf")
 
 @dataclasses.dataclass(frozen=True)
 class VerifyKernelConfig:
-    """Static tuning of the two kernels."""
+    """Static tuning of the two kernels (``choose_config``: the default for a shape)."""
 
-    block_v: int = 2048  # vocabulary tile (entries of one row per loop step)
+    block_v: int = 2048  # vocabulary tile of the normaliser (entries of one row per loop step)
     num_warps: int = 8
     num_stages: int = 2
     min_programs: int = 264  # split V until B * NV reaches this (2 waves of 132 SMs)
-    loops: str = "tile"  # "tile" (a reduction per tile) or "lanes" (per-slot state, exp2 / lg2; lanes.py)
+    loops: str = "tile"  # "tile" (a reduction per tile) or "lanes" (per-thread state, exp2 / lg2; lanes.py)
+    sweep_v: int = 0  # vocabulary tile of the row-n sweep (0: block_v); must divide block_v
+    vec: int = 0  # lanes normaliser: logits per vector, 16 bytes / itemsize (0: a (max, sum) per logit slot)
+    prefetch: bool = False  # lanes: the loops load tile j + 1 before the arithmetic of tile j
+    prune: bool = False  # lanes: the sweep passes over tiles whose keys cannot win (exact)
 
     def __post_init__(self):
         if self.loops not in ("tile", "lanes"):
@@ -93,9 +97,36 @@ class VerifyKernelConfig:
             raise ValueError(f"{self.num_stages=} must be >= 1")
         if self.min_programs < 1:
             raise ValueError(f"{self.min_programs=} must be >= 1")
+        if self.sweep_v and (self.sweep_v < 16 or self.sweep_v & (self.sweep_v - 1) or self.sweep_v > self.block_v):
+            raise ValueError(f"{self.sweep_v=} must be 0 or a power of 2 in [16, block_v]")
+        if self.vec not in (0, 1, 2, 4, 8, 16) or self.vec > self.block_v // 2:
+            raise ValueError(f"{self.vec=} must be 0 or a power of 2 <= 16 and <= block_v / 2")
+        if self.loops == "tile" and (self.vec or self.prefetch or self.prune or self.sweep_v):
+            raise ValueError(f"{self.loops=}: vec, prefetch, prune and sweep_v need loops='lanes'")
 
     def compiler_params(self) -> plt.CompilerParams:
         return plt.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+SMS = 132  # H200
+
+
+def choose_config(batch: int, gamma: int, vocab: int, itemsize: int, interpret: bool = False) -> VerifyKernelConfig:
+    """The default: "lanes" loops as the torch kernels' choose_config on the H200 (4 warps, 8 KB per
+    normaliser tile, 16-byte vectors, 1024-logit sweep tiles, ~16 programs per SM, the next tile
+    prefetched, pruning from ~8 sweep tiles per program). Interpret mode: the same loops, a few
+    small programs (every program runs one after the other there)."""
+    del gamma
+    vec = max(1, 16 // itemsize)
+    if interpret:
+        return VerifyKernelConfig(block_v=256, sweep_v=128, min_programs=1, loops="lanes", vec=vec, prefetch=True,
+                                  prune=True, num_warps=4)
+    wanted = min(pl.cdiv(16 * SMS, batch), 128 if batch < 8 else 32)  # chunks of V per batch row
+    block_v = min(8192 // itemsize, max(256, pl.next_power_of_2(pl.cdiv(vocab, wanted))))
+    chunks = Chunking.make(batch, vocab, block_v, batch * wanted).num_chunks
+    sweep_v = min(1024, block_v)
+    return VerifyKernelConfig(block_v=block_v, num_warps=4, min_programs=batch * wanted, loops="lanes",
+                              sweep_v=sweep_v, vec=vec, prefetch=True, prune=vocab / chunks / sweep_v >= 7.5)
 
 
 class Counters(NamedTuple):
@@ -151,20 +182,28 @@ def update_argmax(best, idx, values, start):  # scalars, [N] -> scalars; ties ke
 # ----------------------------------------------------------------------------- kernel 1: row stats
 
 
+def tile_cols(start, bv: int, vec: int) -> jax.Array:  # -> int32 [bv], or [bv // vec, vec] if vec
+    """Vocabulary indices of the tile starting at ``start``; with ``vec`` one 16-byte vector per row."""
+    if not vec:
+        return start + jnp.arange(bv, dtype=jnp.int32)
+    return start + (jnp.arange(bv // vec, dtype=jnp.int32)[:, None] * vec + jnp.arange(vec, dtype=jnp.int32)[None, :])
+
+
 def row_stats_kernel(
     a_ref,  # [B, Ra, V] logits (any float dtype)
-    m_ref,  # [B, NV, Ra] f32: max of a / T (greedy: max of a)
+    m_ref,  # [B, NV, Ra] f32: max of a / T (greedy: max of a; lanes: max of raw a)
     l_ref,  # [B, NV, Ra] f32: sum exp(a / T - m) (greedy: int32 argmax)
     *,
     temperature: float,
     greedy: bool,
     chunking: Chunking,
     exact_div: bool,
-    per_lane: bool,
+    config: VerifyKernelConfig,
 ):
     b, c = pl.program_id(0), pl.program_id(1)
     num_rows, vocab = a_ref.shape[1], a_ref.shape[2]
     bv = chunking.block
+    per_lane = config.loops == "lanes" and not greedy
 
     def load(r, j):  # -> [bv] f32, index of its first entry
         start = (c * chunking.blocks + j) * bv
@@ -185,13 +224,14 @@ def row_stats_kernel(
             z, start = load(r, j)
             return update_argmax(*best, z, start)
 
-        def lanes_body(j, ml):  # raw logits; the scale folded into exp2 (the max divided outside)
-            return lanes.stats_step(load(r, j)[0], ml, lanes.LOG2E / temperature)
+        def lanes_load(j, live):  # raw logits of tile j in the input dtype, -inf outside V (or not live)
+            cols = tile_cols((c * chunking.blocks + j) * bv, bv, config.vec)
+            return plt.load(a_ref.at[b, r, cols], mask=(cols < vocab) & live, other=NEG_INF)
 
         init = jnp.float32(NEG_INF)
-        if not greedy and per_lane:
-            ml = lax.fori_loop(0, chunking.blocks, lanes_body, lanes.stats_init(bv))
-            m, second = lanes.stats_finish(ml, lanes.LOG2E / temperature)
+        if per_lane:  # raw logits; the scale folded into exp2 (the max is divided outside)
+            k = lanes.LOG2E / temperature
+            m, second = lanes.stream_row(lanes_load, chunking.blocks, bv, config.vec, config.prefetch, k)
         elif greedy:
             m, second = lax.fori_loop(0, chunking.blocks, argmax_body, (init, c * chunking.blocks * bv))
         else:
@@ -216,7 +256,7 @@ def row_stats(
     per_lane = config.loops == "lanes" and not greedy
     kernel = functools.partial(
         row_stats_kernel, temperature=temperature, greedy=greedy, chunking=chunking, exact_div=not interpret,
-        per_lane=per_lane,
+        config=config,
     )
     shape = (batch, chunking.num_chunks, num_rows)
     m, l = pl.pallas_call(
@@ -263,7 +303,7 @@ def final_draw_kernel(
     has_draft: bool,
     chunking: Chunking,
     exact_div: bool,
-    per_lane: bool,
+    config: VerifyKernelConfig,
 ):
     w_ref = refs[0] if has_draft else None
     r_val_ref, r_idx_ref, p_val_ref, p_idx_ref, any_ref = refs[1:] if has_draft else refs
@@ -292,21 +332,24 @@ def final_draw_kernel(
         p_val, p_idx = update_argmax(p_val, p_idx, log_p + g, start)
         return r_val, r_idx, p_val, p_idx, jnp.maximum(any_r, (jnp.max(res) > 0).astype(jnp.int32))
 
-    def lanes_body(j, carry):
-        start = (c * chunking.blocks + j) * bv
-        cols = start + jnp.arange(bv, dtype=jnp.int32)
-        inside = cols < vocab
-        z = plt.load(z_ref.at[b, n, cols], mask=inside, other=NEG_INF).astype(jnp.float32)
-        w = None
-        if has_draft:
-            i = jnp.minimum(n, gamma - 1)
-            w = plt.load(w_ref.at[b, i, cols], mask=inside & ~bonus, other=NEG_INF).astype(jnp.float32)
-        return lanes.sweep_step(carry, z, w, cols, key, x_n, lse_p, lse_q, lanes.LOG2E / temperature, exact_div)
-
     start = c * chunking.blocks * bv
-    if per_lane:
-        carry = lax.fori_loop(0, chunking.blocks, lanes_body, lanes.sweep_init(bv, start))
-        r_val, r_idx, p_val, p_idx, any_r = lanes.sweep_finish(carry)
+    if config.loops == "lanes":
+        sv = min(config.sweep_v or bv, bv)
+        cols_of = lambda j: start + j * sv + jnp.arange(sv, dtype=jnp.int32)  # noqa: E731
+        i = jnp.minimum(n, gamma - 1)
+
+        def load_z(j, live):
+            cols = cols_of(j)
+            return plt.load(z_ref.at[b, n, cols], mask=(cols < vocab) & live, other=NEG_INF)
+
+        def load_w(j, live):
+            cols = cols_of(j)
+            return plt.load(w_ref.at[b, i, cols], mask=(cols < vocab) & live & ~bonus, other=NEG_INF)
+
+        r_val, r_idx, p_val, p_idx, any_r = lanes.sweep_chunk(
+            load_z, load_w if has_draft else None, cols_of, chunking.blocks * (bv // sv), sv, start, key, x_n,
+            lse_p, lse_q, lanes.LOG2E / temperature, exact_div, config.prune, config.prefetch,
+        )
     else:
         init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
         r_val, r_idx, p_val, p_idx, any_r = lax.fori_loop(0, chunking.blocks, body, init)
@@ -334,7 +377,7 @@ def final_draw(
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
     kernel = functools.partial(
         final_draw_kernel, temperature=temperature, has_draft=w is not None, chunking=chunking,
-        exact_div=not interpret, per_lane=config.loops == "lanes",
+        exact_div=not interpret, config=config,
     )
     shape = (batch, chunking.num_chunks)
     f32, i32 = jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)
@@ -430,9 +473,9 @@ def verify(
     interpret: bool = False,
 ) -> Decision:
     """The fused verify on already checked arguments (call under ``jax.jit``)."""
-    config = config or VerifyKernelConfig()
     batch, g1, vocab = z.shape
     gamma, rows = g1 - 1, jnp.arange(batch)
+    config = config or choose_config(batch, gamma, vocab, jnp.dtype(z.dtype).itemsize, interpret)
     x = jnp.clip(x.astype(jnp.int32), 0, vocab - 1)
     stats = functools.partial(row_stats, temperature=temperature, config=config, interpret=interpret)
     if temperature == 0:
@@ -444,7 +487,7 @@ def verify(
         z = filter_logits(z, temperature, top_k, top_p)
         w = None if w is None else filter_logits(w, temperature, top_k, top_p)
     lse_p = combine_logsumexp(*stats(z, greedy=False))  # [B, G+1]
-    log_p_x = scale(gather(z[:, :gamma], x), temperature) - lse_p[:, :gamma]
+    log_p_x = scale(z[rows[:, None], jnp.arange(gamma)[None], x], temperature) - lse_p[:, :gamma]  # no slice of z
     if w is None:
         log_q_x, lse_q = jnp.zeros(x.shape, jnp.float32), jnp.zeros(x.shape, jnp.float32)
     elif log_q_given is not None:  # the draft row's normaliser is one logit away
