@@ -111,20 +111,26 @@ def vec_finish(ml, k: float):  # per-vector (max, sum) -> (max of raw a or -inf,
     return big, jnp.sum(l * jnp.exp2(m * np.float32(k) - mk))
 
 
-def stream_row(load: Load, blocks: int, bv: int, vec: int, prefetch: bool, k: float):
-    """(max of raw a or -inf, sum exp((a - max) / T)) over ``blocks`` tiles, k = log2(e) / T."""
+def stream_row(load: Callable[[jax.Array], jax.Array], blocks: int, bv: int, vec: int, prefetch: bool, k: float,
+               first: jax.Array | None = None):
+    """(max of raw a or -inf, sum exp((a - max) / T), next) over tiles 0..blocks-1 of one row, k = log2(e) / T.
+
+    ``load(j)``: the raw logits of tile j (-inf masked). With ``prefetch`` tile 0 is ``first`` and
+    ``load(blocks)`` must give the next row's tile 0 (returned as ``next``, so that the row loop
+    streams on without a bubble: the load of a row's first tile overlaps the previous row's
+    arithmetic and reduction); without, ``next`` is None."""
     init, step, finish = (vec_init(bv, vec), vec_step, vec_finish) if vec else (slot_init(bv), slot_step, slot_finish)
     if not prefetch:
-        ml = lax.fori_loop(0, blocks, lambda j, ml: step(load(j, True).astype(jnp.float32), ml, k), init)
-        return finish(ml, k)
+        ml = lax.fori_loop(0, blocks, lambda j, ml: step(load(j).astype(jnp.float32), ml, k), init)
+        return (*finish(ml, k), None)
 
     def body(j, carry):
         ml, a = carry
-        a_next = load(j + 1, j + 1 < blocks)  # issued before this tile's arithmetic
+        a_next = load(j + 1)  # issued before this tile's arithmetic
         return step(a.astype(jnp.float32), ml, k), a_next
 
-    ml, _ = lax.fori_loop(0, blocks, body, (init, load(0, True)))
-    return finish(ml, k)
+    ml, nxt = lax.fori_loop(0, blocks, body, (init, first))
+    return (*finish(ml, k), nxt)
 
 
 # ----------------------------------------------------------------------------- row-n sweep

@@ -224,15 +224,8 @@ def row_stats_kernel(
             z, start = load(r, j)
             return update_argmax(*best, z, start)
 
-        def lanes_load(j, live):  # raw logits of tile j in the input dtype, -inf outside V (or not live)
-            cols = tile_cols((c * chunking.blocks + j) * bv, bv, config.vec)
-            return plt.load(a_ref.at[b, r, cols], mask=(cols < vocab) & live, other=NEG_INF)
-
         init = jnp.float32(NEG_INF)
-        if per_lane:  # raw logits; the scale folded into exp2 (the max is divided outside)
-            k = lanes.LOG2E / temperature
-            m, second = lanes.stream_row(lanes_load, chunking.blocks, bv, config.vec, config.prefetch, k)
-        elif greedy:
+        if greedy:
             m, second = lax.fori_loop(0, chunking.blocks, argmax_body, (init, c * chunking.blocks * bv))
         else:
             m, second = lax.fori_loop(0, chunking.blocks, stats_body, (init, jnp.float32(0)))
@@ -240,7 +233,25 @@ def row_stats_kernel(
         l_ref[b, c, r] = second
         return carry
 
-    lax.fori_loop(0, num_rows, row_body, 0)
+    def lanes_load(r, j):  # tile j of row r, raw, input dtype; j == blocks: tile 0 of row r + 1 (-inf past the last)
+        if not isinstance(j, int):  # traced: the tile after the last of row r is row r + 1's first
+            after = (j >= chunking.blocks).astype(jnp.int32)  # (arith, not jnp.where: its select of an i32
+            r, j = r + after, j - after * chunking.blocks  # and a constant failed to verify in the lowering)
+        cols = tile_cols((c * chunking.blocks + j) * bv, bv, config.vec)
+        live = (cols < vocab) & (r < num_rows)
+        return plt.load(a_ref.at[b, jnp.minimum(r, num_rows - 1), cols], mask=live, other=NEG_INF)
+
+    def lanes_row(r, first):  # raw logits; the scale folded into exp2 (the max is divided outside)
+        m, l, nxt = lanes.stream_row(lambda j: lanes_load(r, j), chunking.blocks, bv, config.vec, config.prefetch,
+                                     lanes.LOG2E / temperature, first)
+        m_ref[b, c, r] = m
+        l_ref[b, c, r] = l
+        return nxt
+
+    if per_lane:
+        lax.fori_loop(0, num_rows, lanes_row, lanes_load(0, 0) if config.prefetch else None)
+    else:
+        lax.fori_loop(0, num_rows, row_body, 0)
 
 
 def row_stats(
