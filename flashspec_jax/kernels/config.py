@@ -60,7 +60,8 @@ def choose_config(batch: int, gamma: int, vocab: int, itemsize: int, interpret: 
         return VerifyKernelConfig(block_v=256, sweep_v=128, min_programs=1, loops="lanes", vec=vec, prefetch=True,
                                   prune=True, num_warps=4)
     wanted = min(pl.cdiv(16 * SMS, batch), 128 if batch < 8 else 32)  # chunks of V per batch row
-    block_v = min(8192 // itemsize, max(256, pl.next_power_of_2(pl.cdiv(vocab, wanted))))
+    lanes_min = 32 * 4 * vec  # a 16-byte vector for each of the 128 threads
+    block_v = min(8192 // itemsize, max(lanes_min, pl.next_power_of_2(pl.cdiv(vocab, wanted))))
     chunks = Chunking.make(batch, vocab, block_v, batch * wanted).num_chunks
     sweep_v = min(1024, block_v)
     return VerifyKernelConfig(block_v=block_v, num_warps=4, min_programs=batch * wanted, loops="lanes",
