@@ -11,9 +11,12 @@ the eager median (``triton.testing.do_bench``), cycling through enough input set
 60 MB L2 three times (the timers of benchmarks/verify_kernels.py). ``x_floor`` = time / (bytes
 required / measured copy bandwidth).
 
-JAX: ``impl="pallas"`` (loops "tile" and "lanes") and ``impl="reference"`` timed without per-call dispatch: one jitted
-``lax.scan`` runs S verify steps over rotating input sets (each step's offset depends on the
-previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
+JAX: ``impl="pallas"`` (``jax_variants``: the default "pallas-v2", its ablations, the old "pallas" /
+"pallas-lanes" configs) and ``impl="reference"`` timed without per-call dispatch: one jitted
+``lax.scan`` runs S verify steps over rotating input sets held as separate buffers (each step's
+offset depends on the previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
+"-sliced" rows: the old loop, which sliced each step's set out of a stacked array (a copy per step).
+JAX rows only, more time for them: ``--jax-only --jax-budget-s 400``.
 
 Writes DIR/verify_variants.json (default benchmarks/results/) and prints a table last.
 """
