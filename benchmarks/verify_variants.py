@@ -11,9 +11,12 @@ the eager median (``triton.testing.do_bench``), cycling through enough input set
 60 MB L2 three times (the timers of benchmarks/verify_kernels.py). ``x_floor`` = time / (bytes
 required / measured copy bandwidth).
 
-JAX: ``impl="pallas"`` (loops "tile" and "lanes") and ``impl="reference"`` timed without per-call dispatch: one jitted
-``lax.scan`` runs S verify steps over rotating input sets (each step's offset depends on the
-previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
+JAX: ``impl="pallas"`` (``jax_variants``: the default "pallas-v2", its ablations, the old "pallas" /
+"pallas-lanes" configs) and ``impl="reference"`` timed without per-call dispatch: one jitted
+``lax.scan`` runs S verify steps over rotating input sets held as separate buffers (each step's
+offset depends on the previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
+"-sliced" rows: the old loop, which sliced each step's set out of a stacked array (a copy per step).
+JAX rows only, more time for them: ``--jax-only --jax-budget-s 400``.
 
 Writes DIR/verify_variants.json (default benchmarks/results/) and prints a table last.
 """
@@ -31,7 +34,8 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-JAX_SHAPES = [(256, 128256, 1.0), (256, 128256, 0.7), (32, 128256, 1.0), (32, 32000, 0.7), (1, 128256, 1.0)]  # (B, V, T)
+JAX_SHAPES = [(256, 128256, 0.7), (32, 128256, 1.0), (256, 128256, 1.0), (32, 32000, 0.7), (1, 128256, 1.0)]  # (B, V, T)
+JAX_CORE = ("pallas", "pallas-lanes", "pallas-v2", "reference")  # timed at every JAX shape; the rest at the first two
 sys.path.insert(0, str(HERE))
 
 from verify_kernels import (  # noqa: E402  (benchmarks/ is on sys.path)
@@ -49,6 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperatures", type=lambda s: [float(t) for t in s.split(",")], default=[1.0, 0.7])
     p.add_argument("--budget-s", type=float, default=190.0, help="stop timing torch shapes after this many seconds (JAX: 80 s more)")
     p.add_argument("--no-jax", action="store_true")
+    p.add_argument("--jax-only", action="store_true", help="skip the torch shapes (Pallas / jnp rows only)")
+    p.add_argument("--jax-budget-s", type=float, default=80.0, help="JAX shapes start until budget-s plus this")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes; CPU (Triton interpreter, Pallas interpret)")
     p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     args = p.parse_args(argv)
@@ -167,8 +173,41 @@ def run_torch_shape(shape: dict, device, copy_gbps) -> list[dict]:
 # ----------------------------------------------------------------------------- jax
 
 
-def run_jax_shape(shape: dict) -> list[dict]:
-    """Pallas and jnp verify timed inside one jitted scan over rotating input sets."""
+def jax_variants(b: int, g: int, v: int, itemsize: int) -> dict:
+    """name -> (impl, VerifyKernelConfig or None); "pallas-v2" is the default (choose_config).
+
+    "pallas" / "pallas-lanes" keep their old meaning (the configs before choose_config: "tile"
+    loops, and the first per-slot "lanes" loops, 8 warps, 2048-logit tiles, 264 programs)."""
+    from flashspec_jax.kernels.verify import VerifyKernelConfig, choose_config
+
+    v2 = choose_config(b, g, v, itemsize)
+    return {
+        "pallas": ("pallas", VerifyKernelConfig()),
+        "pallas-lanes": ("pallas", VerifyKernelConfig(loops="lanes")),
+        "pallas-v2": ("pallas", v2),
+        "pallas-v2-no-prune": ("pallas", dataclasses.replace(v2, prune=False)),
+        "pallas-v2-prune": ("pallas", dataclasses.replace(v2, prune=True)),
+        "pallas-v2-no-prefetch": ("pallas", dataclasses.replace(v2, prefetch=False)),
+        "pallas-v2-slots": ("pallas", dataclasses.replace(v2, vec=0)),
+        "pallas-v2-w8": ("pallas", dataclasses.replace(v2, num_warps=8)),
+        "reference": ("reference", None),
+    }
+
+
+SLICED = ("pallas-lanes", "pallas-v2")  # also timed with the old loop (a dynamic slice of the stacked sets per step)
+UNROLL_SETS = 4  # at most this many input sets unrolled in the scan body (compile time); more: the sliced loop
+
+
+def run_jax_shape(shape: dict, names=None) -> list[dict]:
+    """Pallas and jnp verify timed inside one jitted scan over rotating input sets.
+
+    The k input sets are separate arrays and the scan body runs k verify steps, one per set, so no
+    step slices its logits out of a stacked array: a dynamic slice feeding a custom call (the Pallas
+    kernels) is a copy of [B, G+1, V] and [B, G, V] per step, which the jnp reference (fused) and the
+    torch graph replays do not pay. That copy is what the first Pallas numbers included (about
+    280 us of the 0.63-0.9 ms at B=256); the "-sliced" rows keep the old loop to show it. With
+    more than UNROLL_SETS sets (small shapes) every variant uses the sliced loop (``sliced`` in the row).
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -178,8 +217,8 @@ def run_jax_shape(shape: dict) -> list[dict]:
     b, g, v, dtype, t = shape["B"], shape["G"], shape["V"], shape["dtype"], shape["temperature"]
     on_gpu = jax.default_backend() in ("gpu", "cuda")
     per_set = (g + 1) * b * v * jnp.dtype(dtype).itemsize + b * v * jnp.dtype(dtype).itemsize
-    k = max(2, min(32, math.ceil(3 * L2_BYTES / per_set)))
-    steps = max(k, 32) if on_gpu else 2
+    k = max(2, min(32, math.ceil(3 * L2_BYTES / per_set))) if on_gpu else 2  # CPU: both loops run
+    steps = k * math.ceil(32 / k) if on_gpu else k
     key = jax.random.key(b * 7919 + g * 31 + v)
     kz, kw, kg = jax.random.split(key, 3)
     z = (2.0 * jax.random.normal(kz, (k, b, g + 1, v), jnp.float32)).astype(dtype)
@@ -188,30 +227,49 @@ def run_jax_shape(shape: dict) -> list[dict]:
     x = jnp.argmax(log_q + jax.random.gumbel(kg, log_q.shape), axis=-1).astype(jnp.int32)
     lq = jnp.take_along_axis(log_q, x[..., None], axis=-1)[..., 0]
     del log_q
-    from flashspec_jax.kernels.verify import VerifyKernelConfig
+    sets = [tuple(a[j] for a in (z, x, w, lq)) for j in range(k)]  # separate buffers
+    stacked = (z, x, w, lq)
+    del z, w
 
+    def make(impl, config, sliced):
+        def one(acc, inp):
+            res = verify(*inp, seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl, config=config)
+            return acc + res.tokens.sum().astype(jnp.uint32), res.tokens
+
+        if sliced:
+            def run(stacked):
+                return jax.lax.scan(lambda acc, i: one(acc, tuple(a[i % k] for a in stacked)), jnp.uint32(0),
+                                    jnp.arange(steps))
+            return jax.jit(run), (stacked,)
+
+        def run(sets):
+            def body(acc, _):
+                toks = []
+                for inp in sets:  # k steps, each on its own input buffers (no slicing)
+                    acc, tokens = one(acc, inp)
+                    toks.append(tokens)
+                return acc, jnp.stack(toks)
+            acc, toks = jax.lax.scan(body, jnp.uint32(0), None, length=steps // k)
+            return acc, toks.reshape(steps, *toks.shape[2:])
+        return jax.jit(run), (sets,)
+
+    every = jax_variants(b, g, v, jnp.dtype(dtype).itemsize)
+    todo = [(name, *every[name], k > UNROLL_SETS) for name in (names or every)]
+    todo += [(name + "-sliced", *every[name], True) for name in SLICED if k <= UNROLL_SETS and name in (names or every)]
     rows = []
     outs = {}
-    for name, impl, config in (("pallas", "pallas", None), ("pallas-lanes", "pallas", VerifyKernelConfig(loops="lanes")),
-                               ("reference", "reference", None)):
-        def run(z, x, w, lq, impl=impl, config=config):
-            def body(acc, i):
-                j = i % k
-                res = verify(z[j], x[j], w[j], lq[j], seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl,
-                             config=config)
-                return acc + res.tokens.sum().astype(jnp.uint32), res.tokens
-            return jax.lax.scan(body, jnp.uint32(0), jnp.arange(steps))
-
-        fn = jax.jit(run)
-        row = dict(backend="jax", impl=name, **shape, steps=steps, buffers=k, bytes_required=bytes_required(shape))
+    for name, impl, config, sliced in todo:
+        row = dict(backend="jax", impl=name, **shape, steps=steps, buffers=k, sliced=sliced,
+                   config=None if config is None else dataclasses.asdict(config), bytes_required=bytes_required(shape))
         try:
-            acc, toks = fn(z, x, w, lq)
+            fn, args = make(impl, config, sliced)
+            acc, toks = fn(*args)
             jax.block_until_ready(acc)
             outs[name] = np.asarray(toks)
             times = []
             for _ in range(5 if on_gpu else 1):
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn(z, x, w, lq)[0])
+                jax.block_until_ready(fn(*args)[0])
                 times.append(time.perf_counter() - t0)
             row["loop_ms"] = 1e3 * sorted(times)[len(times) // 2] / steps
         except Exception as e:  # noqa: BLE001
@@ -269,7 +327,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     copy_gbps = copy_bandwidth_gbps(device) if on_gpu else None
     rows, skipped = [], []
-    for shape in shapes_from(args):
+    for shape in [] if args.jax_only else shapes_from(args):
         if time.perf_counter() - t0 > args.budget_s:
             skipped.append(shape)
             continue
@@ -285,11 +343,14 @@ def main(argv=None) -> int:
         try:
             grid = JAX_SHAPES if on_gpu else [(3, 1000, 1.0), (3, 1000, 0.7)]
             jax_shapes = [dict(B=b, G=4, V=v, dtype="bfloat16", temperature=t, draft="logprobs") for b, v, t in grid]
-            for shape in jax_shapes:
-                if time.perf_counter() - t0 > args.budget_s + 80:
+            for i, shape in enumerate(jax_shapes):
+                if time.perf_counter() - t0 > (0 if args.jax_only else args.budget_s) + args.jax_budget_s:
                     skipped.append(shape)
                     continue
-                rows.extend(run_jax_shape(shape))
+                rows.extend(run_jax_shape(shape, None if i < 2 or not on_gpu else JAX_CORE))
+                print(" ".join(f"jax/{r['impl']}={1e3 * r['loop_ms']:.0f}us" if r.get("loop_ms") else
+                               f"jax/{r['impl']}:FAIL" for r in rows if r["backend"] == "jax" and r["B"] == shape["B"]
+                               and r["V"] == shape["V"] and r["temperature"] == shape["temperature"]), flush=True)
             jax_status = "ok"
         except Exception as e:  # noqa: BLE001 - keep the torch results
             jax_status = f"failed: {type(e).__name__}: {e}"[:300]

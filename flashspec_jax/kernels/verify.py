@@ -26,8 +26,12 @@ Two streaming kernels and a few scalar ops, all inside one ``jax.jit``:
 
 HBM traffic: G+1 target rows once, the draft rows once only when ``draft_logprobs`` is missing,
 then one target row and one draft row per batch row. Nothing of size V is written; the partials
-are ``O(B * NV * (G+1))``. Splitting V into NV chunks keeps ``B * NV >= min_programs`` (about two
-waves of the H200's 132 SMs) when B is small. top-k / top-p are a jnp pre-pass (``lax.top_k`` and
+are ``O(B * NV * (G+1))``. Splitting V into NV chunks keeps ``B * NV >= min_programs``; the
+default (``config.choose_config``: "lanes" loops, 4 warps, 8 KB tiles loaded as 16-byte vectors,
+the next tile prefetched, ~16 programs per SM, pruning from ~8 sweep tiles per program) keeps
+enough bytes in flight per SM to stream at the bandwidth, which the first configuration (512
+programs of 8 warps at B=256, one 16-byte load per thread at a time) did not: see
+docs/kernel_notes.md. top-k / top-p are a jnp pre-pass (``lax.top_k`` and
 a sort over V per row, and one filtered float32 copy of z and w written to HBM): only paid when
 they are on.
 
@@ -54,7 +58,6 @@ summation; they can change a decision only at a near-tie (probability about 1e-6
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -68,34 +71,9 @@ from jax.experimental.pallas import triton as plt
 from flashspec_jax import random as rng
 
 from . import lanes
+from .config import SMS, Chunking, VerifyKernelConfig, choose_config  # noqa: F401  (re-exported)
 
 NEG_INF = float("-inf")
-
-
-@dataclasses.dataclass(frozen=True)
-class VerifyKernelConfig:
-    """Static tuning of the two kernels."""
-
-    block_v: int = 2048  # vocabulary tile (entries of one row per loop step)
-    num_warps: int = 8
-    num_stages: int = 2
-    min_programs: int = 264  # split V until B * NV reaches this (2 waves of 132 SMs)
-    loops: str = "tile"  # "tile" (a reduction per tile) or "lanes" (per-slot state, exp2 / lg2; lanes.py)
-
-    def __post_init__(self):
-        if self.loops not in ("tile", "lanes"):
-            raise ValueError(f"{self.loops=} must be 'tile' or 'lanes'")
-        if self.block_v < 16 or self.block_v & (self.block_v - 1):
-            raise ValueError(f"{self.block_v=} must be a power of 2 >= 16")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"{self.num_warps=} must be one of 1, 2, 4, 8, 16")
-        if self.num_stages < 1:
-            raise ValueError(f"{self.num_stages=} must be >= 1")
-        if self.min_programs < 1:
-            raise ValueError(f"{self.min_programs=} must be >= 1")
-
-    def compiler_params(self) -> plt.CompilerParams:
-        return plt.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 class Counters(NamedTuple):
@@ -105,23 +83,6 @@ class Counters(NamedTuple):
     seed_hi: jax.Array
     offset: jax.Array
     row: jax.Array  # the batch row for a shared seed, 0 for per-row seeds
-
-
-@dataclasses.dataclass(frozen=True)
-class Chunking:
-    """V split into ``num_chunks`` chunks of ``blocks`` tiles of ``block`` entries."""
-
-    block: int
-    blocks: int
-    num_chunks: int
-
-    @classmethod
-    def make(cls, batch: int, vocab: int, block: int, min_programs: int) -> "Chunking":
-        block = min(block, max(16, pl.next_power_of_2(vocab)))
-        tiles = pl.cdiv(vocab, block)
-        wanted = min(tiles, max(1, pl.cdiv(min_programs, batch)))
-        blocks = pl.cdiv(tiles, wanted)
-        return cls(block, blocks, pl.cdiv(tiles, blocks))
 
 
 # ----------------------------------------------------------------------------- kernel helpers
@@ -151,20 +112,28 @@ def update_argmax(best, idx, values, start):  # scalars, [N] -> scalars; ties ke
 # ----------------------------------------------------------------------------- kernel 1: row stats
 
 
+def tile_cols(start, bv: int, vec: int) -> jax.Array:  # -> int32 [bv], or [bv // vec, vec] if vec
+    """Vocabulary indices of the tile starting at ``start``; with ``vec`` one 16-byte vector per row."""
+    if not vec:
+        return start + jnp.arange(bv, dtype=jnp.int32)
+    return start + (jnp.arange(bv // vec, dtype=jnp.int32)[:, None] * vec + jnp.arange(vec, dtype=jnp.int32)[None, :])
+
+
 def row_stats_kernel(
     a_ref,  # [B, Ra, V] logits (any float dtype)
-    m_ref,  # [B, NV, Ra] f32: max of a / T (greedy: max of a)
+    m_ref,  # [B, NV, Ra] f32: max of a / T (greedy: max of a; lanes: max of raw a)
     l_ref,  # [B, NV, Ra] f32: sum exp(a / T - m) (greedy: int32 argmax)
     *,
     temperature: float,
     greedy: bool,
     chunking: Chunking,
     exact_div: bool,
-    per_lane: bool,
+    config: VerifyKernelConfig,
 ):
     b, c = pl.program_id(0), pl.program_id(1)
     num_rows, vocab = a_ref.shape[1], a_ref.shape[2]
     bv = chunking.block
+    per_lane = config.loops == "lanes" and not greedy
 
     def load(r, j):  # -> [bv] f32, index of its first entry
         start = (c * chunking.blocks + j) * bv
@@ -185,14 +154,8 @@ def row_stats_kernel(
             z, start = load(r, j)
             return update_argmax(*best, z, start)
 
-        def lanes_body(j, ml):  # raw logits; the scale folded into exp2 (the max divided outside)
-            return lanes.stats_step(load(r, j)[0], ml, lanes.LOG2E / temperature)
-
         init = jnp.float32(NEG_INF)
-        if not greedy and per_lane:
-            ml = lax.fori_loop(0, chunking.blocks, lanes_body, lanes.stats_init(bv))
-            m, second = lanes.stats_finish(ml, lanes.LOG2E / temperature)
-        elif greedy:
+        if greedy:
             m, second = lax.fori_loop(0, chunking.blocks, argmax_body, (init, c * chunking.blocks * bv))
         else:
             m, second = lax.fori_loop(0, chunking.blocks, stats_body, (init, jnp.float32(0)))
@@ -200,7 +163,25 @@ def row_stats_kernel(
         l_ref[b, c, r] = second
         return carry
 
-    lax.fori_loop(0, num_rows, row_body, 0)
+    def lanes_load(r, j):  # tile j of row r, raw, input dtype; j == blocks: tile 0 of row r + 1 (-inf past the last)
+        if not isinstance(j, int):  # traced: the tile after the last of row r is row r + 1's first
+            after = (j >= chunking.blocks).astype(jnp.int32)  # (arith, not jnp.where: its select of an i32
+            r, j = r + after, j - after * chunking.blocks  # and a constant failed to verify in the lowering)
+        cols = tile_cols((c * chunking.blocks + j) * bv, bv, config.vec)
+        live = (cols < vocab) & (r < num_rows)
+        return plt.load(a_ref.at[b, jnp.minimum(r, num_rows - 1), cols], mask=live, other=NEG_INF)
+
+    def lanes_row(r, first):  # raw logits; the scale folded into exp2 (the max is divided outside)
+        m, l, nxt = lanes.stream_row(lambda j: lanes_load(r, j), chunking.blocks, bv, config.vec, config.prefetch,
+                                     lanes.LOG2E / temperature, first)
+        m_ref[b, c, r] = m
+        l_ref[b, c, r] = l
+        return nxt
+
+    if per_lane:
+        lax.fori_loop(0, num_rows, lanes_row, lanes_load(0, 0) if config.prefetch else None)
+    else:
+        lax.fori_loop(0, num_rows, row_body, 0)
 
 
 def row_stats(
@@ -216,7 +197,7 @@ def row_stats(
     per_lane = config.loops == "lanes" and not greedy
     kernel = functools.partial(
         row_stats_kernel, temperature=temperature, greedy=greedy, chunking=chunking, exact_div=not interpret,
-        per_lane=per_lane,
+        config=config,
     )
     shape = (batch, chunking.num_chunks, num_rows)
     m, l = pl.pallas_call(
@@ -263,7 +244,7 @@ def final_draw_kernel(
     has_draft: bool,
     chunking: Chunking,
     exact_div: bool,
-    per_lane: bool,
+    config: VerifyKernelConfig,
 ):
     w_ref = refs[0] if has_draft else None
     r_val_ref, r_idx_ref, p_val_ref, p_idx_ref, any_ref = refs[1:] if has_draft else refs
@@ -292,21 +273,24 @@ def final_draw_kernel(
         p_val, p_idx = update_argmax(p_val, p_idx, log_p + g, start)
         return r_val, r_idx, p_val, p_idx, jnp.maximum(any_r, (jnp.max(res) > 0).astype(jnp.int32))
 
-    def lanes_body(j, carry):
-        start = (c * chunking.blocks + j) * bv
-        cols = start + jnp.arange(bv, dtype=jnp.int32)
-        inside = cols < vocab
-        z = plt.load(z_ref.at[b, n, cols], mask=inside, other=NEG_INF).astype(jnp.float32)
-        w = None
-        if has_draft:
-            i = jnp.minimum(n, gamma - 1)
-            w = plt.load(w_ref.at[b, i, cols], mask=inside & ~bonus, other=NEG_INF).astype(jnp.float32)
-        return lanes.sweep_step(carry, z, w, cols, key, x_n, lse_p, lse_q, lanes.LOG2E / temperature, exact_div)
-
     start = c * chunking.blocks * bv
-    if per_lane:
-        carry = lax.fori_loop(0, chunking.blocks, lanes_body, lanes.sweep_init(bv, start))
-        r_val, r_idx, p_val, p_idx, any_r = lanes.sweep_finish(carry)
+    if config.loops == "lanes":
+        sv = min(config.sweep_v or bv, bv)
+        cols_of = lambda j: start + j * sv + jnp.arange(sv, dtype=jnp.int32)  # noqa: E731
+        i = jnp.minimum(n, gamma - 1)
+
+        def load_z(j, live):
+            cols = cols_of(j)
+            return plt.load(z_ref.at[b, n, cols], mask=(cols < vocab) & live, other=NEG_INF)
+
+        def load_w(j, live):
+            cols = cols_of(j)
+            return plt.load(w_ref.at[b, i, cols], mask=(cols < vocab) & live & ~bonus, other=NEG_INF)
+
+        r_val, r_idx, p_val, p_idx, any_r = lanes.sweep_chunk(
+            load_z, load_w if has_draft else None, cols_of, chunking.blocks * (bv // sv), sv, start, key, x_n,
+            lse_p, lse_q, lanes.LOG2E / temperature, exact_div, config.prune, config.prefetch,
+        )
     else:
         init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
         r_val, r_idx, p_val, p_idx, any_r = lax.fori_loop(0, chunking.blocks, body, init)
@@ -334,7 +318,7 @@ def final_draw(
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
     kernel = functools.partial(
         final_draw_kernel, temperature=temperature, has_draft=w is not None, chunking=chunking,
-        exact_div=not interpret, per_lane=config.loops == "lanes",
+        exact_div=not interpret, config=config,
     )
     shape = (batch, chunking.num_chunks)
     f32, i32 = jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)
@@ -430,9 +414,9 @@ def verify(
     interpret: bool = False,
 ) -> Decision:
     """The fused verify on already checked arguments (call under ``jax.jit``)."""
-    config = config or VerifyKernelConfig()
     batch, g1, vocab = z.shape
     gamma, rows = g1 - 1, jnp.arange(batch)
+    config = config or choose_config(batch, gamma, vocab, jnp.dtype(z.dtype).itemsize, interpret)
     x = jnp.clip(x.astype(jnp.int32), 0, vocab - 1)
     stats = functools.partial(row_stats, temperature=temperature, config=config, interpret=interpret)
     if temperature == 0:
@@ -444,7 +428,7 @@ def verify(
         z = filter_logits(z, temperature, top_k, top_p)
         w = None if w is None else filter_logits(w, temperature, top_k, top_p)
     lse_p = combine_logsumexp(*stats(z, greedy=False))  # [B, G+1]
-    log_p_x = scale(gather(z[:, :gamma], x), temperature) - lse_p[:, :gamma]
+    log_p_x = scale(z[rows[:, None], jnp.arange(gamma)[None], x], temperature) - lse_p[:, :gamma]  # no slice of z
     if w is None:
         log_q_x, lse_q = jnp.zeros(x.shape, jnp.float32), jnp.zeros(x.shape, jnp.float32)
     elif log_q_given is not None:  # the draft row's normaliser is one logit away

@@ -3,6 +3,7 @@ IDENTICAL num_accepted and tokens on fresh random inputs."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import zlib
 
@@ -113,6 +114,10 @@ def test_parity_masked_vocabulary_and_equal_draft():
     np.testing.assert_array_equal(same.num_accepted, 4)
 
 
+LANES_V2 = kernels.VerifyKernelConfig(block_v=64, sweep_v=16, min_programs=1, loops="lanes", vec=8, prefetch=True,
+                                     prune=True, num_warps=4)
+
+
 @pytest.mark.parametrize(
     "config",
     [
@@ -121,8 +126,13 @@ def test_parity_masked_vocabulary_and_equal_draft():
         kernels.VerifyKernelConfig(block_v=16, min_programs=1000),  # one tile per chunk
         kernels.VerifyKernelConfig(block_v=64, min_programs=1, loops="lanes"),  # per-slot state, exp2 / lg2
         kernels.VerifyKernelConfig(block_v=32, min_programs=8, loops="lanes"),
+        LANES_V2,  # 16-byte vectors, prefetch, pruned sweep in 16-logit tiles
+        dataclasses.replace(LANES_V2, block_v=32, min_programs=8, vec=4),
+        dataclasses.replace(LANES_V2, prefetch=False, prune=False, block_v=16, min_programs=1000),
+        kernels.choose_config(3, 4, 333, 4, interpret=True),  # the default in interpret mode
     ],
-    ids=["one-chunk", "chunks", "tile-per-chunk", "lanes-one-chunk", "lanes-chunks"],
+    ids=["one-chunk", "chunks", "tile-per-chunk", "lanes-one-chunk", "lanes-chunks", "v2-one-chunk", "v2-chunks",
+         "v2-tile-per-chunk", "v2-default"],
 )
 @pytest.mark.parametrize("temperature,draft", [(1.0, "logits"), (0.7, "logprobs"), (1.0, "onehot"), (0.0, "logits")])
 def test_kernel_tilings(config, temperature, draft):
@@ -160,3 +170,44 @@ def test_verify_under_user_jit():
     for impl in IMPLS:
         f = jax.jit(lambda z, x, w, s, o, impl=impl: verify(z, x, w, seed=s, offset=o, impl=impl))
         assert_same(want, f(*jargs[:3], jnp.uint32(4), jnp.uint32(6)), impl)
+
+
+@pytest.mark.parametrize("rows", ["flat", "peaked"])
+@pytest.mark.parametrize("draft", ["logits", "onehot"])
+def test_pruned_sweep_is_exact(rows, draft):
+    """The pruned sweep (LANES_V2: 16-logit tiles, one chunk of a 2000-logit row) equals the oracle on
+    flat rows (few tiles passed over) and peaked ones (almost all passed over after the peak)."""
+    rs = np.random.default_rng(21)
+    spread = 2.0 if rows == "flat" else 12.0
+    inputs = make_inputs(rs, 3, 4, 2000, temperature=0.8, draft=draft, spread=spread, noise=0.7)
+    z, x, w, lq = inputs.args
+    for offset in (0, 1, 2, 3):
+        want = oracle.verify(z, x, w, lq, temperature=0.8, seed=5, offset=offset)
+        for config in (LANES_V2, dataclasses.replace(LANES_V2, prune=False)):
+            c = make_counters(np.uint32(5), np.uint32(0), np.uint32(offset), z.shape[0])
+            got = jax.jit(lambda z, x, w, c=c, config=config: kernels.verify(
+                z, x, w, None, c, temperature=0.8, top_k=0, top_p=1.0, config=config, interpret=True))(z, x, w)
+            assert_same(want, got, f"{rows} {draft} prune={config.prune} offset={offset}")
+
+
+def test_pruning_passes_over_tiles():
+    """On a peaked row the bound passes over almost every tile after the peak (lanes.sweep_tile in
+    plain jnp, 64-logit tiles): evaluated tiles are those whose bound reaches the floor."""
+    from flashspec_jax.kernels import lanes
+
+    v, sv = 4096, 64
+    z = np.random.default_rng(0).standard_normal(v).astype(np.float32)
+    z[100] = 30.0  # a peak in the second tile
+    lse = np.float32(np.log(np.sum(np.exp(z - z.max()))) + z.max())
+    key = jnp.uint32(7)
+    state, floor, evaluated = lanes.sweep_init(sv, 0), jnp.float32(-jnp.inf), 0
+    for j in range(v // sv):
+        cols = j * sv + jnp.arange(sv, dtype=jnp.int32)
+        tile = jnp.asarray(z[j * sv:(j + 1) * sv])
+        lp2 = tile * np.float32(lanes.LOG2E) - lse * np.float32(lanes.LOG2E)
+        bound = lanes.prune_bound(lp2, lanes.rng.bits_from_key(key, cols), False)
+        evaluated += int(jnp.any(bound >= floor - lanes.PRUNE_SLACK))
+        state, floor = lanes.sweep_tile(state, floor, tile, None, cols, key, 0, lse, 0.0, lanes.LOG2E, False, True)
+    r_val, r_idx, p_val, p_idx, mass = lanes.sweep_finish(state)
+    assert int(p_idx) == 100 and int(mass) == 1  # the bonus winner is the peak; the one-hot q leaves mass
+    assert evaluated <= 4, evaluated  # of 64 tiles
