@@ -63,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-CORE = ("lanes", "lanes-no-prune", "lanes-prune", "lanes-c2", "lanes-c4", "lanes-c8")  # timed at every shape;
+CORE = ("lanes", "lanes-16-per-sm", "lanes-no-prune", "lanes-prune", "lanes-c2", "lanes-c4", "lanes-c8")  # timed at every shape;
 # the rest at ABLATION_SHAPES
 ABLATION_SHAPES = [(256, 4, 128256, "bfloat16", 0.7), (256, 4, 128256, "bfloat16", 1.0), (32, 4, 128256, "bfloat16", 0.7),
                    (128, 8, 32000, "float32", 0.7)]  # (B, G, V, dtype, T)
@@ -71,6 +71,8 @@ ABLATION_SHAPES = [(256, 4, 128256, "bfloat16", 0.7), (256, 4, 128256, "bfloat16
 
 def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     """name -> KernelConfig; "lanes" is the default (choose_config)."""
+    import torch
+
     from flashspec_torch.verify import KernelConfig, choose_config, interpreting, tile_config
 
     if device.type != "cuda" or interpreting():
@@ -100,6 +102,11 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "persistent": persistent,  # choose_config's tiling, P = 3 programs per SM (all resident), automatic lookahead
         "persistent-p4-r128": dataclasses.replace(persistent, programs_per_sm=4, max_registers=128),  # 4 resident
     }
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    wanted = min(math.ceil(16 * sms / b), 128 if b < 8 else 32)  # choose_config's split before 2026-12-01's sweep
+    old_v = min(8192 // itemsize, max(256, 1 << (math.ceil(v / wanted) - 1).bit_length()))
+    old_chunks = min(math.ceil(v / old_v), wanted)
+    out["lanes-16-per-sm"] = dataclasses.replace(lanes, block_v=old_v, num_chunks=old_chunks, prune=v / old_chunks / 1024 >= 7.5)
     for k in (2, 4, 8):  # fewer, longer programs (the recombine and the last-finisher work are per program)
         chunks = max(1, lanes.num_chunks // k)
         out[f"lanes-c{k}"] = dataclasses.replace(lanes, num_chunks=chunks, prune=v / chunks / 1024 >= 7.5)
