@@ -325,9 +325,10 @@ def interpreting() -> bool:
 
 
 def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, itemsize: int = 2) -> KernelConfig:
-    """GPU: V split over programs until ~16 programs per SM (B < 32) or ~8 (B >= 32: fewer, longer
-    programs measured faster there, e.g. 35 against 44 us at B=32, G=4, V=128256 bf16 on the H200,
-    because the recombine of the partials and the last-finisher reduction are paid per program);
+    """GPU: V split over programs until ~16 programs per SM (B < 32), ~8 (B < 128) or ~4 (B >= 128):
+    fewer, longer programs measured faster as B grows (H200, benchmarks/results/verify_variants.json:
+    B=32, G=4, V=128256 bf16 35 us at 8 per SM against 43 at 16; B=128 90 us at 4 against 100 at
+    8), because the recombine of the partials and the last-finisher reduction are paid per program;
     "lanes" loops with 8 KB (bf16: 4096 logits) per program per step, fewer logits per step when the
     split needs more chunks. Interpreter: few, large programs."""
     rows = next_pow2(gamma + 1)
@@ -335,7 +336,7 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
         block_v = max(16, min(next_pow2(vocab), 4096 // rows))
         block_b = min(next_pow2(batch), max(1, 2**18 // (rows * block_v)))
         return KernelConfig(block_b=block_b, block_v=block_v, sweep_v=max(16, min(next_pow2(vocab), 4096)))
-    per_sm = 16 if batch < 32 else 8
+    per_sm = 16 if batch < 32 else 8 if batch < 128 else 4
     target_programs = per_sm * sm_count(device.index if device.index is not None else torch.cuda.current_device())
     wanted = min(math.ceil(target_programs / batch), 128 if batch < 8 else 32 if batch < 32 else 16)
     block_v = min(8192 // itemsize, max(256, next_pow2(math.ceil(vocab / wanted))))
