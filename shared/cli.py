@@ -272,7 +272,8 @@ def add_generate(sub) -> None:
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--row-invariant", action="store_true",
                    help="torch on a GPU: a row's logits independent of the rows computed with it, so greedy "
-                        "speculation gives exactly greedy decoding's tokens in bf16 (slower speculative steps)")
+                        "speculation gives exactly greedy decoding's tokens in bf16 (speculative steps 1.2x slower on "
+                        "the embedded model, 5-10x on 1B-8B models)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_generate)
 
