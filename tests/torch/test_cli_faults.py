@@ -69,8 +69,8 @@ def tiny_engine(monkeypatch):
     """`flashspec generate` on the tiny random model instead of the embedded one."""
     made = {}
 
-    def fake_engine(backend, target, drafts, *, policy, device):
-        made["engine"] = Engine(made["target"], drafts, policy=policy, device="cpu")
+    def fake_engine(backend, target, drafts, *, policy, device, row_invariant):
+        made["engine"] = Engine(made["target"], drafts, policy=policy, device="cpu", row_invariant=row_invariant)
         return made["engine"]
 
     monkeypatch.setattr(flashspec.engine, "engine", fake_engine)
