@@ -75,16 +75,25 @@ def test_default_config_lowers_to_triton(draft, temperature, batch):
 def test_default_normaliser_loads_16_bytes():
     """The default normaliser's streaming loop compiles (local triton, sm_90) to 16-byte loads, 4 per
     thread per tile (bf16, B=256): the regression this config fixed was latency, not vector width,
-    but a scalar-load regression would show here first (benchmarks/verify_sass_jax.py)."""
+    but a scalar-load regression would show here first (benchmarks/verify_sass_jax.py). In a
+    subprocess: verify_sass turns the Triton interpreter off when imported, which must not leak
+    into this test session (the torch kernels defined later need it)."""
     pytest.importorskip("triton")
     import os
+    import subprocess
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
-    import verify_sass_jax as sj
-
-    config = kernels.choose_config(256, 4, 128256, 2)
-    _, found = sj.export_verify(256, 4, 128256, jnp.bfloat16, 0.7, config)
-    [ttir] = [t for name, t in found if name == "flashspec_row_stats"]
-    report = sj.kernel_report("flashspec_row_stats", ttir, config, 256, 4, 128256, 2, False, None)
-    assert report["ldg"] == report["ldg128"] == 4 and report["per_logit"] < 10, report
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+    code = (f"import sys; sys.path.insert(0, {bench!r})\n"
+            "import jax.numpy as jnp, verify_sass_jax as sj\n"
+            "from flashspec_jax.kernels import verify as kernels\n"
+            "config = kernels.choose_config(256, 4, 128256, 2)\n"
+            "_, found = sj.export_verify(256, 4, 128256, jnp.bfloat16, 0.7, config)\n"
+            "[ttir] = [t for name, t in found if name == 'flashspec_row_stats']\n"
+            "r = sj.kernel_report('flashspec_row_stats', ttir, config, 256, 4, 128256, 2, False, None)\n"
+            "print('REPORT', r['ldg'], r['ldg128'], r['per_logit'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    ldg, ldg128, per_logit = out.stdout.split("REPORT")[1].split()
+    assert int(ldg) == int(ldg128) == 4 and float(per_logit) < 10, out.stdout
