@@ -102,6 +102,16 @@ def forward_ms(m: Llama, batch: int, tokens: int, context: int, attend: int) -> 
     return graph_ms(lambda: m(x, pos, cache, attend))
 
 
+def add_forward_costs(r: dict, m: Llama, batch: int, context: int, attend: int, floor_ms: float) -> None:
+    """Into a time_engine result: the target forwards alone (1 and 5 new positions after
+    ``context``), the shares of the plain and speculative steps outside them, and plain / floor."""
+    fwd1, fwd5 = forward_ms(m, batch, 1, context, attend), forward_ms(m, batch, 5, context, attend)
+    r.update(forward_1_token_ms=fwd1, forward_5_tokens_ms=fwd5)
+    r["ar_share_outside_forward"] = 1 - fwd1 / r["ar_ms_per_token"]
+    r["spec_share_outside_forward"] = 1 - fwd5 / r["spec_ms_per_step"]
+    r["ar_over_weights_floor"] = r["ar_ms_per_token"] / floor_ms
+
+
 def count_syncs(fn) -> int:
     torch.cuda.set_sync_debug_mode(1)
     try:
@@ -197,12 +207,8 @@ def run_shape(name: str, tokens: int, batch: int, prompt_len: int, bw: float, mo
         ctx = prompt_len + tokens // 2
         for mode, r in runs.items():
             m.linear_impl, m.pdl, m.fused = modes[mode][1:]
-            fwd1, fwd5 = forward_ms(m, batch, 1, ctx, attend), forward_ms(m, batch, 5, ctx, attend)
             del r["outputs"], r["spec_outputs"]
-            r.update(forward_1_token_ms=fwd1, forward_5_tokens_ms=fwd5)
-            r["ar_share_outside_forward"] = 1 - fwd1 / r["ar_ms_per_token"]
-            r["spec_share_outside_forward"] = 1 - fwd5 / r["spec_ms_per_step"]
-            r["ar_over_weights_floor"] = r["ar_ms_per_token"] / row["weights_floor_ms"]
+            add_forward_costs(r, m, batch, ctx, attend, row["weights_floor_ms"])
             row[mode] = r
         m.linear_impl = m.pdl = m.fused = None
         row["attend_slots"] = attend

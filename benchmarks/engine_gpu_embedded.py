@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from engine_gpu import MODES, forward_ms, time_engine
+from engine_gpu import MODES, add_forward_costs, time_engine
 from flashspec_torch.backend import TorchBackend
 from flashspec_torch.drafts import LookupDraft
 from flashspec_torch.engine import Engine
 from flashspec_torch.weights import load
-from generate_cpu import code_prompts, prose_prompts, to_transformers, trim
+from generate_cpu import code_prompts, prose_prompts, time_hf, to_transformers, trim
 from verify_kernels import copy_bandwidth_gbps
 
 ENGINES = {"ngram": (("ngram",), "fixed"), "bandit[ngram,layerskip:24-29]": (("ngram", "layerskip:24-29"), "thompson-token")}
@@ -56,12 +56,7 @@ def step_costs(model, ids: list[int], tokens: int, bw: float) -> dict:
         attend = backend.cache.max_len
         del backend
         outputs[mode] = (r.pop("outputs"), r.pop("spec_outputs"))
-        ctx = len(ids) + tokens // 2
-        r["forward_1_token_ms"] = fwd1 = forward_ms(model, 1, 1, ctx, attend)
-        r["forward_5_tokens_ms"] = fwd5 = forward_ms(model, 1, 5, ctx, attend)
-        r["ar_share_outside_forward"] = 1 - fwd1 / r["ar_ms_per_token"]
-        r["spec_share_outside_forward"] = 1 - fwd5 / r["spec_ms_per_step"]
-        r["ar_over_weights_floor"] = r["ar_ms_per_token"] / row["weights_floor_ms"]
+        add_forward_costs(r, model, 1, len(ids) + tokens // 2, attend, row["weights_floor_ms"])
         row[mode] = r
     model.linear_impl = model.pdl = model.fused = None
     plain = outputs["graphs_cublas"][0]
@@ -90,24 +85,13 @@ def engine_runs(loaded, prompt: str, tokens: int, device: str = "cuda") -> tuple
 
 
 def hf_runs(hf, tok, prompt: str, tokens: int, ref: list[int], eos: set[int]) -> list[dict]:
-    ids = tok(prompt, return_tensors="pt").input_ids.to(hf.device)
     rows = []
     for method, kw in (("transformers generate", {}), ("transformers prompt-lookup (assisted)", {"prompt_lookup_num_tokens": 4})):
-        with torch.inference_mode():
-            hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0, **kw)
-            sync(hf.device)
-            t = time.perf_counter()
-            got = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False,
-                              pad_token_id=0, **kw)
-            sync(hf.device)
-        got = trim(got[0, ids.shape[1]:].tolist(), eos)
-        rows.append(dict(method=method, tokens=len(got), seconds=time.perf_counter() - t, same=got == ref))
+        time_hf(hf, tok, prompt, 4, **kw)  # warm-up
+        got, seconds = time_hf(hf, tok, prompt, tokens, **kw)
+        got = trim(got, eos)
+        rows.append(dict(method=method, tokens=len(got), seconds=seconds, same=got == ref))
     return rows
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -82,12 +82,20 @@ def time_ours(engine, prompt: str, max_new: int, speculation: bool, gamma: int) 
     return out["tokens"], out
 
 
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_hf(hf, tok, prompt: str, max_new: int, **kw) -> tuple[list[int], float]:
-    ids = tok(prompt, return_tensors="pt").input_ids
+    """transformers' greedy generate on ``prompt`` (on the model's device): new tokens, seconds."""
+    ids = tok(prompt, return_tensors="pt").input_ids.to(hf.device)
+    sync(hf.device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
                           pad_token_id=tok.pad_token_id or 0, **kw)
+    sync(hf.device)
     return out[0, ids.shape[1]:].tolist(), time.perf_counter() - start
 
 

@@ -71,9 +71,7 @@ ABLATION_SHAPES = [(256, 4, 128256, "bfloat16", 0.7), (256, 4, 128256, "bfloat16
 
 def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     """name -> KernelConfig; "lanes" is the default (choose_config)."""
-    import torch
-
-    from flashspec_torch.verify import KernelConfig, choose_config, interpreting, tile_config
+    from flashspec_torch.verify import KernelConfig, choose_config, device_sms, interpreting, tile_config
 
     if device.type != "cuda" or interpreting():
         base = KernelConfig(block_b=1, block_v=256, sweep_v=128, num_chunks=2)
@@ -102,8 +100,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "persistent": persistent,  # choose_config's tiling, P = 3 programs per SM (all resident), automatic lookahead
         "persistent-p4-r128": dataclasses.replace(persistent, programs_per_sm=4, max_registers=128),  # 4 resident
     }
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    wanted = min(math.ceil(16 * sms / b), 128 if b < 8 else 32)  # choose_config's split before 2026-12-01's sweep
+    wanted = min(math.ceil(16 * device_sms(device) / b), 128 if b < 8 else 32)  # choose_config's split before 2026-12-01's sweep
     old_v = min(8192 // itemsize, max(256, 1 << (math.ceil(v / wanted) - 1).bit_length()))
     old_chunks = min(math.ceil(v / old_v), wanted)
     out["lanes-16-per-sm"] = dataclasses.replace(lanes, block_v=old_v, num_chunks=old_chunks, prune=v / old_chunks / 1024 >= 7.5)

@@ -326,7 +326,7 @@ def interpreting() -> bool:
 
 def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, itemsize: int = 2) -> KernelConfig:
     """GPU: V split over programs until ~16 programs per SM (B < 32), ~8 (B < 128) or ~4 (B >= 128):
-    fewer, longer programs measured faster as B grows (H200, benchmarks/results/verify_variants.json:
+    fewer, longer programs measured faster as B grows (H200, benchmarks/results/verify_variants_chunks.json:
     B=32, G=4, V=128256 bf16 35 us at 8 per SM against 43 at 16; B=128 90 us at 4 against 100 at
     8), because the recombine of the partials and the last-finisher reduction are paid per program;
     "lanes" loops with 8 KB (bf16: 4096 logits) per program per step, fewer logits per step when the
@@ -337,7 +337,7 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
         block_b = min(next_pow2(batch), max(1, 2**18 // (rows * block_v)))
         return KernelConfig(block_b=block_b, block_v=block_v, sweep_v=max(16, min(next_pow2(vocab), 4096)))
     per_sm = 16 if batch < 32 else 8 if batch < 128 else 4
-    target_programs = per_sm * sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    target_programs = per_sm * device_sms(device)
     wanted = min(math.ceil(target_programs / batch), 128 if batch < 8 else 32 if batch < 32 else 16)
     block_v = min(8192 // itemsize, max(256, next_pow2(math.ceil(vocab / wanted))))
     chunks = min(math.ceil(vocab / block_v), wanted)
@@ -352,7 +352,7 @@ def tile_config(batch: int, gamma: int, vocab: int, device: torch.device) -> Ker
     G = 8) and ~16 programs per SM."""
     rows = next_pow2(gamma + 1)
     block_v = 256 if rows >= 8 else 2048 // rows
-    target_programs = 16 * sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    target_programs = 16 * device_sms(device)
     blocks = math.ceil(vocab / block_v)
     chunks = min(blocks, math.ceil(target_programs / batch), 128 if batch < 8 else 32)
     return KernelConfig(block_b=1, block_v=block_v, sweep_v=2048, num_chunks=chunks, num_warps=8,
@@ -364,7 +364,7 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def device_sms(device: torch.device) -> int:  # SMs of a GPU; 1 in the interpreter (the persistent grid)
+def device_sms(device: torch.device) -> int:  # SMs of a GPU; 1 in the interpreter (its grids are small)
     if device.type != "cuda" or interpreting():
         return 1
     return sm_count(device.index if device.index is not None else torch.cuda.current_device())
