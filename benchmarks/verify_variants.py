@@ -55,6 +55,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-jax", action="store_true")
     p.add_argument("--jax-only", action="store_true", help="skip the torch shapes (Pallas / jnp rows only)")
     p.add_argument("--jax-budget-s", type=float, default=80.0, help="JAX shapes start until budget-s plus this")
+    p.add_argument("--variants", type=lambda s: s.split(","), default=None,
+                   help="torch variants to time at every shape (default: CORE, plus the ablations at ABLATION_SHAPES)")
+    p.add_argument("--split", type=lambda s: s.split(","), default=["lanes", "lanes-pdl"],
+                   help="torch variants whose kernels are also timed one by one (torch.profiler, eager)")
+    p.add_argument("--jax-shapes", type=lambda s: [tuple(float(t) if i == 2 else int(t) for i, t in enumerate(k.split(":")))
+                                                   for k in s.split(",")], default=None,
+                   help="JAX shapes as B:V:T,... (default: JAX_SHAPES)")
+    p.add_argument("--jax-variants", type=lambda s: s.split(","), default=None, help="JAX variants (default: all / JAX_CORE)")
+    p.add_argument("--unroll-sets", type=int, default=4,
+                   help="JAX: at most this many input sets unrolled in the scan body; more: the sliced loop")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes; CPU (Triton interpreter, Pallas interpret)")
     p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     args = p.parse_args(argv)
@@ -63,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-CORE = ("lanes", "lanes-16-per-sm", "lanes-no-prune", "lanes-prune", "lanes-c2", "lanes-c4", "lanes-c8")  # timed at every shape;
+CORE = ("lanes", "lanes-pdl", "lanes-16-per-sm", "lanes-no-prune", "lanes-prune", "lanes-c2", "lanes-c4", "lanes-c8")  # timed at every shape;
 # the rest at ABLATION_SHAPES
 ABLATION_SHAPES = [(256, 4, 128256, "bfloat16", 0.7), (256, 4, 128256, "bfloat16", 1.0), (32, 4, 128256, "bfloat16", 0.7),
                    (128, 8, 32000, "float32", 0.7)]  # (B, G, V, dtype, T)
@@ -77,6 +87,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         base = KernelConfig(block_b=1, block_v=256, sweep_v=128, num_chunks=2)
         return {"lanes": base, "tile": dataclasses.replace(base, stream="tile", sweep="tile"),
                 "lanes-no-prune": dataclasses.replace(base, prune=False),
+                "lanes-pdl": dataclasses.replace(base, pdl=True),  # no PDL in the interpreter: the plain pair runs
                 "persistent": dataclasses.replace(base, schedule="persistent", programs_per_sm=2),
                 "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1)}
     lanes = choose_config(b, g, v, device, itemsize)
@@ -88,6 +99,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "tile-stream+lanes-sweep": dataclasses.replace(tile_config(b, g, v, device), sweep="lanes", sweep_v=1024),
         "lanes-exact-log": dataclasses.replace(lanes, fast_math=False),
         "lanes-no-prune": dataclasses.replace(lanes, prune=False),
+        "lanes-pdl": dataclasses.replace(lanes, pdl=True),  # the final launch starts in the stats launch's tail
         "lanes-prune": dataclasses.replace(lanes, prune=True),
         "lanes-sweep512": dataclasses.replace(lanes, sweep_v=512),
         "lanes-w8": dataclasses.replace(lanes, num_warps=8, sweep_v=2048),
@@ -107,13 +119,31 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (2, 4, 8):  # fewer, longer programs (the recombine and the last-finisher work are per program)
         chunks = max(1, lanes.num_chunks // k)
         out[f"lanes-c{k}"] = dataclasses.replace(lanes, num_chunks=chunks, prune=v / chunks / 1024 >= 7.5)
+    out["lanes-pdl-c2"] = dataclasses.replace(out["lanes-c2"], pdl=True)
     return out
 
 
 # ----------------------------------------------------------------------------- torch
 
 
-def run_torch_shape(shape: dict, device, copy_gbps) -> list[dict]:
+def kernel_split_us(step, sets: list, reps: int = 3) -> dict:
+    """Mean device time per call of each kernel of ``step`` (eager calls over ``sets``; torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for inp in sets:
+        step(inp)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for inp in sets:
+                step(inp)
+        torch.cuda.synchronize()
+    calls = reps * len(sets)
+    return {e.key: e.device_time_total / calls for e in prof.key_averages() if e.device_time_total > 0}
+
+
+def run_torch_shape(shape: dict, device, copy_gbps, names=None, split=()) -> list[dict]:
     import torch
     import triton.testing
 
@@ -134,7 +164,9 @@ def run_torch_shape(shape: dict, device, copy_gbps) -> list[dict]:
     every = variants(b, shape["G"], shape["V"], itemsize, device)
     key = (b, shape["G"], shape["V"], shape["dtype"], t)
     for name, kc in every.items():
-        if on_gpu and name not in CORE and key not in ABLATION_SHAPES:
+        if names is not None and name not in names:
+            continue
+        if names is None and on_gpu and name not in CORE and key not in ABLATION_SHAPES:
             continue
         def step(inp, kc=kc):
             return verify_triton(inp["target_logits"], inp["draft_tokens"], inp["draft_logits"],
@@ -165,6 +197,8 @@ def run_torch_shape(shape: dict, device, copy_gbps) -> list[dict]:
                                                           return_mode="median")
                 row["x_floor"] = row["graph_ms"] / floor_ms
                 row["eager_x_floor"] = row["eager_ms"] / floor_ms
+                if name in split:
+                    row["kernels_us"] = kernel_split_us(step, sets)
         except Exception as e:  # noqa: BLE001 - a variant that fails to compile or launch is reported
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
@@ -202,7 +236,7 @@ SLICED = ("pallas-lanes", "pallas-v2")  # also timed with the old loop (a dynami
 UNROLL_SETS = 4  # at most this many input sets unrolled in the scan body (compile time); more: the sliced loop
 
 
-def run_jax_shape(shape: dict, names=None) -> list[dict]:
+def run_jax_shape(shape: dict, names=None, unroll_sets: int = UNROLL_SETS) -> list[dict]:
     """Pallas and jnp verify timed inside one jitted scan over rotating input sets.
 
     The k input sets are separate arrays and the scan body runs k verify steps, one per set, so no
@@ -210,7 +244,7 @@ def run_jax_shape(shape: dict, names=None) -> list[dict]:
     kernels) is a copy of [B, G+1, V] and [B, G, V] per step, which the jnp reference (fused) and the
     torch graph replays do not pay. That copy is what the first Pallas numbers included (about
     280 us of the 0.63-0.9 ms at B=256); the "-sliced" rows keep the old loop to show it. With
-    more than UNROLL_SETS sets (small shapes) every variant uses the sliced loop (``sliced`` in the row).
+    more than ``unroll_sets`` sets (small shapes) every variant uses the sliced loop (``sliced`` in the row).
     """
     import jax
     import jax.numpy as jnp
@@ -258,8 +292,8 @@ def run_jax_shape(shape: dict, names=None) -> list[dict]:
         return jax.jit(run), (sets,)
 
     every = jax_variants(b, g, v, jnp.dtype(dtype).itemsize)
-    todo = [(name, *every[name], k > UNROLL_SETS) for name in (names or every)]
-    todo += [(name + "-sliced", *every[name], True) for name in SLICED if k <= UNROLL_SETS and name in (names or every)]
+    todo = [(name, *every[name], k > unroll_sets) for name in (names or every)]
+    todo += [(name + "-sliced", *every[name], True) for name in SLICED if k <= unroll_sets and name in (names or every)]
     rows = []
     outs = {}
     for name, impl, config, sliced in todo:
@@ -335,7 +369,7 @@ def main(argv=None) -> int:
         if time.perf_counter() - t0 > args.budget_s:
             skipped.append(shape)
             continue
-        new = run_torch_shape(shape, device, copy_gbps)
+        new = run_torch_shape(shape, device, copy_gbps, args.variants, args.split if on_gpu else ())
         rows.extend(new)
         best = min((r for r in new if r.get("graph_ms")), key=lambda r: r["graph_ms"], default=None)
         print(f"B={shape['B']:4d} G={shape['G']} V={shape['V']:6d} {shape['dtype']:8s} T={shape['temperature']}: "
@@ -345,13 +379,14 @@ def main(argv=None) -> int:
     jax_status = "skipped (--no-jax)"
     if not args.no_jax:
         try:
-            grid = JAX_SHAPES if on_gpu else [(3, 1000, 1.0), (3, 1000, 0.7)]
+            grid = (args.jax_shapes or JAX_SHAPES) if on_gpu else [(3, 1000, 1.0), (3, 1000, 0.7)]
             jax_shapes = [dict(B=b, G=4, V=v, dtype="bfloat16", temperature=t, draft="logprobs") for b, v, t in grid]
             for i, shape in enumerate(jax_shapes):
                 if time.perf_counter() - t0 > (0 if args.jax_only else args.budget_s) + args.jax_budget_s:
                     skipped.append(shape)
                     continue
-                rows.extend(run_jax_shape(shape, None if i < 2 or not on_gpu else JAX_CORE))
+                names = args.jax_variants or (None if i < 2 or not on_gpu else JAX_CORE)
+                rows.extend(run_jax_shape(shape, names, args.unroll_sets))
                 print(" ".join(f"jax/{r['impl']}={1e3 * r['loop_ms']:.0f}us" if r.get("loop_ms") else
                                f"jax/{r['impl']}:FAIL" for r in rows if r["backend"] == "jax" and r["B"] == shape["B"]
                                and r["V"] == shape["V"] and r["temperature"] == shape["temperature"]), flush=True)

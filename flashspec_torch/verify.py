@@ -291,6 +291,7 @@ class KernelConfig:
     programs_per_sm: int = 3  # "persistent": P = SMs x this on a GPU (sm_90: 159 registers: 3 resident); interpreter: P
     lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
     max_registers: int = 0  # GPU: ptxas register cap (maxnreg) of the final / persistent launch; 0: none
+    pdl: bool = False  # two launches on Hopper+: the final launch starts during the stats launch's tail (PDL)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -299,6 +300,8 @@ class KernelConfig:
             raise ValueError(f"{self.programs_per_sm=} must be an int >= 1")
         if not (isinstance(self.lookahead, int) and self.lookahead >= 0):
             raise ValueError(f"{self.lookahead=} must be an int >= 0 (0: automatic)")
+        if not isinstance(self.pdl, bool):
+            raise ValueError(f"{self.pdl=} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
             raise ValueError(f"{self.max_registers=} must be 0 (no cap) or an int in [24, 255]")
         for name in ("stream", "sweep"):
@@ -362,6 +365,17 @@ def tile_config(batch: int, gamma: int, vocab: int, device: torch.device) -> Ker
 @functools.lru_cache(maxsize=None)
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def has_pdl(device_index: int) -> bool:  # programmatic dependent launch: compute capability 9.0 or newer
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_possible(device: torch.device) -> bool:  # never in the interpreter
+    if device.type != "cuda" or interpreting():
+        return False
+    return has_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def device_sms(device: torch.device) -> int:  # SMs of a GPU; 1 in the interpreter (its grids are small)
@@ -453,6 +467,7 @@ def verify_triton(
     chunks = math.ceil(v / chunk)
     persistent = config.schedule == "persistent"  # flashspec_torch/persistent.py
     fused = chunks == 1 and not persistent
+    pdl = config.pdl and not fused and not persistent and pdl_possible(z.device)  # else a plain launch
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -473,7 +488,8 @@ def verify_triton(
             b, v, chunk, chunks, *temps,
             z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
             G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
-            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, num_warps=config.num_warps,
+            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, PDL=pdl,
+            num_warps=config.num_warps,
         )
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
     args = (z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
@@ -487,10 +503,11 @@ def verify_triton(
                  SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
                  PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, **lanes,
                  SWEEP_LANES=config.sweep == "lanes", PRUNE=config.prune, num_warps=config.num_warps)
+    launch = dict(PDL=True, launch_pdl=True) if pdl else dict(PDL=False)
     if config.max_registers and not interpreting():
         flags["maxnreg"] = config.max_registers
     if not persistent:
-        kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](*args, *sizes, FUSED=fused, **flags)
+        kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](*args, *sizes, FUSED=fused, **flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

@@ -31,7 +31,7 @@ for step in $steps; do
     engine) timeout ${ENGINE_TIMEOUT:-300} python3 benchmarks/engine_gpu.py --tokens 128 ${ENGINE_ARGS:-} > "$OUT/engine_gpu.log" 2>&1; tail -5 "$OUT/engine_gpu.log" ;;
     profile) timeout 120 python3 benchmarks/engine_profile.py --shape tinyllama-1.1b > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log" ;;
     floor) timeout 200 python3 benchmarks/verify_floor.py > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
-    verify) timeout 330 python3 benchmarks/verify_variants.py --out "$OUT" > "$OUT/verify_variants.log" 2>&1; tail -40 "$OUT/verify_variants.log" ;;
+    verify) timeout ${VERIFY_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" ${VERIFY_ARGS:-} > "$OUT/verify_variants.log" 2>&1; tail -${VERIFY_TAIL:-40} "$OUT/verify_variants.log" ;;
     jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/engine_gpu_jax.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --out "$OUT" > "$OUT/engine_gpu_jax.log" 2>&1; tail -12 "$OUT/engine_gpu_jax.log" ;;
     checks) for b in ${CHECK_BACKENDS:-torch jax}; do timeout 240 python3 benchmarks/gpu_checks.py --backend $b > "$OUT/gpu_checks_$b.log" 2>&1; tail -3 "$OUT/gpu_checks_$b.log"; done ;;
     stash) mkdir -p /tmp/fs && cp .carry_a/* /tmp/fs/ && ls -la /tmp/fs ;;

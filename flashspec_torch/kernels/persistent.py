@@ -99,7 +99,7 @@ def verify_persistent_kernel(
                        m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, ready_ptr, tokens_ptr, num_ptr,
                        B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                        G, ROWS, NC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, False, SEED_TENSOR,
-                       OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, True)
+                       OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, True, False)
         t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     if t == items + P - 1:  # the launch's last ticket: nobody touches the counter after this
         tl.store(ticket_ptr, 0)

@@ -17,6 +17,10 @@ Two kernels, used either alone or as a pair:
   program of a batch tile to finish (an atomic counter) reduces the C candidates and writes the
   tokens. Two launches are needed because row n, hence the chunks to sweep, is only known once
   every chunk of every row has been normalised (a grid-wide dependency).
+  With ``PDL`` (Hopper programmatic dependent launch, ``KernelConfig.pdl``) the second launch may
+  start while the first one's last programs still run: every stats program lets it launch at once
+  (``gdc_launch_dependents``), and a final program loads what the first launch does not write (its
+  drafted ids, their logits, the accept uniforms) before it waits for the partials (``gdc_wait``).
 * ``verify_persistent_kernel`` (``persistent.py``, ``KernelConfig(schedule="persistent")``): the
   same two phases in one launch, as ticketed work items that wait on per-tile counters.
 
@@ -37,6 +41,8 @@ scalars (the gathered z(x_i) / T of the accept test, lse) use ``div_rn`` in both
 
 import triton
 import triton.language as tl
+
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .lanes import rows_stats_lanes, sweep_row_lanes
 from .random import gumbel_from_bits, key, mix, uniform_from_bits
@@ -211,9 +217,11 @@ def verify_stats_kernel(
     B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, PDL: tl.constexpr,
 ):
     """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C)."""
+    if PDL:
+        gdc_launch_dependents()  # phase 2 may launch once every program of this grid has started
     pid_b, pid_c = tl.program_id(0), tl.program_id(1)
     if pid_c == 0:
         tl.store(counter_ptr + pid_b, 0)  # arms phase 2's last-program detection
@@ -284,7 +292,7 @@ def verify_final_kernel(
     SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PRUNE: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, C)."""
     final_item(tl.program_id(0), tl.program_id(1), z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr,
@@ -292,7 +300,7 @@ def verify_final_kernel(
                m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, tokens_ptr, num_ptr,
                B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
-               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False)
+               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL)
 
 
 @triton.jit
@@ -305,12 +313,13 @@ def final_item(
     SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
     other programs of the same launch), and the tile's last finisher also resets ``ready_ptr[pid_b]``,
-    the count of its finished phase-1 items."""
+    the count of its finished phase-1 items. PDL: everything phase 1 does not write is loaded before
+    ``gdc_wait``, the partials after it."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -328,6 +337,23 @@ def final_item(
     tid_p = tl.load(tid_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=0) if FILTER else 0
     thr_q = tl.load(thr_q_ptr + b64[:, None] * G + i, mask=q_mask, other=NEG_INF) if FILTER and HAS_W else 0.0
     tid_q = tl.load(tid_q_ptr + b64[:, None] * G + i, mask=q_mask, other=0) if FILTER and HAS_W else 0
+    if not GREEDY:  # ---- what the accept tests need besides the normalisers (none of it written by phase 1)
+        s_x = tl.where(q_mask, load_scaled(z_rows + x * szv, q_mask, T, True), 0.0)  # z_i(x_i) / T
+        if FILTER:
+            s_x = apply_filter(s_x, x, thr_p, tid_p)
+        if HAS_W:
+            t_x = tl.where(q_mask, load_scaled(w_rows + x * swv, q_mask, T, True), 0.0)
+            if FILTER:
+                t_x = apply_filter(t_x, x, thr_q, tid_q)
+        if HAS_LQ:
+            lq_x = tl.load(lq_ptr + b64[:, None] * slb + i * slg, mask=q_mask, other=0.0).to(tl.float32)
+        lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
+                                        b_mask, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
+        k_accept = key(lo[:, None], hi[:, None], off[:, None], row[:, None], i.to(tl.uint32),
+                       tl.full((), ACCEPT_STREAM, tl.uint32))
+        log_u = tl.log(uniform_from_bits(mix(k_accept)))  # vocab coordinate 0
+    if PDL:
+        gdc_wait()  # phase 1's partials (and its counter reset) are visible from here on
     if FUSED:
         if GREEDY:
             _, arg = row_argmax(z_rows[:, :, None], p_mask[:, :, None], 0, V, szv, BLOCK_B, ROWS, BLOCK_V)
@@ -373,27 +399,14 @@ def final_item(
                 tl.store(ready_ptr + pid_b, 0)  # the tile's only phase-2 item: its phase-1 count is spent
     else:
         lse_p = tl.where(p_mask, lse_p, 0.0)  # padding rows: no -inf - -inf below
-        s_x = tl.where(q_mask, load_scaled(z_rows + x * szv, q_mask, T, True), 0.0)  # z_i(x_i) / T
-        if FILTER:
-            s_x = apply_filter(s_x, x, thr_p, tid_p)
         lp_x = s_x - lse_p
-        if HAS_W:
-            t_x = tl.where(q_mask, load_scaled(w_rows + x * swv, q_mask, T, True), 0.0)
-            if FILTER:
-                t_x = apply_filter(t_x, x, thr_q, tid_q)
         if HAS_LQ:
-            lq_x = tl.load(lq_ptr + b64[:, None] * slb + i * slg, mask=q_mask, other=0.0).to(tl.float32)
             lse_q = t_x - lq_x  # the draft row's normaliser is one logit away
         elif HAS_W:
             lse_q = tl.where(q_mask, lse_q, 0.0)
             lq_x = t_x - lse_q
         else:
             lq_x = tl.zeros((BLOCK_B, ROWS), tl.float32)  # one-hot q: log q(x) = 0
-        lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
-                                        b_mask, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
-        k_accept = key(lo[:, None], hi[:, None], off[:, None], row[:, None], i.to(tl.uint32),
-                       tl.full((), ACCEPT_STREAM, tl.uint32))
-        log_u = tl.log(uniform_from_bits(mix(k_accept)))  # vocab coordinate 0
         accepted = x_ok & (log_u < lp_x - lq_x)
         n = tl.min(tl.where(q_mask & ~accepted, i, G), axis=1)  # [BB]
         # ---- the residual / bonus draw over this program's chunk of row n

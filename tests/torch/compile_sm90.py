@@ -76,6 +76,15 @@ VARIANTS = [
                                                GREEDY=False, FUSED=False)),
     (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=True)),
+    # KernelConfig(pdl=True): the split pair with programmatic dependent launch
+    (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=False, HAS_W=True, HAS_LQ=False,
+                                               FILTER=True, GREEDY=False, FUSED=False, SEED_TENSOR=True,
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, PDL=True)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
+                                               FILTER=False, GREEDY=True, FUSED=False, PDL=True)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),
@@ -93,6 +102,8 @@ VARIANTS = [
 
 def main() -> int:
     for fn, logits, flags in VARIANTS:
+        if "PDL" in fn.arg_names:
+            flags = dict(dict(PDL=False), **flags)  # the split pair without PDL unless the variant says
         size = compile_variant(fn, logits, **COMMON, **flags)
         print(f"ok {fn.__name__} {logits} {sorted(k for k, v in flags.items() if v is True)}: cubin {size} bytes")
     return 0
