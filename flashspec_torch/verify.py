@@ -292,6 +292,8 @@ class KernelConfig:
     lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
     max_registers: int = 0  # GPU: ptxas register cap (maxnreg) of the final / persistent launch; 0: none
     pdl: bool = False  # two launches on Hopper+: the final launch starts during the stats launch's tail (PDL)
+    sweep_chunks: int = 0  # two launches: programs per batch row of the final launch (its sweep); 0: num_chunks
+    sweep_warps: int = 0  # two launches: warps of the final launch; 0: num_warps
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -300,6 +302,11 @@ class KernelConfig:
             raise ValueError(f"{self.programs_per_sm=} must be an int >= 1")
         if not (isinstance(self.lookahead, int) and self.lookahead >= 0):
             raise ValueError(f"{self.lookahead=} must be an int >= 0 (0: automatic)")
+        for name in ("sweep_chunks", "sweep_warps"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 0 (0: as num_chunks / num_warps)")
+        if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
+            raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
         if not isinstance(self.pdl, bool):
             raise ValueError(f"{self.pdl=} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
@@ -468,6 +475,10 @@ def verify_triton(
     persistent = config.schedule == "persistent"  # flashspec_torch/persistent.py
     fused = chunks == 1 and not persistent
     pdl = config.pdl and not fused and not persistent and pdl_possible(z.device)  # else a plain launch
+    sweeps, sweep_chunk = chunks, chunk  # the final launch's split of row n (two launches: its own, if asked)
+    if config.sweep_chunks and not fused and not persistent:
+        sweep_chunk = math.ceil(math.ceil(v / config.sweep_chunks) / config.sweep_v) * config.sweep_v
+        sweeps = math.ceil(v / sweep_chunk)
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -480,7 +491,7 @@ def verify_triton(
     else:
         m_buf, l_buf = torch.empty((b, chunks, 2, rows), **f32), torch.empty((b, chunks, 2, rows), **f32)
         a_buf = torch.empty((b, chunks, rows), **i32) if greedy else num
-        ck, ci, cf = torch.empty((b, chunks, 2), **f32), torch.empty((b, chunks, 2), **i32), torch.empty((b, chunks), **i32)
+        ck, ci, cf = torch.empty((b, sweeps, 2), **f32), torch.empty((b, sweeps, 2), **i32), torch.empty((b, sweeps), **i32)
         counter = None if persistent else torch.empty((tiles,), **i32)
     if not fused and not persistent:
         kernels.verify_stats_kernel[(tiles, chunks)](
@@ -507,7 +518,10 @@ def verify_triton(
     if config.max_registers and not interpreting():
         flags["maxnreg"] = config.max_registers
     if not persistent:
-        kernels.verify_final_kernel[(tiles, 1 if greedy else chunks)](*args, *sizes, FUSED=fused, **flags, **launch)
+        if config.sweep_warps:
+            flags["num_warps"] = config.sweep_warps
+        kernels.verify_final_kernel[(tiles, 1 if greedy else sweeps)](
+            *args, *sizes[:4], sweep_chunk, sweeps, *sizes[4:], NSC=next_pow2(sweeps), FUSED=fused, **flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

@@ -285,21 +285,23 @@ def verify_final_kernel(
     z_ptr, w_ptr, x_ptr, lq_ptr,  # [B, G+1, V], [B, G, V], [B, G] int, [B, G] float
     thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1] f32 / i32, [B, G] f32 / i32
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,  # [B] or [] int64, or scalars
-    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr,  # phase-1 partials; [B, C, 2] candidates
+    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr,  # phase-1 partials; [B, SC, 2] candidates
     tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
-    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
-    G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
-    SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
+    B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+    G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, NSC: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_V: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, C)."""
+    """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
+    the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
+    [c sweep_chunk, (c + 1) sweep_chunk) of row n."""
     final_item(tl.program_id(0), tl.program_id(1), z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr,
                tid_q_ptr, seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
                m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, tokens_ptr, num_ptr,
-               B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
-               G, ROWS, NC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
+               B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+               G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
                OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL)
 
 
@@ -308,8 +310,8 @@ def final_item(
     pid_b, pid_c, z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
     m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, ready_ptr, tokens_ptr, num_ptr,
-    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
-    G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+    B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+    G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, NSC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
@@ -415,8 +417,8 @@ def final_item(
         x_n_ok = pick_row_int(x_ok.to(tl.int32), i, n_q) != 0
         lse_qn = pick_row(lse_q, i, n_q) if HAS_W else tl.zeros((BLOCK_B,), tl.float32)
         k_final = key(lo, hi, off, row, n.to(tl.uint32), tl.full((), FINAL_STREAM, tl.uint32))
-        v_lo = pid_c * chunk
-        v_hi = tl.minimum(v_lo + chunk, V)
+        v_lo = pid_c * sweep_chunk
+        v_hi = tl.minimum(v_lo + sweep_chunk, V)
         z_n = z_ptr + b64 * szb + n.to(tl.int64) * szr
         w_n = w_ptr + b64 * swb + n_q.to(tl.int64) * swr
         thr_pn = pick_row(thr_p, i, n) if FILTER else 0.0
@@ -436,23 +438,23 @@ def final_item(
             y = tl.where(use_p | (mass == 0), idx_p, idx_r)
             emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G, ROWS)
         else:
-            cand = (b64 * C + pid_c) * 2
+            cand = (b64 * SC + pid_c) * 2
             tl.store(ck_ptr + cand, best_r, mask=b_mask)
             tl.store(ci_ptr + cand, idx_r, mask=b_mask)
             tl.store(ck_ptr + cand + 1, best_p, mask=b_mask)
             tl.store(ci_ptr + cand + 1, idx_p, mask=b_mask)
-            tl.store(cf_ptr + b64 * C + pid_c, mass, mask=b_mask)
+            tl.store(cf_ptr + b64 * SC + pid_c, mass, mask=b_mask)
             tl.debug_barrier()
             done = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
-            if done == C - 1:  # the last program of this batch tile reduces the C candidates
-                c2 = tl.arange(0, NC)[None, :]
-                c2_mask = b_mask[:, None] & (c2 < C)
-                cands = (b64[:, None] * C + c2) * 2
+            if done == SC - 1:  # the last program of this batch tile reduces the SC candidates
+                c2 = tl.arange(0, NSC)[None, :]
+                c2_mask = b_mask[:, None] & (c2 < SC)
+                cands = (b64[:, None] * SC + c2) * 2
                 k_r = tl.load(ck_ptr + cands, mask=c2_mask, other=NEG_INF, volatile=True)
                 k_p = tl.load(ck_ptr + cands + 1, mask=c2_mask, other=NEG_INF, volatile=True)
                 i_r = tl.load(ci_ptr + cands, mask=c2_mask, other=BIG_INDEX, volatile=True)
                 i_p = tl.load(ci_ptr + cands + 1, mask=c2_mask, other=BIG_INDEX, volatile=True)
-                f = tl.load(cf_ptr + b64[:, None] * C + c2, mask=c2_mask, other=0, volatile=True)
+                f = tl.load(cf_ptr + b64[:, None] * SC + c2, mask=c2_mask, other=0, volatile=True)
                 y_r = tl.min(tl.where(k_r == tl.max(k_r, axis=1)[:, None], i_r, BIG_INDEX), axis=1)
                 y_p = tl.min(tl.where(k_p == tl.max(k_p, axis=1)[:, None], i_p, BIG_INDEX), axis=1)
                 y = tl.where(use_p | (tl.max(f, axis=1) == 0), y_p, y_r)

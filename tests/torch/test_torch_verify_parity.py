@@ -10,7 +10,8 @@ from flashspec import reference as oracle
 from flashspec.config import SamplingConfig
 from flashspec_torch import KernelConfig, verify, verify_triton
 
-SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4)  # V over 4 programs: two launches
+SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4,  # V over 4 programs: two launches,
+                     sweep_chunks=7, sweep_warps=2, pdl=True)  # the final launch's own split of row n (PDL: GPU only)
 TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="tile", sweep="tile")  # the tile loops
 MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
 # One persistent launch of ticketed work items (kernels/persistent.py; not the default: slower on the H200): the
