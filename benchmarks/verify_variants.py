@@ -128,6 +128,11 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                                                         sweep_v=256 * warps)
     out["pdl-s4-w4-v2048"] = dataclasses.replace(out["pdl-s4-w4"], sweep_v=2048)
     out["pdl-s8-w2-r96"] = dataclasses.replace(out["pdl-s8-w2"], max_registers=96)
+    # the programs of a row share the sweep's pruning floor (lanes.sweep_row_lanes SHARE_K)
+    out["pdl-shared"] = dataclasses.replace(pdl, shared_floor=True, prune=True)
+    for k, warps in ((4, 1), (8, 1), (16, 1), (8, 2), (4, 4)):
+        out[f"pdl-s{k}-w{warps}-shared"] = dataclasses.replace(pdl, sweep_chunks=lanes.num_chunks * k, sweep_warps=warps,
+                                                               sweep_v=256 * warps, shared_floor=True, prune=True)
     return out
 
 

@@ -19,6 +19,18 @@ NEG_INF = tl.constexpr(float("-inf"))
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 PRUNE_SLACK = tl.constexpr(0.01)  # log2 units; both sides' rounding is below 1e-5
+ORDERED_NEG_INF = tl.constexpr(-2139095041)  # ordered(-inf): the reset value of the shared floors
+
+
+@triton.jit
+def ordered(f):  # float32 -> int32 of the same order (an involution on the bits of negative floats)
+    u = f.to(tl.int32, bitcast=True)
+    return tl.where(u >= 0, u, u ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def from_ordered(o):  # int32 from ``ordered`` -> float32
+    return tl.where(o >= 0, o, o ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -149,8 +161,8 @@ def log2_scaled(a, j, k, lse2, T, inv_T, thr, tid, FILTER: tl.constexpr, FAST: t
 
 @triton.jit
 def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
-                    k_final, b_mask, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
-                    FILTER: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr):
+                    k_final, b_mask, kb_row, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
+                    FILTER: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr, SHARE_K: tl.constexpr):
     """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the keys
     of ``sweep_row`` scaled by log2(e) (the same argmax), every logit slot keeping its own running
     best (no reduction per tile), the next tile's logits loaded before this tile's arithmetic.
@@ -165,6 +177,13 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     above the rounding of either side) is passed over. K stays -inf until some residual mass was
     seen, so the mass flag is exact too. Exact by construction; it saves work once K is high
     (after a few tiles on flat rows, almost at once on peaked ones).
+
+    SHARE_K (with PRUNE; several programs per row): the programs of a row share K. kb_row ([BB]
+    pointers to two int32 per row, ``ordered`` keys reset to -inf by the stats launch) holds the
+    largest key_p and key_r any program of the row has reached (atomic max after each evaluated
+    tile); each tile reads them back, and K = min(max key_p, max key_r) over the row so far. A
+    passed-over logit's keys are then below a key another logit of the row reached, so it wins
+    neither draw: still exact, and K is high after the row's first tiles rather than each chunk's.
     """
     j0 = tl.arange(0, SWEEP_V)[None, :]
     z_rows = z_row[:, None]
@@ -193,7 +212,12 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     if HAS_W:
         w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
     floor = column(tl.max(best_p, axis=1), BLOCK_B)  # K (-inf): a key some logit already reached
+    top_p = tl.max(best_p, axis=1)  # [BB] this program's best keys so far (-inf)
+    top_r = tl.max(best_r, axis=1)
     for v0 in range(v_lo, v_hi, SWEEP_V):
+        if SHARE_K:  # the row's best keys so far; used after this tile's arithmetic (latency hidden)
+            g_p = tl.load(kb_row, mask=b_mask, other=ORDERED_NEG_INF, volatile=True)
+            g_r = tl.load(kb_row + 1, mask=b_mask, other=ORDERED_NEG_INF, volatile=True)
         j = v0 + j0
         z = z_next
         jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
@@ -225,7 +249,15 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             best_r = tl.where(better, key, best_r)
             idx_r = tl.where(better, j, idx_r)
             if PRUNE:
-                floor = column(tl.minimum(tl.max(best_p, axis=1), tl.max(best_r, axis=1)), BLOCK_B)
+                top_p = tl.max(best_p, axis=1)
+                top_r = tl.max(best_r, axis=1)
+                floor = column(tl.minimum(top_p, top_r), BLOCK_B)
+                if SHARE_K:
+                    tl.atomic_max(kb_row, ordered(top_p), mask=b_mask, sem="relaxed")
+                    tl.atomic_max(kb_row + 1, ordered(top_r), mask=b_mask, sem="relaxed")
+        if SHARE_K:
+            shared = tl.minimum(tl.maximum(from_ordered(g_p), top_p), tl.maximum(from_ordered(g_r), top_r))
+            floor = tl.maximum(floor, column(shared, BLOCK_B))
     k_r = tl.max(best_r, axis=1)
     k_p = tl.max(best_p, axis=1)
     i_r = tl.min(tl.where(best_r == k_r[:, None], idx_r, 2147483647), axis=1)

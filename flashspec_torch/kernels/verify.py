@@ -44,7 +44,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .lanes import rows_stats_lanes, sweep_row_lanes
+from .lanes import ORDERED_NEG_INF, rows_stats_lanes, sweep_row_lanes
 from .random import gumbel_from_bits, key, mix, uniform_from_bits
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -213,11 +213,11 @@ def emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G: tl.constexpr, ROWS: tl.cons
 @triton.jit
 def verify_stats_kernel(
     z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1, V], [B, G, V], [B, G+1] x2, [B, G] x2
-    m_ptr, l_ptr, a_ptr, counter_ptr,  # [B, C, 2, ROWS] f32 x2, [B, C, ROWS] i32, [tiles] i32
+    m_ptr, l_ptr, a_ptr, counter_ptr, kb_ptr,  # [B, C, 2, ROWS] f32 x2, [B, C, ROWS] i32, [tiles] i32, [B, 2] i32
     B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PDL: tl.constexpr,
+    FAST: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
 ):
     """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C)."""
     if PDL:
@@ -225,6 +225,10 @@ def verify_stats_kernel(
     pid_b, pid_c = tl.program_id(0), tl.program_id(1)
     if pid_c == 0:
         tl.store(counter_ptr + pid_b, 0)  # arms phase 2's last-program detection
+        if SHARE_K:  # resets the row-wide pruning floors of phase 2's sweep (lanes.sweep_row_lanes)
+            b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+            tl.store(kb_ptr + b * 2, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
+            tl.store(kb_ptr + b * 2 + 1, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
     stats_item(pid_b, pid_c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
                B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
                G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST)
@@ -285,37 +289,37 @@ def verify_final_kernel(
     z_ptr, w_ptr, x_ptr, lq_ptr,  # [B, G+1, V], [B, G, V], [B, G] int, [B, G] float
     thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1] f32 / i32, [B, G] f32 / i32
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,  # [B] or [] int64, or scalars
-    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr,  # phase-1 partials; [B, SC, 2] candidates
+    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, kb_ptr,  # phase-1 partials; [B, SC, 2] candidates
     tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
     B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
     G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, NSC: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
     [c sweep_chunk, (c + 1) sweep_chunk) of row n."""
     final_item(tl.program_id(0), tl.program_id(1), z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr,
                tid_q_ptr, seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
-               m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, tokens_ptr, num_ptr,
+               m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, kb_ptr, tokens_ptr, num_ptr,
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
-               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL)
+               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K)
 
 
 @triton.jit
 def final_item(
     pid_b, pid_c, z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
-    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, ready_ptr, tokens_ptr, num_ptr,
+    m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, ready_ptr, kb_ptr, tokens_ptr, num_ptr,
     B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
     G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, NSC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
@@ -428,7 +432,8 @@ def final_item(
         if SWEEP_LANES:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_lanes(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
-                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER, FAST, PRUNE)
+                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, kb_ptr + b64 * 2, BLOCK_B, SWEEP_V, HAS_W, FILTER,
+                FAST, PRUNE, SHARE_K)
         else:
             best_r, idx_r, best_p, idx_p, mass = sweep_row(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, pick_row(lse_p, i, n), lse_qn, x_n,

@@ -16,7 +16,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashspec_torch.kernels import verify as kernels  # noqa: E402
 
 INT_PTRS = {"tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr", "ticket_ptr",
-            "ready_ptr"}
+            "ready_ptr", "kb_ptr"}
 I64_PTRS = {"x_ptr", "seed_ptr", "offset_ptr"}
 F32_PTRS = {"thr_p_ptr", "thr_q_ptr", "m_ptr", "l_ptr", "ck_ptr", "lq_ptr"}
 
@@ -77,9 +77,9 @@ VARIANTS = [
     (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=True)),
     # KernelConfig(pdl=True): the split pair with programmatic dependent launch
-    (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True)),
+    (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True, SHARE_K=True)),
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
-                                               GREEDY=False, FUSED=False, PDL=True)),
+                                               GREEDY=False, FUSED=False, PDL=True, SHARE_K=True)),
     (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=False, HAS_W=True, HAS_LQ=False,
                                                FILTER=True, GREEDY=False, FUSED=False, SEED_TENSOR=True,
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, PDL=True)),
@@ -104,6 +104,8 @@ def main() -> int:
     for fn, logits, flags in VARIANTS:
         if "PDL" in fn.arg_names:
             flags = dict(dict(PDL=False), **flags)  # the split pair without PDL unless the variant says
+        if "SHARE_K" in fn.arg_names:
+            flags = dict(dict(SHARE_K=False), **flags)  # the sweep's floor per program unless the variant says
         if "NSC" in fn.arg_names:
             flags = dict(dict(NSC=16), **flags)  # the final launch's own split of row n
         size = compile_variant(fn, logits, **COMMON, **flags)
