@@ -6,7 +6,11 @@ rejection, y the residual or bonus token.
 
 Design
 ------
-Two streaming kernels and a few scalar ops, all inside one ``jax.jit``:
+Two streaming kernels and a few scalar ops, all inside one ``jax.jit``. With
+``VerifyKernelConfig(prologue=True)`` (the default of ``choose_config``) step 2 runs inside kernel
+3's prologue (``final.final_decide``: every program (b, c) recombines its batch row's partials and
+tests x_1..x_G itself), so T > 0 is row_stats -> final_decide -> a small jnp epilogue (argmax across
+chunks, emit); ``prologue=False`` keeps step 2 as jnp ops between the kernels (``verify_with_glue``).
 
 1. ``row_stats`` (grid ``(B, NV)``: batch row b, vocabulary chunk c). Program (b, c) streams the
    chunk's slice of each of the G+1 target rows in turn, in ``[block_v]`` tiles (masked tails, no
@@ -17,10 +21,10 @@ Two streaming kernels and a few scalar ops, all inside one ``jax.jit``:
 2. Scalars (plain jnp, O(B G)): combine the chunks into ``log sum exp`` per row; ``log p(x_i)`` is
    ``z[b, i, x_i] / T - lse_i`` (a gather of B G logits); accept ``x_i`` iff
    ``log u_i < log p(x_i) - log q(x_i)``; n = first rejection; the FINAL key of row (b, n).
-3. ``final_draw`` (grid ``(B, NV)``): program (b, c) reads row n of z (and row n of w, unless
-   n = G) over its chunk, rebuilds ``log p`` and ``q`` on the fly from the row normalisers, draws
-   the Gumbel noise of the FINAL stream in registers, and keeps two running argmaxes (ties: lowest
-   index): ``log max(0, p - q) + g`` (residual) and ``log p + g`` (bonus, or fallback when the
+3. ``final_draw`` / ``final_decide`` (kernels/final.py, grid ``(B, NV)``): program (b, c) reads
+   row n of z (and row n of w, unless n = G) over its chunk, rebuilds ``log p`` and ``q`` on the
+   fly from the row normalisers, draws the Gumbel noise of the FINAL stream in registers, and keeps
+   two running argmaxes (ties: lowest index): ``log max(0, p - q) + g`` (residual) and ``log p + g`` (bonus, or fallback when the
    residual is empty), plus whether any ``p - q > 0``. ``[B, NV]`` partials; a jnp argmax
    across chunks picks the first (lowest-index) maximum.
 
