@@ -25,8 +25,8 @@ chunks, emit); ``prologue=False`` keeps step 2 as jnp ops between the kernels (`
    row n of z (and row n of w, unless n = G) over its chunk, rebuilds ``log p`` and ``q`` on the
    fly from the row normalisers, draws the Gumbel noise of the FINAL stream in registers, and keeps
    two running argmaxes (ties: lowest index): ``log max(0, p - q) + g`` (residual) and
-   ``log p + g`` (bonus, or fallback when the residual is empty), plus whether any ``p - q > 0``. ``[B, NV]`` partials; a jnp argmax
-   across chunks picks the first (lowest-index) maximum.
+   ``log p + g`` (bonus, or fallback when the residual is empty), plus whether any ``p - q > 0``.
+   ``[B, NV]`` partials; a jnp argmax across chunks picks the first (lowest-index) maximum.
 
 HBM traffic: G+1 target rows once, the draft rows once only when ``draft_logprobs`` is missing,
 then one target row and one draft row per batch row. Nothing of size V is written; the partials
