@@ -23,6 +23,11 @@ class VerifyKernelConfig:
     vec: int = 0  # lanes normaliser: logits per vector, 16 bytes / itemsize (0: a (max, sum) per logit slot)
     prefetch: bool = False  # lanes: the loops load tile j + 1 before the arithmetic of tile j
     prune: bool = False  # lanes: the sweep passes over tiles whose keys cannot win (exact)
+    # The accept test inside the final kernel (final.final_decide): each program recombines the row
+    # normalisers, tests x_1..x_G, finds n and the FINAL key in its prologue, so T > 0 is two
+    # pallas_calls (three with draft stats) and a small jnp epilogue; False: the jnp glue between
+    # row_stats and final_draw (one XLA op each). Greedy (T = 0) ignores it.
+    prologue: bool = False
 
     def __post_init__(self):
         if self.loops not in ("tile", "lanes"):
@@ -39,6 +44,8 @@ class VerifyKernelConfig:
             raise ValueError(f"{self.sweep_v=} must be 0 or a power of 2 in [16, block_v]")
         if self.vec not in (0, 1, 2, 4, 8, 16) or self.vec > self.block_v // 2:
             raise ValueError(f"{self.vec=} must be 0 or a power of 2 <= 16 and <= block_v / 2")
+        if not isinstance(self.prologue, bool):
+            raise ValueError(f"{self.prologue=} must be a bool (True: accept test inside the final kernel)")
         if self.loops == "tile" and (self.vec or self.prefetch or self.prune or self.sweep_v):
             raise ValueError(f"{self.loops=}: vec, prefetch, prune and sweep_v need loops='lanes'")
 
@@ -58,7 +65,7 @@ def choose_config(batch: int, gamma: int, vocab: int, itemsize: int, interpret: 
     vec = max(1, 16 // itemsize)
     if interpret:
         return VerifyKernelConfig(block_v=256, sweep_v=128, min_programs=1, loops="lanes", vec=vec, prefetch=True,
-                                  prune=True, num_warps=4)
+                                  prune=True, num_warps=4, prologue=True)
     wanted = min(pl.cdiv(16 * SMS, batch), 128 if batch < 8 else 32)  # chunks of V per batch row
     warps = 8 if batch < 128 else 4  # H200: B=32, G=4, V=128256 bf16 57 us with 8 warps, 70 with 4; B=256 201 vs 207
     lanes_min = 32 * warps * vec  # a 16-byte vector for each thread
@@ -66,7 +73,8 @@ def choose_config(batch: int, gamma: int, vocab: int, itemsize: int, interpret: 
     chunks = Chunking.make(batch, vocab, block_v, batch * wanted).num_chunks
     sweep_v = min(1024, block_v)
     return VerifyKernelConfig(block_v=block_v, num_warps=warps, min_programs=batch * wanted, loops="lanes",
-                              sweep_v=sweep_v, vec=vec, prefetch=True, prune=vocab / chunks / sweep_v >= 7.5)
+                              sweep_v=sweep_v, vec=vec, prefetch=True, prune=vocab / chunks / sweep_v >= 7.5,
+                              prologue=True)
 
 
 @dataclasses.dataclass(frozen=True)

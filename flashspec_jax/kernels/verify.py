@@ -6,7 +6,11 @@ rejection, y the residual or bonus token.
 
 Design
 ------
-Two streaming kernels and a few scalar ops, all inside one ``jax.jit``:
+Two streaming kernels and a few scalar ops, all inside one ``jax.jit``. With
+``VerifyKernelConfig(prologue=True)`` (the default of ``choose_config``) step 2 runs inside kernel
+3's prologue (``final.final_decide``: every program (b, c) recombines its batch row's partials and
+tests x_1..x_G itself), so T > 0 is row_stats -> final_decide -> a small jnp epilogue (argmax across
+chunks, emit); ``prologue=False`` keeps step 2 as jnp ops between the kernels (``verify_with_glue``).
 
 1. ``row_stats`` (grid ``(B, NV)``: batch row b, vocabulary chunk c). Program (b, c) streams the
    chunk's slice of each of the G+1 target rows in turn, in ``[block_v]`` tiles (masked tails, no
@@ -17,12 +21,12 @@ Two streaming kernels and a few scalar ops, all inside one ``jax.jit``:
 2. Scalars (plain jnp, O(B G)): combine the chunks into ``log sum exp`` per row; ``log p(x_i)`` is
    ``z[b, i, x_i] / T - lse_i`` (a gather of B G logits); accept ``x_i`` iff
    ``log u_i < log p(x_i) - log q(x_i)``; n = first rejection; the FINAL key of row (b, n).
-3. ``final_draw`` (grid ``(B, NV)``): program (b, c) reads row n of z (and row n of w, unless
-   n = G) over its chunk, rebuilds ``log p`` and ``q`` on the fly from the row normalisers, draws
-   the Gumbel noise of the FINAL stream in registers, and keeps two running argmaxes (ties: lowest
-   index): ``log max(0, p - q) + g`` (residual) and ``log p + g`` (bonus, or fallback when the
-   residual is empty), plus whether any ``p - q > 0``. ``[B, NV]`` partials; a jnp argmax
-   across chunks picks the first (lowest-index) maximum.
+3. ``final_draw`` / ``final_decide`` (kernels/final.py, grid ``(B, NV)``): program (b, c) reads
+   row n of z (and row n of w, unless n = G) over its chunk, rebuilds ``log p`` and ``q`` on the
+   fly from the row normalisers, draws the Gumbel noise of the FINAL stream in registers, and keeps
+   two running argmaxes (ties: lowest index): ``log max(0, p - q) + g`` (residual) and
+   ``log p + g`` (bonus, or fallback when the residual is empty), plus whether any ``p - q > 0``.
+   ``[B, NV]`` partials; a jnp argmax across chunks picks the first (lowest-index) maximum.
 
 HBM traffic: G+1 target rows once, the draft rows once only when ``draft_logprobs`` is missing,
 then one target row and one draft row per batch row. Nothing of size V is written; the partials
@@ -70,44 +74,10 @@ from jax.experimental.pallas import triton as plt
 
 from flashspec_jax import random as rng
 
-from . import lanes
+from . import final, lanes
+from .common import NEG_INF, Counters, divide, update_argmax  # noqa: F401  (Counters re-exported)
 from .config import SMS, Chunking, VerifyKernelConfig, choose_config  # noqa: F401  (re-exported)
-
-NEG_INF = float("-inf")
-
-
-class Counters(NamedTuple):
-    """Per-row coordinates of the shared generator, all uint32 [B]."""
-
-    seed_lo: jax.Array
-    seed_hi: jax.Array
-    offset: jax.Array
-    row: jax.Array  # the batch row for a shared seed, 0 for per-row seeds
-
-
-# ----------------------------------------------------------------------------- kernel helpers
-
-
-def divide(a: jax.Array, temperature: float, exact_div: bool) -> jax.Array:  # f32 [...]
-    """a / T as an IEEE float32 division (``div.rn.f32`` on the GPU)."""
-    if temperature == 1.0:
-        return a
-    if not exact_div:
-        return a / np.float32(temperature)
-    t = jnp.full(a.shape, temperature, jnp.float32)
-    [out] = plt.elementwise_inline_asm(
-        "div.rn.f32 $0, $1, $2;", args=[a, t], constraints="=f,f,f", pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(a.shape, jnp.float32)],
-    )
-    return out
-
-
-def update_argmax(best, idx, values, start):  # scalars, [N] -> scalars; ties keep the lowest index
-    """Running (max, argmax) over tiles; ``values[k]`` is vocabulary entry ``start + k``."""
-    v = jnp.max(values)
-    better = v > best  # strict: an equal later tile keeps the earlier (lower) index
-    return jnp.where(better, v, best), jnp.where(better, start + lax.argmax(values, 0, jnp.int32), idx)
-
+from .final import final_draw, final_draw_kernel  # noqa: F401  (re-exported)
 
 # ----------------------------------------------------------------------------- kernel 1: row stats
 
@@ -191,6 +161,7 @@ def row_stats(
     greedy: bool,
     config: VerifyKernelConfig,
     interpret: bool,
+    scale_max: bool = True,  # lanes: divide the raw max by T here (False: final_decide divides it in its prologue)
 ) -> tuple[jax.Array, jax.Array]:  # [B, NV, Ra] f32, [B, NV, Ra] f32 (greedy: int32)
     batch, num_rows, vocab = a.shape
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
@@ -211,7 +182,7 @@ def row_stats(
         interpret=interpret,
         name="flashspec_row_stats",
     )(a)
-    return (scale(m, temperature), l) if per_lane else (m, l)  # per lane: the max of raw a, divided here (IEEE)
+    return (scale(m, temperature), l) if per_lane and scale_max else (m, l)  # per lane: the max of raw a (IEEE / T)
 
 
 def combine_logsumexp(m: jax.Array, l: jax.Array) -> jax.Array:
@@ -227,113 +198,6 @@ def combine_argmax(m: jax.Array, idx: jax.Array, vocab: int) -> jax.Array:
     c = jnp.argmax(m, axis=1)  # first chunk holding the max
     best = jnp.take_along_axis(idx, c[:, None], axis=1)[:, 0]
     return jnp.minimum(best, vocab - 1)
-
-
-# ----------------------------------------------------------------------------- kernel 2: final draw
-
-
-def final_draw_kernel(
-    n_ref,  # [B] int32: first rejection n
-    x_ref,  # [B] int32: x at min(n, G-1) (one-hot q)
-    lse_p_ref,  # [B] f32: log sum exp of z_n / T
-    lse_q_ref,  # [B] f32: log sum exp of w_n / T
-    key_ref,  # [B] uint32: FINAL key of (seed, offset, row, position=n)
-    z_ref,  # [B, G+1, V]
-    *refs,  # w_ref [B, G, V] (if has_draft), then 5 outputs [B, NV]
-    temperature: float,
-    has_draft: bool,
-    chunking: Chunking,
-    exact_div: bool,
-    config: VerifyKernelConfig,
-):
-    w_ref = refs[0] if has_draft else None
-    r_val_ref, r_idx_ref, p_val_ref, p_idx_ref, any_ref = refs[1:] if has_draft else refs
-    b, c = pl.program_id(0), pl.program_id(1)
-    gamma, vocab = z_ref.shape[1] - 1, z_ref.shape[2]
-    n, x_n, lse_p, lse_q, key = n_ref[b], x_ref[b], lse_p_ref[b], lse_q_ref[b], key_ref[b]
-    bonus = n == gamma
-    bv = chunking.block
-
-    def body(j, carry):
-        r_val, r_idx, p_val, p_idx, any_r = carry
-        start = (c * chunking.blocks + j) * bv
-        cols = start + jnp.arange(bv, dtype=jnp.int32)
-        inside = cols < vocab
-        z = plt.load(z_ref.at[b, n, cols], mask=inside, other=NEG_INF).astype(jnp.float32)
-        log_p = divide(z, temperature, exact_div) - lse_p
-        if has_draft:
-            i = jnp.minimum(n, gamma - 1)
-            w = plt.load(w_ref.at[b, i, cols], mask=inside & ~bonus, other=NEG_INF).astype(jnp.float32)
-            q = jnp.exp(divide(w, temperature, exact_div) - lse_q)
-        else:
-            q = jnp.where(cols == x_n, 1.0, 0.0).astype(jnp.float32)
-        g = rng.gumbel_from_uniform(rng.to_uniform(rng.bits_from_key(key, cols)))
-        res = jnp.maximum(jnp.exp(log_p) - q, 0.0)
-        r_val, r_idx = update_argmax(r_val, r_idx, jnp.log(res) + g, start)
-        p_val, p_idx = update_argmax(p_val, p_idx, log_p + g, start)
-        return r_val, r_idx, p_val, p_idx, jnp.maximum(any_r, (jnp.max(res) > 0).astype(jnp.int32))
-
-    start = c * chunking.blocks * bv
-    if config.loops == "lanes":
-        sv = min(config.sweep_v or bv, bv)
-        cols_of = lambda j: start + j * sv + jnp.arange(sv, dtype=jnp.int32)  # noqa: E731
-        i = jnp.minimum(n, gamma - 1)
-
-        def load_z(j, live):
-            cols = cols_of(j)
-            return plt.load(z_ref.at[b, n, cols], mask=(cols < vocab) & live, other=NEG_INF)
-
-        def load_w(j, live):
-            cols = cols_of(j)
-            return plt.load(w_ref.at[b, i, cols], mask=(cols < vocab) & live & ~bonus, other=NEG_INF)
-
-        r_val, r_idx, p_val, p_idx, any_r = lanes.sweep_chunk(
-            load_z, load_w if has_draft else None, cols_of, chunking.blocks * (bv // sv), sv, start, key, x_n,
-            lse_p, lse_q, lanes.LOG2E / temperature, exact_div, config.prune, config.prefetch,
-        )
-    else:
-        init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
-        r_val, r_idx, p_val, p_idx, any_r = lax.fori_loop(0, chunking.blocks, body, init)
-    r_val_ref[b, c] = r_val
-    r_idx_ref[b, c] = r_idx
-    p_val_ref[b, c] = p_val
-    p_idx_ref[b, c] = p_idx
-    any_ref[b, c] = any_r
-
-
-def final_draw(
-    z: jax.Array,  # [B, G+1, V]
-    w: jax.Array | None,  # [B, G, V]
-    n: jax.Array,  # [B] int32
-    x_n: jax.Array,  # [B] int32
-    lse_p_n: jax.Array,  # [B] f32
-    lse_q_n: jax.Array,  # [B] f32
-    key: jax.Array,  # [B] uint32
-    *,
-    temperature: float,
-    config: VerifyKernelConfig,
-    interpret: bool,
-) -> jax.Array:  # [B] int32: y
-    batch, _, vocab = z.shape
-    chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
-    kernel = functools.partial(
-        final_draw_kernel, temperature=temperature, has_draft=w is not None, chunking=chunking,
-        exact_div=not interpret, config=config,
-    )
-    shape = (batch, chunking.num_chunks)
-    f32, i32 = jax.ShapeDtypeStruct(shape, jnp.float32), jax.ShapeDtypeStruct(shape, jnp.int32)
-    r_val, r_idx, p_val, p_idx, any_r = pl.pallas_call(
-        kernel,
-        out_shape=[f32, i32, f32, i32, i32],
-        grid=(batch, chunking.num_chunks),
-        compiler_params=config.compiler_params(),
-        interpret=interpret,
-        name="flashspec_final_draw",
-    )(n, x_n, lse_p_n, lse_q_n, key, z, *([] if w is None else [w]))
-    y_r = jnp.take_along_axis(r_idx, jnp.argmax(r_val, axis=1)[:, None], axis=1)[:, 0]
-    y_p = jnp.take_along_axis(p_idx, jnp.argmax(p_val, axis=1)[:, None], axis=1)[:, 0]
-    use_p = (n == z.shape[1] - 1) | ~jnp.any(any_r > 0, axis=1)
-    return jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
 
 
 # ----------------------------------------------------------------------------- shared jnp steps
@@ -415,19 +279,75 @@ def verify(
 ) -> Decision:
     """The fused verify on already checked arguments (call under ``jax.jit``)."""
     batch, g1, vocab = z.shape
-    gamma, rows = g1 - 1, jnp.arange(batch)
-    config = config or choose_config(batch, gamma, vocab, jnp.dtype(z.dtype).itemsize, interpret)
-    x = jnp.clip(x.astype(jnp.int32), 0, vocab - 1)
-    stats = functools.partial(row_stats, temperature=temperature, config=config, interpret=interpret)
+    config = config or choose_config(batch, g1 - 1, vocab, jnp.dtype(z.dtype).itemsize, interpret)
+    x = x.astype(jnp.int32)
     if temperature == 0:
-        m, idx = stats(z, greedy=True)
-        argmax = combine_argmax(m, idx, vocab)  # [B, G+1]
-        n = first_rejection(x == argmax[:, :gamma])
-        return Decision(n, emit(x, n, argmax[rows, n]), jnp.zeros(x.shape, jnp.float32))
+        return verify_greedy(z, x, config=config, interpret=interpret)
     if top_k > 0 or top_p < 1.0:
         z = filter_logits(z, temperature, top_k, top_p)
         w = None if w is None else filter_logits(w, temperature, top_k, top_p)
-    lse_p = combine_logsumexp(*stats(z, greedy=False))  # [B, G+1]
+    run = verify_with_prologue if config.prologue else verify_with_glue
+    return run(z, x, w, log_q_given, c, temperature=temperature, config=config, interpret=interpret)
+
+
+def verify_greedy(
+    z: jax.Array,  # [B, G+1, V]
+    x: jax.Array,  # [B, G] int32
+    *,
+    config: VerifyKernelConfig,
+    interpret: bool,
+) -> Decision:
+    """T = 0: one argmax pass (row_stats) and O(B G) jnp ops; ``config.prologue`` does not apply."""
+    batch, g1, vocab = z.shape
+    gamma = g1 - 1
+    x = jnp.clip(x, 0, vocab - 1)
+    m, idx = row_stats(z, temperature=0.0, greedy=True, config=config, interpret=interpret)
+    argmax = combine_argmax(m, idx, vocab)  # [B, G+1]
+    n = first_rejection(x == argmax[:, :gamma])
+    return Decision(n, emit(x, n, argmax[jnp.arange(batch), n]), jnp.zeros(x.shape, jnp.float32))
+
+
+def verify_with_prologue(
+    z: jax.Array,  # [B, G+1, V] (filtered)
+    x: jax.Array,  # [B, G] int32
+    w: jax.Array | None,  # [B, G, V] (filtered) or None
+    log_q_given: jax.Array | None,  # [B, G] or None
+    c: Counters,
+    *,
+    temperature: float,
+    config: VerifyKernelConfig,
+    interpret: bool,
+) -> Decision:
+    """row_stats -> final_decide (accept test, n and the FINAL key in its prologue) -> pick_draw + emit."""
+    vocab = z.shape[2]
+    stats = functools.partial(row_stats, temperature=temperature, greedy=False, config=config, interpret=interpret,
+                              scale_max=False)
+    stats_q = stats(w) if w is not None and log_q_given is None else None
+    partials, n, log_q_x = final.final_decide(
+        z, x, w, log_q_given, stats(z), stats_q, c,
+        temperature=temperature, raw_max=config.loops == "lanes", config=config, interpret=interpret,
+    )
+    y = final.pick_draw(partials, n, x.shape[1], vocab)
+    return Decision(n, emit(jnp.clip(x, 0, vocab - 1), n, y), log_q_x)
+
+
+def verify_with_glue(
+    z: jax.Array,  # [B, G+1, V] (filtered)
+    x: jax.Array,  # [B, G] int32
+    w: jax.Array | None,  # [B, G, V] (filtered) or None
+    log_q_given: jax.Array | None,  # [B, G] or None
+    c: Counters,
+    *,
+    temperature: float,
+    config: VerifyKernelConfig,
+    interpret: bool,
+) -> Decision:
+    """row_stats -> jnp glue (lse, accept test, n, FINAL key) -> final_draw -> emit (``prologue=False``)."""
+    batch, g1, vocab = z.shape
+    gamma, rows = g1 - 1, jnp.arange(batch)
+    x = jnp.clip(x, 0, vocab - 1)
+    stats = functools.partial(row_stats, temperature=temperature, greedy=False, config=config, interpret=interpret)
+    lse_p = combine_logsumexp(*stats(z))  # [B, G+1]
     log_p_x = scale(z[rows[:, None], jnp.arange(gamma)[None], x], temperature) - lse_p[:, :gamma]  # no slice of z
     if w is None:
         log_q_x, lse_q = jnp.zeros(x.shape, jnp.float32), jnp.zeros(x.shape, jnp.float32)
@@ -435,7 +355,7 @@ def verify(
         log_q_x, t_x = log_q_given.astype(jnp.float32), scale(gather(w, x), temperature)
         lse_q = jnp.where(jnp.isfinite(t_x), t_x - log_q_x, jnp.inf)
     else:
-        lse_q = combine_logsumexp(*stats(w, greedy=False))  # [B, G]
+        lse_q = combine_logsumexp(*stats(w))  # [B, G]
         log_q_x = scale(gather(w, x), temperature) - lse_q
     n = first_rejection(accept_log_uniforms(c, gamma) < log_p_x - log_q_x)
     i = jnp.minimum(n, gamma - 1)

@@ -19,8 +19,10 @@ from flashspec_jax.verify import make_counters
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
 
 
-def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits", loops="tile"):
-    config = None if loops == "default" else kernels.VerifyKernelConfig(loops=loops)  # None: choose_config
+def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits", loops="tile",
+                    config=None):
+    if config is None:  # loops="default": None, choose_config
+        config = None if loops == "default" else kernels.VerifyKernelConfig(loops=loops)
 
     def f(z, x, w, lq, seed):
         c = make_counters(seed, seed, seed, z.shape[0])
@@ -69,7 +71,26 @@ def test_default_config_lowers_to_triton(draft, temperature, batch):
     """The default (choose_config: 16-byte vectors, prefetch, pruning at B=256)."""
     exported = export_for_cuda(batch, 4, 128256, jnp.bfloat16, temperature=temperature, draft=draft, loops="default")
     expected = 1 if temperature == 0 else 3 if draft == "logits" else 2
-    assert sum(exported.mlir_module().count(name) for name in TRITON_CALLS) == expected
+    text = exported.mlir_module()
+    assert sum(text.count(name) for name in TRITON_CALLS) == expected
+    assert ("flashspec_final_decide" in text) == (temperature > 0) and "flashspec_final_draw" not in text
+
+
+@pytest.mark.parametrize("loops", ["tile", "lanes"])
+@pytest.mark.parametrize("batch,vocab,dtype,temperature,top_k,top_p,draft", [
+    (4, 32000, jnp.bfloat16, 0.7, 0, 1.0, "logits"),  # draft stats recombined in the prologue
+    (1, 128256, jnp.bfloat16, 1.0, 0, 1.0, "logprobs"),  # lse_q one logit away
+    (8, 50257, jnp.float16, 0.9, 0, 1.0, "onehot"),
+    (2, 777, jnp.float32, 0.8, 40, 0.9, "logits"),  # filters: the jnp pre-pass, then the same kernels
+])
+def test_prologue_lowers_to_triton(loops, batch, vocab, dtype, temperature, top_k, top_p, draft):
+    """prologue=True: row_stats (of z, and of w without draft_logprobs) then flashspec_final_decide, no final_draw."""
+    config = kernels.VerifyKernelConfig(loops=loops, prologue=True)
+    exported = export_for_cuda(batch, 4, vocab, dtype, temperature=temperature, top_k=top_k, top_p=top_p, draft=draft,
+                               config=config)
+    text = exported.mlir_module()
+    assert sum(text.count(name) for name in TRITON_CALLS) == (3 if draft == "logits" else 2)
+    assert "flashspec_final_decide" in text and "flashspec_final_draw" not in text
 
 
 def test_default_normaliser_loads_16_bytes():

@@ -129,10 +129,13 @@ LANES_V2 = kernels.VerifyKernelConfig(block_v=64, sweep_v=16, min_programs=1, lo
         LANES_V2,  # 16-byte vectors, prefetch, pruned sweep in 16-logit tiles
         dataclasses.replace(LANES_V2, block_v=32, min_programs=8, vec=4),
         dataclasses.replace(LANES_V2, prefetch=False, prune=False, block_v=16, min_programs=1000),
-        kernels.choose_config(3, 4, 333, 4, interpret=True),  # the default in interpret mode
+        kernels.choose_config(3, 4, 333, 4, interpret=True),  # the default in interpret mode (prologue)
+        dataclasses.replace(kernels.choose_config(3, 4, 333, 4, interpret=True), prologue=False),  # jnp glue
+        kernels.VerifyKernelConfig(block_v=32, min_programs=8, prologue=True),  # accept test in the tile kernel
+        dataclasses.replace(LANES_V2, block_v=32, min_programs=8, vec=4, prologue=True),
     ],
     ids=["one-chunk", "chunks", "tile-per-chunk", "lanes-one-chunk", "lanes-chunks", "v2-one-chunk", "v2-chunks",
-         "v2-tile-per-chunk", "v2-default"],
+         "v2-tile-per-chunk", "v2-default", "v2-default-glue", "chunks-prologue", "v2-chunks-prologue"],
 )
 @pytest.mark.parametrize("temperature,draft", [(1.0, "logits"), (0.7, "logprobs"), (1.0, "onehot"), (0.0, "logits")])
 def test_kernel_tilings(config, temperature, draft):

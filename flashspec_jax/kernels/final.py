@@ -1,0 +1,292 @@
+"""Kernel 2 of the Pallas verify: the residual / bonus draw over row n, in two forms.
+
+* ``final_draw`` (``VerifyKernelConfig(prologue=False)``): n, x_n, lse_p[n], lse_q[n] and the FINAL
+  key come from jnp glue between the kernels (``verify.verify_with_glue``).
+* ``final_decide`` (``prologue=True``, the default of ``choose_config``): the same kernel with the
+  accept test in its prologue, as the torch Triton ``final_item``. Every program (b, c) recombines
+  the ``[NV, G+1]`` chunk partials of ``row_stats`` for its batch row into log sum exp per row
+  (and ``[NV, G]`` of the draft rows, or reads ``log_q_given``), gathers ``z[b, i, x_i]`` (and
+  ``w[b, i, x_i]``), tests ``log u_i < log p(x_i) - log q(x_i)`` with u from the ACCEPT stream at
+  vocabulary coordinate 0, finds n and the FINAL key, then sweeps its chunk of row n as
+  ``final_draw`` does. Program c = 0 also writes n [B] and log q(x) [B, G]. All programs of a row
+  compute the same prologue (a few hundred bytes of partials each), so nothing crosses programs.
+
+Either way a jnp epilogue (``pick_draw``: argmax across chunks, then ``verify.emit``) finishes.
+The prologue is the jnp glue's arithmetic in the same order (``combine_logsumexp``, ``scale``,
+``accept_log_uniforms``, ``first_rejection``, ``rng.key``), so both forms give identical tokens
+in interpret mode; on the GPU the difference is Triton's libdevice log / exp against XLA's (ulps).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+from flashspec_jax import random as rng
+
+from . import lanes
+from .common import NEG_INF, Counters, divide, update_argmax
+from .config import Chunking, VerifyKernelConfig
+
+Partials = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]  # [B, NV] each: r_val, r_idx, p_val, p_idx, any
+DRAFT_INPUTS = {"onehot": 0, "given": 2, "stats": 3}  # refs after z: w, then log_q_given or the draft stats (m, l)
+
+
+# ----------------------------------------------------------------------------- the sweep of row n
+
+
+def sweep_row(z_ref, w_ref, b, c, n, x_n, lse_p, lse_q, key, *, temperature: float, chunking: Chunking,
+              exact_div: bool, config: VerifyKernelConfig):
+    """Program (b, c)'s chunk of row n -> (r_val, r_idx, p_val, p_idx, any residual mass): the best
+    residual key log max(0, p - q) + g and bonus key log p + g (ties: lowest index).
+
+    ``z_ref`` [B, G+1, V], ``w_ref`` [B, G, V] or None (one-hot q at ``x_n``); scalars n, x_n,
+    lse_p (of z_n / T), lse_q (of w_n / T), key (FINAL stream of row (b, n))."""
+    gamma, vocab = z_ref.shape[1] - 1, z_ref.shape[2]
+    bonus, i = n == gamma, jnp.minimum(n, gamma - 1)
+    bv, start = chunking.block, c * chunking.blocks * chunking.block
+    if config.loops == "lanes":
+        sv = min(config.sweep_v or bv, bv)
+        cols_of = lambda j: start + j * sv + jnp.arange(sv, dtype=jnp.int32)  # noqa: E731
+
+        def load_z(j, live):
+            cols = cols_of(j)
+            return plt.load(z_ref.at[b, n, cols], mask=(cols < vocab) & live, other=NEG_INF)
+
+        def load_w(j, live):
+            cols = cols_of(j)
+            return plt.load(w_ref.at[b, i, cols], mask=(cols < vocab) & live & ~bonus, other=NEG_INF)
+
+        return lanes.sweep_chunk(
+            load_z, None if w_ref is None else load_w, cols_of, chunking.blocks * (bv // sv), sv, start, key, x_n,
+            lse_p, lse_q, lanes.LOG2E / temperature, exact_div, config.prune, config.prefetch,
+        )
+
+    def body(j, carry):
+        r_val, r_idx, p_val, p_idx, any_r = carry
+        first = start + j * bv
+        cols = first + jnp.arange(bv, dtype=jnp.int32)
+        inside = cols < vocab
+        z = plt.load(z_ref.at[b, n, cols], mask=inside, other=NEG_INF).astype(jnp.float32)
+        log_p = divide(z, temperature, exact_div) - lse_p
+        if w_ref is not None:
+            w = plt.load(w_ref.at[b, i, cols], mask=inside & ~bonus, other=NEG_INF).astype(jnp.float32)
+            q = jnp.exp(divide(w, temperature, exact_div) - lse_q)
+        else:
+            q = jnp.where(cols == x_n, 1.0, 0.0).astype(jnp.float32)
+        g = rng.gumbel_from_uniform(rng.to_uniform(rng.bits_from_key(key, cols)))
+        res = jnp.maximum(jnp.exp(log_p) - q, 0.0)
+        r_val, r_idx = update_argmax(r_val, r_idx, jnp.log(res) + g, first)
+        p_val, p_idx = update_argmax(p_val, p_idx, log_p + g, first)
+        return r_val, r_idx, p_val, p_idx, jnp.maximum(any_r, (jnp.max(res) > 0).astype(jnp.int32))
+
+    init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
+    return lax.fori_loop(0, chunking.blocks, body, init)
+
+
+def store_partials(out_refs, b, c, values) -> None:  # 5 refs [B, NV], 5 scalars
+    for ref, v in zip(out_refs, values):
+        ref[b, c] = v
+
+
+def partial_shapes(batch: int, num_chunks: int) -> list[jax.ShapeDtypeStruct]:
+    f32 = jax.ShapeDtypeStruct((batch, num_chunks), jnp.float32)
+    i32 = jax.ShapeDtypeStruct((batch, num_chunks), jnp.int32)
+    return [f32, i32, f32, i32, i32]
+
+
+def pick_draw(partials: Partials, n: jax.Array, gamma: int, vocab: int) -> jax.Array:  # [B, NV] x 5, [B] -> [B] y
+    """The epilogue: the first (lowest-index) best key across chunks, residual unless n = G or no mass."""
+    r_val, r_idx, p_val, p_idx, any_r = partials
+    y_r = jnp.take_along_axis(r_idx, jnp.argmax(r_val, axis=1)[:, None], axis=1)[:, 0]
+    y_p = jnp.take_along_axis(p_idx, jnp.argmax(p_val, axis=1)[:, None], axis=1)[:, 0]
+    use_p = (n == gamma) | ~jnp.any(any_r > 0, axis=1)
+    return jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
+
+
+# ----------------------------------------------------------------------------- final_draw (glue before it)
+
+
+def final_draw_kernel(
+    n_ref,  # [B] int32: first rejection n
+    x_ref,  # [B] int32: x at min(n, G-1) (one-hot q)
+    lse_p_ref,  # [B] f32: log sum exp of z_n / T
+    lse_q_ref,  # [B] f32: log sum exp of w_n / T
+    key_ref,  # [B] uint32: FINAL key of (seed, offset, row, position=n)
+    z_ref,  # [B, G+1, V]
+    *refs,  # w_ref [B, G, V] (if has_draft), then 5 outputs [B, NV]
+    temperature: float,
+    has_draft: bool,
+    chunking: Chunking,
+    exact_div: bool,
+    config: VerifyKernelConfig,
+):
+    w_ref = refs[0] if has_draft else None
+    b, c = pl.program_id(0), pl.program_id(1)
+    values = sweep_row(z_ref, w_ref, b, c, n_ref[b], x_ref[b], lse_p_ref[b], lse_q_ref[b], key_ref[b],
+                       temperature=temperature, chunking=chunking, exact_div=exact_div, config=config)
+    store_partials(refs[1:] if has_draft else refs, b, c, values)
+
+
+def final_draw(
+    z: jax.Array,  # [B, G+1, V]
+    w: jax.Array | None,  # [B, G, V]
+    n: jax.Array,  # [B] int32
+    x_n: jax.Array,  # [B] int32
+    lse_p_n: jax.Array,  # [B] f32
+    lse_q_n: jax.Array,  # [B] f32
+    key: jax.Array,  # [B] uint32
+    *,
+    temperature: float,
+    config: VerifyKernelConfig,
+    interpret: bool,
+) -> jax.Array:  # [B] int32: y
+    batch, _, vocab = z.shape
+    chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
+    kernel = functools.partial(
+        final_draw_kernel, temperature=temperature, has_draft=w is not None, chunking=chunking,
+        exact_div=not interpret, config=config,
+    )
+    partials = pl.pallas_call(
+        kernel,
+        out_shape=partial_shapes(batch, chunking.num_chunks),
+        grid=(batch, chunking.num_chunks),
+        compiler_params=config.compiler_params(),
+        interpret=interpret,
+        name="flashspec_final_draw",
+    )(n, x_n, lse_p_n, lse_q_n, key, z, *([] if w is None else [w]))
+    return pick_draw(partials, n, z.shape[1] - 1, vocab)
+
+
+# ----------------------------------------------------------------------------- final_decide (accept test inside)
+
+
+def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, raw_max: bool, exact_div: bool):
+    """``[B, NV, R]`` chunk max / sum-exp refs -> f32 [width] log sum exp of row r of batch row b
+    (``verify.combine_logsumexp``; -inf past R). ``raw_max``: the max is of the raw logits (lanes
+    loops), divided by T here as ``verify.row_stats`` does otherwise."""
+    num_chunks, rows = m_ref.shape[1], m_ref.shape[2]
+    ch = jnp.arange(pl.next_power_of_2(num_chunks), dtype=jnp.int32)[:, None]  # [NVp, 1]
+    r = jnp.arange(width, dtype=jnp.int32)[None, :]  # [1, width]
+    live = (ch < num_chunks) & (r < rows)
+    at = (b, jnp.minimum(ch, num_chunks - 1), jnp.minimum(r, rows - 1))  # clamped: every address in bounds
+    m = plt.load(m_ref.at[at], mask=live, other=NEG_INF)  # [NVp, width]
+    l = plt.load(l_ref.at[at], mask=live, other=0.0)
+    if raw_max:
+        m = divide(m, temperature, exact_div)
+    big = jnp.max(m, axis=0)  # [width]
+    safe = jnp.where(big == NEG_INF, 0.0, big)
+    return big + jnp.log(jnp.sum(l * jnp.exp(m - safe[None, :]), axis=0))
+
+
+def pick(v: jax.Array, i: jax.Array, k, fill) -> jax.Array:  # [width], [width], scalar -> v[k] (scalar)
+    return jnp.max(jnp.where(i == k, v, fill))
+
+
+def accept_log_uniforms_at(c: Counters, i: jax.Array) -> jax.Array:  # scalar counters, int32 [width] -> f32 [width]
+    """log u_i of the ACCEPT stream at vocabulary coordinate 0 (``verify.accept_log_uniforms``)."""
+    k = rng.key(c.seed_lo, c.seed_hi, c.offset, c.row, i.astype(jnp.uint32), rng.ACCEPT)
+    return jnp.log(rng.to_uniform(rng.bits_from_key(k, 0)))
+
+
+def draft_log_probs(w_ref, q_refs, b, rows, x, width: int, *, draft: str, temperature: float, raw_max: bool,
+                    exact_div: bool):  # -> (log q(x_i), lse of w_i / T): f32 [width] each
+    """``draft``: "onehot" (w None: log q(x) = 0), "given" (``q_refs`` = (lq_ref [B, G],): lse_q is one
+    logit away), "stats" (``q_refs`` = (m_ref, l_ref) [B, NV, G] of w)."""
+    if draft == "onehot":
+        zero = jnp.zeros((width,), jnp.float32)
+        return zero, zero
+    t_x = divide(plt.load(w_ref.at[b, rows, x]).astype(jnp.float32), temperature, exact_div)  # w_i(x_i) / T
+    if draft == "given":
+        log_q_x = plt.load(q_refs[0].at[b, rows]).astype(jnp.float32)
+        return log_q_x, jnp.where(jnp.isfinite(t_x), t_x - log_q_x, jnp.inf)
+    lse_q = combine_chunks(*q_refs, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div)
+    return t_x - lse_q, lse_q
+
+
+def final_decide_kernel(
+    x_ref,  # [B, G] int32: drafted tokens (clipped to [0, V) here)
+    m_p_ref,  # [B, NV, G+1] f32: chunk max of z / T (raw_max: of z)
+    l_p_ref,  # [B, NV, G+1] f32: chunk sum exp(z / T - max)
+    seed_lo_ref,  # [B] uint32
+    seed_hi_ref,  # [B] uint32
+    offset_ref,  # [B] uint32
+    row_ref,  # [B] uint32
+    z_ref,  # [B, G+1, V]
+    *refs,  # w_ref [B, G, V] (draft != "onehot"); lq_ref [B, G] ("given") or m_q_ref, l_q_ref [B, NV, G]
+    #         ("stats"); then 5 partials [B, NV], n_ref [B] int32, log_q_x_ref [B, G] f32
+    temperature: float,
+    draft: str,
+    raw_max: bool,
+    chunking: Chunking,
+    exact_div: bool,
+    config: VerifyKernelConfig,
+):
+    ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft]:]
+    w_ref, q_refs = (ins[0], ins[1:]) if ins else (None, ())
+    b, c = pl.program_id(0), pl.program_id(1)
+    gamma, vocab = x_ref.shape[1], z_ref.shape[2]
+    width = pl.next_power_of_2(gamma + 1)  # Triton blocks are powers of 2: rows past G+1 are masked
+    i = jnp.arange(width, dtype=jnp.int32)
+    rows = jnp.minimum(i, gamma - 1)  # draft row of lane i (clamped)
+    x = jnp.clip(plt.load(x_ref.at[b, rows]), 0, vocab - 1)  # [width]
+    counters = Counters(seed_lo_ref[b], seed_hi_ref[b], offset_ref[b], row_ref[b])
+    scaled = functools.partial(divide, temperature=temperature, exact_div=exact_div)
+    lse_p = combine_chunks(m_p_ref, l_p_ref, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div)
+    log_p_x = scaled(plt.load(z_ref.at[b, rows, x]).astype(jnp.float32)) - lse_p
+    log_q_x, lse_q = draft_log_probs(w_ref, q_refs, b, rows, x, width, draft=draft, temperature=temperature,
+                                     raw_max=raw_max, exact_div=exact_div)
+    accepted = accept_log_uniforms_at(counters, i) < log_p_x - log_q_x
+    n = jnp.min(jnp.where((i < gamma) & ~accepted, i, gamma))  # first rejection, G if none
+    j = jnp.minimum(n, gamma - 1)
+    key = rng.key(*counters, n.astype(jnp.uint32), rng.FINAL)
+    values = sweep_row(z_ref, w_ref, b, c, n, pick(x, i, j, 0), pick(lse_p, i, n, NEG_INF),
+                       pick(lse_q, i, j, NEG_INF), key, temperature=temperature, chunking=chunking,
+                       exact_div=exact_div, config=config)
+    store_partials(outs[:5], b, c, values)
+    n_ref, log_q_x_ref = outs[5:]
+
+    @pl.when(c == 0)
+    def _():
+        n_ref[b] = n
+        for k in range(gamma):  # scalar stores: a masked vector store of clamped lanes would race in interpret mode
+            log_q_x_ref[b, k] = pick(log_q_x, i, k, NEG_INF)
+
+
+def final_decide(
+    z: jax.Array,  # [B, G+1, V]
+    x: jax.Array,  # [B, G] int32 (not yet clipped)
+    w: jax.Array | None,  # [B, G, V]
+    log_q_given: jax.Array | None,  # [B, G]
+    stats_p: tuple[jax.Array, jax.Array],  # [B, NV, G+1] f32 each: row_stats of z
+    stats_q: tuple[jax.Array, jax.Array] | None,  # [B, NV, G] f32 each: row_stats of w (w given, log_q_given not)
+    c: Counters,  # [B] uint32 each
+    *,
+    temperature: float,
+    raw_max: bool,
+    config: VerifyKernelConfig,
+    interpret: bool,
+) -> tuple[Partials, jax.Array, jax.Array]:  # 5 x [B, NV], n [B] int32, log q(x) [B, G] f32
+    batch, g1, vocab = z.shape
+    chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
+    draft = "onehot" if w is None else "given" if log_q_given is not None else "stats"
+    extra = {"onehot": [], "given": [w, log_q_given], "stats": [w, *(stats_q or ())]}[draft]
+    kernel = functools.partial(
+        final_decide_kernel, temperature=temperature, draft=draft, raw_max=raw_max, chunking=chunking,
+        exact_div=not interpret, config=config,
+    )
+    *partials, n, log_q_x = pl.pallas_call(
+        kernel,
+        out_shape=[*partial_shapes(batch, chunking.num_chunks), jax.ShapeDtypeStruct((batch,), jnp.int32),
+                   jax.ShapeDtypeStruct((batch, g1 - 1), jnp.float32)],
+        grid=(batch, chunking.num_chunks),
+        compiler_params=config.compiler_params(),
+        interpret=interpret,
+        name="flashspec_final_decide",
+    )(x, *stats_p, *c, z, *extra)
+    return tuple(partials), n, log_q_x
