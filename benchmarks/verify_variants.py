@@ -35,7 +35,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 JAX_SHAPES = [(256, 128256, 0.7), (32, 128256, 1.0), (256, 128256, 1.0), (32, 32000, 0.7), (1, 128256, 1.0)]  # (B, V, T)
-JAX_CORE = ("pallas", "pallas-lanes", "pallas-v2", "reference")  # timed at every JAX shape; the rest at the first two
+JAX_CORE = ("pallas", "pallas-lanes", "pallas-v2", "pallas-v2-glue", "reference")  # timed at every JAX shape; the rest at the first two
 sys.path.insert(0, str(HERE))
 
 from verify_kernels import (  # noqa: E402  (benchmarks/ is on sys.path)
@@ -246,6 +246,7 @@ def jax_variants(b: int, g: int, v: int, itemsize: int) -> dict:
         "pallas-v2-no-prefetch": ("pallas", dataclasses.replace(v2, prefetch=False)),
         "pallas-v2-slots": ("pallas", dataclasses.replace(v2, vec=0)),
         "pallas-v2-w8": ("pallas", dataclasses.replace(v2, num_warps=8)),
+        "pallas-v2-glue": ("pallas", dataclasses.replace(v2, prologue=False)),  # the accept test in jnp between the kernels
         "reference": ("reference", None),
     }
 
