@@ -344,7 +344,7 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     "lanes" loops with 8 KB (bf16: 4096 logits) per program per step, fewer logits per step when the
     split needs more chunks. The final launch with PDL, and from B=128 its sweep split 8x finer into
     one-warp programs (verify_variants_sweep.json: 0.85-0.99x the time at B >= 128, 1.1-1.35x at
-    B=32). Interpreter: few, large programs.
+    B=32). Interpreter: few, large programs."""
     rows = next_pow2(gamma + 1)
     if device.type != "cuda" or interpreting():  # the interpreter: few, large programs
         block_v = max(16, min(next_pow2(vocab), 4096 // rows))
