@@ -88,6 +88,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         return {"lanes": base, "tile": dataclasses.replace(base, stream="tile", sweep="tile"),
                 "lanes-no-prune": dataclasses.replace(base, prune=False),
                 "lanes-pdl": dataclasses.replace(base, pdl=True),  # no PDL in the interpreter: the plain pair runs
+                "lanes-hint": dataclasses.replace(base, prune_hint=True, sweep_chunks=5),
                 "persistent": dataclasses.replace(base, schedule="persistent", programs_per_sm=2),
                 "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1)}
     lanes = choose_config(b, g, v, device, itemsize)
@@ -128,6 +129,11 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                                                         sweep_v=256 * warps)
     out["pdl-s4-w4-v2048"] = dataclasses.replace(out["pdl-s4-w4"], sweep_v=2048)
     out["pdl-s8-w2-r96"] = dataclasses.replace(out["pdl-s8-w2"], max_registers=96)
+    # the sweep's pruning floor starts from the keys of row n's chunk maxima (lanes.hint_floor)
+    out["lanes-hint"] = dataclasses.replace(lanes, prune_hint=True, prune=True)
+    out["lanes-hint-no-split"] = dataclasses.replace(lanes, prune_hint=True, prune=True, sweep_chunks=0, sweep_warps=0,
+                                                     sweep_v=1024)
+    out["pdl-s8-w1-hint"] = dataclasses.replace(out["pdl-s8-w1"], prune_hint=True, prune=True)
     # the programs of a row share the sweep's pruning floor (lanes.sweep_row_lanes SHARE_K)
     out["pdl-shared"] = dataclasses.replace(pdl, shared_floor=True, prune=True)
     for k, warps in ((4, 1), (8, 1), (16, 1), (8, 2), (4, 4)):

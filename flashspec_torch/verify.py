@@ -295,6 +295,7 @@ class KernelConfig:
     sweep_chunks: int = 0  # two launches: programs per batch row of the final launch (its sweep); 0: num_chunks
     sweep_warps: int = 0  # two launches: warps of the final launch; 0: num_warps
     shared_floor: bool = False  # two launches, prune: the programs of a row share the sweep's pruning floor
+    prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -308,7 +309,7 @@ class KernelConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 0 (0: as num_chunks / num_warps)")
         if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
-        for name in ("pdl", "shared_floor"):
+        for name in ("pdl", "shared_floor", "prune_hint"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
@@ -488,6 +489,8 @@ def verify_triton(
         sweeps = math.ceil(v / sweep_chunk)
     share_k = (config.shared_floor and config.prune and config.sweep == "lanes" and not greedy and not fused
                and not persistent and sweeps > 1)  # lanes.sweep_row_lanes(SHARE_K)
+    hint = (config.prune_hint and config.prune and config.sweep == "lanes" and config.stream == "lanes"
+            and not greedy and not fused and not persistent)  # lanes.hint_floor
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -499,7 +502,7 @@ def verify_triton(
         m_buf = l_buf = a_buf = ck = ci = cf = counter = num
     else:
         m_buf, l_buf = torch.empty((b, chunks, 2, rows), **f32), torch.empty((b, chunks, 2, rows), **f32)
-        a_buf = torch.empty((b, chunks, rows), **i32) if greedy else num
+        a_buf = torch.empty((b, chunks, rows), **i32) if greedy or hint else num
         ck, ci, cf = torch.empty((b, sweeps, 2), **f32), torch.empty((b, sweeps, 2), **i32), torch.empty((b, sweeps), **i32)
         counter = None if persistent else torch.empty((tiles,), **i32)
     kb = torch.empty((b, 2), **i32) if share_k else num  # reset by the stats launch
@@ -509,7 +512,7 @@ def verify_triton(
             b, v, chunk, chunks, *temps,
             z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
             G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
-            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, PDL=pdl, SHARE_K=share_k,
+            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, PDL=pdl, SHARE_K=share_k, HINT=hint,
             num_warps=config.num_warps,
         )
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
@@ -532,7 +535,7 @@ def verify_triton(
             flags["num_warps"] = config.sweep_warps
         kernels.verify_final_kernel[(tiles, 1 if greedy else sweeps)](
             *args[:-2], kb, *args[-2:], *sizes[:4], sweep_chunk, sweeps, *sizes[4:], NSC=next_pow2(sweeps),
-            FUSED=fused, SHARE_K=share_k, **flags, **launch)
+            FUSED=fused, SHARE_K=share_k, HINT=hint, **flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

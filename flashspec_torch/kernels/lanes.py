@@ -64,8 +64,9 @@ def div_t(z, T, inv_T, FAST: tl.constexpr):  # float32 z / T, correctly rounded
 @triton.jit
 def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows, row_mask, thr, thr_id: [BB]
                   BLOCK_B: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr, VEC: tl.constexpr,
-                  FAST: tl.constexpr):
-    """(max s, sum exp(s - max s)) over [v_lo, v_hi) of BLOCK_B rows, s = filter(z / T): two [BB].
+                  FAST: tl.constexpr, ARGMAX: tl.constexpr):
+    """(max s, sum exp(s - max s), argmax) over [v_lo, v_hi) of BLOCK_B rows, s = filter(z / T): three [BB]
+    (the argmax, an index of a maximal logit, only with ARGMAX: one compare and select per logit; else v_lo).
 
     rows: pointers to each row's first logit, sv the stride along V (1 in practice: the JIT
     specialises it). Each thread owns vectors of VEC logits (one 16-byte load each, the next tile's
@@ -82,6 +83,7 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
         k = LOG2E * inv_T
     m = tl.full((BLOCK_B, NT), NEG_INF, tl.float32)
     l = tl.zeros((BLOCK_B, NT), tl.float32)
+    a = tl.zeros((BLOCK_B, NT), tl.int32) + v_lo
     j = v_lo + t
     a_next = tl.load(ptrs + j.to(tl.int64) * sv, mask=live & (j < v_hi), other=NEG_INF)
     for v0 in range(v_lo, v_hi, NT * VEC):
@@ -93,15 +95,18 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
             x = div_t(x, T, inv_T, FAST)
             x = tl.where((x > thr[:, None, None]) | ((x == thr[:, None, None]) & (j <= thr_id[:, None, None])), x, NEG_INF)
         m_new = tl.maximum(m, tl.max(x, axis=2))
+        if ARGMAX:
+            a = tl.where(m_new > m, tl.min(tl.where(x == m_new[:, :, None], j, 2147483647), axis=2), a)
         mk = tl.where(m_new == NEG_INF, 0.0, m_new) * k
         l = l * tl.math.exp2(m * k - mk) + tl.sum(tl.math.exp2(x * k - mk[:, :, None]), axis=2)
         m = m_new
     m_all = tl.max(m, axis=1)
     mk = tl.where(m_all == NEG_INF, 0.0, m_all) * k
     l_all = tl.sum(l * tl.math.exp2(m * k - mk[:, None]), axis=1)
+    a_all = tl.min(tl.where(m == m_all[:, None], a, 2147483647), axis=1)
     if not FILTER:
         m_all = tl.math.div_rn(m_all, T)  # max z / T, the scale of s
-    return m_all, l_all
+    return m_all, l_all, a_all
 
 
 @triton.jit
@@ -160,8 +165,52 @@ def log2_scaled(a, j, k, lse2, T, inv_T, thr, tid, FILTER: tl.constexpr, FAST: t
 
 
 @triton.jit
+def draw_keys(lp2, bits, w, j, k, lse_q2, T, inv_T, thr_q, tid_q, x_n,
+              HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr):
+    """(key_p, key_r, r) of logits j of row n from lp2 = log2 p, their hash bits and raw draft logits w
+    (one-hot at x_n without HAS_W): key_p = lp2 + g2, key_r = log2 max(0, p - q) + g2, g2 = -log2 E."""
+    g2 = -log2_approx(neg_log_uniform(bits), FAST)
+    if HAS_W:
+        q = tl.math.exp2(log2_scaled(w, j, k, lse_q2, T, inv_T, thr_q, tid_q, FILTER, FAST))
+    else:
+        q = tl.where(j == x_n, 1.0, 0.0)  # one-hot draft
+    r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
+    return lp2 + g2, log2_approx(r, FAST) + g2, r
+
+
+@triton.jit
+def hint_floor(z_row, w_row, sv_z, sv_w, cand, cand_mask, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
+               k_final, HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr):
+    """A pruning floor from a few logits of row n (cand [BB, NC]: the stats launch's per-chunk argmax
+    of the row, masked by cand_mask; the rest [BB]): min(max key_p, max key_r) over them, the keys
+    being ``draw_keys``' (-inf if none has residual mass). Exact as a floor: real logits of the row reach
+    these keys, so a logit whose bound is below them wins neither draw."""
+    if FILTER:
+        k = LOG2E
+    else:
+        k = LOG2E * inv_T
+    j = tl.where(cand_mask, cand, 0)
+    thr_pc, tid_pc, thr_qc, tid_qc = thr_p, tid_p, thr_q, tid_q  # scalars 0 without FILTER
+    if FILTER:
+        thr_pc, tid_pc = thr_p[:, None], tid_p[:, None]
+        if HAS_W:
+            thr_qc, tid_qc = thr_q[:, None], tid_q[:, None]
+    z = tl.load(z_row[:, None] + j.to(tl.int64) * sv_z, mask=cand_mask, other=NEG_INF)
+    lp2 = log2_scaled(z, j, k, (lse_p * LOG2E)[:, None], T, inv_T, thr_pc, tid_pc, FILTER, FAST)
+    w = z
+    if HAS_W:
+        w = tl.load(w_row[:, None] + j.to(tl.int64) * sv_w, mask=cand_mask, other=NEG_INF)
+    bits = mix(k_final[:, None] ^ j.to(tl.uint32))
+    key_p, key_r, _ = draw_keys(lp2, bits, w, j, k, (lse_q * LOG2E)[:, None], T, inv_T, thr_qc, tid_qc,
+                                x_n[:, None], HAS_W, FILTER, FAST)
+    key_p = tl.where(cand_mask, key_p, NEG_INF)
+    key_r = tl.where(cand_mask, key_r, NEG_INF)
+    return tl.minimum(tl.max(key_p, axis=1), tl.max(key_r, axis=1))
+
+
+@triton.jit
 def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
-                    k_final, b_mask, kb_row, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
+                    k_final, b_mask, kb_row, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
                     FILTER: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr, SHARE_K: tl.constexpr):
     """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the keys
     of ``sweep_row`` scaled by log2(e) (the same argmax), every logit slot keeping its own running
@@ -184,6 +233,8 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     tile); each tile reads them back, and K = min(max key_p, max key_r) over the row so far. A
     passed-over logit's keys are then below a key another logit of the row reached, so it wins
     neither draw: still exact, and K is high after the row's first tiles rather than each chunk's.
+
+    floor0 ([BB], -inf for none): a starting K that real logits of the row reach (``hint_floor``).
     """
     j0 = tl.arange(0, SWEEP_V)[None, :]
     z_rows = z_row[:, None]
@@ -211,7 +262,7 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
     if HAS_W:
         w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
-    floor = column(tl.max(best_p, axis=1), BLOCK_B)  # K (-inf): a key some logit already reached
+    floor = column(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
     top_p = tl.max(best_p, axis=1)  # [BB] this program's best keys so far (-inf)
     top_r = tl.max(best_r, axis=1)
     for v0 in range(v_lo, v_hi, SWEEP_V):
@@ -220,6 +271,7 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             g_r = tl.load(kb_row + 1, mask=b_mask, other=ORDERED_NEG_INF, volatile=True)
         j = v0 + j0
         z = z_next
+        w = z  # one-hot draft: unused
         jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
         z_next = tl.load(z_rows + jn.to(tl.int64) * sv_z, mask=live & (jn < v_hi), other=NEG_INF)
         if HAS_W:
@@ -233,25 +285,19 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             bound = lp2 + (24.0 - log2_approx(t, FAST))
             todo = tl.max(tl.max((bound >= floor - PRUNE_SLACK).to(tl.int32), axis=1), axis=0)
         if todo > 0:
-            g2 = -log2_approx(neg_log_uniform(bits), FAST)
-            key = lp2 + g2
+            key, key_r, r = draw_keys(lp2, bits, w, j, k, lse_q2, T, inv_T, thr_q, tid_q, x_n, HAS_W, FILTER, FAST)
             better = key > best_p  # strict: a slot keeps its earlier (lower) index on ties
             best_p = tl.where(better, key, best_p)
             idx_p = tl.where(better, j, idx_p)
-            if HAS_W:
-                q = tl.math.exp2(log2_scaled(w, j, k, lse_q2, T, inv_T, thr_q, tid_q, FILTER, FAST))
-            else:
-                q = tl.where(j == x_n, 1.0, 0.0)  # one-hot draft
-            r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
             mass = tl.maximum(mass, r)
-            key = log2_approx(r, FAST) + g2
+            key = key_r
             better = key > best_r
             best_r = tl.where(better, key, best_r)
             idx_r = tl.where(better, j, idx_r)
             if PRUNE:
                 top_p = tl.max(best_p, axis=1)
                 top_r = tl.max(best_r, axis=1)
-                floor = column(tl.minimum(top_p, top_r), BLOCK_B)
+                floor = tl.maximum(floor, column(tl.minimum(top_p, top_r), BLOCK_B))
                 if SHARE_K:
                     tl.atomic_max(kb_row, ordered(top_p), mask=b_mask, sem="relaxed")
                     tl.atomic_max(kb_row + 1, ordered(top_r), mask=b_mask, sem="relaxed")
@@ -268,12 +314,13 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
 @triton.jit
 def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_lo, v_hi, T, inv_T,
                      BLOCK_B: tl.constexpr, ROWS: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr,
-                     VEC: tl.constexpr, FAST: tl.constexpr):
+                     VEC: tl.constexpr, FAST: tl.constexpr, ARGMAX: tl.constexpr):
     """row_lse_lanes over the n_rows rows of each batch row, one row after the other (no padding
-    rows are streamed): (max, sum-exp) as two [BB, ROWS], -inf / 0 in rows >= n_rows."""
+    rows are streamed): (max, sum-exp, argmax) as three [BB, ROWS], -inf / 0 / v_lo in rows >= n_rows."""
     i = tl.arange(0, ROWS)[None, :]
     m_all = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
     l_all = tl.zeros((BLOCK_B, ROWS), tl.float32)
+    a_all = tl.zeros((BLOCK_B, ROWS), tl.int32) + v_lo
     for k in range(n_rows):
         if FILTER:
             thr = tl.load(thr_ptr + b64 * n_rows + k, mask=b_mask, other=NEG_INF)
@@ -281,8 +328,9 @@ def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_l
         else:
             thr = tl.zeros((BLOCK_B,), tl.float32)
             tid = tl.zeros((BLOCK_B,), tl.int32)
-        m, l = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
-                             BLOCK_B, FILTER, NT, VEC, FAST)
+        m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
+                                BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX)
         m_all = tl.where(i == k, m[:, None], m_all)
         l_all = tl.where(i == k, l[:, None], l_all)
-    return m_all, l_all
+        a_all = tl.where(i == k, a[:, None], a_all)
+    return m_all, l_all, a_all

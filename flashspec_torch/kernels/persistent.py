@@ -87,7 +87,7 @@ def verify_persistent_kernel(
         if phase2 == 0:
             stats_item(tile, c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
                        B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
-                       G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST)
+                       G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST, False)
             tl.debug_barrier()  # every thread's partials are stored before the release
             tl.atomic_add(ready_ptr + tile, 1, sem="release", scope="gpu")
         else:
@@ -99,7 +99,7 @@ def verify_persistent_kernel(
                        m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, ready_ptr, counter_ptr, tokens_ptr, num_ptr,
                        B, V, chunk, C, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                        G, ROWS, NC, NC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, False, SEED_TENSOR,
-                       OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, True, False, False)
+                       OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, True, False, False, False)
         t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     if t == items + P - 1:  # the launch's last ticket: nobody touches the counter after this
         tl.store(ticket_ptr, 0)

@@ -44,7 +44,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .lanes import ORDERED_NEG_INF, rows_stats_lanes, sweep_row_lanes
+from .lanes import ORDERED_NEG_INF, hint_floor, rows_stats_lanes, sweep_row_lanes
 from .random import gumbel_from_bits, key, mix, uniform_from_bits
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -217,7 +217,7 @@ def verify_stats_kernel(
     B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
+    FAST: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
 ):
     """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C)."""
     if PDL:
@@ -231,7 +231,7 @@ def verify_stats_kernel(
             tl.store(kb_ptr + b * 2 + 1, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
     stats_item(pid_b, pid_c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
                B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
-               G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST)
+               G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST, HINT)
 
 
 @triton.jit
@@ -240,9 +240,10 @@ def stats_item(
     B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr,
+    FAST: tl.constexpr, ARGMAX: tl.constexpr,
 ):
-    """Phase-1 work of batch tile pid_b, chunk pid_c: the (max, sum-exp) partials, or the argmax (T = 0)."""
+    """Phase-1 work of batch tile pid_b, chunk pid_c: the (max, sum-exp) partials, or the argmax (T = 0).
+    ARGMAX (lanes, T > 0): also an argmax of each target row's chunk, the final launch's pruning hint."""
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
     b64 = b.to(tl.int64)[:, None]
@@ -258,14 +259,16 @@ def stats_item(
         tl.store(a_ptr + (b64 * C + pid_c) * ROWS + r, arg, mask=p_mask)
     elif LANES:
         bb = b.to(tl.int64)
-        m, l = rows_stats_lanes(z_ptr, szb, szr, szv, thr_p_ptr, tid_p_ptr, bb, b_mask, G + 1, v_lo, v_hi, T, inv_T,
-                                BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+        m, l, a = rows_stats_lanes(z_ptr, szb, szr, szv, thr_p_ptr, tid_p_ptr, bb, b_mask, G + 1, v_lo, v_hi, T,
+                                   inv_T, BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST, ARGMAX)
         tl.store(m_ptr + out, m, mask=p_mask)
         tl.store(l_ptr + out, l, mask=p_mask)
+        if ARGMAX:
+            tl.store(a_ptr + (b64 * C + pid_c) * ROWS + r, a, mask=p_mask)
         if HAS_W_STATS:
             q_mask = b_mask[:, None] & (r < G)
-            m, l = rows_stats_lanes(w_ptr, swb, swr, swv, thr_q_ptr, tid_q_ptr, bb, b_mask, G, v_lo, v_hi, T, inv_T,
-                                    BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+            m, l, _ = rows_stats_lanes(w_ptr, swb, swr, swv, thr_q_ptr, tid_q_ptr, bb, b_mask, G, v_lo, v_hi, T, inv_T,
+                                       BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST, False)
             tl.store(m_ptr + out + ROWS, m, mask=q_mask)
             tl.store(l_ptr + out + ROWS, l, mask=q_mask)
     else:
@@ -296,7 +299,7 @@ def verify_final_kernel(
     BLOCK_V: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -306,7 +309,7 @@ def verify_final_kernel(
                m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, kb_ptr, tokens_ptr, num_ptr,
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
-               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K)
+               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT)
 
 
 @triton.jit
@@ -320,6 +323,7 @@ def final_item(
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
+    HINT: tl.constexpr,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
@@ -364,12 +368,12 @@ def final_item(
         if GREEDY:
             _, arg = row_argmax(z_rows[:, :, None], p_mask[:, :, None], 0, V, szv, BLOCK_B, ROWS, BLOCK_V)
         elif LANES:
-            m, l = rows_stats_lanes(z_ptr, szb, szr, szv, thr_p_ptr, tid_p_ptr, b64, b_mask, G + 1, 0, V, T, inv_T,
-                                    BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+            m, l, _ = rows_stats_lanes(z_ptr, szb, szr, szv, thr_p_ptr, tid_p_ptr, b64, b_mask, G + 1, 0, V, T, inv_T,
+                                       BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST, False)
             lse_p = m + safe_log(l)
             if HAS_W_STATS:
-                m, l = rows_stats_lanes(w_ptr, swb, swr, swv, thr_q_ptr, tid_q_ptr, b64, b_mask, G, 0, V, T, inv_T,
-                                        BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST)
+                m, l, _ = rows_stats_lanes(w_ptr, swb, swr, swv, thr_q_ptr, tid_q_ptr, b64, b_mask, G, 0, V, T, inv_T,
+                                           BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST, False)
                 lse_q = m + safe_log(l)
         else:
             m, l = row_stats(z_rows[:, :, None], p_mask[:, :, None], 0, V, szv, T, thr_p, tid_p,
@@ -429,11 +433,18 @@ def final_item(
         tid_pn = pick_row_int(tid_p, i, n) if FILTER else 0
         thr_qn = pick_row(thr_q, i, n_q) if FILTER and HAS_W else 0.0
         tid_qn = pick_row_int(tid_q, i, n_q) if FILTER and HAS_W else 0
+        floor0 = tl.full((BLOCK_B,), NEG_INF, tl.float32)
+        if HINT:  # a pruning floor from the C chunk maxima of row n (stats_item ARGMAX)
+            c3 = tl.arange(0, NC)[None, :]
+            c3_mask = b_mask[:, None] & (c3 < C)
+            cand = tl.load(a_ptr + (b64[:, None] * C + c3) * ROWS + n[:, None], mask=c3_mask, other=0)
+            floor0 = hint_floor(z_n, w_n, szv, swv, cand, c3_mask, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
+                                thr_pn, tid_pn, thr_qn, tid_qn, k_final, HAS_W, FILTER, FAST)
         if SWEEP_LANES:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_lanes(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
-                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, kb_ptr + b64 * 2, BLOCK_B, SWEEP_V, HAS_W, FILTER,
-                FAST, PRUNE, SHARE_K)
+                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, kb_ptr + b64 * 2, floor0, BLOCK_B, SWEEP_V, HAS_W,
+                FILTER, FAST, PRUNE, SHARE_K)
         else:
             best_r, idx_r, best_p, idx_p, mass = sweep_row(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, pick_row(lse_p, i, n), lse_qn, x_n,

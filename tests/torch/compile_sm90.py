@@ -85,6 +85,13 @@ VARIANTS = [
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, PDL=True)),
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=True, FUSED=False, PDL=True)),
+    # KernelConfig(prune_hint=True): the stats launch's chunk argmax seeds the sweep's pruning floor
+    (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True, HINT=True)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True, HINT=True)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
+                                               FILTER=True, GREEDY=False, FUSED=False, SEED_TENSOR=True,
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, HINT=True)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),
@@ -104,6 +111,8 @@ def main() -> int:
     for fn, logits, flags in VARIANTS:
         if "PDL" in fn.arg_names:
             flags = dict(dict(PDL=False), **flags)  # the split pair without PDL unless the variant says
+        if "HINT" in fn.arg_names:
+            flags = dict(dict(HINT=False), **flags)  # the sweep's floor from -inf unless the variant says
         if "SHARE_K" in fn.arg_names:
             flags = dict(dict(SHARE_K=False), **flags)  # the sweep's floor per program unless the variant says
         if "NSC" in fn.arg_names:

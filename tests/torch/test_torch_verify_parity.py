@@ -12,7 +12,8 @@ from flashspec_torch import KernelConfig, verify, verify_triton
 
 SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4,  # V over 4 programs: two launches,
                      sweep_chunks=7, sweep_warps=2, pdl=True,  # the final launch's own split of row n (PDL: GPU only)
-                     shared_floor=True)  # its programs share the pruning floor of row n
+                     shared_floor=True,  # its programs share the pruning floor of row n,
+                     prune_hint=True)  # which starts from the keys of row n's chunk maxima
 TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="tile", sweep="tile")  # the tile loops
 MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
 # One persistent launch of ticketed work items (kernels/persistent.py; not the default: slower on the H200): the
@@ -168,10 +169,12 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
     w = None if inp.w is None else torch.from_numpy(inp.w)
     shared = dict(sweep_chunks=9, shared_floor=True)  # 9 sweep programs per row share the pruning floor
+    hint = dict(sweep_chunks=9, prune_hint=True)  # the floor starts from the keys of row n's chunk maxima
     for prune, chunks, block_b, schedule, more in (
             (True, 1, 2, "two_launch", {}), (True, 3, 1, "two_launch", {}),  # block_b=1: the GPU's scalar path
             (False, 3, 2, "two_launch", {}), (True, 3, 1, "persistent", {}),
-            (True, 3, 1, "two_launch", shared), (True, 2, 2, "two_launch", shared)):
+            (True, 3, 1, "two_launch", shared), (True, 2, 2, "two_launch", shared),
+            (True, 3, 1, "two_launch", hint), (True, 2, 2, "two_launch", hint)):
         kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune, schedule=schedule,
                           **more)
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
