@@ -129,6 +129,11 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                                                         sweep_v=256 * warps)
     out["pdl-s4-w4-v2048"] = dataclasses.replace(out["pdl-s4-w4"], sweep_v=2048)
     out["pdl-s8-w2-r96"] = dataclasses.replace(out["pdl-s8-w2"], max_registers=96)
+    # fewer registers per thread, more resident warps: 4 logits per thread, or a ptxas cap
+    out["pdl-s8-w1-v128"] = dataclasses.replace(out["pdl-s8-w1"], sweep_v=128)
+    out["pdl-s16-w1-v128"] = dataclasses.replace(out["pdl-s16-w1"], sweep_v=128)
+    out["pdl-s8-w1-r80"] = dataclasses.replace(out["pdl-s8-w1"], max_registers=80)
+    out["pdl-s8-w1-r64"] = dataclasses.replace(out["pdl-s8-w1"], max_registers=64)
     # the sweep's pruning floor starts from the keys of row n's chunk maxima (lanes.hint_floor)
     out["lanes-hint"] = dataclasses.replace(lanes, prune_hint=True, prune=True)
     out["lanes-hint-no-split"] = dataclasses.replace(lanes, prune_hint=True, prune=True, sweep_chunks=0, sweep_warps=0,
