@@ -387,16 +387,26 @@ def has_pdl(device_index: int) -> bool:  # programmatic dependent launch: comput
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+def cuda_index(device: torch.device) -> int:  # a CUDA device's index ("cuda" alone: the current one)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def pdl_possible(device: torch.device) -> bool:  # never in the interpreter
     if device.type != "cuda" or interpreting():
         return False
-    return has_pdl(device.index if device.index is not None else torch.cuda.current_device())
+    return has_pdl(cuda_index(device))
 
 
 def device_sms(device: torch.device) -> int:  # SMs of a GPU; 1 in the interpreter (its grids are small)
     if device.type != "cuda" or interpreting():
         return 1
-    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(cuda_index(device))
+
+
+def split_vocab(vocab: int, parts: int, tile: int) -> tuple[int, int]:
+    """V in at most ``parts`` chunks of whole tiles: (entries per chunk, number of chunks)."""
+    chunk = math.ceil(math.ceil(vocab / min(parts, math.ceil(vocab / tile))) / tile) * tile
+    return chunk, math.ceil(vocab / chunk)
 
 
 def load_kernels(device: torch.device):
@@ -477,20 +487,17 @@ def verify_triton(
     o_ptr, o_lo, o_stride = counter_args(offset, b)
     seed_hi = (seed >> 32) & 0xFFFFFFFF if isinstance(seed, int) else 0
     seed_hi = seed_hi - 2**32 if seed_hi >= 2**31 else seed_hi
-    chunks = min(config.num_chunks, math.ceil(v / config.block_v))
-    chunk = math.ceil(math.ceil(v / chunks) / config.block_v) * config.block_v
-    chunks = math.ceil(v / chunk)
+    chunk, chunks = split_vocab(v, config.num_chunks, config.block_v)
     persistent = config.schedule == "persistent"  # flashspec_torch/persistent.py
     fused = chunks == 1 and not persistent
-    pdl = config.pdl and not fused and not persistent and pdl_possible(z.device)  # else a plain launch
-    sweeps, sweep_chunk = chunks, chunk  # the final launch's split of row n (two launches: its own, if asked)
-    if config.sweep_chunks and not fused and not persistent:
-        sweep_chunk = math.ceil(math.ceil(v / config.sweep_chunks) / config.sweep_v) * config.sweep_v
-        sweeps = math.ceil(v / sweep_chunk)
-    share_k = (config.shared_floor and config.prune and config.sweep == "lanes" and not greedy and not fused
-               and not persistent and sweeps > 1)  # lanes.sweep_row_lanes(SHARE_K)
-    hint = (config.prune_hint and config.prune and config.sweep == "lanes" and config.stream == "lanes"
-            and not greedy and not fused and not persistent)  # lanes.hint_floor
+    two_launch = not fused and not persistent
+    pdl = config.pdl and two_launch and pdl_possible(z.device)  # else a plain launch
+    sweep_chunk, sweeps = chunk, chunks  # the final launch's split of row n (two launches: its own, if asked)
+    if config.sweep_chunks and two_launch:
+        sweep_chunk, sweeps = split_vocab(v, config.sweep_chunks, config.sweep_v)
+    pruned_sweep = two_launch and not greedy and config.prune and config.sweep == "lanes"
+    share_k = pruned_sweep and config.shared_floor and sweeps > 1  # lanes.sweep_row_lanes(SHARE_K)
+    hint = pruned_sweep and config.prune_hint and config.stream == "lanes"  # lanes.hint_floor
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)

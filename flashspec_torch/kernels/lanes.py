@@ -62,6 +62,15 @@ def div_t(z, T, inv_T, FAST: tl.constexpr):  # float32 z / T, correctly rounded
 
 
 @triton.jit
+def exp2_scale(inv_T, FILTER: tl.constexpr):  # k with exp(z / T) = exp2(z k); FILTER: z is already divided by T
+    if FILTER:
+        k = LOG2E
+    else:
+        k = LOG2E * inv_T
+    return k
+
+
+@triton.jit
 def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows, row_mask, thr, thr_id: [BB]
                   BLOCK_B: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr, VEC: tl.constexpr,
                   FAST: tl.constexpr, ARGMAX: tl.constexpr):
@@ -77,10 +86,7 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
     t = (tl.arange(0, NT)[:, None] * VEC + tl.arange(0, VEC)[None, :])[None, :, :]  # [1, NT, VEC]
     ptrs = rows[:, None, None]
     live = row_mask[:, None, None]
-    if FILTER:
-        k = LOG2E
-    else:
-        k = LOG2E * inv_T
+    k = exp2_scale(inv_T, FILTER)
     m = tl.full((BLOCK_B, NT), NEG_INF, tl.float32)
     l = tl.zeros((BLOCK_B, NT), tl.float32)
     a = tl.zeros((BLOCK_B, NT), tl.int32) + v_lo
@@ -103,7 +109,10 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
     m_all = tl.max(m, axis=1)
     mk = tl.where(m_all == NEG_INF, 0.0, m_all) * k
     l_all = tl.sum(l * tl.math.exp2(m * k - mk[:, None]), axis=1)
-    a_all = tl.min(tl.where(m == m_all[:, None], a, 2147483647), axis=1)
+    if ARGMAX:
+        a_all = tl.min(tl.where(m == m_all[:, None], a, 2147483647), axis=1)
+    else:
+        a_all = tl.zeros((BLOCK_B,), tl.int32) + v_lo
     if not FILTER:
         m_all = tl.math.div_rn(m_all, T)  # max z / T, the scale of s
     return m_all, l_all, a_all
@@ -185,10 +194,7 @@ def hint_floor(z_row, w_row, sv_z, sv_w, cand, cand_mask, T, inv_T, lse_p, lse_q
     of the row, masked by cand_mask; the rest [BB]): min(max key_p, max key_r) over them, the keys
     being ``draw_keys``' (-inf if none has residual mass). Exact as a floor: real logits of the row reach
     these keys, so a logit whose bound is below them wins neither draw."""
-    if FILTER:
-        k = LOG2E
-    else:
-        k = LOG2E * inv_T
+    k = exp2_scale(inv_T, FILTER)
     j = tl.where(cand_mask, cand, 0)
     thr_pc, tid_pc, thr_qc, tid_qc = thr_p, tid_p, thr_q, tid_q  # scalars 0 without FILTER
     if FILTER:
@@ -240,10 +246,7 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     z_rows = z_row[:, None]
     w_rows = w_row[:, None]
     live = b_mask[:, None]
-    if FILTER:
-        k = LOG2E
-    else:
-        k = LOG2E * inv_T
+    k = exp2_scale(inv_T, FILTER)
     lse_p2 = column(lse_p * LOG2E, BLOCK_B)
     lse_q2 = column(lse_q * LOG2E, BLOCK_B)
     key_n = column(k_final, BLOCK_B)
@@ -285,14 +288,13 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             bound = lp2 + (24.0 - log2_approx(t, FAST))
             todo = tl.max(tl.max((bound >= floor - PRUNE_SLACK).to(tl.int32), axis=1), axis=0)
         if todo > 0:
-            key, key_r, r = draw_keys(lp2, bits, w, j, k, lse_q2, T, inv_T, thr_q, tid_q, x_n, HAS_W, FILTER, FAST)
-            better = key > best_p  # strict: a slot keeps its earlier (lower) index on ties
-            best_p = tl.where(better, key, best_p)
+            key_p, key_r, r = draw_keys(lp2, bits, w, j, k, lse_q2, T, inv_T, thr_q, tid_q, x_n, HAS_W, FILTER, FAST)
+            better = key_p > best_p  # strict: a slot keeps its earlier (lower) index on ties
+            best_p = tl.where(better, key_p, best_p)
             idx_p = tl.where(better, j, idx_p)
             mass = tl.maximum(mass, r)
-            key = key_r
-            better = key > best_r
-            best_r = tl.where(better, key, best_r)
+            better = key_r > best_r
+            best_r = tl.where(better, key_r, best_r)
             idx_r = tl.where(better, j, idx_r)
             if PRUNE:
                 top_p = tl.max(best_p, axis=1)

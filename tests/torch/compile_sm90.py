@@ -53,6 +53,8 @@ COUNTERS = dict(SEED_TENSOR=False, OFFSET_TENSOR=False, PER_ROW_SEED=False)  # s
 TILE = dict(LANES=False, VEC=8, FAST=False)  # KernelConfig(stream="tile", sweep="tile")
 LANES = dict(LANES=True, VEC=8, FAST=True)  # the default: "lanes" loops, fast lg2 and FMA division
 LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
+# the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks
+DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16)
 VARIANTS = [
     (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
     (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
@@ -109,14 +111,7 @@ VARIANTS = [
 
 def main() -> int:
     for fn, logits, flags in VARIANTS:
-        if "PDL" in fn.arg_names:
-            flags = dict(dict(PDL=False), **flags)  # the split pair without PDL unless the variant says
-        if "HINT" in fn.arg_names:
-            flags = dict(dict(HINT=False), **flags)  # the sweep's floor from -inf unless the variant says
-        if "SHARE_K" in fn.arg_names:
-            flags = dict(dict(SHARE_K=False), **flags)  # the sweep's floor per program unless the variant says
-        if "NSC" in fn.arg_names:
-            flags = dict(dict(NSC=16), **flags)  # the final launch's own split of row n
+        flags = {**{k: v for k, v in DEFAULTS.items() if k in fn.arg_names}, **flags}
         size = compile_variant(fn, logits, **COMMON, **flags)
         print(f"ok {fn.__name__} {logits} {sorted(k for k, v in flags.items() if v is True)}: cubin {size} bytes")
     return 0
