@@ -89,6 +89,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                 "lanes-no-prune": dataclasses.replace(base, prune=False),
                 "lanes-pdl": dataclasses.replace(base, pdl=True),  # no PDL in the interpreter: the plain pair runs
                 "lanes-hint": dataclasses.replace(base, prune_hint=True, sweep_chunks=5),
+                "lanes-slots": dataclasses.replace(base, sweep_slots=4),
                 "persistent": dataclasses.replace(base, schedule="persistent", programs_per_sm=2),
                 "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1)}
     lanes = choose_config(b, g, v, device, itemsize)
@@ -144,6 +145,14 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k, warps in ((4, 1), (8, 1), (16, 1), (8, 2), (4, 4)):
         out[f"pdl-s{k}-w{warps}-shared"] = dataclasses.replace(pdl, sweep_chunks=lanes.num_chunks * k, sweep_warps=warps,
                                                                sweep_v=256 * warps, shared_floor=True, prune=True)
+    # the sweep's vote per slot (kernels/slots.py): 8 votes per 256-logit tile of one warp, 8 per 1024 of four
+    lanes_p = dataclasses.replace(lanes, prune=True)
+    out["lanes-slots8"] = dataclasses.replace(lanes_p, sweep_slots=8)
+    out["lanes-slots4"] = dataclasses.replace(lanes_p, sweep_slots=4)
+    for k, warps in ((8, 1), (4, 1), (16, 1)):
+        out[f"pdl-s{k}-w{warps}-slots8"] = dataclasses.replace(pdl, sweep_chunks=lanes.num_chunks * k, sweep_warps=warps,
+                                                               sweep_v=256 * warps, prune=True, sweep_slots=8)
+    out["pdl-s8-w1-slots4"] = dataclasses.replace(out["pdl-s8-w1-slots8"], sweep_slots=4)
     return out
 
 

@@ -296,6 +296,7 @@ class KernelConfig:
     sweep_warps: int = 0  # two launches: warps of the final launch; 0: num_warps
     shared_floor: bool = False  # two launches, prune: the programs of a row share the sweep's pruning floor
     prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
+    sweep_slots: int = 0  # "lanes" sweep, prune: votes per tile, one per slot of sweep_v / S logits (kernels/slots.py); 0: one
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -307,6 +308,11 @@ class KernelConfig:
         for name in ("sweep_chunks", "sweep_warps"):
             if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 0 (0: as num_chunks / num_warps)")
+        if self.sweep_slots not in (0, 1, 2, 4, 8, 16) or self.sweep_v % max(1, self.sweep_slots):
+            raise ValueError(f"{self.sweep_slots=} must be 0 (one vote per tile) or one of 1, 2, 4, 8, 16 dividing "
+                             f"{self.sweep_v=}")
+        if self.sweep_slots > 1 and self.shared_floor:
+            raise ValueError(f"{self.sweep_slots=} does not combine with shared_floor=True: use one of the two")
         if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
         for name in ("pdl", "shared_floor", "prune_hint"):
@@ -498,6 +504,7 @@ def verify_triton(
     pruned_sweep = two_launch and not greedy and config.prune and config.sweep == "lanes"
     share_k = pruned_sweep and config.shared_floor and sweeps > 1  # lanes.sweep_row_lanes(SHARE_K)
     hint = pruned_sweep and config.prune_hint and config.stream == "lanes"  # lanes.hint_floor
+    slots = config.sweep_slots if config.prune and config.sweep == "lanes" and not greedy and config.sweep_slots else 1
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -542,7 +549,7 @@ def verify_triton(
             flags["num_warps"] = config.sweep_warps
         kernels.verify_final_kernel[(tiles, 1 if greedy else sweeps)](
             *args[:-2], kb, *args[-2:], *sizes[:4], sweep_chunk, sweeps, *sizes[4:], NSC=next_pow2(sweeps),
-            FUSED=fused, SHARE_K=share_k, HINT=hint, **flags, **launch)
+            FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots, **flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

@@ -12,11 +12,15 @@ import triton.language as tl
 @triton.jit
 def mix(x):  # uint32 [...] -> uint32 [...]
     """lowbias32."""
-    x = x ^ (x >> 16)
-    x = x * tl.full((), 0x7FEB352D, tl.uint32)
-    x = x ^ (x >> 15)
-    x = x * tl.full((), 0x846CA68B, tl.uint32)
-    return x ^ (x >> 16)
+    return mix_rest(x ^ (x >> 16))
+
+
+@triton.jit
+def mix_rest(h):  # uint32 [...] -> uint32 [...]: mix(x) from h = x ^ (x >> 16), its first step
+    h = h * tl.full((), 0x7FEB352D, tl.uint32)
+    h = h ^ (h >> 15)
+    h = h * tl.full((), 0x846CA68B, tl.uint32)
+    return h ^ (h >> 16)
 
 
 @triton.jit

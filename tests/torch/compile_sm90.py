@@ -53,8 +53,9 @@ COUNTERS = dict(SEED_TENSOR=False, OFFSET_TENSOR=False, PER_ROW_SEED=False)  # s
 TILE = dict(LANES=False, VEC=8, FAST=False)  # KernelConfig(stream="tile", sweep="tile")
 LANES = dict(LANES=True, VEC=8, FAST=True)  # the default: "lanes" loops, fast lg2 and FMA division
 LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
-# the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks
-DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16)
+# the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks,
+# one pruning vote per sweep tile
+DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1)
 VARIANTS = [
     (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
     (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
@@ -94,6 +95,14 @@ VARIANTS = [
     (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=True, GREEDY=False, FUSED=False, SEED_TENSOR=True,
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, HINT=True)),
+    # KernelConfig(sweep_slots=S): the sweep's pruning vote per slot (kernels/slots.py)
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=8)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=False,
+                                               FILTER=True, GREEDY=False, FUSED=False, SEED_TENSOR=True,
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, HINT=True, SLOTS=4)),
+    (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
+                                               FILTER=False, GREEDY=False, FUSED=True, SLOTS=16)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),

@@ -170,11 +170,14 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     w = None if inp.w is None else torch.from_numpy(inp.w)
     shared = dict(sweep_chunks=9, shared_floor=True)  # 9 sweep programs per row share the pruning floor
     hint = dict(sweep_chunks=9, prune_hint=True)  # the floor starts from the keys of row n's chunk maxima
+    slots = dict(sweep_slots=8)  # one vote per slot of 4 logits (kernels/slots.py)
+    slots_hint = dict(sweep_chunks=9, prune_hint=True, sweep_slots=4)
     for prune, chunks, block_b, schedule, more in (
             (True, 1, 2, "two_launch", {}), (True, 3, 1, "two_launch", {}),  # block_b=1: the GPU's scalar path
             (False, 3, 2, "two_launch", {}), (True, 3, 1, "persistent", {}),
             (True, 3, 1, "two_launch", shared), (True, 2, 2, "two_launch", shared),
-            (True, 3, 1, "two_launch", hint), (True, 2, 2, "two_launch", hint)):
+            (True, 3, 1, "two_launch", hint), (True, 2, 2, "two_launch", hint),
+            (True, 3, 1, "two_launch", slots), (True, 1, 2, "two_launch", slots), (True, 2, 2, "two_launch", slots_hint)):
         kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune, schedule=schedule,
                           **more)
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)

@@ -1,0 +1,141 @@
+"""The row-n sweep with a pruning vote per slot (``KernelConfig(sweep_slots=S)``; docs/kernel_notes.md).
+
+``lanes.sweep_row_lanes`` decides per tile whether to evaluate its keys: one logit of the tile
+above the pruning floor and every logit of the tile pays the keys (on the benchmark's flat rows,
+a NumPy simulation of B = 256's split evaluates 22-29% of the 256-logit tiles). Here a tile is a
+[BB, N, S] block in which each thread holds S consecutive logits (one 16-byte load for bf16, S = 8),
+and the vote is taken per *slot*: slot s is the s-th logit of every thread, N logits spread over
+the tile, and only the slots that hold a logit above the floor are evaluated (4.6-6.5% of the
+32-logit slots in the same simulation).
+
+The test every logit pays is cheaper than ``sweep_row_lanes``' as well (the same bound, rearranged):
+both keys are at most lp2 + 24 - log2(2**24 (1 - u)) <= lp2 + 23 - log2(t'), with t' = 2**23 - 1 - m
+(m = bits >> 9, the uniform's 23 bits; 2**24 (1 - u) = 2 t' + 1), so a logit can reach the floor K
+only if t' <= 2**d, d = lp2 + 23 - K (+ the slack): one FFMA (K folded into the row's constant),
+one ex2, and t' as a float straight from the hash bits (t' | 0x4B000000 is 2**23 + t'), where the
+tile vote takes an I2F, an lg2 and two adds. The hash's first step (x ^ (x >> 16), x = key ^ j) is
+taken once per thread: j = j_t + s with j_t a multiple of S, so x = (key ^ j_t) ^ s and x >> 16 does
+not see s.
+
+The S votes cost one reduction per tile: each logit's vote is the bit 1 << s of its slot, OR-reduced
+over the tile (in-thread first, then across threads: one REDUX on sm_90). A slot is taken out of
+the thread's registers by a select on its (compile-time) position and an integer sum (``pick``),
+which the compiler reduces to a register move; its keys are ``draw_keys``' (the hash recomputed
+for the slot), and the running best of each slot is updated in place by a select on the same
+position. Every logit's keys are those of ``sweep_row_lanes`` and every slot keeps the lowest
+index among its ties, so the winner, hence every token, is the same.
+"""
+
+import triton
+import triton.language as tl
+
+from .lanes import PRUNE_SLACK, draw_keys, exp2_scale, log2_scaled
+from .random import mix, mix_rest
+
+NEG_INF = tl.constexpr(float("-inf"))
+LOG2E = tl.constexpr(1.4426950408889634)
+T_BITS = tl.constexpr(0x4B7FFFFF)  # m ^ T_BITS: the bits of 2**23 + t', t' = 2**23 - 1 - m (m < 2**23)
+
+
+@triton.jit
+def plane(a, BLOCK_B: tl.constexpr):  # [BB] -> [BB, 1, 1]; a scalar when BLOCK_B == 1 (see lanes.column)
+    if BLOCK_B == 1:
+        c = tl.max(a, axis=0)
+    else:
+        c = a[:, None, None]
+    return c
+
+
+@triton.jit
+def bit_or(a, b):
+    return a | b
+
+
+@triton.jit
+def pick(bits, col, s):  # int32 [BB, N, S] -> [BB, N, 1]: slot s of every thread (a register move)
+    """Floats go through their bits: a float sum would turn -0.0 into 0.0."""
+    return tl.sum(tl.where(col == s, bits, 0), axis=2, keep_dims=True)
+
+
+@triton.jit
+def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
+                    k_final, b_mask, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
+                    HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr):
+    """Gumbel-max over [v_lo, v_hi) of row n, as ``lanes.sweep_row_lanes(PRUNE=True)`` (the same keys
+    and floor; z_row, w_row: [BB] pointers, the rest [BB]; v_lo a multiple of SLOTS) with the vote per
+    slot: returns (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB]. The floor K rises once
+    per tile, after the tile's evaluated slots."""
+    N: tl.constexpr = SWEEP_V // SLOTS
+    col = tl.arange(0, SLOTS)[None, None, :]  # [1, 1, S]
+    row = tl.arange(0, N)[None, :, None] * SLOTS  # [1, N, 1]
+    z_rows = z_row[:, None, None]
+    w_rows = w_row[:, None, None]
+    live = b_mask[:, None, None]
+    k = exp2_scale(inv_T, FILTER)
+    lse_p2 = plane(lse_p * LOG2E, BLOCK_B)
+    lse_q2 = plane(lse_q * LOG2E, BLOCK_B)
+    key_n = plane(k_final, BLOCK_B)
+    if FILTER:
+        thr_p, tid_p = plane(thr_p, BLOCK_B), plane(tid_p, BLOCK_B)
+        if HAS_W:
+            thr_q, tid_q = plane(thr_q, BLOCK_B), plane(tid_q, BLOCK_B)
+    if not HAS_W:
+        x_n = plane(x_n, BLOCK_B)
+    best_r = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
+    best_p = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
+    idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
+    idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
+    mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
+    j = v_lo + row + col
+    z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+    if HAS_W:
+        w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
+    floor = plane(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
+    for v0 in range(v_lo, v_hi, SWEEP_V):
+        j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
+        j = j_t + col
+        x = z_next.to(tl.float32)
+        w = z_next  # one-hot draft: unused
+        jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
+        z_next = tl.load(z_rows + jn.to(tl.int64) * sv_z, mask=live & (jn < v_hi), other=NEG_INF)
+        if HAS_W:
+            w = w_next
+            w_next = tl.load(w_rows + jn.to(tl.int64) * sv_w, mask=live & (jn < v_hi), other=NEG_INF)
+        # d = lp2 + 23 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
+        d = log2_scaled(x, j, k, lse_p2 + (floor - PRUNE_SLACK - 23.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
+        h = key_n ^ j_t.to(tl.uint32)
+        bits = mix_rest((h ^ (h >> 16)) ^ col.to(tl.uint32))  # mix(key ^ j)
+        t = ((bits >> 9) ^ T_BITS).to(tl.float32, bitcast=True) - 8388608.0  # t', exactly
+        vote = tl.where(t <= tl.math.exp2(d), 1 << col, 0)
+        votes = tl.reduce(tl.reduce(tl.reduce(vote, 2, bit_or), 1, bit_or), 0, bit_or)  # bit s: slot s holds one
+        if votes != 0:
+            x_b = x.to(tl.int32, bitcast=True)
+            w_b = w.to(tl.float32).to(tl.int32, bitcast=True)
+            for s in tl.static_range(SLOTS):
+                if (votes >> s) & 1:
+                    j_s = j_t + s  # [1, N, 1]
+                    lp2 = log2_scaled(pick(x_b, col, s).to(tl.float32, bitcast=True), j_s, k, lse_p2, T, inv_T,
+                                      thr_p, tid_p, FILTER, FAST)
+                    key_p, key_r, r = draw_keys(lp2, mix(key_n ^ j_s.to(tl.uint32)),
+                                                pick(w_b, col, s).to(tl.float32, bitcast=True), j_s, k, lse_q2, T,
+                                                inv_T, thr_q, tid_q, x_n, HAS_W, FILTER, FAST)
+                    here = col == s
+                    better = here & (key_p > best_p)  # strict: a slot keeps its earlier (lower) index on ties
+                    best_p = tl.where(better, key_p, best_p)
+                    idx_p = tl.where(better, j_s, idx_p)
+                    mass = tl.where(here, tl.maximum(mass, r), mass)
+                    better = here & (key_r > best_r)
+                    best_r = tl.where(better, key_r, best_r)
+                    idx_r = tl.where(better, j_s, idx_r)
+            top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
+            top_r = tl.max(tl.max(best_r, axis=2), axis=1)
+            floor = tl.maximum(floor, plane(tl.minimum(top_p, top_r), BLOCK_B))
+    best_r = tl.reshape(best_r, (BLOCK_B, SWEEP_V))
+    best_p = tl.reshape(best_p, (BLOCK_B, SWEEP_V))
+    idx_r = tl.reshape(idx_r, (BLOCK_B, SWEEP_V))
+    idx_p = tl.reshape(idx_p, (BLOCK_B, SWEEP_V))
+    k_r = tl.max(best_r, axis=1)
+    k_p = tl.max(best_p, axis=1)
+    i_r = tl.min(tl.where(best_r == k_r[:, None], idx_r, 2147483647), axis=1)
+    i_p = tl.min(tl.where(best_p == k_p[:, None], idx_p, 2147483647), axis=1)
+    return k_r, i_r, k_p, i_p, (tl.max(tl.max(mass, axis=2), axis=1) > 0).to(tl.int32)
