@@ -119,6 +119,7 @@ class Loop:
     lo: int
     hi: int
     mix: collections.Counter
+    ins: tuple = ()  # (address, opcode, operands) of every instruction in the loop
 
     @property
     def size(self) -> int:
@@ -142,7 +143,8 @@ def analyse(compiled) -> tuple[int, list[Loop], int]:
         target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
         if target and int(target.group(1), 16) < addr:
             lo = int(target.group(1), 16)
-            loops.append(Loop(lo, addr, collections.Counter(opcode(o) for a, o, _ in ins if lo <= a <= addr)))
+            body = tuple(t for t in ins if lo <= t[0] <= addr)
+            loops.append(Loop(lo, addr, collections.Counter(opcode(o) for _, o, _ in body), body))
     regs = re.search(r"REG:(\d+)", cuobjdump(compiled, "-res-usage"))
     return len(ins), sorted(loops, key=lambda lp: lp.size), int(regs.group(1)) if regs else -1
 
@@ -150,11 +152,49 @@ def analyse(compiled) -> tuple[int, list[Loop], int]:
 # ----------------------------------------------------------------------------- the model
 
 
-def predict(b, g, v, dtype, temperature, name, config, show_loops=False) -> dict:
-    """Model time of each launch of one verify step (see the module docstring)."""
+def pruned_paths(loop: Loop) -> tuple[collections.Counter, collections.Counter, collections.Counter]:
+    """Opcode counts of a pruned sweep loop's three paths: (every tile, a tile with an evaluated part,
+    the evaluated parts). The skip is the loop's widest forward branch; inside it, the top-level
+    forward branches guard the slot bodies of ``sweep_row_slots`` (none in ``sweep_row_lanes``: its
+    whole skipped region is one evaluated part)."""
+    def target(rest):
+        m = re.search(r"0x([0-9a-f]+)", rest)
+        return int(m.group(1), 16) if m else -1
+
+    fwd = [(a, target(r)) for a, o, r in loop.ins if o.startswith("BRA") and loop.lo < target(r) <= loop.hi
+           and target(r) > a]
+    if not fwd:
+        return loop.mix, collections.Counter(), collections.Counter()
+    lo, hi = max(fwd, key=lambda br: br[1] - br[0])
+    guards = sorted((a, t) for a, t in fwd if lo < a and t <= hi)
+    top = []
+    for a, t in guards:
+        if not top or a >= top[-1][1]:
+            top.append((a, t))
+    inside = lambda a: any(g < a < t for g, t in top)  # noqa: E731
+    every = collections.Counter(opcode(o) for a, o, _ in loop.ins if a <= lo or a >= hi)
+    bodies = collections.Counter(opcode(o) for a, o, _ in loop.ins if lo < a < hi and inside(a))
+    if not top:  # the tile vote: the whole region is the evaluated part
+        return every, collections.Counter(), collections.Counter(opcode(o) for a, o, _ in loop.ins if lo < a < hi)
+    tile = collections.Counter(opcode(o) for a, o, _ in loop.ins if lo < a < hi and not inside(a))
+    return every, tile, bodies
+
+
+def mufu_of(mix: collections.Counter) -> int:
+    return sum(n for op, n in mix.items() if op.startswith("MUFU"))
+
+
+def predict(b, g, v, dtype, temperature, name, config, show_loops=False, simulate=True) -> dict:
+    """Model time of each launch of one verify step (see the module docstring). ``simulate``: a pruned
+    sweep issues its every-tile path for each tile and its evaluated parts in the fractions that
+    ``sweep_prune_sim`` finds on the benchmark's rows; otherwise every tile counts as evaluated."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sweep_prune_sim  # noqa: F401  (benchmarks/)
+
     itemsize = 2 if str(dtype).endswith(("bfloat16", "float16")) else 4
     out = dict(variant=name, B=b, G=g, V=v, launches=[])
     for fn, grid, args, kwargs in offline_launches(b, g, v, dtype, temperature, config):
+        evaluated = {} if simulate else None
         compiled = compile_launch(fn, args, kwargs)
         total, loops, regs = analyse(compiled)
         programs = math.prod(grid)
@@ -187,9 +227,21 @@ def predict(b, g, v, dtype, temperature, name, config, show_loops=False) -> dict
             elements = b * (g + 1) * v
         elif inner:  # the final kernel: its innermost loop is the row-n sweep (chunks of SWEEP_V)
             sweep = [lp for lp in loops if lp.mix.get("LDG.E.128", 0) + lp.mix.get("LDG.E", 0) > 0][0]
+            if "sweep_chunk" in fn.arg_names and not kwargs.get("FUSED", False):
+                span = args[fn.arg_names.index("sweep_chunk")]  # the final launch's own split of row n
             iters = math.ceil(span / kwargs["SWEEP_V"])
-            issued += programs * warps * iters * sweep.size
-            mufu += programs * warps * iters * sweep.mufu
+            per_iter, per_mufu = sweep.size, sweep.mufu  # every tile evaluated: the bound
+            if kwargs.get("PRUNE", False) and kwargs.get("SWEEP_LANES", False) and evaluated is not None:
+                every, tile, parts = pruned_paths(sweep)
+                slots = kwargs.get("SLOTS", 1)
+                f = sweep_prune_sim.evaluated_fractions(v, span, kwargs["SWEEP_V"], slots, temperature or 1.0)
+                f_part = f["slots"] if slots > 1 else f["tiles"]
+                per_iter = sum(every.values()) + f["tiles"] * sum(tile.values()) + f_part * sum(parts.values())
+                per_mufu = mufu_of(every) + f["tiles"] * mufu_of(tile) + f_part * mufu_of(parts)
+                evaluated.update(tiles=f["tiles"], parts=f_part, every_tile=sum(every.values()),
+                                 evaluated_tile=sum(tile.values()), evaluated_parts=sum(parts.values()))
+            issued += programs * warps * iters * per_iter
+            mufu += programs * warps * iters * per_mufu
             elements = b * v
         nbytes = (b * (g + 1) * v * itemsize if stats else 0) + (2 * b * v * itemsize if fn.__name__ != "verify_stats_kernel" else 0)
         rate = H200["sms"] * H200["schedulers"] * H200["ghz"] * 1e3  # warp instructions per us
@@ -199,7 +251,7 @@ def predict(b, g, v, dtype, temperature, name, config, show_loops=False) -> dict
         out["launches"].append(dict(kernel=fn.__name__, grid=grid, warps=warps, regs=regs, chunks=chunks,
                                     loop_instr=[lp.size for lp in loops], lane_instr_per_element=per,
                                     issue_us=t_issue, mufu_us=t_mufu, memory_us=t_mem,
-                                    model_us=max(t_issue, t_mufu, t_mem)))
+                                    model_us=max(t_issue, t_mufu, t_mem), pruning=evaluated or None))
         print_loops(fn, loops, show_loops)
     out["model_us"] = sum(launch["model_us"] for launch in out["launches"])
     floor = (b * (g + 2) * v * itemsize + b * g * 12) / (H200["tbps"] * 1e6)
@@ -266,7 +318,10 @@ def main(argv=None) -> int:
                         + (f"{x['items']} items, normaliser loop {x['normaliser_loop']}, sweep loop {x['sweep_loop']}, "
                            if "items" in x else "") +
                         f"{x['lane_instr_per_element']:.1f} instr/elem, issue {x['issue_us']:.0f} us, "
-                        f"MUFU {x['mufu_us']:.0f} us, memory {x['memory_us']:.0f} us" for x in r["launches"])
+                        f"MUFU {x['mufu_us']:.0f} us, memory {x['memory_us']:.0f} us"
+                        + (f" (pruning: every tile {x['pruning']['every_tile']} instr, {100 * x['pruning']['tiles']:.0f}% "
+                           f"of tiles +{x['pruning']['evaluated_tile']}, {100 * x['pruning']['parts']:.0f}% of parts "
+                           f"+{x['pruning']['evaluated_parts']})" if x.get("pruning") else "") for x in r["launches"])
                     print(f"B={b} G={g} V={v} {args.dtype} T={args.temperature} {name}: model {r['model_us']:.0f} us "
                           f"= {r['model_x_floor']:.2f}x floor ({r['floor_us']:.0f} us) | {parts}", flush=True)
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .verify import interpreting, next_pow2
+from .verify import interpreting, next_pow2, pdl_possible
 
 IMPLS = ("triton", "reference")
 
@@ -28,8 +28,9 @@ def check_impl(impl: str, device: torch.device) -> None:
 
 
 def pdl_on(pdl: bool, x: torch.Tensor) -> bool:
-    """Programmatic dependent launch (Hopper) only where asked for and on a GPU, never interpreted."""
-    return bool(pdl) and x.is_cuda and not interpreting()
+    """Programmatic dependent launch only where asked for and possible: on a GPU of compute capability
+    9.0 or newer (an older one would fail to compile the launch), never interpreted."""
+    return bool(pdl) and pdl_possible(x.device)
 
 
 def kernels():

@@ -104,3 +104,22 @@ def test_skinny_linear_matches_f_linear(m, n, k):
     x, w = rand(m, k, seed=m), rand(n, k, seed=n)
     torch.testing.assert_close(layers.skinny_linear(x, w, block_n=16, block_k=64), torch.nn.functional.linear(x, w),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_pdl_only_where_the_gpu_has_it(monkeypatch):
+    """pdl=True launches with programmatic dependent launch only on compute capability 9.0+ (an
+    older GPU would fail to compile it), never on the CPU or in the interpreter."""
+    import importlib
+    from types import SimpleNamespace
+
+    from flashspec_torch import layers
+
+    verify = importlib.import_module("flashspec_torch.verify")  # the module (the package exports a function)
+
+    gpu = SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.setattr(verify, "interpreting", lambda: False)
+    for capable in (True, False):
+        monkeypatch.setattr(verify, "has_pdl", lambda index, capable=capable: capable)
+        assert layers.pdl_on(True, gpu) is capable
+        assert layers.pdl_on(False, gpu) is False
+    assert layers.pdl_on(True, torch.zeros(1)) is False  # a CPU tensor

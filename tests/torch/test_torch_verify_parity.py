@@ -183,3 +183,31 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
         np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
         np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
+
+
+def test_pruning_floor_is_the_lower_of_the_two_keys():
+    """The sweep's floor K must be min(best key_p, best key_r): key_r <= key_p, so a floor from key_p
+    alone (max for min) passes over the residual's winner. Rows built for it: the drafted token 7
+    has q = 0.99 against p = 0.5 (rejected half the time, no residual mass there), and it sits in the
+    first tile with a key_p as high as the flat rest's, where the residual's winner is."""
+    rng = np.random.default_rng(5)
+    b, v = 8, 2000
+    z = (rng.normal(size=(b, 2, v)) * 0.5).astype(np.float32)
+    w = z[:, :1].copy()
+    z[:, :, 7] = np.log(v)  # p(7) ~ 1/2
+    w[:, :, 7] = np.log(v) + 5.3  # q(7) ~ 0.99
+    x = np.full((b, 1), 7, dtype=np.int64)
+    cfg = SamplingConfig(temperature=1.0)
+    zt, xt, wt = torch.from_numpy(z), torch.from_numpy(x), torch.from_numpy(w)
+    configs = [KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2),
+               KernelConfig(block_b=2, block_v=256, sweep_v=32, num_chunks=1),  # fused
+               KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2, sweep_slots=8)]
+    rejected = 0
+    for offset in range(4):
+        want = oracle.verify(z, x, w, None, seed=7, offset=offset, temperature=1.0)
+        rejected += int((want.num_accepted == 0).sum())
+        for kc in configs:
+            got = verify_triton(zt, xt, wt, None, cfg, 7, offset, config=kc)
+            np.testing.assert_array_equal(got.num_accepted.numpy(), want.num_accepted, err_msg=f"{kc}")
+            np.testing.assert_array_equal(got.tokens.numpy(), want.tokens, err_msg=f"{kc}")
+    assert rejected >= 8, f"only {rejected} of {4 * b} rows rejected: the rows no longer test the residual draw"

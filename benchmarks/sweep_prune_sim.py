@@ -1,0 +1,84 @@
+"""How much of the row-n sweep the exact pruning evaluates, simulated in NumPy on the benchmark's rows.
+
+The rows are ``verify_kernels.py``'s (z = 2 N(0, 1), draft log-probs of w = z + 1.4 N(0, 1) at
+temperature T; residual draws), split as the final launch splits row n: programs of ``span``
+logits, each sweeping tiles of ``tile`` logits from a floor of -inf. A tile (``sweep_row_lanes``)
+or a slot (``sweep_row_slots``: the logits of a tile with the same index mod ``slots``) is
+evaluated when one of its logits' bound lp2 + 24 - log2(2**24 (1 - u)) reaches the floor
+K = min(best key_p, best key_r) so far, less the kernels' 0.01 slack; K rises after each tile
+with an evaluated part. The uniforms are NumPy's, not the generator's (the same law).
+
+    python benchmarks/sweep_prune_sim.py --span 5344 --tile 256 --slots 8     # B=256's split of V=128256
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+
+def flat_rows(rng: np.random.Generator, v: int, temperature: float):  # -> lp2, key_p, key_r, bound: [V] each
+    z = 2.0 * rng.standard_normal(v)
+    w = z + 1.4 * rng.standard_normal(v)
+    lp = z / temperature - np.logaddexp.reduce(z / temperature)
+    lq = w / temperature - np.logaddexp.reduce(w / temperature)
+    u = rng.random(v)
+    g2 = -np.log2(-np.log(u))
+    with np.errstate(divide="ignore"):
+        key_r = np.log2(np.maximum(np.exp(lp) - np.exp(lq), 0.0)) + g2
+    lp2 = lp / math.log(2)
+    t = np.maximum(1.0, np.floor((1.0 - u) * 2**24))
+    return lp2 + g2, key_r, lp2 + 24.0 - np.log2(t)
+
+
+def evaluated_fractions(v: int, span: int, tile: int, slots: int = 1, temperature: float = 0.7, rows: int = 3,
+                        seed: int = 0) -> dict:
+    """Fractions of the tiles with an evaluated part, and of the slots evaluated (slots = 1: the tile vote);
+    ``missed``: programs whose pruned sweep lost its best key_p or key_r (0: the bound is exact)."""
+    rng = np.random.default_rng(seed)
+    tiles = any_slot = slots_done = slots_total = missed = 0
+    for _ in range(rows):
+        key_p, key_r, bound = flat_rows(rng, v, temperature)
+        for lo in range(0, v, span):
+            whole = slice(lo, min(lo + span, v))
+            want = (key_p[whole].max(), key_r[whole].max())  # what the program's sweep must still find
+            floor, best_p, best_r = -np.inf, -np.inf, -np.inf
+            for t0 in range(lo, min(lo + span, v), tile):
+                sl = slice(t0, min(t0 + tile, lo + span, v))
+                hit = bound[sl] >= floor - 0.01
+                size = hit.size
+                part = np.zeros(max(1, slots), bool)
+                np.logical_or.at(part, np.arange(size) % max(1, slots), hit)
+                tiles += 1
+                slots_total += part.size
+                slots_done += int(part.sum())
+                if part.any():
+                    any_slot += 1
+                    keep = part[np.arange(size) % max(1, slots)]
+                    best_p = max(best_p, key_p[sl][keep].max())
+                    best_r = max(best_r, key_r[sl][keep].max())
+                    floor = min(best_p, best_r)
+            missed += (best_p, best_r) != want and not (want[1] == -np.inf and best_p == want[0])
+    return dict(tiles=any_slot / tiles, slots=slots_done / slots_total, missed=missed)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--span", type=int, default=5344, help="logits per sweep program (the final launch's sweep_chunk)")
+    p.add_argument("--tile", type=int, default=256)
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=0.7)
+    args = p.parse_args(argv)
+    one = evaluated_fractions(args.vocab, args.span, args.tile, 1, args.temperature)
+    f = evaluated_fractions(args.vocab, args.span, args.tile, args.slots, args.temperature)
+    print(f"V={args.vocab} span={args.span} tile={args.tile} T={args.temperature}: the tile vote evaluates "
+          f"{100 * one['tiles']:.1f}% of the tiles; {args.slots} slot votes {100 * f['slots']:.1f}% of the slots "
+          f"({100 * f['tiles']:.1f}% of the tiles evaluate one or more)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
