@@ -158,6 +158,43 @@ def column(a, BLOCK_B: tl.constexpr):  # [BB] -> [BB, 1]; a scalar when BLOCK_B 
 
 
 @triton.jit
+def plane(a, BLOCK_B: tl.constexpr, DIMS: tl.constexpr = 3):  # [BB] -> [BB, 1, 1] (DIMS 2: ``column``)
+    if DIMS == 2:
+        c = column(a, BLOCK_B)
+    elif BLOCK_B == 1:
+        c = tl.max(a, axis=0)
+    else:
+        c = a[:, None, None]
+    return c
+
+
+@triton.jit
+def sweep_scalars(lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q,  # [BB] each (thr, tid: 0 without FILTER)
+                  BLOCK_B: tl.constexpr, DIMS: tl.constexpr, HAS_W: tl.constexpr, FILTER: tl.constexpr):
+    """A sweep's per-row values as ``column``s (DIMS = 2) or ``plane``s (DIMS = 3) of its tiles: lse_p and
+    lse_q in log2 units, the FINAL key, x_n (one-hot drafts), the cuts (FILTER)."""
+    lse_p2, lse_q2 = plane(lse_p * LOG2E, BLOCK_B, DIMS), plane(lse_q * LOG2E, BLOCK_B, DIMS)
+    key_n = plane(k_final, BLOCK_B, DIMS)
+    if FILTER:
+        thr_p, tid_p = plane(thr_p, BLOCK_B, DIMS), plane(tid_p, BLOCK_B, DIMS)
+        if HAS_W:
+            thr_q, tid_q = plane(thr_q, BLOCK_B, DIMS), plane(tid_q, BLOCK_B, DIMS)
+    if not HAS_W:
+        x_n = plane(x_n, BLOCK_B, DIMS)
+    return lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q
+
+
+@triton.jit
+def load_tile(z_rows, w_rows, j, sv_z, sv_w, live, v_hi, HAS_W: tl.constexpr):  # logits j of row n: (z, w)
+    """z and w (z again for a one-hot draft) at j, -inf past v_hi or for masked batch rows."""
+    z = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+    w = z
+    if HAS_W:
+        w = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
+    return z, w
+
+
+@triton.jit
 def keep(s, j, thr, tid):  # top-k / top-p cut (thr, tid: columns) on [BB, S] scaled logits
     return tl.where((s > thr) | ((s == thr) & (j <= tid)), s, NEG_INF)
 
@@ -247,24 +284,14 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     w_rows = w_row[:, None]
     live = b_mask[:, None]
     k = exp2_scale(inv_T, FILTER)
-    lse_p2 = column(lse_p * LOG2E, BLOCK_B)
-    lse_q2 = column(lse_q * LOG2E, BLOCK_B)
-    key_n = column(k_final, BLOCK_B)
-    if FILTER:
-        thr_p, tid_p = column(thr_p, BLOCK_B), column(tid_p, BLOCK_B)
-        if HAS_W:
-            thr_q, tid_q = column(thr_q, BLOCK_B), column(tid_q, BLOCK_B)
-    if not HAS_W:
-        x_n = column(x_n, BLOCK_B)
+    lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q = sweep_scalars(
+        lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q, BLOCK_B, 2, HAS_W, FILTER)
     best_r = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
     best_p = tl.full((BLOCK_B, SWEEP_V), NEG_INF, tl.float32)
     idx_r = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
     idx_p = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
     mass = tl.zeros((BLOCK_B, SWEEP_V), tl.float32)
-    j = v_lo + j0
-    z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
-    if HAS_W:
-        w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
+    z_next, w_next = load_tile(z_rows, w_rows, v_lo + j0, sv_z, sv_w, live, v_hi, HAS_W)
     floor = column(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
     top_p = tl.max(best_p, axis=1)  # [BB] this program's best keys so far (-inf)
     top_r = tl.max(best_r, axis=1)
@@ -273,13 +300,8 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
             g_p = tl.load(kb_row, mask=b_mask, other=ORDERED_NEG_INF, volatile=True)
             g_r = tl.load(kb_row + 1, mask=b_mask, other=ORDERED_NEG_INF, volatile=True)
         j = v0 + j0
-        z = z_next
-        w = z  # one-hot draft: unused
-        jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
-        z_next = tl.load(z_rows + jn.to(tl.int64) * sv_z, mask=live & (jn < v_hi), other=NEG_INF)
-        if HAS_W:
-            w = w_next
-            w_next = tl.load(w_rows + jn.to(tl.int64) * sv_w, mask=live & (jn < v_hi), other=NEG_INF)
+        z, w = z_next, w_next  # (w: z again for a one-hot draft, unused)
+        z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
         lp2 = log2_scaled(z, j, k, lse_p2, T, inv_T, thr_p, tid_p, FILTER, FAST)
         bits = mix(key_n ^ j.to(tl.uint32))
         todo = 1

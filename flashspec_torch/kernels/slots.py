@@ -29,21 +29,11 @@ index among its ties, so the winner, hence every token, is the same.
 import triton
 import triton.language as tl
 
-from .lanes import PRUNE_SLACK, draw_keys, exp2_scale, log2_scaled
+from .lanes import PRUNE_SLACK, draw_keys, exp2_scale, load_tile, log2_scaled, plane, sweep_scalars
 from .random import mix, mix_rest
 
 NEG_INF = tl.constexpr(float("-inf"))
-LOG2E = tl.constexpr(1.4426950408889634)
 T_BITS = tl.constexpr(0x4B7FFFFF)  # m ^ T_BITS: the bits of 2**23 + t', t' = 2**23 - 1 - m (m < 2**23)
-
-
-@triton.jit
-def plane(a, BLOCK_B: tl.constexpr):  # [BB] -> [BB, 1, 1]; a scalar when BLOCK_B == 1 (see lanes.column)
-    if BLOCK_B == 1:
-        c = tl.max(a, axis=0)
-    else:
-        c = a[:, None, None]
-    return c
 
 
 @triton.jit
@@ -72,35 +62,20 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     w_rows = w_row[:, None, None]
     live = b_mask[:, None, None]
     k = exp2_scale(inv_T, FILTER)
-    lse_p2 = plane(lse_p * LOG2E, BLOCK_B)
-    lse_q2 = plane(lse_q * LOG2E, BLOCK_B)
-    key_n = plane(k_final, BLOCK_B)
-    if FILTER:
-        thr_p, tid_p = plane(thr_p, BLOCK_B), plane(tid_p, BLOCK_B)
-        if HAS_W:
-            thr_q, tid_q = plane(thr_q, BLOCK_B), plane(tid_q, BLOCK_B)
-    if not HAS_W:
-        x_n = plane(x_n, BLOCK_B)
+    lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q = sweep_scalars(
+        lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q, BLOCK_B, 3, HAS_W, FILTER)
     best_r = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
     best_p = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
     idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
     idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
     mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
-    j = v_lo + row + col
-    z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
-    if HAS_W:
-        w_next = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
+    z_next, w_next = load_tile(z_rows, w_rows, v_lo + row + col, sv_z, sv_w, live, v_hi, HAS_W)
     floor = plane(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
     for v0 in range(v_lo, v_hi, SWEEP_V):
         j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
         j = j_t + col
-        x = z_next.to(tl.float32)
-        w = z_next  # one-hot draft: unused
-        jn = j + SWEEP_V  # prefetch the next tile (masked off past the end)
-        z_next = tl.load(z_rows + jn.to(tl.int64) * sv_z, mask=live & (jn < v_hi), other=NEG_INF)
-        if HAS_W:
-            w = w_next
-            w_next = tl.load(w_rows + jn.to(tl.int64) * sv_w, mask=live & (jn < v_hi), other=NEG_INF)
+        x, w = z_next.to(tl.float32), w_next  # (w: z again for a one-hot draft, unused)
+        z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
         # d = lp2 + 23 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
         d = log2_scaled(x, j, k, lse_p2 + (floor - PRUNE_SLACK - 23.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
         h = key_n ^ j_t.to(tl.uint32)

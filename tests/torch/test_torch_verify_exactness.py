@@ -29,6 +29,8 @@ def as_tensor(a):
 TILE = KernelConfig(block_b=64, block_v=512, sweep_v=1024, stream="tile", sweep="tile")
 # The persistent schedule (one launch of ticketed phase-1 / phase-2 work items; the suite's V <= 16 gives one chunk)
 PERSISTENT = KernelConfig(block_b=1024, block_v=16, sweep_v=16, num_chunks=2, schedule="persistent", programs_per_sm=2)
+# The sweep's pruning vote per slot (kernels/slots.py): 4 slots of 4 logits per 16-logit tile, two launches
+SLOTS = KernelConfig(block_b=1024, block_v=16, sweep_v=16, num_chunks=2, sweep_slots=4)
 
 
 def numpy_adapter(impl: str, config: KernelConfig | None = None):
@@ -42,8 +44,9 @@ def numpy_adapter(impl: str, config: KernelConfig | None = None):
     return verify_np
 
 
-@pytest.mark.parametrize("impl,config", [("reference", None), ("triton", None), ("triton", TILE), ("triton", PERSISTENT)],
-                         ids=["reference", "triton-lanes", "triton-tile", "triton-persistent"])
+@pytest.mark.parametrize("impl,config", [("reference", None), ("triton", None), ("triton", TILE), ("triton", PERSISTENT),
+                                         ("triton", SLOTS)],
+                         ids=["reference", "triton-lanes", "triton-tile", "triton-persistent", "triton-slots"])
 def test_shared_exactness_suite(impl, config):
     report = testing.assert_exact(numpy_adapter(impl, config), n_samples=N_SAMPLES, ks_samples=KS_SAMPLES)
     assert len(report.checks) > 50
