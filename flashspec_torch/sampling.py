@@ -13,7 +13,7 @@ from flashspec.config import SamplingConfig
 from flashspec.random import DRAFT
 
 from .random import gumbel_from_uniform
-from .verify import Counters, log_probs
+from .reference import Counters, log_probs
 
 
 def sample(

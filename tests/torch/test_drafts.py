@@ -188,7 +188,7 @@ def test_other_architectures_draft_through_transformers(target, tmp_path):
 def test_a_random_draft_keeps_the_target_distribution(target):
     """q far from p (a random model): the first emitted token still follows the target."""
     from flashspec_torch.engine import Engine
-    from flashspec_torch.verify import log_probs
+    from flashspec_torch.reference import log_probs
 
     prompt, n = "The capital of France is", 400
     sampling = SamplingConfig(temperature=1.0, top_k=8)

@@ -53,7 +53,7 @@ def test_sampled_first_tokens_follow_the_target(engine):
     prompt, n = "The capital of France is", 600
     sampling = SamplingConfig(temperature=1.0, top_k=8)
     ids = engine.encode(prompt, chat=False)
-    from flashspec_torch.verify import log_probs
+    from flashspec_torch.reference import log_probs
 
     with torch.inference_mode():
         m = engine.target.model
