@@ -27,6 +27,9 @@ import sys
 import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # real kernels, not the interpreter
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/: the variants, the pruning simulation
+
+import sweep_prune_sim  # noqa: E402
 
 H200 = dict(sms=132, schedulers=4, ghz=1.98, mufu_cycles=8, tbps=4.25)
 LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*?);")
@@ -173,10 +176,10 @@ def pruned_paths(loop: Loop) -> tuple[collections.Counter, collections.Counter, 
             top.append((a, t))
     inside = lambda a: any(g < a < t for g, t in top)  # noqa: E731
     every = collections.Counter(opcode(o) for a, o, _ in loop.ins if a <= lo or a >= hi)
-    bodies = collections.Counter(opcode(o) for a, o, _ in loop.ins if lo < a < hi and inside(a))
     if not top:  # the tile vote: the whole region is the evaluated part
         return every, collections.Counter(), collections.Counter(opcode(o) for a, o, _ in loop.ins if lo < a < hi)
     tile = collections.Counter(opcode(o) for a, o, _ in loop.ins if lo < a < hi and not inside(a))
+    bodies = collections.Counter(opcode(o) for a, o, _ in loop.ins if lo < a < hi and inside(a))
     return every, tile, bodies
 
 
@@ -188,9 +191,6 @@ def predict(b, g, v, dtype, temperature, name, config, show_loops=False, simulat
     """Model time of each launch of one verify step (see the module docstring). ``simulate``: a pruned
     sweep issues its every-tile path for each tile and its evaluated parts in the fractions that
     ``sweep_prune_sim`` finds on the benchmark's rows; otherwise every tile counts as evaluated."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import sweep_prune_sim  # noqa: F401  (benchmarks/)
-
     itemsize = 2 if str(dtype).endswith(("bfloat16", "float16")) else 4
     out = dict(variant=name, B=b, G=g, V=v, launches=[])
     for fn, grid, args, kwargs in offline_launches(b, g, v, dtype, temperature, config):
@@ -301,7 +301,6 @@ def main(argv=None) -> int:
     fv.sm_count = lambda index: H200["sms"]  # choose_config as on the H200
     fv.interpreting = lambda: False
     fv.device_sms = lambda device: H200["sms"]  # the persistent grid as on the H200
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from verify_variants import variants
 
     dtype = getattr(torch, args.dtype)
