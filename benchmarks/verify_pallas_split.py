@@ -7,7 +7,9 @@ depending on the previous step's output, so the steps are serial as in decoding:
 * ``stats``: the normaliser kernel (``row_stats``) of the target rows only;
 * ``stats+decide``: that plus the final kernel (``final_decide``: accept test, n, the sweep of row n);
 * ``step``: the whole ``flashspec_jax.verify(impl="pallas")`` (plus the candidates' reduction and the
-  token assembly in jnp).
+  token assembly in jnp);
+* ``step-two-argmax``: the same with the previous epilogue (``final.pick_draw_reference``: two argmaxes
+  and an any across the chunks, where ``final.pick_draw`` is one variadic reduction).
 
 The differences are what each part costs in the loop (launch gaps included). The compiled loop's
 HLO gives the number of kernels a step launches (fusions and custom calls in the scan body, per
@@ -36,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes in interpret mode (CPU)")
     p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
+    p.add_argument("--tag", default="", help="suffix of the JSON's name (e.g. a run under other XLA_FLAGS)")
     return p.parse_args(argv)
 
 
@@ -46,7 +49,7 @@ def stage_fns(temperature: float, interpret: bool):
     from flashspec_jax import verify
     from flashspec_jax.kernels import final
     from flashspec_jax.kernels.verify import choose_config, row_stats
-    from flashspec_jax.verify import make_counters
+    from flashspec_jax.verify import make_counters, verify_jit
 
     def config_of(z):
         return choose_config(z.shape[0], z.shape[1] - 1, z.shape[2], z.dtype.itemsize, interpret)
@@ -70,15 +73,35 @@ def stage_fns(temperature: float, interpret: bool):
         res = verify(*inp, seed=jnp.uint32(7), offset=acc, temperature=temperature, impl="pallas")
         return acc + res.tokens.sum().astype(jnp.uint32), res.tokens
 
-    return {"stats": stats, "stats+decide": decide, "step": step}
+    def step_two_argmax(acc, inp):  # the step with the previous epilogue (final.pick_draw_reference)
+        fast = final.pick_draw
+        final.pick_draw = final.pick_draw_reference  # read when verify is traced, restored right after
+        verify_jit.clear_cache()  # (its cached trace holds the other epilogue)
+        try:
+            return step(acc, inp)
+        finally:
+            final.pick_draw = fast
+            verify_jit.clear_cache()
+
+    return {"stats": stats, "stats+decide": decide, "step": step, "step-two-argmax": step_two_argmax}
 
 
 def kernels_per_step(hlo: str, k: int) -> dict:
-    """Kernel launches in the scan body of compiled HLO text: fusions and custom calls, per step."""
-    body = max(re.split(r"\n(?=\S)", hlo), key=lambda comp: comp.count("custom-call("))  # the unrolled body
+    """Kernel launches in the scan body of compiled HLO text: fusions and custom calls, per step, and
+    what each fusion of the body computes (its kind and the opcodes of its fused computation, with
+    how many times that fusion occurs in the body: k steps)."""
+    comps = re.split(r"\n(?=\S)", hlo)
+    body = max(comps, key=lambda comp: comp.count("custom-call("))  # the unrolled body
     ops = re.findall(r"\s([a-z][a-z-]*)\(", body)
+    named = {m.group(1): c for c in comps if (m := re.match(r"%?([\w.\-]+)\s", c))}
+    fusions: dict[str, int] = {}
+    for kind, called in re.findall(r"fusion\(.*?kind=(k\w+).*?calls=%?([\w.\-]+)", body):
+        inner = re.findall(r"\s([a-z][a-z-]*)\(", named.get(called, ""))
+        what = f"{kind}: " + " ".join(sorted(set(inner) - {"parameter", "constant", "get-tuple-element", "tuple"}))
+        fusions[what] = fusions.get(what, 0) + 1
     return dict(fusions_per_step=ops.count("fusion") / k, custom_calls_per_step=ops.count("custom-call") / k,
-                other_ops=sorted(set(ops) - {"fusion", "custom-call", "parameter", "get-tuple-element", "tuple"}))
+                other_ops=sorted(set(ops) - {"fusion", "custom-call", "parameter", "get-tuple-element", "tuple"}),
+                fusions=fusions)
 
 
 def time_stage(one, sets, steps: int, on_gpu: bool) -> tuple[float, dict]:
@@ -145,9 +168,10 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
         rows.append(row)
         del sets
-    out = Path(args.out) / ("verify_pallas_split_dry.json" if args.dry_run else "verify_pallas_split.json")
+    name = "verify_pallas_split" + ("_dry" if args.dry_run else "") + (f"_{args.tag}" if args.tag else "")
+    out = Path(args.out) / f"{name}.json"
     env = dict(jax=jax.__version__, backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
-               date=time.strftime("%Y-%m-%d"))
+               date=time.strftime("%Y-%m-%d"), xla_flags=os.environ.get("XLA_FLAGS", ""))
     out.write_text(json.dumps(dict(environment=env, rows=rows), indent=1))
     print("wrote", out)
     return 0

@@ -101,6 +101,8 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         "tile-stream+lanes-sweep": dataclasses.replace(tile_config(b, g, v, device), sweep="lanes", sweep_v=1024),
         "lanes-exact-log": dataclasses.replace(lanes, fast_math=False),
         "lanes-no-prune": dataclasses.replace(lanes, prune=False),
+        # the default before 2026-12-02: one pruning vote per tile, pruning only from ~8 sweep tiles per program
+        "lanes-tile-vote": dataclasses.replace(lanes, sweep_slots=0, prune=v / lanes.num_chunks / 1024 >= 7.5),
         "lanes-pdl": dataclasses.replace(lanes, pdl=True),  # the final launch starts in the stats launch's tail
         "lanes-prune": dataclasses.replace(lanes, prune=True),
         "lanes-sweep512": dataclasses.replace(lanes, sweep_v=512),
@@ -141,10 +143,11 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                                                      sweep_v=1024)
     out["pdl-s8-w1-hint"] = dataclasses.replace(out["pdl-s8-w1"], prune_hint=True, prune=True)
     # the programs of a row share the sweep's pruning floor (lanes.sweep_row_lanes SHARE_K)
-    out["pdl-shared"] = dataclasses.replace(pdl, shared_floor=True, prune=True)
+    out["pdl-shared"] = dataclasses.replace(pdl, shared_floor=True, prune=True, sweep_slots=0)
     for k, warps in ((4, 1), (8, 1), (16, 1), (8, 2), (4, 4)):
         out[f"pdl-s{k}-w{warps}-shared"] = dataclasses.replace(pdl, sweep_chunks=lanes.num_chunks * k, sweep_warps=warps,
-                                                               sweep_v=256 * warps, shared_floor=True, prune=True)
+                                                               sweep_v=256 * warps, shared_floor=True, prune=True,
+                                                               sweep_slots=0)
     # the sweep's vote per slot (kernels/slots.py): 8 votes per 256-logit tile of one warp, 8 per 1024 of four
     lanes_p = dataclasses.replace(lanes, prune=True)
     out["lanes-slots8"] = dataclasses.replace(lanes_p, sweep_slots=8)

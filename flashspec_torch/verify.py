@@ -204,7 +204,10 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     "lanes" loops with 8 KB (bf16: 4096 logits) per program per step, fewer logits per step when the
     split needs more chunks. The final launch with PDL, and from B=128 its sweep split 8x finer into
     one-warp programs (verify_variants_sweep.json: 0.85-0.99x the time at B >= 128, 1.1-1.35x at
-    B=32). Interpreter: few, large programs."""
+    B=32). The sweep pruned with a vote per slot of 4 logits (``sweep_slots=4``, kernels/slots.py) from B=32
+    or ~8 sweep tiles per program, measured at or below the tile vote at all 20 shapes with B >= 32
+    (verify_variants_slots.json: B=256, G=4, V=128256 bf16 143 us against 149; B=256, G=8 205 against 232;
+    B=32, G=4 35 against 38). Interpreter: few, large programs."""
     rows = next_pow2(gamma + 1)
     if device.type != "cuda" or interpreting():  # the interpreter: few, large programs
         block_v = max(16, min(next_pow2(vocab), 4096 // rows))
@@ -215,9 +218,11 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     wanted = min(math.ceil(target_programs / batch), 128 if batch < 8 else 32 if batch < 32 else 16)
     block_v = min(8192 // itemsize, max(256, next_pow2(math.ceil(vocab / wanted))))
     chunks = min(math.ceil(vocab / block_v), wanted)
-    tiles = vocab / chunks / 1024  # sweep tiles per program: pruning pays from about 8 on flat rows
-    config = KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4, prune=tiles >= 7.5,
-                          schedule=DEFAULT_SCHEDULE, pdl=True)  # PDL: 1-3 us less per step (no-op before sm_90)
+    tiles = vocab / chunks / 1024  # sweep tiles per program: the tile vote paid from about 8 on flat rows
+    prune = tiles >= 7.5 or batch >= 32  # the slot vote pays from B = 32 (4 tiles per program) on
+    config = KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4, prune=prune,
+                          sweep_slots=4 if prune else 0, schedule=DEFAULT_SCHEDULE,
+                          pdl=True)  # PDL: 1-3 us less per step (no-op before sm_90)
     if batch >= 128:  # the sweep as 8x the programs of one warp: B=256, G=8, V=128256 bf16 212 us against 247
         config = replace(config, sweep_chunks=8 * chunks, sweep_warps=1, sweep_v=256)
     return config

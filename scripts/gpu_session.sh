@@ -33,8 +33,8 @@ for step in $steps; do
     profile) timeout 120 python3 benchmarks/engine_profile.py --shape tinyllama-1.1b > "$OUT/profile.log" 2>&1; tail -2 "$OUT/profile.log" ;;
     pallas_split) timeout ${PALLAS_SPLIT_TIMEOUT:-200} python3 benchmarks/verify_pallas_split.py --out "$OUT" > "$OUT/verify_pallas_split.log" 2>&1; tail -6 "$OUT/verify_pallas_split.log" ;;
     slots) timeout ${SLOTS_TIMEOUT:-300} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 220 \
-             --variants lanes,lanes-slots8,lanes-slots4,pdl-s8-w1-slots8,pdl-s4-w1-slots8,pdl-s16-w1-slots8,pdl-s8-w1-slots4 \
-             --split lanes,lanes-slots8 --batch 256,128,32 > "$OUT/verify_slots.log" 2>&1; tail -8 "$OUT/verify_slots.log" ;;
+             --variants lanes,lanes-tile-vote,lanes-slots8,pdl-s8-w1-slots8,pdl-s4-w1-slots8,pdl-s16-w1-slots8,pdl-s8-w1-slots4 \
+             --split lanes,lanes-tile-vote --batch 256,128,32 > "$OUT/verify_slots.log" 2>&1; tail -8 "$OUT/verify_slots.log" ;;
     floor) timeout 200 python3 benchmarks/verify_floor.py > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
     verify) timeout ${VERIFY_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" ${VERIFY_ARGS:-} > "$OUT/verify_variants.log" 2>&1; tail -${VERIFY_TAIL:-40} "$OUT/verify_variants.log" ;;
     jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/engine_gpu_jax.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --out "$OUT" > "$OUT/engine_gpu_jax.log" 2>&1; tail -12 "$OUT/engine_gpu_jax.log" ;;

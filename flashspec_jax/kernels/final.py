@@ -11,7 +11,7 @@
   ``final_draw`` does. Program c = 0 also writes n [B] and log q(x) [B, G]. All programs of a row
   compute the same prologue (a few hundred bytes of partials each), so nothing crosses programs.
 
-Either way a jnp epilogue (``pick_draw``: argmax across chunks, then ``verify.emit``) finishes.
+Either way a jnp epilogue (``pick_draw``: the best key across chunks in one reduction, then ``verify.emit``) finishes.
 The prologue is the jnp glue's arithmetic in the same order (``combine_logsumexp``, ``scale``,
 ``accept_log_uniforms``, ``first_rejection``, ``rng.key``), so both forms give identical tokens
 in interpret mode; on the GPU the difference is Triton's libdevice log / exp against XLA's (ulps).
@@ -101,7 +101,35 @@ def partial_shapes(batch: int, num_chunks: int) -> list[jax.ShapeDtypeStruct]:
 
 
 def pick_draw(partials: Partials, n: jax.Array, gamma: int, vocab: int) -> jax.Array:  # [B, NV] x 5, [B] -> [B] y
-    """The epilogue: the first (lowest-index) best key across chunks, residual unless n = G or no mass."""
+    """The epilogue: the first (lowest-chunk) best key across chunks, residual unless n = G or no mass.
+
+    One variadic reduction over the chunks carries both running bests and the mass flag, so XLA
+    emits one kernel where ``pick_draw_reference``'s two argmaxes and its ``any`` took three
+    (benchmarks/verify_pallas_split.py lists a step's fusions). Same result: a larger key wins, an
+    equal key in a lower chunk wins (jnp.argmax's first maximum), a row of -inf keys gives chunk 0."""
+    r_val, r_idx, p_val, p_idx, any_r = partials
+    chunk = lax.broadcasted_iota(jnp.int32, r_val.shape, 1)
+
+    def wins(a_val, a_c, b_val, b_c):  # a over b: a larger key, or the same key in a lower chunk
+        return (a_val > b_val) | ((a_val == b_val) & (a_c < b_c))
+
+    def combine(a, b):  # (r_val, r_idx, r_chunk, p_val, p_idx, p_chunk, any_r) x 2
+        take_r = wins(a[0], a[2], b[0], b[2])
+        take_p = wins(a[3], a[5], b[3], b[5])
+        pick = lambda take, u, v: jnp.where(take, u, v)  # noqa: E731
+        return (pick(take_r, a[0], b[0]), pick(take_r, a[1], b[1]), pick(take_r, a[2], b[2]),
+                pick(take_p, a[3], b[3]), pick(take_p, a[4], b[4]), pick(take_p, a[5], b[5]), jnp.maximum(a[6], b[6]))
+
+    big = jnp.int32(2**31 - 1)
+    init = (jnp.float32(NEG_INF), jnp.int32(0), big, jnp.float32(NEG_INF), jnp.int32(0), big, jnp.int32(0))
+    _, y_r, _, _, y_p, _, mass = lax.reduce((r_val, r_idx, chunk, p_val, p_idx, chunk, any_r.astype(jnp.int32)),
+                                            init, combine, (1,))
+    use_p = (n == gamma) | (mass <= 0)
+    return jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
+
+
+def pick_draw_reference(partials: Partials, n: jax.Array, gamma: int, vocab: int) -> jax.Array:  # as pick_draw
+    """The plain epilogue: two argmaxes across chunks and an any (three XLA kernels on the GPU)."""
     r_val, r_idx, p_val, p_idx, any_r = partials
     y_r = jnp.take_along_axis(r_idx, jnp.argmax(r_val, axis=1)[:, None], axis=1)[:, 0]
     y_p = jnp.take_along_axis(p_idx, jnp.argmax(p_val, axis=1)[:, None], axis=1)[:, 0]
