@@ -77,6 +77,27 @@ def test_kernel_config_is_validated():
         KernelConfig(num_warps=3)
 
 
+def test_gpu_default_takes_the_slot_vote_from_b32(monkeypatch):
+    """choose_config on an H200 (132 SMs, no GPU needed): the pruned sweep with a vote per slot of 4
+    from B = 32 (measured at or below the tile vote there: docs/kernel_notes.md), no pruning below it
+    at V = 128256 (one or four sweep tiles per program), and every default a valid KernelConfig."""
+    import dataclasses
+    import importlib
+
+    fv = importlib.import_module("flashspec_torch.verify")  # the module (the package exports a function)
+    monkeypatch.setattr(fv, "interpreting", lambda: False)
+    monkeypatch.setattr(fv, "sm_count", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    for b in (1, 8, 32, 128, 256):
+        for v in (32000, 128256):
+            for itemsize in (2, 4):
+                cfg = fv.choose_config(b, 4, v, gpu, itemsize)
+                assert dataclasses.replace(cfg) == cfg  # __post_init__ accepts it
+                assert cfg.sweep == "lanes" and cfg.pdl
+                assert (cfg.prune, cfg.sweep_slots) == ((True, 4) if b >= 32 else (cfg.prune, 0)), (b, v, itemsize)
+    assert not fv.choose_config(8, 4, 128256, gpu).prune
+
+
 def test_triton_on_cpu_without_interpreter_says_what_to_do():
     code = ("import os; os.environ.pop('TRITON_INTERPRET', None)\n"
             "import torch; from flashspec_torch import verify\n"
