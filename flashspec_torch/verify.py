@@ -207,7 +207,7 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     B=32). The sweep pruned with a vote per slot of 4 logits (``sweep_slots=4``, kernels/slots.py) from B=32
     or ~8 sweep tiles per program: at or below the tile vote at all 20 shapes of verify_variants_slots.json
     (B = 128, 256; B = 32 with V = 128256: B=256, G=4, V=128256 bf16 143 us against 149; B=256, G=8 205
-    against 232; B=32, G=4 35 against 38), within 2% of it at B=32, V=32000 (verify_variants_slots_b32.json).
+    against 232; B=32, G=4 35 against 38), within 2.5% of it at B=32, V=32000 (verify_variants_slots_b32.json).
     Interpreter: few, large programs."""
     rows = next_pow2(gamma + 1)
     if device.type != "cuda" or interpreting():  # the interpreter: few, large programs
@@ -220,7 +220,7 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     block_v = min(8192 // itemsize, max(256, next_pow2(math.ceil(vocab / wanted))))
     chunks = min(math.ceil(vocab / block_v), wanted)
     tiles = vocab / chunks / 1024  # sweep tiles per program: the tile vote paid from about 8 on flat rows
-    prune = tiles >= 7.5 or batch >= 32  # the slot vote: faster, or within 2%, from B = 32 (2-8 tiles)
+    prune = tiles >= 7.5 or batch >= 32  # the slot vote: faster, or within 2.5%, from B = 32 (2-8 tiles)
     config = KernelConfig(block_b=1, block_v=block_v, sweep_v=1024, num_chunks=chunks, num_warps=4, prune=prune,
                           sweep_slots=4 if prune else 0, schedule=DEFAULT_SCHEDULE,
                           pdl=True)  # PDL: 1-3 us less per step (no-op before sm_90)
