@@ -257,10 +257,16 @@ def jax_variants(b: int, g: int, v: int, itemsize: int) -> dict:
 
     "pallas" / "pallas-lanes" keep their old meaning (the configs before choose_config: "tile"
     loops, and the first per-slot "lanes" loops, 8 warps, 2048-logit tiles, 264 programs)."""
+    from flashspec_jax.kernels.config import SMS, single_config
     from flashspec_jax.kernels.verify import VerifyKernelConfig, choose_config
 
     v2 = choose_config(b, g, v, itemsize)
+    single = {} if b > SMS else {  # one launch (kernels/single.py): B x chunks <= the SM count
+        "pallas-single": ("pallas", single_config(b, g, v, itemsize)),
+        "pallas-single-w4": ("pallas", single_config(b, g, v, itemsize, num_warps=4)),
+    }
     return {
+        **single,
         "pallas": ("pallas", VerifyKernelConfig()),
         "pallas-lanes": ("pallas", VerifyKernelConfig(loops="lanes")),
         "pallas-v2": ("pallas", v2),

@@ -28,6 +28,9 @@ class VerifyKernelConfig:
     # pallas_calls (three with draft stats) and a small jnp epilogue; False: the jnp glue between
     # row_stats and final_draw (one XLA op each). Greedy (T = 0) ignores it.
     prologue: bool = False
+    # One launch for T > 0 (kernels/single.py): both phases in one grid, synchronised per batch row through
+    # an atomic counter; needs prologue=True and B x chunks <= the SM count (every program resident).
+    single: bool = False
 
     def __post_init__(self):
         if self.loops not in ("tile", "lanes"):
@@ -46,6 +49,9 @@ class VerifyKernelConfig:
             raise ValueError(f"{self.vec=} must be 0 or a power of 2 <= 16 and <= block_v / 2")
         if not isinstance(self.prologue, bool):
             raise ValueError(f"{self.prologue=} must be a bool (True: accept test inside the final kernel)")
+        if not isinstance(self.single, bool) or (self.single and not self.prologue):
+            raise ValueError(f"{self.single=} must be a bool, and True only with prologue=True (its phase 2 is the "
+                             "prologue's accept test)")
         if self.loops == "tile" and (self.vec or self.prefetch or self.prune or self.sweep_v):
             raise ValueError(f"{self.loops=}: vec, prefetch, prune and sweep_v need loops='lanes'")
 
@@ -92,3 +98,19 @@ class Chunking:
         wanted = min(tiles, max(1, pl.cdiv(min_programs, batch)))
         blocks = pl.cdiv(tiles, wanted)
         return cls(block, blocks, pl.cdiv(tiles, blocks))
+
+
+def single_config(batch: int, gamma: int, vocab: int, itemsize: int, num_warps: int = 0) -> VerifyKernelConfig:
+    """``choose_config``'s loops in one launch (``single=True``, kernels/single.py): V split so that B x chunks
+    stays within the SM count (every program resident, one per SM at most). B <= SMS."""
+    if not 1 <= batch <= SMS:
+        raise ValueError(f"{batch=} must be in [1, {SMS}] for the single launch (one program per batch row at least)")
+    base = choose_config(batch, gamma, vocab, itemsize)
+    warps = num_warps or base.num_warps
+    per_row = SMS // batch
+    lanes_min = 32 * warps * base.vec
+    block_v = min(8192 // itemsize, max(lanes_min, pl.next_power_of_2(pl.cdiv(vocab, per_row))))
+    chunks = Chunking.make(batch, vocab, block_v, batch * per_row).num_chunks
+    sweep_v = min(1024, block_v)
+    return dataclasses.replace(base, block_v=block_v, num_warps=warps, min_programs=batch * per_row, sweep_v=sweep_v,
+                               prune=vocab / chunks / sweep_v >= 7.5, single=True)

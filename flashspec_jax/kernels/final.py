@@ -194,7 +194,8 @@ def final_draw(
 # ----------------------------------------------------------------------------- final_decide (accept test inside)
 
 
-def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, raw_max: bool, exact_div: bool):
+def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, raw_max: bool, exact_div: bool,
+                   fresh: bool = False):
     """``[B, NV, R]`` chunk max / sum-exp refs -> f32 [width] log sum exp of row r of batch row b
     (``verify.combine_logsumexp``; -inf past R). ``raw_max``: the max is of the raw logits (lanes
     loops), divided by T here as ``verify.row_stats`` does otherwise."""
@@ -203,8 +204,9 @@ def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, raw_max: 
     r = jnp.arange(width, dtype=jnp.int32)[None, :]  # [1, width]
     live = (ch < num_chunks) & (r < rows)
     at = (b, jnp.minimum(ch, num_chunks - 1), jnp.minimum(r, rows - 1))  # clamped: every address in bounds
-    m = plt.load(m_ref.at[at], mask=live, other=NEG_INF)  # [NVp, width]
-    l = plt.load(l_ref.at[at], mask=live, other=0.0)
+    # volatile: not from L1 (other programs of the same launch wrote them; cache_modifier=".cg" fails to lower in 0.10.2)
+    m = plt.load(m_ref.at[at], mask=live, other=NEG_INF, volatile=fresh)  # [NVp, width]
+    l = plt.load(l_ref.at[at], mask=live, other=0.0, volatile=fresh)
     if raw_max:
         m = divide(m, temperature, exact_div)
     big = jnp.max(m, axis=0)  # [width]
@@ -223,7 +225,7 @@ def accept_log_uniforms_at(c: Counters, i: jax.Array) -> jax.Array:  # scalar co
 
 
 def draft_log_probs(w_ref, q_refs, b, rows, x, width: int, *, draft: str, temperature: float, raw_max: bool,
-                    exact_div: bool):  # -> (log q(x_i), lse of w_i / T): f32 [width] each
+                    exact_div: bool, fresh: bool = False):  # -> (log q(x_i), lse of w_i / T): f32 [width] each
     """``draft``: "onehot" (w None: log q(x) = 0), "given" (``q_refs`` = (lq_ref [B, G],): lse_q is one
     logit away), "stats" (``q_refs`` = (m_ref, l_ref) [B, NV, G] of w)."""
     if draft == "onehot":
@@ -233,11 +235,17 @@ def draft_log_probs(w_ref, q_refs, b, rows, x, width: int, *, draft: str, temper
     if draft == "given":
         log_q_x = plt.load(q_refs[0].at[b, rows]).astype(jnp.float32)
         return log_q_x, jnp.where(jnp.isfinite(t_x), t_x - log_q_x, jnp.inf)
-    lse_q = combine_chunks(*q_refs, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div)
+    lse_q = combine_chunks(*q_refs, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div,
+                           fresh=fresh)
     return t_x - lse_q, lse_q
 
 
-def final_decide_kernel(
+def final_decide_kernel(*refs, **params) -> None:
+    """Program (b, c) of ``final_decide``: ``final_decide_body`` (the accept test, then its chunk of row n)."""
+    final_decide_body(*refs, **params)
+
+
+def final_decide_body(
     x_ref,  # [B, G] int32: drafted tokens (clipped to [0, V) here)
     m_p_ref,  # [B, NV, G+1] f32: chunk max of z / T (raw_max: of z)
     l_p_ref,  # [B, NV, G+1] f32: chunk sum exp(z / T - max)
@@ -254,10 +262,12 @@ def final_decide_kernel(
     chunking: Chunking,
     exact_div: bool,
     config: VerifyKernelConfig,
+    ids: tuple | None = None,  # (b, c) when called from another kernel (single.py); None: the program ids
+    fresh: bool = False,  # load the partials past L1 (single.py: other programs of this launch wrote them)
 ):
     ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft]:]
     w_ref, q_refs = (ins[0], ins[1:]) if ins else (None, ())
-    b, c = pl.program_id(0), pl.program_id(1)
+    b, c = ids or (pl.program_id(0), pl.program_id(1))
     gamma, vocab = x_ref.shape[1], z_ref.shape[2]
     width = pl.next_power_of_2(gamma + 1)  # Triton blocks are powers of 2: rows past G+1 are masked
     i = jnp.arange(width, dtype=jnp.int32)
@@ -265,10 +275,11 @@ def final_decide_kernel(
     x = jnp.clip(plt.load(x_ref.at[b, rows]), 0, vocab - 1)  # [width]
     counters = Counters(seed_lo_ref[b], seed_hi_ref[b], offset_ref[b], row_ref[b])
     scaled = functools.partial(divide, temperature=temperature, exact_div=exact_div)
-    lse_p = combine_chunks(m_p_ref, l_p_ref, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div)
+    lse_p = combine_chunks(m_p_ref, l_p_ref, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div,
+                           fresh=fresh)
     log_p_x = scaled(plt.load(z_ref.at[b, rows, x]).astype(jnp.float32)) - lse_p
     log_q_x, lse_q = draft_log_probs(w_ref, q_refs, b, rows, x, width, draft=draft, temperature=temperature,
-                                     raw_max=raw_max, exact_div=exact_div)
+                                     raw_max=raw_max, exact_div=exact_div, fresh=fresh)
     accepted = accept_log_uniforms_at(counters, i) < log_p_x - log_q_x
     n = jnp.min(jnp.where((i < gamma) & ~accepted, i, gamma))  # first rejection, G if none
     j = jnp.minimum(n, gamma - 1)
@@ -284,6 +295,8 @@ def final_decide_kernel(
         n_ref[b] = n
         for k in range(gamma):  # scalar stores: a masked vector store of clamped lanes would race in interpret mode
             log_q_x_ref[b, k] = pick(log_q_x, i, k, NEG_INF)
+
+    return n
 
 
 def final_decide(

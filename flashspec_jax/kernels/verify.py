@@ -74,7 +74,7 @@ from jax.experimental.pallas import triton as plt
 
 from flashspec_jax import random as rng
 
-from . import final, lanes
+from . import final, lanes, single
 from .common import NEG_INF, Counters, divide, update_argmax  # noqa: F401  (Counters re-exported)
 from .config import SMS, Chunking, VerifyKernelConfig, choose_config  # noqa: F401  (re-exported)
 from .final import final_draw, final_draw_kernel  # noqa: F401  (re-exported)
@@ -99,8 +99,9 @@ def row_stats_kernel(
     chunking: Chunking,
     exact_div: bool,
     config: VerifyKernelConfig,
+    ids: tuple | None = None,  # (b, c) when called from another kernel (single.py); None: the program ids
 ):
-    b, c = pl.program_id(0), pl.program_id(1)
+    b, c = ids or (pl.program_id(0), pl.program_id(1))
     num_rows, vocab = a_ref.shape[1], a_ref.shape[2]
     bv = chunking.block
     per_lane = config.loops == "lanes" and not greedy
@@ -286,7 +287,7 @@ def verify(
     if top_k > 0 or top_p < 1.0:
         z = filter_logits(z, temperature, top_k, top_p)
         w = None if w is None else filter_logits(w, temperature, top_k, top_p)
-    run = verify_with_prologue if config.prologue else verify_with_glue
+    run = single.verify_single if config.single else verify_with_prologue if config.prologue else verify_with_glue
     return run(z, x, w, log_q_given, c, temperature=temperature, config=config, interpret=interpret)
 
 
