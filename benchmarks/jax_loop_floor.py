@@ -1,0 +1,159 @@
+"""What one step of an XLA loop costs before any verify arithmetic: the floor under the Pallas timings.
+
+    python benchmarks/jax_loop_floor.py --out DIR      # on the H200 (about a minute)
+    python benchmarks/jax_loop_floor.py --dry-run      # CPU, tiny shape (Pallas interpret mode)
+
+The loop is verify_variants.py's (one jitted ``lax.scan``, k input sets unrolled per iteration as
+separate buffers, each step's offset depends on the previous step's tokens, ``block_until_ready``
+once; time / steps). Per step, bf16 logits [B, G+1, V]:
+
+* ``fusion``: tokens from one jnp op on the offset (no read of the logits);
+* ``read``: tokens from a jnp max over the logits (one XLA reduction reading them all);
+* ``pallas-1`` / ``pallas-2`` / ``pallas-3``: one, two or three trivial Pallas kernels in a chain (each reads one
+  logit and the previous kernel's output), then the same tokens;
+* ``pallas-1-counter``: one trivial kernel with a zeroed int32 [B] input aliased to an output
+  (what ``VerifyKernelConfig(single=True)`` adds: the counters);
+* ``verify-two`` / ``verify-single``: the real verify (``choose_config``: two kernels and the epilogue;
+  ``single_config``: one launch).
+
+Writes DIR/jax_loop_floor.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="1:128256,8:128256,32:32000", help="B:V,...")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
+    return p.parse_args(argv)
+
+
+def trivial_kernel(z_ref, prev_ref, o_ref):  # [B, G+1, V], [B, G+1] int32 -> [B, G+1] int32
+    o_ref[...] = prev_ref[...] + z_ref[0, 0, 0].astype(prev_ref.dtype)
+
+
+def counter_kernel(z_ref, prev_ref, count_in_ref, o_ref, count_ref):
+    del count_in_ref  # aliased to count_ref
+    o_ref[...] = prev_ref[...] + z_ref[0, 0, 0].astype(prev_ref.dtype) + count_ref[0]
+
+
+def steps_of(b: int, g: int, v: int, t: float, interpret: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plt
+
+    from flashspec_jax import verify
+    from flashspec_jax.kernels.config import choose_config, single_config
+
+    params = plt.CompilerParams(num_warps=4, num_stages=1)
+    rows, cols = pl.next_power_of_2(b), pl.next_power_of_2(g + 1)  # Triton blocks: powers of 2
+    out = jax.ShapeDtypeStruct((rows, cols), jnp.int32)
+
+    def whole(kernel, n_in):  # the kernel sees whole arrays (no grid, no blocks)
+        return pl.pallas_call(kernel, out_shape=out if n_in == 2 else [out, jax.ShapeDtypeStruct((rows,), jnp.int32)],
+                              compiler_params=params, interpret=interpret,
+                              input_output_aliases={} if n_in == 2 else {2: 1})
+
+    def chain(n):
+        def step(z, x, w, lq, offset):
+            toks = jnp.zeros((rows, cols), jnp.int32) + offset.astype(jnp.int32)
+            for _ in range(n):
+                toks = whole(trivial_kernel, 2)(z, toks)
+            return toks
+        return step
+
+    def with_counter(z, x, w, lq, offset):
+        toks = jnp.zeros((rows, cols), jnp.int32) + offset.astype(jnp.int32)
+        return whole(counter_kernel, 3)(z, toks, jnp.zeros((rows,), jnp.int32))[0]
+
+    def real(config):
+        def step(z, x, w, lq, offset):
+            return verify(z, x, w, lq, seed=jnp.uint32(7), offset=offset, temperature=t, impl="pallas",
+                          config=config).tokens
+        return step
+
+    return {
+        "fusion": lambda z, x, w, lq, offset: jnp.zeros((b, g + 1), jnp.int32) + offset.astype(jnp.int32),
+        "read": lambda z, x, w, lq, offset: (jnp.max(z, axis=-1).astype(jnp.int32) + offset.astype(jnp.int32)),
+        "pallas-1": chain(1), "pallas-2": chain(2), "pallas-3": chain(3), "pallas-1-counter": with_counter,
+        "verify-two": real(None if interpret else choose_config(b, g, v, 2)),
+        "verify-single": real(single_config(b, g, v, 2)),
+    }
+
+
+def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+
+    per_set = (2 * g + 1) * b * v * 2
+    k = max(2, min(32, math.ceil(3 * 60e6 / per_set))) if on_gpu else 2
+    steps = k * math.ceil(64 / k) if on_gpu else k
+    kz, kw = jax.random.split(jax.random.key(b + v))
+    sets = []
+    for j in range(k):
+        z = (2.0 * jax.random.normal(jax.random.fold_in(kz, j), (b, g + 1, v))).astype(jnp.bfloat16)
+        w = (z[:, :g].astype(jnp.float32) + 1.4 * jax.random.normal(jax.random.fold_in(kw, j), (b, g, v))).astype(
+            jnp.bfloat16)
+        log_q = jax.nn.log_softmax(w.astype(jnp.float32) / t, axis=-1)
+        x = jnp.argmax(log_q, axis=-1).astype(jnp.int32)
+        sets.append((z, x, w, jnp.take_along_axis(log_q, x[..., None], axis=-1)[..., 0]))
+    rows = []
+    for name, step in steps_of(b, g, v, t, not on_gpu).items():
+        def run(sets, step=step):
+            def body(acc, _):
+                for inp in sets:
+                    acc = acc + step(*inp, acc).sum().astype(jnp.uint32)
+                return acc, None
+            return jax.lax.scan(body, jnp.uint32(0), None, length=steps // k)[0]
+        fn = jax.jit(run)
+        row = dict(name=name, B=b, G=g, V=v, temperature=t, buffers=k, steps=steps)
+        try:
+            jax.block_until_ready(fn(sets))
+            times = []
+            for _ in range(7 if on_gpu else 1):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(sets))
+                times.append(time.perf_counter() - t0)
+            row["step_us"] = 1e6 * sorted(times)[len(times) // 2] / steps
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        print(f"B={b} V={v} {name:18s} " + (f"{row['step_us']:7.1f} us/step" if "step_us" in row else row["error"]),
+              flush=True)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import jax
+
+    on_gpu = jax.default_backend() in ("gpu", "cuda")
+    shapes = [(3, 1000)] if args.dry_run or not on_gpu else [tuple(int(a) for a in s.split(":"))
+                                                               for s in args.shapes.split(",")]
+    rows = [r for b, v in shapes for r in time_shape(b, args.gamma, v, args.temperature, on_gpu)]
+    env = dict(jax=jax.__version__, backend=jax.default_backend(),
+               device=str(jax.devices()[0].device_kind), date=time.strftime("%Y-%m-%d"))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "jax_loop_floor.json").write_text(json.dumps(dict(environment=env, rows=rows), indent=1))
+    print(f"wrote {out / 'jax_loop_floor.json'}")
+    return 0 if all("step_us" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
