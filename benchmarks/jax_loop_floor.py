@@ -37,6 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--shapes", default="1:128256,8:128256,32:32000", help="B:V,...")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--only", default="", help="comma-separated step names (default: all)")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     return p.parse_args(argv)
@@ -96,7 +97,7 @@ def steps_of(b: int, g: int, v: int, t: float, interpret: bool) -> dict:
     }
 
 
-def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool) -> list[dict]:
+def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool, only=()) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
@@ -114,6 +115,8 @@ def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool) -> list[dict]:
         sets.append((z, x, w, jnp.take_along_axis(log_q, x[..., None], axis=-1)[..., 0]))
     rows = []
     for name, step in steps_of(b, g, v, t, not on_gpu).items():
+        if only and name not in only:
+            continue
         def run(sets, step=step):
             def body(acc, _):
                 for inp in sets:
@@ -145,7 +148,8 @@ def main(argv=None) -> int:
     on_gpu = jax.default_backend() in ("gpu", "cuda")
     shapes = [(3, 1000)] if args.dry_run or not on_gpu else [tuple(int(a) for a in s.split(":"))
                                                                for s in args.shapes.split(",")]
-    rows = [r for b, v in shapes for r in time_shape(b, args.gamma, v, args.temperature, on_gpu)]
+    rows = [r for b, v in shapes for r in time_shape(b, args.gamma, v, args.temperature, on_gpu,
+                                                                [n for n in args.only.split(",") if n])]
     env = dict(jax=jax.__version__, backend=jax.default_backend(),
                device=str(jax.devices()[0].device_kind), date=time.strftime("%Y-%m-%d"))
     out = pathlib.Path(args.out)

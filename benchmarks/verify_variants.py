@@ -16,6 +16,8 @@ JAX: ``impl="pallas"`` (``jax_variants``: the default "pallas-v2", its ablations
 ``lax.scan`` runs S verify steps over rotating input sets held as separate buffers (each step's
 offset depends on the previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
 "-sliced" rows: the old loop, which sliced each step's set out of a stacked array (a copy per step).
+``lean_ms``: the same steps in a loop that keeps no tokens (each step's only feed the next offset, as
+in a decode loop); ``loop_ms`` stacks every step's tokens for the check against the reference.
 JAX rows only, more time for them: ``--jax-only --jax-budget-s 400``.
 
 Writes DIR/verify_variants.json (default benchmarks/results/) and prints a table last.
@@ -317,6 +319,16 @@ def run_jax_shape(shape: dict, names=None, unroll_sets: int = UNROLL_SETS) -> li
     stacked = (z, x, w, lq)
     del z, w
 
+    def make_lean(impl, config):  # the timing loop: each step's tokens only feed the next offset (nothing stacked)
+        def run(sets):
+            def body(acc, _):
+                for inp in sets:
+                    res = verify(*inp, seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl, config=config)
+                    acc = acc + res.tokens.sum().astype(jnp.uint32)
+                return acc, None
+            return jax.lax.scan(body, jnp.uint32(0), None, length=steps // k)[0]
+        return jax.jit(run), (sets,)
+
     def make(impl, config, sliced):
         def one(acc, inp):
             res = verify(*inp, seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl, config=config)
@@ -358,6 +370,15 @@ def run_jax_shape(shape: dict, names=None, unroll_sets: int = UNROLL_SETS) -> li
                 jax.block_until_ready(fn(*args)[0])
                 times.append(time.perf_counter() - t0)
             row["loop_ms"] = 1e3 * sorted(times)[len(times) // 2] / steps
+            if not sliced:  # the same steps without keeping every step's tokens (a stack and copy per step above)
+                lean, lean_args = make_lean(impl, config)
+                jax.block_until_ready(lean(*lean_args))
+                times = []
+                for _ in range(5 if on_gpu else 1):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(lean(*lean_args))
+                    times.append(time.perf_counter() - t0)
+                row["lean_ms"] = 1e3 * sorted(times)[len(times) // 2] / steps
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
@@ -393,7 +414,8 @@ def table(rows: list[dict]) -> str:
         if r["backend"] == "jax":
             ms = r.get("loop_ms")
             lines.append(f"{r['B']:4d} {r['G']:2d} {r['V']:6d} {r['dtype']:8} {r['temperature']:4.1f} "
-                         f"{'jax/' + r['impl']:26} {'':9} {1e3 * ms if ms else float('nan'):9.1f} (in-jit loop) "
+                         f"{'jax/' + r['impl']:26} {'':9} {1e3 * ms if ms else float('nan'):9.1f} (in-jit loop; "
+                         f"lean {1e3 * r['lean_ms'] if r.get('lean_ms') else float('nan'):.1f}) "
                          f"{r.get('ok')}" + (f" ERROR {r['error'][:60]}" if "error" in r else ""))
     return "\n".join(lines)
 
