@@ -28,6 +28,9 @@ chunks, emit); ``prologue=False`` keeps step 2 as jnp ops between the kernels (`
    ``log p + g`` (bonus, or fallback when the residual is empty), plus whether any ``p - q > 0``.
    ``[B, NV]`` partials; a jnp argmax across chunks picks the first (lowest-index) maximum.
 
+``VerifyKernelConfig(single=True)`` (kernels/single.py, opt-in: measured no faster on the H200) runs
+steps 1-3 and the epilogue in one launch, the phases synchronised per batch row by an atomic counter.
+
 HBM traffic: G+1 target rows once, the draft rows once only when ``draft_logprobs`` is missing,
 then one target row and one draft row per batch row. Nothing of size V is written; the partials
 are ``O(B * NV * (G+1))``. Splitting V into NV chunks keeps ``B * NV >= min_programs``; the
