@@ -3,7 +3,7 @@
     python benchmarks/jax_loop_floor.py --out DIR      # on the H200 (about a minute)
     python benchmarks/jax_loop_floor.py --dry-run      # CPU, tiny shape (Pallas interpret mode)
 
-The loop is verify_variants.py's (one jitted ``lax.scan``, k input sets unrolled per iteration as
+The loop is jax_timing.scan_over_sets (verify_variants.py's lean loop: one jitted ``lax.scan``, k input sets unrolled per iteration as
 separate buffers, each step's offset depends on the previous step's tokens, ``block_until_ready``
 once; time / steps). Per step, bf16 logits [B, G+1, V]:
 
@@ -30,6 +30,9 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from jax_timing import median_seconds, scan_over_sets  # noqa: E402  (benchmarks/ is on sys.path)
 
 
 def parse_args(argv=None):
@@ -118,22 +121,10 @@ def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool, only=()) -> list[
     for name, step in steps_of(b, g, v, t, not on_gpu).items():
         if only and name not in only:
             continue
-        def run(sets, step=step):
-            def body(acc, _):
-                for inp in sets:
-                    acc = acc + step(*inp, acc).sum().astype(jnp.uint32)
-                return acc, None
-            return jax.lax.scan(body, jnp.uint32(0), None, length=steps // k)[0]
-        fn = jax.jit(run)
+        fn = scan_over_sets(lambda acc, inp, step=step: acc + step(*inp, acc).sum().astype(jnp.uint32), sets, steps)
         row = dict(name=name, B=b, G=g, V=v, temperature=t, buffers=k, steps=steps)
         try:
-            jax.block_until_ready(fn(sets))
-            times = []
-            for _ in range(7 if on_gpu else 1):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn(sets))
-                times.append(time.perf_counter() - t0)
-            row["step_us"] = 1e6 * sorted(times)[len(times) // 2] / steps
+            row["step_us"] = 1e6 * median_seconds(fn, (sets,), 7 if on_gpu else 1) / steps
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         print(f"B={b} V={v} {name:18s} " + (f"{row['step_us']:7.1f} us/step" if "step_us" in row else row["error"]),

@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from jax_timing import median_seconds, scan_over_sets  # noqa: E402  (benchmarks/ is on sys.path)
+
 SHAPES = [(1, 4, 128256), (8, 4, 128256), (32, 4, 32000), (32, 4, 128256)]  # (B, G, V), bf16, T = 0.7
 
 
@@ -105,28 +109,9 @@ def kernels_per_step(hlo: str, k: int) -> dict:
 
 
 def time_stage(one, sets, steps: int, on_gpu: bool) -> tuple[float, dict]:
-    import jax
-    import jax.numpy as jnp
-
-    k = len(sets)
-
-    def run(sets):
-        def body(acc, _):
-            for inp in sets:
-                acc, _ = one(acc, inp)
-            return acc, None
-        acc, _ = jax.lax.scan(body, jnp.uint32(0), None, length=steps // k)
-        return acc
-
-    fn = jax.jit(run)
-    counts = kernels_per_step(fn.lower(sets).compile().as_text(), k)
-    jax.block_until_ready(fn(sets))
-    times = []
-    for _ in range(7 if on_gpu else 1):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(sets))
-        times.append(time.perf_counter() - t0)
-    return 1e6 * sorted(times)[len(times) // 2] / steps, counts
+    fn = scan_over_sets(lambda acc, inp: one(acc, inp)[0], sets, steps)
+    counts = kernels_per_step(fn.lower(sets).compile().as_text(), len(sets))
+    return 1e6 * median_seconds(fn, (sets,), 7 if on_gpu else 1) / steps, counts
 
 
 def make_sets(b: int, g: int, v: int, dtype, temperature: float, k: int):

@@ -40,6 +40,7 @@ JAX_SHAPES = [(256, 128256, 0.7), (32, 128256, 1.0), (256, 128256, 1.0), (32, 32
 JAX_CORE = ("pallas", "pallas-lanes", "pallas-v2", "pallas-v2-glue", "reference")  # timed at every JAX shape; the rest at the first two
 sys.path.insert(0, str(HERE))
 
+from jax_timing import median_seconds, scan_over_sets  # noqa: E402
 from verify_kernels import (  # noqa: E402  (benchmarks/ is on sys.path)
     L2_BYTES, bytes_required, capture, copy_bandwidth_gbps, environment, input_sets, time_graph,
 )
@@ -319,20 +320,13 @@ def run_jax_shape(shape: dict, names=None, unroll_sets: int = UNROLL_SETS) -> li
     stacked = (z, x, w, lq)
     del z, w
 
-    def make_lean(impl, config):  # the timing loop: each step's tokens only feed the next offset (nothing stacked)
-        def run(sets):
-            def body(acc, _):
-                for inp in sets:
-                    res = verify(*inp, seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl, config=config)
-                    acc = acc + res.tokens.sum().astype(jnp.uint32)
-                return acc, None
-            return jax.lax.scan(body, jnp.uint32(0), None, length=steps // k)[0]
-        return jax.jit(run), (sets,)
+    def one_step(acc, inp, impl, config):  # -> (next offset, tokens)
+        res = verify(*inp, seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl, config=config)
+        return acc + res.tokens.sum().astype(jnp.uint32), res.tokens
 
     def make(impl, config, sliced):
         def one(acc, inp):
-            res = verify(*inp, seed=jnp.uint32(7), offset=acc, temperature=t, impl=impl, config=config)
-            return acc + res.tokens.sum().astype(jnp.uint32), res.tokens
+            return one_step(acc, inp, impl, config)
 
         if sliced:
             def run(stacked):
@@ -364,21 +358,12 @@ def run_jax_shape(shape: dict, names=None, unroll_sets: int = UNROLL_SETS) -> li
             acc, toks = fn(*args)
             jax.block_until_ready(acc)
             outs[name] = np.asarray(toks)
-            times = []
-            for _ in range(5 if on_gpu else 1):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn(*args)[0])
-                times.append(time.perf_counter() - t0)
-            row["loop_ms"] = 1e3 * sorted(times)[len(times) // 2] / steps
+            repeats = 5 if on_gpu else 1
+            row["loop_ms"] = 1e3 * median_seconds(fn, args, repeats) / steps
             if not sliced:  # the same steps without keeping every step's tokens (a stack and copy per step above)
-                lean, lean_args = make_lean(impl, config)
-                jax.block_until_ready(lean(*lean_args))
-                times = []
-                for _ in range(5 if on_gpu else 1):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(lean(*lean_args))
-                    times.append(time.perf_counter() - t0)
-                row["lean_ms"] = 1e3 * sorted(times)[len(times) // 2] / steps
+                lean = scan_over_sets(lambda acc, inp, impl=impl, config=config: one_step(acc, inp, impl, config)[0],
+                                      sets, steps)
+                row["lean_ms"] = 1e3 * median_seconds(lean, (sets,), repeats) / steps
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         rows.append(row)
