@@ -226,7 +226,7 @@ def predict(b, g, v, dtype, temperature, name, config, show_loops=False, simulat
             mufu += programs * warps * iters * inner.mufu
             elements = b * (g + 1) * v
         elif inner:  # the final kernel: its innermost loop is the row-n sweep (chunks of SWEEP_V)
-            sweep = [lp for lp in loops if lp.mix.get("LDG.E.128", 0) + lp.mix.get("LDG.E", 0) > 0][0]
+            sweep = [lp for lp in loops if any(op.startswith("LDG") for op in lp.mix)][0]
             if "sweep_chunk" in fn.arg_names and not kwargs.get("FUSED", False):
                 span = args[fn.arg_names.index("sweep_chunk")]  # the final launch's own split of row n
             iters = math.ceil(span / kwargs["SWEEP_V"])

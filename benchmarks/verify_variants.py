@@ -159,6 +159,14 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         out[f"pdl-s{k}-w{warps}-slots8"] = dataclasses.replace(pdl, sweep_chunks=lanes.num_chunks * k, sweep_warps=warps,
                                                                sweep_v=256 * warps, prune=True, sweep_slots=8)
     out["pdl-s8-w1-slots4"] = dataclasses.replace(out["pdl-s8-w1-slots8"], sweep_slots=4)
+    # the slot-vote sweep with 2 or 3 tiles of row n in flight instead of 1 (more bytes in flight per warp)
+    for k in (2, 3):
+        out[f"lanes-ahead{k}"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, sweep_ahead=k)
+    out["lanes-ahead2-slots8"] = dataclasses.replace(out["lanes-ahead2"], sweep_slots=8)
+    # the final launch's own duration (without PDL it does not start in the stats launch's tail, so the
+    # profiler's time is its own), with and without its finer split of row n
+    out["lanes-no-pdl"] = dataclasses.replace(lanes, pdl=False)
+    out["lanes-no-pdl-no-split"] = dataclasses.replace(lanes, pdl=False, sweep_chunks=0, sweep_warps=0, sweep_v=1024)
     return out
 
 

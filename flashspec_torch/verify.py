@@ -150,6 +150,7 @@ class KernelConfig:
     shared_floor: bool = False  # two launches, prune: the programs of a row share the sweep's pruning floor
     prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
     sweep_slots: int = 0  # "lanes" sweep, prune: votes per tile, one per slot of sweep_v / S logits (kernels/slots.py); 0: one
+    sweep_ahead: int = 1  # the slot-vote sweep (sweep_slots > 1): tiles of row n loaded ahead of the one evaluated (1-3)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -164,6 +165,8 @@ class KernelConfig:
         if self.sweep_slots not in (0, 1, 2, 4, 8, 16) or self.sweep_v % max(1, self.sweep_slots):
             raise ValueError(f"{self.sweep_slots=} must be 0 (one vote per tile) or one of 1, 2, 4, 8, 16 dividing "
                              f"{self.sweep_v=}")
+        if self.sweep_ahead not in (1, 2, 3):
+            raise ValueError(f"{self.sweep_ahead=} must be 1, 2 or 3 (tiles loaded ahead by the slot-vote sweep)")
         if self.sweep_slots > 1 and self.shared_floor:
             raise ValueError(f"{self.sweep_slots=} does not combine with shared_floor=True: use one of the two")
         if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
@@ -408,7 +411,8 @@ def verify_triton(
             flags["num_warps"] = config.sweep_warps
         kernels.verify_final_kernel[(tiles, 1 if greedy else sweeps)](
             *args[:-2], kb, *args[-2:], *sizes[:4], sweep_chunk, sweeps, *sizes[4:], NSC=next_pow2(sweeps),
-            FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots, **flags, **launch)
+            FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots, AHEAD=config.sweep_ahead if slots > 1 else 1,
+            **flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

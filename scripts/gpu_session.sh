@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
-#   floor slots pallas_split single stash embedded
+#   floor slots ahead pallas_split single stash embedded
 #   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
 #   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB): `stash` keeps
@@ -35,6 +35,9 @@ for step in $steps; do
     slots) timeout ${SLOTS_TIMEOUT:-300} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 220 \
              --variants lanes,lanes-tile-vote,lanes-slots8,pdl-s8-w1-slots8,pdl-s4-w1-slots8,pdl-s16-w1-slots8,pdl-s8-w1-slots4 \
              --split lanes,lanes-tile-vote --batch 256,128,32 > "$OUT/verify_slots.log" 2>&1; tail -8 "$OUT/verify_slots.log" ;;
+    ahead) timeout ${AHEAD_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 260 \
+             --variants lanes,lanes-ahead2,lanes-ahead3,lanes-ahead2-slots8 --split lanes,lanes-ahead2,lanes-ahead3 \
+             --batch ${AHEAD_BATCH:-256,128} --gamma ${AHEAD_GAMMA:-1,4,8} > "$OUT/verify_ahead.log" 2>&1; tail -8 "$OUT/verify_ahead.log" ;;
     single) timeout 150 python3 benchmarks/single_smoke.py > "$OUT/single_smoke.log" 2>&1; tail -6 "$OUT/single_smoke.log"
             timeout 250 python3 benchmarks/jax_loop_floor.py --out "$OUT" > "$OUT/jax_loop_floor.log" 2>&1; tail -30 "$OUT/jax_loop_floor.log" ;;
     floor) timeout 200 python3 benchmarks/verify_floor.py > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;

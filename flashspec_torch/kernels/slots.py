@@ -50,11 +50,12 @@ def pick(bits, col, s):  # int32 [BB, N, S] -> [BB, N, 1]: slot s of every threa
 @triton.jit
 def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
                     k_final, b_mask, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
-                    HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr):
+                    HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr = 1):
     """Gumbel-max over [v_lo, v_hi) of row n, as ``lanes.sweep_row_lanes(PRUNE=True)`` (the same keys
     and floor; z_row, w_row: [BB] pointers, the rest [BB]; v_lo a multiple of SLOTS) with the vote per
     slot: returns (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB]. The floor K rises once
-    per tile, after the tile's evaluated slots."""
+    per tile, after the tile's evaluated slots. AHEAD (1, 2 or 3): tiles loaded ahead of the one being
+    evaluated (more bytes in flight per warp; the keys, hence the tokens, do not depend on it)."""
     N: tl.constexpr = SWEEP_V // SLOTS
     col = tl.arange(0, SLOTS)[None, None, :]  # [1, 1, S]
     row = tl.arange(0, N)[None, :, None] * SLOTS  # [1, N, 1]
@@ -70,12 +71,23 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
     mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
     z_next, w_next = load_tile(z_rows, w_rows, v_lo + row + col, sv_z, sv_w, live, v_hi, HAS_W)
+    if AHEAD >= 2:
+        z_next2, w_next2 = load_tile(z_rows, w_rows, v_lo + SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
+    if AHEAD >= 3:
+        z_next3, w_next3 = load_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
     floor = plane(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
     for v0 in range(v_lo, v_hi, SWEEP_V):
         j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
         j = j_t + col
         x, w = z_next.to(tl.float32), w_next  # (w: z again for a one-hot draft, unused)
-        z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
+        if AHEAD == 1:
+            z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
+        elif AHEAD == 2:
+            z_next, w_next = z_next2, w_next2
+            z_next2, w_next2 = load_tile(z_rows, w_rows, j + 2 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
+        else:
+            z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
+            z_next3, w_next3 = load_tile(z_rows, w_rows, j + 3 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
         # d = lp2 + 23 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
         d = log2_scaled(x, j, k, lse_p2 + (floor - PRUNE_SLACK - 23.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
         h = key_n ^ j_t.to(tl.uint32)

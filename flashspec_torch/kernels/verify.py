@@ -301,7 +301,7 @@ def verify_final_kernel(
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
-    SLOTS: tl.constexpr = 1,
+    SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -311,7 +311,7 @@ def verify_final_kernel(
                m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, kb_ptr, tokens_ptr, num_ptr,
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
-               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS)
+               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD)
 
 
 @triton.jit
@@ -325,14 +325,14 @@ def final_item(
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
-    HINT: tl.constexpr, SLOTS: tl.constexpr = 1,
+    HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
     other programs of the same launch), and the tile's last finisher also resets ``ready_ptr[pid_b]``,
     the count of its finished phase-1 items. PDL: everything phase 1 does not write is loaded before
     ``gdc_wait``, the partials after it. SLOTS > 1 (with PRUNE, lanes): the sweep votes per slot
-    (``slots.sweep_row_slots``)."""
+    (``slots.sweep_row_slots``), AHEAD tiles loaded ahead."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -446,7 +446,8 @@ def final_item(
         if SWEEP_LANES and SLOTS > 1:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_slots(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
-                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, floor0, BLOCK_B, SWEEP_V, SLOTS, HAS_W, FILTER, FAST)
+                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, floor0, BLOCK_B, SWEEP_V, SLOTS, HAS_W, FILTER, FAST,
+                AHEAD)
         elif SWEEP_LANES:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_lanes(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,

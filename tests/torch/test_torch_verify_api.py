@@ -75,6 +75,8 @@ def test_kernel_config_is_validated():
         KernelConfig(block_v=100)
     with pytest.raises(ValueError, match="num_warps"):
         KernelConfig(num_warps=3)
+    with pytest.raises(ValueError, match="sweep_ahead"):
+        KernelConfig(sweep_ahead=4)
 
 
 def test_gpu_default_takes_the_slot_vote_from_b32(monkeypatch):

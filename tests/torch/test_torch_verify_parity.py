@@ -185,6 +185,23 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
         np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
 
 
+@pytest.mark.parametrize("spread", [1.0, 6.0])
+def test_sweep_ahead_matches_the_oracle(spread):
+    """KernelConfig(sweep_ahead=2 or 3): the slot-vote sweep loads 2 or 3 tiles of row n ahead of the one
+    it evaluates; the same tokens, also where a program holds fewer tiles than it loads ahead."""
+    rng = np.random.default_rng(40 + int(spread))
+    cfg = SamplingConfig(temperature=0.9)
+    inp = make_inputs(rng, 4, 3, 1501, cfg, spread=spread)
+    want, _ = run_all(inp, cfg)
+    z, x, w = torch.from_numpy(inp.z), torch.from_numpy(inp.x), torch.from_numpy(inp.w)
+    for chunks, block_b, more in ((3, 1, dict(sweep_slots=8, sweep_ahead=2)), (2, 2, dict(sweep_slots=4, sweep_ahead=3)),
+                                  (2, 1, dict(sweep_chunks=24, sweep_slots=4, sweep_ahead=3))):  # 1-2 tiles a program
+        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, **more)
+        got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
+        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
+        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
+
+
 def test_pruning_floor_is_the_lower_of_the_two_keys():
     """The sweep's floor K must be min(best key_p, best key_r): key_r <= key_p, so a floor from key_p
     alone (max for min) passes over the residual's winner. Rows built for it: the drafted token 7
