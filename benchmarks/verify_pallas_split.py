@@ -155,6 +155,7 @@ def main(argv=None) -> int:
         del sets
     name = "verify_pallas_split" + ("_dry" if args.dry_run else "") + (f"_{args.tag}" if args.tag else "")
     out = Path(args.out) / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
     env = dict(jax=jax.__version__, backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
                date=time.strftime("%Y-%m-%d"), xla_flags=os.environ.get("XLA_FLAGS", ""))
     out.write_text(json.dumps(dict(environment=env, rows=rows), indent=1))
