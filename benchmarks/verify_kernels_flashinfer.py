@@ -15,8 +15,9 @@ FlashInfer takes probabilities, not logits: fp32 target probs [B, G+1, V] and dr
 [B, G, V]. Per shape three steps are timed, each from CUDA-graph replays (graph) and eagerly:
 
 * ``kernel``: the kernel alone, both probability tensors given;
-* ``target_softmax``: ``softmax(z.float() / T)`` of the target logits, then the kernel (the draft
-  probs given, as a draft's sampler has them): what a step costs from the logits flashspec reads;
+* ``target_softmax``: :func:`probabilities` of the target logits (``softmax(z / T, dtype=fp32)``,
+  as vLLM prepares them), then the kernel (the draft probs given, as a draft's sampler has them):
+  what a step costs from the logits flashspec reads;
 * ``both_softmax``: the draft probs computed from the draft logits as well.
 
 Before any timing, :func:`check_law` runs FlashInfer's kernel on the shared exactness suite's
@@ -66,6 +67,16 @@ def chain(f, draft_probs, draft_tokens, target_probs, seed: int = 0, offset: int
     import torch
 
     b, g, v = draft_probs.shape
+    args = (("draft_probs", draft_probs, torch.float32, (b, g, v)), ("draft_tokens", draft_tokens, torch.int32, (b, g)),
+            ("target_probs", target_probs, torch.float32, (b, g + 1, v)))
+    for name, t, dtype, shape in args:
+        if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape {shape}; got {t.dtype} "
+                             f"{tuple(t.shape)} strides {t.stride()}: FlashInfer reads it through a bare "
+                             "pointer (call .contiguous() / .to(...) first)")
+    for name, t, _, _ in args:
+        if not t.is_cuda:
+            raise ValueError(f"{name} is on {t.device}: FlashInfer's kernel reads CUDA memory only")
     tokens = torch.empty((b, g + 1), dtype=torch.int32, device=draft_probs.device)
     accepted = torch.zeros((b,), dtype=torch.int32, device=draft_probs.device)
     emitted = torch.zeros((b,), dtype=torch.int32, device=draft_probs.device)
@@ -103,7 +114,8 @@ def check_law(f, device, n_samples: int = 100_000, alpha: float = 0.01, seed: in
             q /= q.sum(-1, keepdims=True)
         tp = torch.tensor(p, dtype=torch.float32, device=device).expand(n_samples, -1, -1).contiguous()
         dp = torch.tensor(q, dtype=torch.float32, device=device).expand(n_samples, -1, -1).contiguous()
-        xt = torch.tensor(x, dtype=torch.int32, device=device)
+        # a one-hot case's x is column-major (astype of a broadcast keeps order 'K'): copy it row-major
+        xt = torch.tensor(np.ascontiguousarray(x), dtype=torch.int32, device=device)
         n, tokens = chain(f, dp, xt, tp, seed=seed + k, offset=7 * k)
         n, tokens = n.cpu().numpy().astype(np.int64), tokens.cpu().numpy().astype(np.int64)
         problem = structure_problem(x, n, tokens, case.vocab)
@@ -120,6 +132,14 @@ def check_law(f, device, n_samples: int = 100_000, alpha: float = 0.01, seed: in
 # ----------------------------------------------------------------------------- timing
 
 
+def probabilities(z, t: float):
+    """fp32 softmax(z / T) as vLLM prepares FlashInfer's inputs: z / T in z's dtype, then a softmax
+    that reads z's dtype and writes fp32 (two kernels; ``z.float() / T`` first would be three)."""
+    import torch
+
+    return torch.softmax(z / t, -1, dtype=torch.float32)  # [..., V]
+
+
 def run_shape(f, shape: dict, sets: list[dict], copy_gbps: float | None, need: int) -> list[dict]:
     """Rows of the three steps at one shape; ``sets`` are verify_kernels.input_sets (draft logits)."""
     import torch
@@ -129,13 +149,11 @@ def run_shape(f, shape: dict, sets: list[dict], copy_gbps: float | None, need: i
 
     t = shape["temperature"]
     probs = [dict(z=s["target_logits"], w=s["draft_logits"], x=s["draft_tokens"].to(torch.int32),
-                  p=torch.softmax(s["target_logits"].float() / t, -1),
-                  q=torch.softmax(s["draft_logits"].float() / t, -1)) for s in sets]
+                  p=probabilities(s["target_logits"], t), q=probabilities(s["draft_logits"], t)) for s in sets]
     steps = {
         "kernel": lambda s: chain(f, s["q"], s["x"], s["p"], seed=7),
-        "target_softmax": lambda s: chain(f, s["q"], s["x"], torch.softmax(s["z"].float() / t, -1), seed=7),
-        "both_softmax": lambda s: chain(f, torch.softmax(s["w"].float() / t, -1), s["x"],
-                                        torch.softmax(s["z"].float() / t, -1), seed=7),
+        "target_softmax": lambda s: chain(f, s["q"], s["x"], probabilities(s["z"], t), seed=7),
+        "both_softmax": lambda s: chain(f, probabilities(s["w"], t), s["x"], probabilities(s["z"], t), seed=7),
     }
     rows = []
     for name, step in steps.items():
@@ -202,7 +220,7 @@ def graph_capturable(f, device) -> str:
     p = torch.full((2, 3, 64), 1 / 64, device=device)
     x = torch.zeros((2, 2), dtype=torch.int32, device=device)
     try:
-        chain(f, p[:, :2], x, p)
+        chain(f, p[:, :2].contiguous(), x, p)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             chain(f, p[:, :2].contiguous(), x, p)
