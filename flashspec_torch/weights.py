@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,19 +196,38 @@ def convert_checked(gguf: Path, out_dir: Path) -> None:
                          "Llama-family GGUF") from None
 
 
+@contextlib.contextmanager
+def conversion_lock(out_dir: Path):
+    """An exclusive lock on ``out_dir``'s conversion (flock on ``<out_dir>.lock``; none where the
+    platform has no fcntl): two processes that miss the cache at once must not both write it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock, the rename in convert_gguf stays atomic
+        yield
+        return
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.with_name(out_dir.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def load_gguf(gguf: str | Path, dtype=torch.float32, device="cpu") -> LoadedModel:
     gguf = Path(gguf)
     if not gguf.is_file():
         raise FileNotFoundError(f"{gguf} does not exist")
     stat = gguf.stat()
     out = cache_root() / f"{gguf.stem}-{stat.st_size}"
-    if not (out / "model.safetensors").is_file():
-        convert_checked(gguf, out)
-    try:
-        loaded = load_directory(out, dtype, device)
-    except (ValueError, FileNotFoundError):  # a damaged cache: convert again
-        convert_checked(gguf, out)
-        loaded = load_directory(out, dtype, device)
+    with conversion_lock(out):  # processes started together convert once; the others wait, then read
+        if not (out / "model.safetensors").is_file():
+            convert_checked(gguf, out)
+        try:
+            loaded = load_directory(out, dtype, device)
+        except (ValueError, FileNotFoundError):  # a damaged cache: convert again
+            convert_checked(gguf, out)
+            loaded = load_directory(out, dtype, device)
     loaded.name = gguf.stem
     return loaded
 
