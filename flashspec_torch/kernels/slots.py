@@ -37,6 +37,11 @@ T_BITS = tl.constexpr(0x4B7FFFFF)  # m ^ T_BITS: the bits of 2**23 + t', t' = 2*
 
 
 @triton.jit
+def bit_or(a, b):
+    return a | b
+
+
+@triton.jit
 def pick(bits, col, s):  # int32 [BB, N, S] -> [BB, N, 1]: slot s of every thread (a register move)
     """Floats go through their bits: a float sum would turn -0.0 into 0.0."""
     return tl.sum(tl.where(col == s, bits, 0), axis=2, keep_dims=True)
@@ -89,10 +94,12 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
         bits = mix_rest((h ^ (h >> 16)) ^ col.to(tl.uint32))  # mix(key ^ j)
         t = ((bits >> 9) ^ T_BITS).to(tl.float32, bitcast=True) - 8388608.0  # t', exactly
         vote = tl.where(t <= tl.math.exp2(d), 1 << col, 0)
-        # bit s: slot s holds one. Column s holds 0 or 1 << s only, so a max over the rows is their OR and
-        # the sum of the distinct bits is the OR across slots: built-in reductions (a custom bit_or
-        # combine costs the interpreter a Python call per element pair, 3/4 of a step's time)
-        votes = tl.sum(tl.max(tl.max(vote, axis=1), axis=0), axis=0)
+        if FAST:  # bit s: slot s holds one. The GPU: one OR (in-thread, then one REDUX.OR across the warp)
+            votes = tl.reduce(tl.reduce(tl.reduce(vote, 2, bit_or), 1, bit_or), 0, bit_or)
+        else:  # the same bits by built-in reductions (column s holds 0 or 1 << s: a max over threads is their
+            # OR, the sum of distinct bits the OR across slots); the interpreter calls a custom combine
+            # once per element in Python (3/4 of its time here), and FAST is never set there
+            votes = tl.sum(tl.max(tl.max(vote, axis=1), axis=0), axis=0)
         if votes != 0:
             x_b = x.to(tl.int32, bitcast=True)
             w_b = w.to(tl.float32).to(tl.int32, bitcast=True)

@@ -98,6 +98,8 @@ VARIANTS = [
     # KernelConfig(sweep_slots=S): the sweep's pruning vote per slot (kernels/slots.py)
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=8)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=8) | dict(FAST=False)),  # its votes by max/sum
     (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=False,
                                                FILTER=True, GREEDY=False, FUSED=False, SEED_TENSOR=True,
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, HINT=True, SLOTS=4)),
