@@ -219,11 +219,12 @@ def graph_capturable(f, device) -> str:
 
     p = torch.full((2, 3, 64), 1 / 64, device=device)
     x = torch.zeros((2, 2), dtype=torch.int32, device=device)
+    q = p[:, :2].contiguous()
     try:
-        chain(f, p[:, :2].contiguous(), x, p)
+        chain(f, q, x, p)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            chain(f, p[:, :2].contiguous(), x, p)
+            chain(f, q, x, p)
         graph.replay()
         torch.cuda.synchronize()
         return "ok"

@@ -7,9 +7,9 @@ about a second. The cache lives in ``$FLASHSPEC_CACHE`` (default ``~/.cache/flas
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
-import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path

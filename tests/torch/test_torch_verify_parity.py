@@ -36,19 +36,19 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     np_seed = seed.numpy().astype(np.uint64) if isinstance(seed, torch.Tensor) else seed
     np_offset = offset.numpy().astype(np.uint64) if isinstance(offset, torch.Tensor) else offset
-    want = oracle.verify(zf, inp.x, wf, lq, seed=np_seed, offset=np_offset, **kw)
+    want = oracle_result(zf, inp.x, wf, lq, cfg, seed=np_seed, offset=np_offset)
     x, lq_t = as_torch(inp.x), as_torch(lq)
     got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
     got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
     more = (TILE, MIXED, PERSISTENT_1) if persistent else (TILE, MIXED)
     got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in more)
-    return (want.num_accepted, want.tokens), [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
+    return want, [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
-def oracle_result(inp, cfg, *, seed=7, offset=3):
-    """The NumPy oracle's (num_accepted, tokens) alone, for tests that compare kernel variants with it."""
-    want = oracle.verify(inp.z, inp.x, inp.w, None, seed=seed, offset=offset, temperature=cfg.temperature,
-                         top_k=cfg.top_k, top_p=cfg.top_p)
+def oracle_result(z, x, w, lq, cfg, *, seed=7, offset=3):
+    """The NumPy oracle's (num_accepted, tokens): run_all's want, and alone for tests of kernel variants."""
+    want = oracle.verify(z, x, w, lq, seed=seed, offset=offset, temperature=cfg.temperature, top_k=cfg.top_k,
+                         top_p=cfg.top_p)
     return want.num_accepted, want.tokens
 
 
@@ -175,7 +175,7 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     rng = np.random.default_rng(int(spread) + 10 * onehot)
     cfg = SamplingConfig(temperature=0.9)
     inp = make_inputs(rng, 6, 3, 1543, cfg, spread=spread, onehot=onehot)  # 49 sweep tiles, a ragged last one
-    want = oracle_result(inp, cfg)
+    want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
     z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
     w = None if inp.w is None else torch.from_numpy(inp.w)
     shared = dict(sweep_chunks=9, shared_floor=True)  # 9 sweep programs per row share the pruning floor
@@ -202,7 +202,7 @@ def test_sweep_ahead_matches_the_oracle(spread):
     rng = np.random.default_rng(40 + int(spread))
     cfg = SamplingConfig(temperature=0.9)
     inp = make_inputs(rng, 4, 3, 1501, cfg, spread=spread)
-    want = oracle_result(inp, cfg)
+    want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
     z, x, w = torch.from_numpy(inp.z), torch.from_numpy(inp.x), torch.from_numpy(inp.w)
     for chunks, block_b, more in ((3, 1, dict(sweep_slots=8, sweep_ahead=2)), (2, 2, dict(sweep_slots=4, sweep_ahead=3)),
                                   (2, 1, dict(sweep_chunks=24, sweep_slots=4, sweep_ahead=3))):  # 1-2 tiles a program
