@@ -130,7 +130,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     # the final launch's own split of row n: more, smaller programs (1-2 warps: the pruning vote of a tile is
     # one warp's, no CTA barrier), 8 logits per thread per sweep tile; "-r96": ptxas register cap (more resident)
     pdl = out["lanes-pdl"]
-    for k, warps in ((4, 4), (8, 2), (8, 1), (16, 1), (16, 2)):
+    for k, warps in ((4, 4), (8, 2), (8, 1), (16, 1), (16, 2), (1, 1), (2, 1), (2, 2), (4, 1), (4, 2)):
         out[f"pdl-s{k}-w{warps}"] = dataclasses.replace(pdl, sweep_chunks=lanes.num_chunks * k, sweep_warps=warps,
                                                         sweep_v=256 * warps)
     out["pdl-s4-w4-v2048"] = dataclasses.replace(out["pdl-s4-w4"], sweep_v=2048)
@@ -167,6 +167,16 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     # profiler's time is its own), with and without its finer split of row n
     out["lanes-no-pdl"] = dataclasses.replace(lanes, pdl=False)
     out["lanes-no-pdl-no-split"] = dataclasses.replace(lanes, pdl=False, sweep_chunks=0, sweep_warps=0, sweep_v=1024)
+    # the final launch sweeps the last chunks of the last rows first: those the stats launch read last (in L2)
+    out["lanes-reverse"] = dataclasses.replace(lanes, reverse_final=True)
+    out["lanes-again"] = lanes  # the default timed once more, after the others: the run's noise
+    # batch groups: a stats + final pair per k rows, chained by PDL, so that group j + 1's stats stream while
+    # group j sweeps its rows n (re-read from L2 rather than DRAM); with the whole batch's tiling ("bg{k}") or
+    # with the tiling choose_config gives k rows ("bg{k}-own")
+    for k in (b // 8, b // 4, b // 2):
+        if k >= 4:
+            out[f"bg{k}"] = dataclasses.replace(lanes, batch_group=k)
+            out[f"bg{k}-own"] = dataclasses.replace(choose_config(k, g, v, device, itemsize), batch_group=k)
     return out
 
 

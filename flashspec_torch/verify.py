@@ -151,6 +151,8 @@ class KernelConfig:
     prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
     sweep_slots: int = 0  # "lanes" sweep, prune: votes per tile, one per slot of sweep_v / S logits (kernels/slots.py); 0: one
     sweep_ahead: int = 1  # the slot-vote sweep (sweep_slots > 1): tiles of row n loaded ahead of the one evaluated (1-3)
+    reverse_final: bool = False  # two launches: the final launch sweeps rows and chunks in reverse (L2 reuse)
+    batch_group: int = 0  # two launches: rows per batch group, a stats + final pair per group, chained by PDL; 0: one pair
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -165,13 +167,15 @@ class KernelConfig:
         if self.sweep_slots not in (0, 1, 2, 4, 8, 16) or self.sweep_v % max(1, self.sweep_slots):
             raise ValueError(f"{self.sweep_slots=} must be 0 (one vote per tile) or one of 1, 2, 4, 8, 16 dividing "
                              f"{self.sweep_v=}")
+        if not (isinstance(self.batch_group, int) and self.batch_group >= 0 and self.batch_group % self.block_b == 0):
+            raise ValueError(f"{self.batch_group=} must be 0 (one launch pair) or a positive multiple of {self.block_b=}")
         if self.sweep_ahead not in (1, 2, 3):
             raise ValueError(f"{self.sweep_ahead=} must be 1, 2 or 3 (tiles loaded ahead by the slot-vote sweep)")
         if self.sweep_slots > 1 and self.shared_floor:
             raise ValueError(f"{self.sweep_slots=} does not combine with shared_floor=True: use one of the two")
         if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
-        for name in ("pdl", "shared_floor", "prune_hint"):
+        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
@@ -382,15 +386,6 @@ def verify_triton(
         ck, ci, cf = torch.empty((b, sweeps, 2), **f32), torch.empty((b, sweeps, 2), **i32), torch.empty((b, sweeps), **i32)
         counter = None if persistent else torch.empty((tiles,), **i32)
     kb = torch.empty((b, 2), **i32) if share_k else num  # reset by the stats launch
-    if not fused and not persistent:
-        kernels.verify_stats_kernel[(tiles, chunks)](
-            z, w_arg, thr_p, tid_p, thr_q, tid_q, m_buf, l_buf, a_buf, counter, kb,
-            b, v, chunk, chunks, *temps,
-            z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
-            G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
-            HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, PDL=pdl, SHARE_K=share_k, HINT=hint,
-            num_warps=config.num_warps,
-        )
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
     args = (z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
             z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride,
@@ -407,12 +402,26 @@ def verify_triton(
     if config.max_registers and not interpreting():
         flags["maxnreg"] = config.max_registers
     if not persistent:
-        if config.sweep_warps:
-            flags["num_warps"] = config.sweep_warps
-        kernels.verify_final_kernel[(tiles, 1 if greedy else sweeps)](
-            *args[:-2], kb, *args[-2:], *sizes[:4], sweep_chunk, sweeps, *sizes[4:], NSC=next_pow2(sweeps),
-            FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots, AHEAD=config.sweep_ahead if slots > 1 else 1,
-            **flags, **launch)
+        final_flags = dict(flags, num_warps=config.sweep_warps or config.num_warps)
+        rows_per_group = config.batch_group if two_launch and config.batch_group else b
+        for g0 in range(0, b, rows_per_group):  # batch groups: group k + 1's stats overlap group k's sweep (PDL)
+            g_end, t0 = min(b, g0 + rows_per_group), g0 // config.block_b
+            g_tiles = math.ceil((g_end - g0) / config.block_b)
+            if two_launch:
+                chained = pdl and g0 > 0  # behind the previous group's final launch
+                kernels.verify_stats_kernel[(g_tiles, chunks)](
+                    z, w_arg, thr_p, tid_p, thr_q, tid_q, m_buf, l_buf, a_buf, counter, kb,
+                    g_end, v, chunk, chunks, *temps,
+                    z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2), t0,
+                    G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
+                    HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, PDL=pdl,
+                    SHARE_K=share_k, HINT=hint, WAIT_END=chained, num_warps=config.num_warps,
+                    **(dict(launch_pdl=True) if chained else {}))
+            kernels.verify_final_kernel[(g_tiles, 1 if greedy else sweeps)](
+                *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
+                NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
+                AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
+                **final_flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

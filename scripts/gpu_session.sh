@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
-#   floor slots ahead pallas_split single stash embedded flashinfer
+#   floor slots ahead groups sweepsplit reverse pallas_split single stash embedded flashinfer
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
@@ -36,12 +36,22 @@ for step in $steps; do
     slots) timeout ${SLOTS_TIMEOUT:-300} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 220 \
              --variants lanes,lanes-tile-vote,lanes-slots8,pdl-s8-w1-slots8,pdl-s4-w1-slots8,pdl-s16-w1-slots8,pdl-s8-w1-slots4 \
              --split lanes,lanes-tile-vote --batch 256,128,32 > "$OUT/verify_slots.log" 2>&1; tail -8 "$OUT/verify_slots.log" ;;
+    groups) timeout ${GROUPS_TIMEOUT:-480} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s 420 \
+             --variants lanes,bg4,bg8,bg16,bg32,bg64,bg128,bg4-own,bg8-own,bg16-own,bg32-own,bg64-own,bg128-own --split none \
+             --batch ${GROUPS_BATCH:-256,128,32} --gamma ${GROUPS_GAMMA:-1,4,8} > "$OUT/verify_groups.log" 2>&1; tail -${GROUPS_TAIL:-60} "$OUT/verify_groups.log" ;;
+    sweepsplit) timeout ${SPLIT_TIMEOUT:-300} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s 240 \
+             --variants lanes,pdl-s1-w1,pdl-s2-w1,pdl-s2-w2,pdl-s4-w1,pdl-s4-w2,pdl-s8-w1 --split none \
+             --batch ${SPLIT_BATCH:-256,128} --gamma ${SPLIT_GAMMA:-1,4,8} --vocab ${SPLIT_VOCAB:-32000} > "$OUT/verify_sweepsplit.log" 2>&1; \
+           tail -${SPLIT_TAIL:-50} "$OUT/verify_sweepsplit.log" ;;
+    reverse) timeout ${REVERSE_TIMEOUT:-400} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s 330 \
+             --variants lanes,lanes-reverse,lanes-again --split none --batch ${REVERSE_BATCH:-256,128,32} --gamma ${REVERSE_GAMMA:-1,4,8} \
+             > "$OUT/verify_reverse.log" 2>&1; tail -${REVERSE_TAIL:-80} "$OUT/verify_reverse.log" ;;
     ahead) timeout ${AHEAD_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 260 \
              --variants lanes,lanes-ahead2,lanes-ahead3,lanes-ahead2-slots8 --split lanes,lanes-ahead2,lanes-ahead3 \
              --batch ${AHEAD_BATCH:-256,128} --gamma ${AHEAD_GAMMA:-1,4,8} > "$OUT/verify_ahead.log" 2>&1; tail -8 "$OUT/verify_ahead.log" ;;
     single) timeout 150 python3 benchmarks/single_smoke.py > "$OUT/single_smoke.log" 2>&1; tail -6 "$OUT/single_smoke.log"
             timeout 250 python3 benchmarks/jax_loop_floor.py --out "$OUT" > "$OUT/jax_loop_floor.log" 2>&1; tail -30 "$OUT/jax_loop_floor.log" ;;
-    floor) timeout 200 python3 benchmarks/verify_floor.py > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
+    floor) timeout ${FLOOR_TIMEOUT:-200} python3 benchmarks/verify_floor.py ${FLOOR_ARGS:-} > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
     verify) timeout ${VERIFY_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" ${VERIFY_ARGS:-} > "$OUT/verify_variants.log" 2>&1; tail -${VERIFY_TAIL:-40} "$OUT/verify_variants.log" ;;
     jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/engine_gpu_jax.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --out "$OUT" > "$OUT/engine_gpu_jax.log" 2>&1; tail -12 "$OUT/engine_gpu_jax.log" ;;
     checks) for b in ${CHECK_BACKENDS:-torch jax}; do timeout 240 python3 benchmarks/gpu_checks.py --backend $b > "$OUT/gpu_checks_$b.log" 2>&1; tail -3 "$OUT/gpu_checks_$b.log"; done ;;

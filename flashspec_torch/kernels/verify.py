@@ -211,19 +211,23 @@ def emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G: tl.constexpr, ROWS: tl.cons
     tl.store(num_ptr + b, n.to(tl.int32), mask=b_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["t0"])
 def verify_stats_kernel(
     z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1, V], [B, G, V], [B, G+1] x2, [B, G] x2
     m_ptr, l_ptr, a_ptr, counter_ptr, kb_ptr,  # [B, C, 2, ROWS] f32 x2, [B, C, ROWS] i32, [tiles] i32, [B, 2] i32
-    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
+    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, t0,
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
+    FAST: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr, WAIT_END: tl.constexpr = False,
 ):
-    """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C)."""
+    """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C), batch
+    tiles t0, t0 + 1, ... (rows below B only: a batch group, ``KernelConfig.batch_group``).
+    WAIT_END (a group after the first, launched with PDL behind the previous group's final launch):
+    every program waits for that launch to complete before it exits, so that the groups' launches
+    complete in stream order (the verify is done when its last launch is)."""
     if PDL:
         gdc_launch_dependents()  # phase 2 may launch once every program of this grid has started
-    pid_b, pid_c = tl.program_id(0), tl.program_id(1)
+    pid_b, pid_c = tl.program_id(0) + t0, tl.program_id(1)
     if pid_c == 0:
         tl.store(counter_ptr + pid_b, 0)  # arms phase 2's last-program detection
         if SHARE_K:  # resets the row-wide pruning floors of phase 2's sweep (lanes.sweep_row_lanes)
@@ -233,6 +237,8 @@ def verify_stats_kernel(
     stats_item(pid_b, pid_c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
                B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
                G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST, HINT)
+    if WAIT_END:
+        gdc_wait()  # the previous group's final launch has completed (and with it every launch before it)
 
 
 @triton.jit
@@ -288,25 +294,33 @@ def stats_item(
             tl.store(l_ptr + out + ROWS, l, mask=q_mask)
 
 
-@triton.jit(do_not_specialize=["seed_lo", "seed_hi", "offset_lo"])  # new seeds / offsets never recompile
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi", "offset_lo", "t0"])  # new seeds / offsets never recompile
 def verify_final_kernel(
     z_ptr, w_ptr, x_ptr, lq_ptr,  # [B, G+1, V], [B, G, V], [B, G] int, [B, G] float
     thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1] f32 / i32, [B, G] f32 / i32
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,  # [B] or [] int64, or scalars
     m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, kb_ptr,  # phase-1 partials; [B, SC, 2] candidates
     tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
-    B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+    B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg, t0,
     G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, NSC: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
-    SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
+    SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
-    [c sweep_chunk, (c + 1) sweep_chunk) of row n."""
-    final_item(tl.program_id(0), tl.program_id(1), z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr,
+    [c sweep_chunk, (c + 1) sweep_chunk) of row n. Batch tiles t0, t0 + 1, ... (rows below B only). PDL:
+    the next launch (a later batch group's stats launch) may start once every program has started.
+    REVERSE: programs take their (tile, chunk) in the reverse order of the grid, so that the first to run
+    sweep the last chunks of the last rows, which the stats launch read last (still in L2)."""
+    if PDL:
+        gdc_launch_dependents()
+    pid_b, pid_c = tl.program_id(0), tl.program_id(1)
+    if REVERSE:
+        pid_b, pid_c = tl.num_programs(0) - 1 - pid_b, tl.num_programs(1) - 1 - pid_c
+    final_item(pid_b + t0, pid_c, z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr,
                tid_q_ptr, seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
                m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, kb_ptr, tokens_ptr, num_ptr,
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,

@@ -55,7 +55,7 @@ LANES = dict(LANES=True, VEC=8, FAST=True)  # the default: "lanes" loops, fast l
 LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
 # the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks,
 # one pruning vote per sweep tile
-DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1, AHEAD=1)
+DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1, AHEAD=1, WAIT_END=False, REVERSE=False)
 VARIANTS = [
     (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
     (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
@@ -88,6 +88,8 @@ VARIANTS = [
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, PDL=True)),
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=True, FUSED=False, PDL=True)),
+    # KernelConfig(batch_group=k): a later group's stats launch waits for the previous group's final launch at its end
+    (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True, WAIT_END=True)),
     # KernelConfig(prune_hint=True): the stats launch's chunk argmax seeds the sweep's pruning floor
     (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True, HINT=True)),
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
@@ -108,6 +110,9 @@ VARIANTS = [
     # KernelConfig(sweep_ahead=k): the slot-vote sweep loads k tiles of row n ahead
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=4, AHEAD=3)),
+    # KernelConfig(reverse_final=True): the final launch's programs in the reverse order of its grid
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=4, REVERSE=True)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),

@@ -13,7 +13,9 @@ from flashspec_torch import KernelConfig, verify, verify_triton
 SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4,  # V over 4 programs: two launches,
                      sweep_chunks=7, sweep_warps=2, pdl=True,  # the final launch's own split of row n (PDL: GPU only)
                      shared_floor=True,  # its programs share the pruning floor of row n,
-                     prune_hint=True)  # which starts from the keys of row n's chunk maxima
+                     prune_hint=True,  # which starts from the keys of row n's chunk maxima
+                     batch_group=2,  # a launch pair per 2 rows (the last group shorter where B is odd)
+                     reverse_final=True)  # the final launch's programs in the reverse order of its grid
 TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="tile", sweep="tile")  # the tile loops
 MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
 # One persistent launch of ticketed work items (kernels/persistent.py; not the default: slower on the H200): the
@@ -210,6 +212,35 @@ def test_sweep_ahead_matches_the_oracle(spread):
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
         np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
         np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batch_groups_match_the_oracle(temperature):
+    """KernelConfig(batch_group=k): a stats + final launch pair per k rows (several batch tiles a group,
+    the last group shorter), and reverse_final (the final programs in reverse order); the random counters are those of the row's place in the whole batch, so
+    per-row seeds and offsets give the one-pair tokens."""
+    rng = np.random.default_rng(61 + int(temperature * 10))
+    cfg = SamplingConfig(temperature=temperature)
+    b = 7
+    inp = make_inputs(rng, b, 3, 700, cfg)
+    seed = torch.arange(11, 11 + b, dtype=torch.int64)
+    offset = torch.arange(b, dtype=torch.int64) * 5
+    want = oracle_result(inp.z, inp.x, inp.w, inp.lq, cfg, seed=seed.numpy().astype(np.uint64),
+                         offset=offset.numpy().astype(np.uint64))
+    z, x, w, lq = (as_torch(a) for a in (inp.z, inp.x, inp.w, inp.lq))
+    for block_b, group, reverse in ((1, 3, False), (2, 4, True), (1, 1, False), (1, 0, True)):
+        kc = KernelConfig(block_b=block_b, block_v=128, sweep_v=64, num_chunks=3, sweep_chunks=4, sweep_slots=4,
+                          batch_group=group, reverse_final=reverse)
+        got = verify_triton(z, x, w, lq, cfg, seed, offset, config=kc)
+        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
+        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
+
+
+def test_batch_group_must_be_a_multiple_of_block_b():
+    with pytest.raises(ValueError, match="batch_group"):
+        KernelConfig(block_b=2, batch_group=3)
+    with pytest.raises(ValueError, match="batch_group"):
+        KernelConfig(batch_group=-1)
 
 
 def test_pruning_floor_is_the_lower_of_the_two_keys():
