@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
-#   floor slots ahead groups sweepsplit reverse pallas_split single stash embedded flashinfer
+#   kernels floor slots ahead groups sweepsplit reverse pallas_split single stash embedded flashinfer
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
@@ -46,6 +46,8 @@ for step in $steps; do
     reverse) timeout ${REVERSE_TIMEOUT:-400} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s 330 \
              --variants lanes,lanes-reverse,lanes-again --split none --batch ${REVERSE_BATCH:-256,128,32} --gamma ${REVERSE_GAMMA:-1,4,8} \
              > "$OUT/verify_reverse.log" 2>&1; tail -${REVERSE_TAIL:-80} "$OUT/verify_reverse.log" ;;
+    kernels) timeout ${KERNELS_TIMEOUT:-420} python3 benchmarks/verify_kernels.py --out "$OUT" --no-jax --drafts logprobs ${KERNELS_ARGS:-} \
+             > "$OUT/verify_kernels.log" 2>&1; tail -${KERNELS_TAIL:-8} "$OUT/verify_kernels.log" ;;
     ahead) timeout ${AHEAD_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 260 \
              --variants lanes,lanes-ahead2,lanes-ahead3,lanes-ahead2-slots8 --split lanes,lanes-ahead2,lanes-ahead3 \
              --batch ${AHEAD_BATCH:-256,128} --gamma ${AHEAD_GAMMA:-1,4,8} > "$OUT/verify_ahead.log" 2>&1; tail -8 "$OUT/verify_ahead.log" ;;
