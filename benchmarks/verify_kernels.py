@@ -155,7 +155,7 @@ def capture(step, sets: list[dict]):
 
 def time_graph(graph, calls: int, reps: int = 30, warmup_ms: float = 100.0) -> float:
     """Median milliseconds per step of graph replays (CUDA events), after at least ``warmup_ms`` of
-    replays: the first graph timed at a shape used to come out up to 10% slower than the same
+    replays: the first graph timed at a shape used to come out up to 12% slower than the same
     configuration timed again right after it (H200, ``verify_variants_reverse.json``: "lanes" against
     "lanes-again" at G = 8), with only one replay before timing."""
     import torch

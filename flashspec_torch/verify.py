@@ -167,8 +167,6 @@ class KernelConfig:
         if self.sweep_slots not in (0, 1, 2, 4, 8, 16) or self.sweep_v % max(1, self.sweep_slots):
             raise ValueError(f"{self.sweep_slots=} must be 0 (one vote per tile) or one of 1, 2, 4, 8, 16 dividing "
                              f"{self.sweep_v=}")
-        if not (isinstance(self.batch_group, int) and self.batch_group >= 0 and self.batch_group % self.block_b == 0):
-            raise ValueError(f"{self.batch_group=} must be 0 (one launch pair) or a positive multiple of {self.block_b=}")
         if self.sweep_ahead not in (1, 2, 3):
             raise ValueError(f"{self.sweep_ahead=} must be 1, 2 or 3 (tiles loaded ahead by the slot-vote sweep)")
         if self.sweep_slots > 1 and self.shared_floor:
@@ -187,6 +185,8 @@ class KernelConfig:
             val = getattr(self, name)
             if not (isinstance(val, int) and val >= 1 and val & (val - 1) == 0):
                 raise ValueError(f"{name}={val!r} must be a power of two >= 1")
+        if not (isinstance(self.batch_group, int) and self.batch_group >= 0 and self.batch_group % self.block_b == 0):
+            raise ValueError(f"{self.batch_group=} must be 0 (one launch pair) or a positive multiple of {self.block_b=}")
         if self.block_v < 16 or self.sweep_v < 16:
             raise ValueError(f"{self.block_v=} and {self.sweep_v=} must be >= 16")
         if not (isinstance(self.num_chunks, int) and self.num_chunks >= 1):

@@ -217,8 +217,9 @@ def test_sweep_ahead_matches_the_oracle(spread):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_batch_groups_match_the_oracle(temperature):
     """KernelConfig(batch_group=k): a stats + final launch pair per k rows (several batch tiles a group,
-    the last group shorter), and reverse_final (the final programs in reverse order); the random counters are those of the row's place in the whole batch, so
-    per-row seeds and offsets give the one-pair tokens."""
+    the last group shorter), and reverse_final (the final programs in reverse order); the random
+    counters are those of the row's place in the whole batch, so per-row seeds and offsets give the
+    one-pair tokens."""
     rng = np.random.default_rng(61 + int(temperature * 10))
     cfg = SamplingConfig(temperature=temperature)
     b = 7
@@ -241,6 +242,8 @@ def test_batch_group_must_be_a_multiple_of_block_b():
         KernelConfig(block_b=2, batch_group=3)
     with pytest.raises(ValueError, match="batch_group"):
         KernelConfig(batch_group=-1)
+    with pytest.raises(ValueError, match="block_b"):  # checked before batch_group % block_b
+        KernelConfig(block_b=0, batch_group=4)
 
 
 def test_pruning_floor_is_the_lower_of_the_two_keys():
