@@ -177,6 +177,28 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
         if k >= 4:
             out[f"bg{k}"] = dataclasses.replace(lanes, batch_group=k)
             out[f"bg{k}-own"] = dataclasses.replace(choose_config(k, g, v, device, itemsize), batch_group=k)
+    out.update(ticket_variants(lanes, itemsize, device_sms(device)))
+    return out
+
+
+def ticket_variants(lanes, itemsize: int, sms: int) -> dict:
+    """One launch of ticketed items (the persistent kernel) as many short programs of 1-2 warps: a
+    phase-1 item streams 1/4 (1 warp) or 1/2 (2 warps) of what a stats program of the default streams,
+    a phase-2 item sweeps what a final program of the default sweeps (8 chunks per stats chunk, the
+    slot vote), and ptxas's register cap lets p programs per SM be resident ("tickets-w{w}-p{p}").
+    Hypothesis: the issue-bound sweeps of early tiles run beside the memory-bound stats of later ones,
+    and row n comes from L2. "-la{k}": k times the automatic lookahead (fewer waits, less L2 reuse)."""
+    out = {}
+    for warps, per_sm, regs in ((1, 16, 128), (1, 21, 96), (1, 12, 168), (2, 8, 128), (2, 10, 96)):
+        split = 4 // warps
+        tickets = dataclasses.replace(
+            lanes, schedule="persistent", num_warps=warps, block_v=2048 * warps // itemsize,
+            num_chunks=lanes.num_chunks * split, sweep_chunks=8 * lanes.num_chunks, sweep_v=256 * warps,
+            sweep_slots=4, prune=True, pdl=False, programs_per_sm=per_sm, max_registers=regs, sweep_warps=0)
+        auto = math.ceil(sms * per_sm / (tickets.num_chunks + tickets.sweep_chunks)) + 1  # persistent.grid's
+        out[f"tickets-w{warps}-p{per_sm}"] = tickets
+        out[f"tickets-w{warps}-p{per_sm}-la2"] = dataclasses.replace(tickets, lookahead=2 * auto)
+        out[f"tickets-w{warps}-p{per_sm}-la-half"] = dataclasses.replace(tickets, lookahead=max(1, auto // 2))
     return out
 
 

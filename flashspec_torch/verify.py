@@ -145,7 +145,7 @@ class KernelConfig:
     lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
     max_registers: int = 0  # GPU: ptxas register cap (maxnreg) of the final / persistent launch; 0: none
     pdl: bool = False  # two launches on Hopper+: the final launch starts during the stats launch's tail (PDL)
-    sweep_chunks: int = 0  # two launches: programs per batch row of the final launch (its sweep); 0: num_chunks
+    sweep_chunks: int = 0  # split path: programs (persistent: phase-2 items) per batch row of the sweep of row n; 0: num_chunks
     sweep_warps: int = 0  # two launches: warps of the final launch; 0: num_warps
     shared_floor: bool = False  # two launches, prune: the programs of a row share the sweep's pruning floor
     prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
@@ -364,8 +364,8 @@ def verify_triton(
     fused = chunks == 1 and not persistent
     two_launch = not fused and not persistent
     pdl = config.pdl and two_launch and pdl_possible(z.device)  # else a plain launch
-    sweep_chunk, sweeps = chunk, chunks  # the final launch's split of row n (two launches: its own, if asked)
-    if config.sweep_chunks and two_launch:
+    sweep_chunk, sweeps = chunk, chunks  # the split of row n's sweep (its own, if asked; not the fused launch)
+    if config.sweep_chunks and not fused:
         sweep_chunk, sweeps = split_vocab(v, config.sweep_chunks, config.sweep_v)
     pruned_sweep = two_launch and not greedy and config.prune and config.sweep == "lanes"
     share_k = pruned_sweep and config.shared_floor and sweeps > 1  # lanes.sweep_row_lanes(SHARE_K)
@@ -423,10 +423,11 @@ def verify_triton(
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
                 **final_flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
-    per_tile = chunks + (1 if greedy else chunks)  # phase-1 and phase-2 items of one batch tile
+    per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)
     with schedule.workspace(dev, tiles) as (ticket, counter, ready):
         kernels.verify_persistent_kernel[(programs,)](
-            *args[:-3], counter, tokens, num, ticket, ready, *sizes,
-            tiles, per_tile - chunks, lookahead, programs, **flags)
+            *args[:-3], counter, tokens, num, ticket, ready, *sizes[:4], sweep_chunk, sweeps, *sizes[4:],
+            tiles, per_tile - chunks, lookahead, programs, NSC=next_pow2(sweeps), SLOTS=slots,
+            AHEAD=config.sweep_ahead if slots > 1 else 1, **flags)
     return VerifyResult(num_accepted=num, tokens=tokens)

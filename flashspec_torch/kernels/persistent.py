@@ -11,10 +11,11 @@ arithmetic of one program of the two-launch pair (``stats_item`` / ``final_item`
   the G draft rows without ``draft_logprobs``; the argmax for T = 0) over chunk c; then
   ``ready[k] += 1`` with release semantics (after a barrier: every thread's stores first).
 * phase-2 item (k, c): spins on an acquire load of ``ready[k]`` until it reaches C (every chunk of
-  the tile normalised), then recombines, decides n, sweeps chunk c of row n and writes its
-  candidate; the last of the tile's C2 phase-2 items (``counter[k]``, as in the two-launch final
-  kernel) reduces the candidates and writes the tokens. T = 0 has one phase-2 item per tile
-  (C2 = 1: the argmax partials decide everything), otherwise C2 = C.
+  the tile normalised), then recombines, decides n, sweeps sweep chunk c of row n (row n split in
+  SC chunks, as the two-launch final kernel's ``sweep_chunks``) and writes its candidate; the last
+  of the tile's C2 phase-2 items (``counter[k]``, as in the two-launch final kernel) reduces the
+  candidates and writes the tokens. T = 0 has one phase-2 item per tile (C2 = 1: the argmax
+  partials decide everything), otherwise C2 = SC.
 
 Ticket order, with a lookahead of L tiles (``ticket_item``): phase 1 of tiles 0 .. L-1, then for
 k = 0, 1, ...: phase 1 of tile k + L followed by phase 2 of tile k, then the last L tiles' phase 2.
@@ -70,15 +71,17 @@ def verify_persistent_kernel(
     m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr,  # phase-1 partials; [B, C, 2] candidates
     tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
     ticket_ptr, ready_ptr,  # [1] i32, [tiles] i32: zero before and after every launch
-    B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
-    tiles, C2, L, P,  # batch tiles, phase-2 items per tile (1 for T = 0, else C), lookahead, programs
+    B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+    tiles, C2, L, P,  # batch tiles, phase-2 items per tile (1 for T = 0, else SC), lookahead, programs
     G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, PRUNE: tl.constexpr,
+    FAST: tl.constexpr, PRUNE: tl.constexpr, NSC: tl.constexpr = 1, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
 ):
-    """Both phases of the split verify in one launch of P programs; grid (P,)."""
+    """Both phases of the split verify in one launch of P programs; grid (P,). Phase 1 splits V in C
+    chunks, phase 2 sweeps row n in SC chunks of sweep_chunk entries (``KernelConfig.sweep_chunks``);
+    SLOTS > 1: the sweep's vote per slot (``slots.sweep_row_slots``)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     items = tiles * (C + C2)
     t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
@@ -97,9 +100,10 @@ def verify_persistent_kernel(
             final_item(tile, c, z_ptr, w_ptr, x_ptr, lq_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,
                        seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,
                        m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, ready_ptr, counter_ptr, tokens_ptr, num_ptr,
-                       B, V, chunk, C, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
-                       G, ROWS, NC, NC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, False, SEED_TENSOR,
-                       OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, True, False, False, False)
+                       B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
+                       G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, False, SEED_TENSOR,
+                       OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, True, False, False, False,
+                       SLOTS, AHEAD)
         t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     if t == items + P - 1:  # the launch's last ticket: nobody touches the counter after this
         tl.store(ticket_ptr, 0)

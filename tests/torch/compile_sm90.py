@@ -125,6 +125,9 @@ VARIANTS = [
                                                     HAS_LQ=False, FILTER=False, GREEDY=True)),
     (kernels.verify_persistent_kernel, "fp32", dict(**FINAL, **COUNTERS, **TILE, SWEEP_LANES=False, PRUNE=False, HAS_W=True,
                                                     HAS_LQ=False, FILTER=True, GREEDY=False)),
+    # ... with the sweep split apart from phase 1 (KernelConfig.sweep_chunks) and the slot vote
+    (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
+                                                    HAS_LQ=True, FILTER=False, GREEDY=False, SLOTS=4)),
 ]
 
 

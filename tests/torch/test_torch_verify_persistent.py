@@ -97,3 +97,22 @@ def test_workspace_grows_and_is_replaced_after_a_failed_launch():
 def test_schedule_fields_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
         KernelConfig(**{field: value})
+
+
+@pytest.mark.parametrize("sweep_chunks,slots", [(5, 4), (2, 0), (7, 4)])
+@pytest.mark.parametrize("temperature,onehot,logprobs", [(0.9, False, False), (0.0, False, False), (1.0, True, False),
+                                                         (0.7, False, True)])
+def test_own_sweep_split_and_slot_vote_match_two_launches(sweep_chunks, slots, temperature, onehot, logprobs):
+    """Phase-2 items of their own split of row n (sweep_chunks != num_chunks) with the slot vote give
+    the tokens of two launches with the same sweep split (and of the persistent default)."""
+    cfg = SamplingConfig(temperature=temperature)
+    inp = make_inputs(np.random.default_rng(7), 4, 3, 700, cfg, onehot=onehot)
+    z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
+    w = None if inp.w is None else torch.from_numpy(inp.w)
+    lq = torch.from_numpy(inp.lq) if logprobs else None  # the draft's log q(x) given beside its logits
+    kc = dataclasses.replace(BASE, sweep_chunks=sweep_chunks, sweep_slots=slots, prune=True)
+    got = verify_triton(z, x, w, lq, cfg, 21, 3, config=kc)
+    assert not schedule.workspaces[z.device].any(), "counters not back at zero after the launch"
+    for other in (dataclasses.replace(kc, schedule="two_launch"), BASE):
+        want = verify_triton(z, x, w, lq, cfg, 21, 3, config=other)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.num_accepted, want.num_accepted), other
