@@ -94,7 +94,9 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                 "lanes-hint": dataclasses.replace(base, prune_hint=True, sweep_chunks=5),
                 "lanes-slots": dataclasses.replace(base, sweep_slots=4),
                 "persistent": dataclasses.replace(base, schedule="persistent", programs_per_sm=2),
-                "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1)}
+                "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1),
+                "tickets": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, sweep_chunks=5,
+                                               sweep_slots=4, prune=True)}
     lanes = choose_config(b, g, v, device, itemsize)
     persistent = dataclasses.replace(lanes, schedule="persistent")  # one launch, ticketed items (kernels/persistent.py)
     out = {
@@ -247,9 +249,8 @@ def run_torch_shape(shape: dict, device, copy_gbps, names=None, split=()) -> lis
         warm = lambda inp: verify_triton(inp["target_logits"], inp["draft_tokens"], inp["draft_logits"],  # noqa: E731
                                          inp["draft_logprobs"], cfg, seed, offset)
         triton.testing.do_bench(lambda: warm(next(cycle)), warmup=25, rep=50)
-    for name, kc in every.items():
-        if names is not None and name not in names:
-            continue
+    for name in every if names is None else [n for n in names if n in every]:  # --variants: in its order
+        kc = every[name]
         if names is None and on_gpu and name not in CORE and key not in ABLATION_SHAPES:
             continue
         def step(inp, kc=kc):
