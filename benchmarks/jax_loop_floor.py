@@ -40,7 +40,13 @@ def parse_args(argv=None):
     p.add_argument("--shapes", default="1:128256,8:128256,32:32000", help="B:V,...")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the logits' dtype")
     p.add_argument("--only", default="", help="comma-separated step names (default: all)")
+    p.add_argument("--torch-first", action="store_true",
+                   help="run torch's Triton verify eagerly and as a CUDA graph replay before JAX starts (as in verify_variants.py)")
+    p.add_argument("--triton", action="store_true",
+                   help="per shape, time torch's Triton default first (CUDA graph replays, verify_kernels.time_graph) in this process")
+    p.add_argument("--tag", default="", help="suffix of the JSON's name")
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--out", default=os.environ.get("OUT", str(HERE / "results")))
     return p.parse_args(argv)
@@ -55,7 +61,7 @@ def counter_kernel(z_ref, prev_ref, count_in_ref, o_ref, count_ref):
     o_ref[...] = prev_ref[...] + z_ref[0, 0, 0].astype(prev_ref.dtype) + count_ref[0]
 
 
-def steps_of(b: int, g: int, v: int, t: float, interpret: bool) -> dict:
+def steps_of(b: int, g: int, v: int, t: float, interpret: bool, itemsize: int = 2) -> dict:
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -91,38 +97,39 @@ def steps_of(b: int, g: int, v: int, t: float, interpret: bool) -> dict:
                           config=config).tokens
         return step
 
-    single = {"verify-single": real(single_config(b, g, v, 2))} if b <= SMS else {}  # one program per row at least
+    single = {"verify-single": real(single_config(b, g, v, itemsize))} if b <= SMS else {}  # one program per row at least
     return {
         "fusion": lambda z, x, w, lq, offset: jnp.zeros((b, g + 1), jnp.int32) + offset.astype(jnp.int32),
         "read": lambda z, x, w, lq, offset: (jnp.max(z, axis=-1).astype(jnp.int32) + offset.astype(jnp.int32)),
         "pallas-1": chain(1), "pallas-2": chain(2), "pallas-3": chain(3), "pallas-1-counter": with_counter,
-        "verify-two": real(None if interpret else choose_config(b, g, v, 2)),
+        "verify-two": real(None if interpret else choose_config(b, g, v, itemsize)),
         **single,
     }
 
 
-def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool, only=()) -> list[dict]:
+def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool, only=(), dtype: str = "bfloat16") -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    per_set = (2 * g + 1) * b * v * 2
+    dt = jnp.dtype(dtype)
+    per_set = (2 * g + 1) * b * v * dt.itemsize
     k = max(2, min(32, math.ceil(3 * 60e6 / per_set))) if on_gpu else 2
     steps = k * math.ceil(64 / k) if on_gpu else k
     kz, kw = jax.random.split(jax.random.key(b + v))
     sets = []
     for j in range(k):
-        z = (2.0 * jax.random.normal(jax.random.fold_in(kz, j), (b, g + 1, v))).astype(jnp.bfloat16)
+        z = (2.0 * jax.random.normal(jax.random.fold_in(kz, j), (b, g + 1, v))).astype(dt)
         w = (z[:, :g].astype(jnp.float32) + 1.4 * jax.random.normal(jax.random.fold_in(kw, j), (b, g, v))).astype(
-            jnp.bfloat16)
+            dt)
         log_q = jax.nn.log_softmax(w.astype(jnp.float32) / t, axis=-1)
         x = jnp.argmax(log_q, axis=-1).astype(jnp.int32)
         sets.append((z, x, w, jnp.take_along_axis(log_q, x[..., None], axis=-1)[..., 0]))
     rows = []
-    for name, step in steps_of(b, g, v, t, not on_gpu).items():
+    for name, step in steps_of(b, g, v, t, not on_gpu, dt.itemsize).items():
         if only and name not in only:
             continue
         fn = scan_over_sets(lambda acc, inp, step=step: acc + step(*inp, acc).sum().astype(jnp.uint32), sets, steps)
-        row = dict(name=name, B=b, G=g, V=v, temperature=t, buffers=k, steps=steps)
+        row = dict(name=name, B=b, G=g, V=v, dtype=dtype, temperature=t, buffers=k, steps=steps)
         try:
             row["step_us"] = 1e6 * median_seconds(fn, (sets,), 7 if on_gpu else 1) / steps
         except Exception as e:  # noqa: BLE001
@@ -133,22 +140,77 @@ def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool, only=()) -> list[
     return rows
 
 
+def run_torch_first() -> dict:
+    """What verify_variants.py's process has done before its JAX rows: torch's CUDA context, its caching
+    allocator holding a few GB, Triton kernels launched eagerly and replayed in a CUDA graph."""
+    import torch
+
+    from flashspec.config import SamplingConfig
+    from flashspec_torch import verify_triton
+
+    dev = torch.device("cuda")
+    b, g, v = 32, 4, 128256
+    z = torch.randn(b, g + 1, v, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(b, g, v, device=dev, dtype=torch.bfloat16)
+    x = torch.randint(0, v, (b, g), device=dev, dtype=torch.int32)
+    cfg = SamplingConfig(temperature=0.7)
+    hold = torch.empty(4 << 30, dtype=torch.uint8, device=dev)  # the reference's buffers, the input sets
+    out = verify_triton(z, x, w, None, cfg, 7, 3)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = verify_triton(z, x, w, None, cfg, 7, 3)
+    for _ in range(100):
+        graph.replay()
+    torch.cuda.synchronize()
+    del hold
+    return dict(torch=torch.__version__, torch_reserved_gb=torch.cuda.memory_reserved() / 2**30,
+                torch_tokens=int(out.tokens.sum()))
+
+
+def time_triton(b: int, g: int, v: int, t: float, dtype: str) -> dict:
+    """The Triton default on the same call (bf16, draft logits and log q(x)), graph-replayed as in
+    verify_kernels.py: the Pallas / Triton ratio from one process and one device call."""
+    import torch
+    from verify_kernels import capture, input_sets, time_graph
+
+    from flashspec_torch import verify
+
+    shape = dict(B=b, G=g, V=v, dtype=dtype, draft="logprobs", temperature=t)
+    sets = input_sets(shape, torch.device("cuda"))
+    seed = torch.full((b,), 7, dtype=torch.int64, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    graph, outs = capture(lambda inp: verify(**inp, temperature=t, seed=seed, offset=offset, impl="triton"), sets)
+    row = dict(name="triton-graph", B=b, G=g, V=v, dtype=dtype, temperature=t, buffers=len(sets),
+               step_us=1e3 * time_graph(graph, len(sets), reps=15))
+    del graph, outs, sets
+    torch.cuda.empty_cache()
+    print(f"B={b} V={v} {'triton-graph':18s} {row['step_us']:7.1f} us/step", flush=True)
+    return row
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.triton:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # share the GPU with torch
+    first = run_torch_first() if args.torch_first else {}
     import jax
 
     on_gpu = jax.default_backend() in ("gpu", "cuda")
     shapes = [(3, 1000)] if args.dry_run or not on_gpu else [tuple(int(a) for a in s.split(":"))
                                                                for s in args.shapes.split(",")]
     env = dict(jax=jax.__version__, backend=jax.default_backend(),
-               device=str(jax.devices()[0].device_kind), date=time.strftime("%Y-%m-%d"))
+               device=str(jax.devices()[0].device_kind), date=time.strftime("%Y-%m-%d"), torch_first=first,
+               **{k: os.environ.get(k, "") for k in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                                                     "XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_FLAGS")})
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for b, v in shapes:  # written after every shape: a run stopped by a timeout keeps what it measured
-        rows += time_shape(b, args.gamma, v, args.temperature, on_gpu, [n for n in args.only.split(",") if n])
-        (out / "jax_loop_floor.json").write_text(json.dumps(dict(environment=env, rows=rows), indent=1))
-    print(f"wrote {out / 'jax_loop_floor.json'}")
+        if args.triton and on_gpu:
+            rows.append(time_triton(b, args.gamma, v, args.temperature, args.dtype))
+        rows += time_shape(b, args.gamma, v, args.temperature, on_gpu, [n for n in args.only.split(",") if n], args.dtype)
+        (out / f"jax_loop_floor{args.tag}.json").write_text(json.dumps(dict(environment=env, rows=rows), indent=1))
+    print(f"wrote {out / f'jax_loop_floor{args.tag}.json'}")
     return 0 if all("step_us" in r for r in rows) else 1
 
 

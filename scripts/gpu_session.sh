@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
-#   kernels floor slots ahead groups sweepsplit tickets reverse pallas_split single stash embedded flashinfer
+#   kernels floor slots ahead groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
@@ -56,6 +56,20 @@ for step in $steps; do
              --batch ${AHEAD_BATCH:-256,128} --gamma ${AHEAD_GAMMA:-1,4,8} > "$OUT/verify_ahead.log" 2>&1; tail -8 "$OUT/verify_ahead.log" ;;
     single) timeout 150 python3 benchmarks/single_smoke.py > "$OUT/single_smoke.log" 2>&1; tail -6 "$OUT/single_smoke.log"
             timeout 250 python3 benchmarks/jax_loop_floor.py --out "$OUT" > "$OUT/jax_loop_floor.log" 2>&1; tail -30 "$OUT/jax_loop_floor.log" ;;
+    jaxproc) o="--only verify-two,read,pallas-2 --shapes ${JAXPROC_SHAPES:-1:128256,32:32000,32:128256,256:128256} --out $OUT"
+             # the Pallas step in a process of its own, with and without XLA's preallocation, and after torch's work
+             (timeout 150 python3 benchmarks/jax_loop_floor.py $o --tag _own_prealloc
+              XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 python3 benchmarks/jax_loop_floor.py $o --tag _own_no_prealloc
+              XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 150 python3 benchmarks/jax_loop_floor.py $o --torch-first --tag _torch_no_prealloc
+              XLA_PYTHON_CLIENT_MEM_FRACTION=0.5 timeout 150 python3 benchmarks/jax_loop_floor.py $o --torch-first --tag _torch_prealloc50
+             ) > "$OUT/jax_process.log" 2>&1; grep -v "^W\|^I" "$OUT/jax_process.log" | tail -${JAXPROC_TAIL:-40} ;;
+    samejax) for r in 1 2; do timeout 200 python3 benchmarks/jax_loop_floor.py --triton --only verify-two --tag _same_process_$r --out "$OUT" \
+               --shapes ${SAMEJAX_SHAPES:-1:128256,1:32000,8:128256,32:32000,32:128256,128:128256,256:128256}; done > "$OUT/jax_same_process.log" 2>&1
+             grep "us/step\|wrote\|Error" "$OUT/jax_same_process.log" | tail -40 ;;
+    samegrid) for d in bfloat16 float32; do for g in ${SAMEGRID_GAMMA:-1 4 8}; do
+               timeout 150 python3 benchmarks/jax_loop_floor.py --triton --only verify-two --dtype $d --gamma $g --temperature ${SAMEGRID_T:-1.0} \
+                 --tag _same_process_${d}_g$g --out "$OUT" --shapes ${SAMEGRID_SHAPES:-32:32000,32:128256,128:32000,128:128256,256:32000,256:128256}
+             done; done > "$OUT/jax_same_grid.log" 2>&1; grep "us/step\|wrote\|Error" "$OUT/jax_same_grid.log" | tail -90 ;;
     floor) timeout ${FLOOR_TIMEOUT:-200} python3 benchmarks/verify_floor.py ${FLOOR_ARGS:-} > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
     verify) timeout ${VERIFY_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" ${VERIFY_ARGS:-} > "$OUT/verify_variants.log" 2>&1; tail -${VERIFY_TAIL:-40} "$OUT/verify_variants.log" ;;
     jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/engine_gpu_jax.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --out "$OUT" > "$OUT/engine_gpu_jax.log" 2>&1; tail -12 "$OUT/engine_gpu_jax.log" ;;
