@@ -16,7 +16,11 @@ once; time / steps). Per step, bf16 logits [B, G+1, V]:
 * ``verify-two`` / ``verify-single``: the real verify (``choose_config``: two kernels and the epilogue;
   ``single_config``: one launch).
 
-Writes DIR/jax_loop_floor.json.
+``--triton``: per shape, torch's Triton default on the same call first (CUDA-graph replays as in
+verify_kernels.py), so Pallas / Triton comes from one process; ``--torch-first``: torch's work before
+JAX starts (is a shared process slower?); ``--dtype float32``, ``--gamma``, ``--temperature``.
+
+Writes DIR/jax_loop_floor{--tag}.json.
 """
 
 from __future__ import annotations
