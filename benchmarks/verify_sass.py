@@ -269,19 +269,20 @@ def print_loops(fn, loops, show: bool) -> None:
 def persistent_model(fn, args, kwargs, b, g, v, itemsize, total, loops):
     """Model of the persistent launch: the work of all items against one launch's issue / MUFU /
     memory budget (the phases overlap). The normaliser loop: the innermost loop with loads and no
-    MUFU.LG2; the sweep loop: the innermost one with loads and LG2 (FAST); plain loads only (the
-    spin loop's acquire load is LDG.E.STRONG.GPU). Per item, half the
+    MUFU.LG2; the sweep loop: the innermost one with loads and LG2 (FAST), over sweep_chunk entries
+    of row n; plain loads only (the spin loop's acquire load is LDG.E.STRONG.GPU). Per item, half the
     kernel's instructions outside the loops (only one phase's branch runs). Bytes: the target
     logits once, the draft row n once; row n of z is assumed to come from L2 (the lookahead)."""
     arg = lambda name: args[fn.arg_names.index(name)]  # noqa: E731
-    chunk, c, c2, tiles = arg("chunk"), arg("C"), arg("C2"), arg("tiles")
+    chunk, c, c2, tiles, sweep_chunk = arg("chunk"), arg("C"), arg("C2"), arg("tiles"), arg("sweep_chunk")
     warps = kwargs["num_warps"]
-    loads = [lp for lp in loops if lp.mix.get("LDG.E.128", 0) + lp.mix.get("LDG.E", 0) > 0]  # not the spin loop
-    lp_norm = next(lp for lp in loads if not lp.mix.get("MUFU.LG2", 0))
-    lp_sweep = next((lp for lp in loads if lp.mix.get("MUFU.LG2", 0)), lp_norm)
+    plain = ("LDG.E", "LDG.E.64", "LDG.E.128")  # not the spin loop's LDG.E.STRONG.GPU
+    loads = sorted((lp for lp in loops if sum(lp.mix.get(op, 0) for op in plain) > 0), key=lambda lp: lp.size)
+    lp_norm = next(lp for lp in loads if not lp.mix.get("MUFU.LG2", 0))  # innermost: the smallest
+    lp_sweep = next((lp for lp in loads if lp.mix.get("MUFU.LG2", 0)), lp_norm)  # not the outer ticket loop
     rows = g + 1 if kwargs.get("LANES", False) else 1
     norm_iters = tiles * c * rows * math.ceil(chunk / kwargs["BLOCK_V"])
-    sweep_iters = 0 if kwargs.get("GREEDY", False) else tiles * c2 * math.ceil(chunk / kwargs["SWEEP_V"])
+    sweep_iters = 0 if kwargs.get("GREEDY", False) else tiles * c2 * math.ceil(sweep_chunk / kwargs["SWEEP_V"])
     items = tiles * (c + c2)
     loop_issue = warps * (norm_iters * lp_norm.size + sweep_iters * lp_sweep.size)
     issued = items * warps * total / 2 + loop_issue
