@@ -165,6 +165,9 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (2, 3):
         out[f"lanes-ahead{k}"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, sweep_ahead=k)
     out["lanes-ahead2-slots8"] = dataclasses.replace(out["lanes-ahead2"], sweep_slots=8)
+    # row n of the draft read only for the threads whose logits can reach the floor (slots.sweep_row_slots_lazy)
+    out["lanes-lazy"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, lazy_draft=True)
+    out["lanes-lazy-slots8"] = dataclasses.replace(out["lanes-lazy"], sweep_slots=8)
     # the final launch's own duration (without PDL it does not start in the stats launch's tail, so the
     # profiler's time is its own), with and without its finer split of row n
     out["lanes-no-pdl"] = dataclasses.replace(lanes, pdl=False)

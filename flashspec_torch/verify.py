@@ -151,6 +151,7 @@ class KernelConfig:
     prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
     sweep_slots: int = 0  # "lanes" sweep, prune: votes per tile, one per slot of sweep_v / S logits (kernels/slots.py); 0: one
     sweep_ahead: int = 1  # the slot-vote sweep (sweep_slots > 1): tiles of row n loaded ahead of the one evaluated (1-3)
+    lazy_draft: bool = False  # the slot-vote sweep, draft logits: row n of the draft read only where a logit can win
     reverse_final: bool = False  # two launches: the final launch sweeps rows and chunks in reverse (L2 reuse)
     batch_group: int = 0  # two launches: rows per batch group, a stats + final pair per group, chained by PDL; 0: one pair
 
@@ -173,7 +174,9 @@ class KernelConfig:
             raise ValueError(f"{self.sweep_slots=} does not combine with shared_floor=True: use one of the two")
         if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
-        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final"):
+        if self.lazy_draft and self.sweep_ahead != 1:
+            raise ValueError(f"{self.lazy_draft=} loads its own tiles ahead: leave {self.sweep_ahead=} at 1")
+        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
@@ -421,7 +424,7 @@ def verify_triton(
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
-                **final_flags, **launch)
+                LAZY=config.lazy_draft and slots > 1, **final_flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)
@@ -429,5 +432,5 @@ def verify_triton(
         kernels.verify_persistent_kernel[(programs,)](
             *args[:-3], counter, tokens, num, ticket, ready, *sizes[:4], sweep_chunk, sweeps, *sizes[4:],
             tiles, per_tile - chunks, lookahead, programs, NSC=next_pow2(sweeps), SLOTS=slots,
-            AHEAD=config.sweep_ahead if slots > 1 else 1, **flags)
+            AHEAD=config.sweep_ahead if slots > 1 else 1, LAZY=config.lazy_draft and slots > 1, **flags)
     return VerifyResult(num_accepted=num, tokens=tokens)

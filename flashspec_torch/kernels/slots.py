@@ -48,6 +48,61 @@ def pick(bits, col, s):  # int32 [BB, N, S] -> [BB, N, 1]: slot s of every threa
 
 
 @triton.jit
+def slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FILTER: tl.constexpr, FAST: tl.constexpr):
+    """[BB, N, S] int32 of a tile's raw logits x (j_t: [1, N, 1], each thread's first index): the bit 1 << s
+    where the logit of slot s can reach the floor K ([BB, 1, 1] or a scalar), else 0."""
+    # d = lp2 + 23 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
+    d = log2_scaled(x, j_t + col, k, lse_p2 + (floor - PRUNE_SLACK - 23.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
+    h = key_n ^ j_t.to(tl.uint32)
+    bits = mix_rest((h ^ (h >> 16)) ^ col.to(tl.uint32))  # mix(key ^ j)
+    t = ((bits >> 9) ^ T_BITS).to(tl.float32, bitcast=True) - 8388608.0  # t', exactly
+    return tl.where(t <= tl.math.exp2(d), 1 << col, 0)
+
+
+@triton.jit
+def or_votes(vote, FAST: tl.constexpr):  # [BB, N, S] from slot_votes -> the OR of all (a scalar)
+    if FAST:  # the GPU: one OR (in-thread, then one REDUX.OR across the warp)
+        votes = tl.reduce(tl.reduce(tl.reduce(vote, 2, bit_or), 1, bit_or), 0, bit_or)
+    else:  # the same bits by built-in reductions (column s holds 0 or 1 << s: a max over threads is their
+        # OR, the sum of distinct bits the OR across slots); the interpreter calls a custom combine
+        # once per element in Python (3/4 of its time here), and FAST is never set there
+        votes = tl.sum(tl.max(tl.max(vote, axis=1), axis=0), axis=0)
+    return votes
+
+
+@triton.jit
+def evaluate_slots(x, w, votes, loaded, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+                   best_r, idx_r, best_p, idx_p, mass, SLOTS: tl.constexpr, HAS_W: tl.constexpr, FILTER: tl.constexpr,
+                   FAST: tl.constexpr, LAZY: tl.constexpr):
+    """The keys of the slots of one tile whose bit is set in votes, folded into each slot's running best
+    (x, w: [BB, N, S] raw logits of z and w; the state: [BB, N, S]). LAZY: w holds the draft only where
+    ``loaded`` ([BB, N, 1]) is set; elsewhere key_r = -inf and r = 0 (such a thread's logits cannot reach
+    the floor: they win neither draw, as a passed-over tile's)."""
+    x_b = x.to(tl.int32, bitcast=True)
+    w_b = w.to(tl.float32).to(tl.int32, bitcast=True)
+    for s in tl.static_range(SLOTS):
+        if (votes >> s) & 1:
+            j_s = j_t + s  # [1, N, 1]
+            lp2 = log2_scaled(pick(x_b, col, s).to(tl.float32, bitcast=True), j_s, k, lse_p2, T, inv_T,
+                              thr_p, tid_p, FILTER, FAST)
+            key_p, key_r, r = draw_keys(lp2, mix(key_n ^ j_s.to(tl.uint32)),
+                                        pick(w_b, col, s).to(tl.float32, bitcast=True), j_s, k, lse_q2, T,
+                                        inv_T, thr_q, tid_q, x_n, HAS_W, FILTER, FAST)
+            if LAZY:
+                key_r = tl.where(loaded, key_r, NEG_INF)
+                r = tl.where(loaded, r, 0.0)
+            here = col == s
+            better = here & (key_p > best_p)  # strict: a slot keeps its earlier (lower) index on ties
+            best_p = tl.where(better, key_p, best_p)
+            idx_p = tl.where(better, j_s, idx_p)
+            mass = tl.where(here, tl.maximum(mass, r), mass)
+            better = here & (key_r > best_r)
+            best_r = tl.where(better, key_r, best_r)
+            idx_r = tl.where(better, j_s, idx_r)
+    return best_r, idx_r, best_p, idx_p, mass
+
+
+@triton.jit
 def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
                     k_final, b_mask, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
                     HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr = 1):
@@ -88,40 +143,87 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
         else:
             z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
             z_next3, w_next3 = load_tile(z_rows, w_rows, j + 3 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
-        # d = lp2 + 23 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
-        d = log2_scaled(x, j, k, lse_p2 + (floor - PRUNE_SLACK - 23.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
-        h = key_n ^ j_t.to(tl.uint32)
-        bits = mix_rest((h ^ (h >> 16)) ^ col.to(tl.uint32))  # mix(key ^ j)
-        t = ((bits >> 9) ^ T_BITS).to(tl.float32, bitcast=True) - 8388608.0  # t', exactly
-        vote = tl.where(t <= tl.math.exp2(d), 1 << col, 0)
-        if FAST:  # bit s: slot s holds one. The GPU: one OR (in-thread, then one REDUX.OR across the warp)
-            votes = tl.reduce(tl.reduce(tl.reduce(vote, 2, bit_or), 1, bit_or), 0, bit_or)
-        else:  # the same bits by built-in reductions (column s holds 0 or 1 << s: a max over threads is their
-            # OR, the sum of distinct bits the OR across slots); the interpreter calls a custom combine
-            # once per element in Python (3/4 of its time here), and FAST is never set there
-            votes = tl.sum(tl.max(tl.max(vote, axis=1), axis=0), axis=0)
+        votes = or_votes(slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FILTER, FAST), FAST)
         if votes != 0:
-            x_b = x.to(tl.int32, bitcast=True)
-            w_b = w.to(tl.float32).to(tl.int32, bitcast=True)
-            for s in tl.static_range(SLOTS):
-                if (votes >> s) & 1:
-                    j_s = j_t + s  # [1, N, 1]
-                    lp2 = log2_scaled(pick(x_b, col, s).to(tl.float32, bitcast=True), j_s, k, lse_p2, T, inv_T,
-                                      thr_p, tid_p, FILTER, FAST)
-                    key_p, key_r, r = draw_keys(lp2, mix(key_n ^ j_s.to(tl.uint32)),
-                                                pick(w_b, col, s).to(tl.float32, bitcast=True), j_s, k, lse_q2, T,
-                                                inv_T, thr_q, tid_q, x_n, HAS_W, FILTER, FAST)
-                    here = col == s
-                    better = here & (key_p > best_p)  # strict: a slot keeps its earlier (lower) index on ties
-                    best_p = tl.where(better, key_p, best_p)
-                    idx_p = tl.where(better, j_s, idx_p)
-                    mass = tl.where(here, tl.maximum(mass, r), mass)
-                    better = here & (key_r > best_r)
-                    best_r = tl.where(better, key_r, best_r)
-                    idx_r = tl.where(better, j_s, idx_r)
+            best_r, idx_r, best_p, idx_p, mass = evaluate_slots(
+                x, w, votes, True, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+                best_r, idx_r, best_p, idx_p, mass, SLOTS, HAS_W, FILTER, FAST, False)
             top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
             top_r = tl.max(tl.max(best_r, axis=2), axis=1)
             floor = tl.maximum(floor, plane(tl.minimum(top_p, top_r), BLOCK_B))
+    return slot_winners(best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SWEEP_V)
+
+
+@triton.jit
+def sweep_row_slots_lazy(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
+                         k_final, b_mask, floor0, use_p, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr,
+                         SLOTS: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr):
+    """``sweep_row_slots`` for draft logits (HAS_W) that reads the draft row only where a thread's logits can
+    reach the floor (``KernelConfig(lazy_draft=True)``; use_p [BB]: the row's draw is from p, the bonus or a
+    masked draft id). z is loaded two tiles ahead; each iteration votes on the next tile at the current floor
+    and loads that tile's draft logits for the threads that voted (for none in a row whose draw is from p,
+    whose floor is then its best key_p alone). The next iteration evaluates the slots of those votes: the floor
+    they were taken at is at most the current one (it only rises), so they cover every logit the current
+    floor would, and a winner is never among the logits left out (``evaluate_slots(LAZY=True)``)."""
+    N: tl.constexpr = SWEEP_V // SLOTS
+    col = tl.arange(0, SLOTS)[None, None, :]  # [1, 1, S]
+    row = tl.arange(0, N)[None, :, None] * SLOTS  # [1, N, 1]
+    z_rows = z_row[:, None, None]
+    w_rows = w_row[:, None, None]
+    live = b_mask[:, None, None]
+    need = need_w_row(use_p, b_mask)  # [BB] the residual draw: the draft row is read
+    need_w = plane(need.to(tl.int32), BLOCK_B) != 0
+    k = exp2_scale(inv_T, FILTER)
+    lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q = sweep_scalars(
+        lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q, BLOCK_B, 3, True, FILTER)
+    best_r = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
+    best_p = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
+    idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
+    idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
+    mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
+    floor = plane(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
+    j = v_lo + row + col
+    z_cur = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+    j = j + SWEEP_V
+    z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+    vote = slot_votes(z_cur.to(tl.float32), v_lo + row, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p,
+                      FILTER, FAST)
+    loaded = (tl.max(vote, axis=2, keep_dims=True) != 0) & need_w  # [BB, N, 1]
+    j = v_lo + row + col
+    w_cur = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi) & loaded, other=NEG_INF)
+    votes = or_votes(vote, FAST)
+    for v0 in range(v_lo, v_hi, SWEEP_V):
+        j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
+        x, w, votes_t, loaded_t = z_cur.to(tl.float32), w_cur, votes, loaded
+        z_cur = z_next
+        j = j_t + col + 2 * SWEEP_V
+        z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+        # the next tile's votes at the current floor, and its draft logits where a thread voted
+        vote = slot_votes(z_cur.to(tl.float32), j_t + SWEEP_V, col, k, lse_p2, floor, key_n, T, inv_T, thr_p,
+                          tid_p, FILTER, FAST)
+        loaded = (tl.max(vote, axis=2, keep_dims=True) != 0) & need_w
+        j = j_t + col + SWEEP_V
+        w_cur = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi) & loaded, other=NEG_INF)
+        votes = or_votes(vote, FAST)
+        if votes_t != 0:
+            best_r, idx_r, best_p, idx_p, mass = evaluate_slots(
+                x, w, votes_t, loaded_t, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+                best_r, idx_r, best_p, idx_p, mass, SLOTS, True, FILTER, FAST, True)
+            top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
+            top_r = tl.max(tl.max(best_r, axis=2), axis=1)
+            floor = tl.maximum(floor, plane(tl.where(need, tl.minimum(top_p, top_r), top_p), BLOCK_B))
+    return slot_winners(best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SWEEP_V)
+
+
+@triton.jit
+def need_w_row(use_p, b_mask):  # [BB] -> [BB] bool: the row's draw is the residual's (its floor: both keys)
+    return (use_p == 0) & b_mask
+
+
+@triton.jit
+def slot_winners(best_r, idx_r, best_p, idx_p, mass, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr):
+    """[BB, N, S] running bests -> (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB]: the lowest
+    index among the ties at the maximum."""
     best_r = tl.reshape(best_r, (BLOCK_B, SWEEP_V))
     best_p = tl.reshape(best_p, (BLOCK_B, SWEEP_V))
     idx_r = tl.reshape(idx_r, (BLOCK_B, SWEEP_V))

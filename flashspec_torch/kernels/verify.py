@@ -45,7 +45,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .lanes import ORDERED_NEG_INF, hint_floor, rows_stats_lanes, sweep_row_lanes
-from .slots import sweep_row_slots
+from .slots import sweep_row_slots, sweep_row_slots_lazy
 from .random import gumbel_from_bits, key, mix, uniform_from_bits
 
 NEG_INF = tl.constexpr(float("-inf"))
@@ -307,7 +307,7 @@ def verify_final_kernel(
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
-    SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False,
+    SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False, LAZY: tl.constexpr = False,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -325,7 +325,8 @@ def verify_final_kernel(
                m_ptr, l_ptr, a_ptr, ck_ptr, ci_ptr, cf_ptr, counter_ptr, counter_ptr, kb_ptr, tokens_ptr, num_ptr,
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
-               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD)
+               OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD,
+               LAZY)
 
 
 @triton.jit
@@ -339,14 +340,15 @@ def final_item(
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
-    HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
+    HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, LAZY: tl.constexpr = False,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
     other programs of the same launch), and the tile's last finisher also resets ``ready_ptr[pid_b]``,
     the count of its finished phase-1 items. PDL: everything phase 1 does not write is loaded before
     ``gdc_wait``, the partials after it. SLOTS > 1 (with PRUNE, lanes): the sweep votes per slot
-    (``slots.sweep_row_slots``), AHEAD tiles loaded ahead."""
+    (``slots.sweep_row_slots``), AHEAD tiles loaded ahead; LAZY (with HAS_W): the draft row read only where
+    a logit can reach the floor (``slots.sweep_row_slots_lazy``)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -457,7 +459,13 @@ def final_item(
             cand = tl.load(a_ptr + (b64[:, None] * C + c3) * ROWS + n[:, None], mask=c3_mask, other=0)
             floor0 = hint_floor(z_n, w_n, szv, swv, cand, c3_mask, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
                                 thr_pn, tid_pn, thr_qn, tid_qn, k_final, HAS_W, FILTER, FAST)
-        if SWEEP_LANES and SLOTS > 1:
+        use_p = (n == G) | ~x_n_ok  # the bonus; or a masked draft id: y ~ p
+        if SWEEP_LANES and SLOTS > 1 and LAZY and HAS_W:
+            best_r, idx_r, best_p, idx_p, mass = sweep_row_slots_lazy(
+                z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
+                thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, floor0, use_p.to(tl.int32), BLOCK_B, SWEEP_V, SLOTS,
+                FILTER, FAST)
+        elif SWEEP_LANES and SLOTS > 1:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_slots(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
                 thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, floor0, BLOCK_B, SWEEP_V, SLOTS, HAS_W, FILTER, FAST,
@@ -471,7 +479,6 @@ def final_item(
             best_r, idx_r, best_p, idx_p, mass = sweep_row(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, pick_row(lse_p, i, n), lse_qn, x_n,
                 thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, BLOCK_B, SWEEP_V, HAS_W, FILTER)
-        use_p = (n == G) | ~x_n_ok  # the bonus; or a masked draft id: y ~ p
         if FUSED:
             y = tl.where(use_p | (mass == 0), idx_p, idx_r)
             emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G, ROWS)

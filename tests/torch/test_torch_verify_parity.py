@@ -198,6 +198,37 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
 
 
 @pytest.mark.parametrize("spread", [1.0, 6.0])
+def test_lazy_draft_matches_the_oracle(spread):
+    """KernelConfig(lazy_draft=True): the slot-vote sweep reads row n of the draft only for the threads whose
+    logits can reach the floor (votes one tile ahead), and not at all for a bonus row: the same tokens, with
+    bonus and residual rows in the batch, fused and split, 1-2 tiles a program, the persistent schedule,
+    and the floor started from row n's chunk maxima."""
+    rng = np.random.default_rng({1.0: 1, 6.0: 8}[spread])  # seeds whose batch holds both kinds of row
+    cfg = SamplingConfig(temperature=0.9)
+    inp = make_inputs(rng, 6, 3, 1543, cfg, spread=spread)
+    want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
+    assert 0 < int((want[0] == 3).sum()) < 6, want[0]  # bonus rows (no draft read) and residual rows
+    z, x, w = torch.from_numpy(inp.z), torch.from_numpy(inp.x), torch.from_numpy(inp.w)
+    for chunks, block_b, schedule, more in (
+            (3, 1, "two_launch", dict(sweep_slots=8)), (1, 2, "two_launch", dict(sweep_slots=8)),
+            (2, 2, "two_launch", dict(sweep_chunks=9, prune_hint=True, sweep_slots=4)),
+            (2, 1, "two_launch", dict(sweep_chunks=30, sweep_slots=4)),  # 1-2 tiles a program
+            (3, 1, "persistent", dict(sweep_slots=4))):
+        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, schedule=schedule,
+                          lazy_draft=True, **more)
+        got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
+        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
+        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
+
+
+def test_lazy_draft_needs_one_tile_ahead():
+    with pytest.raises(ValueError, match="lazy_draft"):
+        KernelConfig(sweep_slots=4, lazy_draft=True, sweep_ahead=2)
+    with pytest.raises(ValueError, match="lazy_draft"):
+        KernelConfig(lazy_draft=1)
+
+
+@pytest.mark.parametrize("spread", [1.0, 6.0])
 def test_sweep_ahead_matches_the_oracle(spread):
     """KernelConfig(sweep_ahead=2 or 3): the slot-vote sweep loads 2 or 3 tiles of row n ahead of the one
     it evaluates; the same tokens, also where a program holds fewer tiles than it loads ahead."""
@@ -262,7 +293,8 @@ def test_pruning_floor_is_the_lower_of_the_two_keys():
     zt, xt, wt = torch.from_numpy(z), torch.from_numpy(x), torch.from_numpy(w)
     configs = [KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2),
                KernelConfig(block_b=2, block_v=256, sweep_v=32, num_chunks=1),  # fused
-               KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2, sweep_slots=8)]
+               KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2, sweep_slots=8),
+               KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2, sweep_slots=8, lazy_draft=True)]
     rejected = 0
     for offset in range(4):
         want = oracle.verify(z, x, w, None, seed=7, offset=offset, temperature=1.0)
