@@ -93,6 +93,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                 "lanes-pdl": dataclasses.replace(base, pdl=True),  # no PDL in the interpreter: the plain pair runs
                 "lanes-hint": dataclasses.replace(base, prune_hint=True, sweep_chunks=5),
                 "lanes-slots": dataclasses.replace(base, sweep_slots=4),
+                "lanes-lazy": dataclasses.replace(base, sweep_slots=4, prune=True, lazy_draft=True),
                 "persistent": dataclasses.replace(base, schedule="persistent", programs_per_sm=2),
                 "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1),
                 "tickets": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, sweep_chunks=5,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
-#   kernels floor slots ahead groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
+#   kernels floor slots ahead lazy groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
@@ -49,6 +49,9 @@ for step in $steps; do
     tickets) timeout ${TICKETS_TIMEOUT:-480} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s ${TICKETS_BUDGET:-380} \
              --variants ${TICKETS_VARIANTS:-lanes,tickets-w1-p16,tickets-w1-p21,tickets-w1-p12,tickets-w2-p8,tickets-w2-p10,tickets-w1-p16-la2,tickets-w1-p16-la-half,lanes-again} \
              --split none --batch ${TICKETS_BATCH:-256,128,32} --gamma ${TICKETS_GAMMA:-1,4,8} > "$OUT/verify_tickets.log" 2>&1; tail -${TICKETS_TAIL:-90} "$OUT/verify_tickets.log" ;;
+    lazy) timeout ${LAZY_TIMEOUT:-500} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s ${LAZY_BUDGET:-420} \
+             --variants ${LAZY_VARIANTS:-lanes,lanes-lazy,lanes-lazy-slots8,lanes-again} --split ${LAZY_SPLIT:-none} \
+             --batch ${LAZY_BATCH:-256,128,32} --gamma ${LAZY_GAMMA:-1,4,8} > "$OUT/verify_lazy.log" 2>&1; tail -${LAZY_TAIL:-80} "$OUT/verify_lazy.log" ;;
     kernels) timeout ${KERNELS_TIMEOUT:-420} python3 benchmarks/verify_kernels.py --out "$OUT" --no-jax --drafts logprobs ${KERNELS_ARGS:-} \
              > "$OUT/verify_kernels.log" 2>&1; tail -${KERNELS_TAIL:-8} "$OUT/verify_kernels.log" ;;
     ahead) timeout ${AHEAD_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 260 \
