@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
-#   kernels floor slots ahead lazy groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
+#   kernels floor slots ahead lazy ncu groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
@@ -52,6 +52,16 @@ for step in $steps; do
     lazy) timeout ${LAZY_TIMEOUT:-500} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s ${LAZY_BUDGET:-420} \
              --variants ${LAZY_VARIANTS:-lanes,lanes-lazy,lanes-lazy-slots8,lanes-again} --split ${LAZY_SPLIT:-none} \
              --batch ${LAZY_BATCH:-256,128,32} --gamma ${LAZY_GAMMA:-1,4,8} > "$OUT/verify_lazy.log" 2>&1; tail -${LAZY_TAIL:-80} "$OUT/verify_lazy.log" ;;
+    ncu) n=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu: $n"
+         for s in ${NCU_SHAPES:-256:1:128256:bfloat16 256:4:32000:bfloat16 256:4:128256:bfloat16 128:4:128256:bfloat16}; do
+           IFS=: read -r b g v d <<< "$s"
+           timeout ${NCU_TIMEOUT:-150} "$n" --clock-control none --kernel-name regex:verify_ --launch-skip 6 --launch-count 2 \
+             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+             --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats \
+             --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+             python3 benchmarks/verify_ncu.py --batch $b --gamma $g --vocab $v --dtype $d > "$OUT/ncu_${b}_${g}_${v}_${d}.txt" 2>&1
+           grep -E "verify_|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|dram__bytes_read|Block Limit|Stall|Executed Ipc A" "$OUT/ncu_${b}_${g}_${v}_${d}.txt" | head -${NCU_TAIL:-60}
+         done ;;
     kernels) timeout ${KERNELS_TIMEOUT:-420} python3 benchmarks/verify_kernels.py --out "$OUT" --no-jax --drafts logprobs ${KERNELS_ARGS:-} \
              > "$OUT/verify_kernels.log" 2>&1; tail -${KERNELS_TAIL:-8} "$OUT/verify_kernels.log" ;;
     ahead) timeout ${AHEAD_TIMEOUT:-330} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 0.7 --budget-s 260 \
