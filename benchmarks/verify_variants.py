@@ -166,6 +166,10 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (2, 3):
         out[f"lanes-ahead{k}"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, sweep_ahead=k)
     out["lanes-ahead2-slots8"] = dataclasses.replace(out["lanes-ahead2"], sweep_slots=8)
+    # the sweep's tiles loaded in their own iteration, the loop pipelined by Triton (cp.async through shared memory)
+    for k in (2, 3, 4):
+        out[f"lanes-pipe{k}"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, sweep_ahead=0,
+                                                    sweep_stages=k)
     # row n of the draft read only for the threads whose logits can reach the floor (slots.sweep_row_slots_lazy)
     out["lanes-lazy"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, lazy_draft=True)
     out["lanes-lazy-slots8"] = dataclasses.replace(out["lanes-lazy"], sweep_slots=8)

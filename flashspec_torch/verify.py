@@ -150,7 +150,9 @@ class KernelConfig:
     shared_floor: bool = False  # two launches, prune: the programs of a row share the sweep's pruning floor
     prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
     sweep_slots: int = 0  # "lanes" sweep, prune: votes per tile, one per slot of sweep_v / S logits (kernels/slots.py); 0: one
-    sweep_ahead: int = 1  # the slot-vote sweep (sweep_slots > 1): tiles of row n loaded ahead of the one evaluated (1-3)
+    sweep_ahead: int = 1  # the slot-vote sweep (sweep_slots > 1): tiles of row n loaded ahead of the one evaluated (1-3),
+    # held in registers; 0: each tile loaded in its own iteration, the loop pipelined by Triton (sweep_stages stages)
+    sweep_stages: int = 3  # sweep_ahead=0: Triton's software-pipelining stages of the slot-vote sweep (2-6)
     lazy_draft: bool = False  # the slot-vote sweep, draft logits: row n of the draft read only where a logit can win
     reverse_final: bool = False  # two launches: the final launch sweeps rows and chunks in reverse (L2 reuse)
     batch_group: int = 0  # two launches: rows per batch group, a stats + final pair per group, chained by PDL; 0: one pair
@@ -168,8 +170,11 @@ class KernelConfig:
         if self.sweep_slots not in (0, 1, 2, 4, 8, 16) or self.sweep_v % max(1, self.sweep_slots):
             raise ValueError(f"{self.sweep_slots=} must be 0 (one vote per tile) or one of 1, 2, 4, 8, 16 dividing "
                              f"{self.sweep_v=}")
-        if self.sweep_ahead not in (1, 2, 3):
-            raise ValueError(f"{self.sweep_ahead=} must be 1, 2 or 3 (tiles loaded ahead by the slot-vote sweep)")
+        if self.sweep_ahead not in (0, 1, 2, 3):
+            raise ValueError(f"{self.sweep_ahead=} must be 1, 2 or 3 (tiles loaded ahead by the slot-vote sweep) "
+                             "or 0 (Triton's pipeliner)")
+        if self.sweep_stages not in range(2, 7):
+            raise ValueError(f"{self.sweep_stages=} must be 2 to 6 (software-pipelining stages of the sweep)")
         if self.sweep_slots > 1 and self.shared_floor:
             raise ValueError(f"{self.sweep_slots=} does not combine with shared_floor=True: use one of the two")
         if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
@@ -424,7 +429,7 @@ def verify_triton(
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
-                LAZY=config.lazy_draft and slots > 1, **final_flags, **launch)
+                LAZY=config.lazy_draft and slots > 1, STAGES=config.sweep_stages, **final_flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)
@@ -432,5 +437,6 @@ def verify_triton(
         kernels.verify_persistent_kernel[(programs,)](
             *args[:-3], counter, tokens, num, ticket, ready, *sizes[:4], sweep_chunk, sweeps, *sizes[4:],
             tiles, per_tile - chunks, lookahead, programs, NSC=next_pow2(sweeps), SLOTS=slots,
-            AHEAD=config.sweep_ahead if slots > 1 else 1, LAZY=config.lazy_draft and slots > 1, **flags)
+            AHEAD=config.sweep_ahead if slots > 1 else 1, LAZY=config.lazy_draft and slots > 1,
+            STAGES=config.sweep_stages, **flags)
     return VerifyResult(num_accepted=num, tokens=tokens)

@@ -105,12 +105,15 @@ def evaluate_slots(x, w, votes, loaded, j_t, col, k, lse_p2, lse_q2, key_n, x_n,
 @triton.jit
 def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
                     k_final, b_mask, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
-                    HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr = 1):
+                    HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr = 1,
+                    STAGES: tl.constexpr = 3):
     """Gumbel-max over [v_lo, v_hi) of row n, as ``lanes.sweep_row_lanes(PRUNE=True)`` (the same keys
     and floor; z_row, w_row: [BB] pointers, the rest [BB]; v_lo a multiple of SLOTS) with the vote per
     slot: returns (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB]. The floor K rises once
     per tile, after the tile's evaluated slots. AHEAD (1, 2 or 3): tiles loaded ahead of the one being
-    evaluated (more bytes in flight per warp; the keys, hence the tokens, do not depend on it)."""
+    evaluated, held in registers (the keys, hence the tokens, do not depend on it); 0: each tile loaded in
+    its own iteration and the loop software-pipelined by Triton with STAGES stages (asynchronous copies
+    through shared memory: the registers of a tile loaded ahead are not read at the loop's back edge)."""
     N: tl.constexpr = SWEEP_V // SLOTS
     col = tl.arange(0, SLOTS)[None, None, :]  # [1, 1, S]
     row = tl.arange(0, N)[None, :, None] * SLOTS  # [1, N, 1]
@@ -125,33 +128,53 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
     idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
     mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
-    z_next, w_next = load_tile(z_rows, w_rows, v_lo + row + col, sv_z, sv_w, live, v_hi, HAS_W)
-    if AHEAD >= 2:
-        z_next2, w_next2 = load_tile(z_rows, w_rows, v_lo + SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
-    if AHEAD >= 3:
-        z_next3, w_next3 = load_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
     floor = plane(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
-    for v0 in range(v_lo, v_hi, SWEEP_V):
-        j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
-        j = j_t + col
-        x, w = z_next.to(tl.float32), w_next  # (w: z again for a one-hot draft, unused)
-        if AHEAD == 1:
-            z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
-        elif AHEAD == 2:
-            z_next, w_next = z_next2, w_next2
-            z_next2, w_next2 = load_tile(z_rows, w_rows, j + 2 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
-        else:
-            z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
-            z_next3, w_next3 = load_tile(z_rows, w_rows, j + 3 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
-        votes = or_votes(slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FILTER, FAST), FAST)
-        if votes != 0:
-            best_r, idx_r, best_p, idx_p, mass = evaluate_slots(
-                x, w, votes, True, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
-                best_r, idx_r, best_p, idx_p, mass, SLOTS, HAS_W, FILTER, FAST, False)
-            top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
-            top_r = tl.max(tl.max(best_r, axis=2), axis=1)
-            floor = tl.maximum(floor, plane(tl.minimum(top_p, top_r), BLOCK_B))
+    if AHEAD == 0:
+        for v0 in tl.range(v_lo, v_hi, SWEEP_V, num_stages=STAGES):
+            j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
+            z, w = load_tile(z_rows, w_rows, j_t + col, sv_z, sv_w, live, v_hi, HAS_W)
+            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
+                z.to(tl.float32), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q,
+                tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST)
+    else:
+        z_next, w_next = load_tile(z_rows, w_rows, v_lo + row + col, sv_z, sv_w, live, v_hi, HAS_W)
+        if AHEAD >= 2:
+            z_next2, w_next2 = load_tile(z_rows, w_rows, v_lo + SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
+        if AHEAD >= 3:
+            z_next3, w_next3 = load_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
+        for v0 in range(v_lo, v_hi, SWEEP_V):
+            j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
+            j = j_t + col
+            x, w = z_next.to(tl.float32), w_next  # (w: z again for a one-hot draft, unused)
+            if AHEAD == 1:
+                z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
+            elif AHEAD == 2:
+                z_next, w_next = z_next2, w_next2
+                z_next2, w_next2 = load_tile(z_rows, w_rows, j + 2 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
+            else:
+                z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
+                z_next3, w_next3 = load_tile(z_rows, w_rows, j + 3 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
+            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
+                x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+                best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST)
     return slot_winners(best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SWEEP_V)
+
+
+@triton.jit
+def slot_tile(x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+              best_r, idx_r, best_p, idx_p, mass, BLOCK_B: tl.constexpr, SLOTS: tl.constexpr, HAS_W: tl.constexpr,
+              FILTER: tl.constexpr, FAST: tl.constexpr):
+    """One tile of the slot-vote sweep (x, w: [BB, N, S] raw logits of z as float32 and of w): the vote at
+    the floor, the voted slots' keys folded into the running bests, and the floor raised after them."""
+    votes = or_votes(slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FILTER, FAST), FAST)
+    if votes != 0:
+        best_r, idx_r, best_p, idx_p, mass = evaluate_slots(
+            x, w, votes, True, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+            best_r, idx_r, best_p, idx_p, mass, SLOTS, HAS_W, FILTER, FAST, False)
+        top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
+        top_r = tl.max(tl.max(best_r, axis=2), axis=1)
+        floor = tl.maximum(floor, plane(tl.minimum(top_p, top_r), BLOCK_B))
+    return best_r, idx_r, best_p, idx_p, mass, floor
 
 
 @triton.jit

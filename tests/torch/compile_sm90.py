@@ -110,6 +110,14 @@ VARIANTS = [
     # KernelConfig(sweep_ahead=k): the slot-vote sweep loads k tiles of row n ahead
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=4, AHEAD=3)),
+    # KernelConfig(sweep_ahead=0): the slot-vote sweep pipelined by Triton (asynchronous copies, STAGES stages)
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=4, AHEAD=0, STAGES=3)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=False,
+                                               FILTER=True, GREEDY=False, FUSED=False, SEED_TENSOR=True,
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, SLOTS=4, AHEAD=0, STAGES=4)),
+    (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
+                                               FILTER=False, GREEDY=False, FUSED=True, SLOTS=8, AHEAD=0, STAGES=2)),
     # KernelConfig(lazy_draft=True): the slot-vote sweep reads row n of the draft only where a logit can win
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=4, LAZY=True)),

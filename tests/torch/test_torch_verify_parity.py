@@ -231,14 +231,18 @@ def test_lazy_draft_needs_one_tile_ahead():
 @pytest.mark.parametrize("spread", [1.0, 6.0])
 def test_sweep_ahead_matches_the_oracle(spread):
     """KernelConfig(sweep_ahead=2 or 3): the slot-vote sweep loads 2 or 3 tiles of row n ahead of the one
-    it evaluates; the same tokens, also where a program holds fewer tiles than it loads ahead."""
+    it evaluates; 0: each tile in its own iteration, pipelined by Triton (sweep_stages; the interpreter
+    runs the plain loop, the sm_90 compile its asynchronous copies); the same tokens, also where a program
+    holds fewer tiles than it loads ahead."""
     rng = np.random.default_rng(40 + int(spread))
     cfg = SamplingConfig(temperature=0.9)
     inp = make_inputs(rng, 4, 3, 1501, cfg, spread=spread)
     want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
     z, x, w = torch.from_numpy(inp.z), torch.from_numpy(inp.x), torch.from_numpy(inp.w)
     for chunks, block_b, more in ((3, 1, dict(sweep_slots=8, sweep_ahead=2)), (2, 2, dict(sweep_slots=4, sweep_ahead=3)),
-                                  (2, 1, dict(sweep_chunks=24, sweep_slots=4, sweep_ahead=3))):  # 1-2 tiles a program
+                                  (2, 1, dict(sweep_chunks=24, sweep_slots=4, sweep_ahead=3)),  # 1-2 tiles a program
+                                  (2, 2, dict(sweep_slots=4, sweep_ahead=0)),
+                                  (2, 1, dict(sweep_chunks=24, sweep_slots=8, sweep_ahead=0, sweep_stages=4))):
         kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, **more)
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
         np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
