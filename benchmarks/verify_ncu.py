@@ -6,7 +6,7 @@
         python benchmarks/verify_ncu.py --batch 256 --gamma 1 --vocab 128256 --dtype bfloat16
 
 (`bash scripts/gpu_session.sh ncu` runs it over a few shapes.) The script alone calls
-``verify_triton`` with the default configuration (``choose_config``, draft log-probs given, the
+``verify_triton`` with the default configuration (``choose_config``, or ``--variant``, draft log-probs given, the
 benchmark's flat rows of ``verify_kernels.make_inputs``) ``--calls`` times on rotating input sets, so
 that ``--launch-skip`` passes over the first calls (compilation, warm-up) and the profiled launches
 read logits that are not in the L2. Without ncu it checks the tokens against the torch reference.
@@ -33,6 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--calls", type=int, default=8, help="verify calls (two launches each)")
+    p.add_argument("--variant", default="lanes", help="a name from verify_variants.variants (lanes: choose_config)")
     return p.parse_args(argv)
 
 
@@ -41,7 +42,7 @@ def main(argv=None) -> None:
 
     from flashspec.config import SamplingConfig
     from flashspec_torch import verify, verify_triton
-    from flashspec_torch.verify import choose_config
+    from verify_variants import variants
 
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -52,7 +53,7 @@ def main(argv=None) -> None:
     sets = input_sets(shape, device)
     cfg = SamplingConfig(temperature=args.temperature)
     itemsize = torch.finfo(getattr(torch, args.dtype)).bits // 8
-    kc = choose_config(args.batch, args.gamma, args.vocab, device, itemsize)
+    kc = variants(args.batch, args.gamma, args.vocab, itemsize, device)[args.variant]
     seed = torch.full((args.batch,), 7, dtype=torch.int64, device=device)
     offset = torch.zeros((), dtype=torch.int64, device=device)
     want = verify(**sets[0], temperature=args.temperature, seed=seed, offset=offset, impl="reference")

@@ -170,6 +170,10 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (2, 3, 4):
         out[f"lanes-pipe{k}"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, sweep_ahead=0,
                                                     sweep_stages=k)
+    # more resident warps: ptxas's register cap on the final launch (72: 28 one-warp programs per SM, 64: 32)
+    for regs in (72, 64):
+        out[f"lanes-pipe2-r{regs}"] = dataclasses.replace(out["lanes-pipe2"], max_registers=regs)
+        out[f"lanes-r{regs}"] = dataclasses.replace(lanes, max_registers=regs)
     # row n of the draft read only for the threads whose logits can reach the floor (slots.sweep_row_slots_lazy)
     out["lanes-lazy"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, lazy_draft=True)
     out["lanes-lazy-slots8"] = dataclasses.replace(out["lanes-lazy"], sweep_slots=8)
