@@ -174,6 +174,15 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for regs in (72, 64):
         out[f"lanes-pipe2-r{regs}"] = dataclasses.replace(out["lanes-pipe2"], max_registers=regs)
         out[f"lanes-r{regs}"] = dataclasses.replace(lanes, max_registers=regs)
+    # the final launch's one-warp programs as k whole waves: ncu (results/ncu_2026-12-04) counts 20 resident per
+    # SM at 96 registers (28 at a 72-register cap), so the default's 8x split (B = 256: 6144 programs) is 2.33
+    # waves, its last one a third full; "-wave{k}": sweep_chunks = k waves / B (programs of whole 256-logit tiles)
+    sms = device_sms(device)
+    for k in (1, 2):
+        for name, base, resident in (("lanes", lanes_p, 20), ("lanes-pipe2-r72", out["lanes-pipe2-r72"], 28)):
+            out[f"{name}-wave{k}"] = dataclasses.replace(
+                base, sweep_slots=base.sweep_slots or 4, sweep_chunks=max(1, k * resident * sms // b), sweep_warps=1,
+                sweep_v=256)
     # row n of the draft read only for the threads whose logits can reach the floor (slots.sweep_row_slots_lazy)
     out["lanes-lazy"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, lazy_draft=True)
     out["lanes-lazy-slots8"] = dataclasses.replace(out["lanes-lazy"], sweep_slots=8)
