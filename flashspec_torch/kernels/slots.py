@@ -103,6 +103,19 @@ def evaluate_slots(x, w, votes, loaded, j_t, col, k, lse_p2, lse_q2, key_n, x_n,
 
 
 @triton.jit
+def slot_state(v_lo, floor0, BLOCK_B: tl.constexpr, N: tl.constexpr, SLOTS: tl.constexpr):
+    """A slot sweep's running state: per slot the best key_r, its index, the best key_p, its index and the
+    residual mass seen ([BB, N, S]), and the floor K ([BB, 1, 1]: a key some logit of the row reaches; -inf
+    while none is known)."""
+    best_r = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
+    best_p = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
+    idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
+    idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
+    mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
+    return best_r, idx_r, best_p, idx_p, mass, plane(floor0, BLOCK_B)
+
+
+@triton.jit
 def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
                     k_final, b_mask, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
                     HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr = 1,
@@ -123,12 +136,7 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     k = exp2_scale(inv_T, FILTER)
     lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q = sweep_scalars(
         lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q, BLOCK_B, 3, HAS_W, FILTER)
-    best_r = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
-    best_p = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
-    idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
-    idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
-    mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
-    floor = plane(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
+    best_r, idx_r, best_p, idx_p, mass, floor = slot_state(v_lo, floor0, BLOCK_B, N, SLOTS)
     if AHEAD == 0:
         for v0 in tl.range(v_lo, v_hi, SWEEP_V, num_stages=STAGES):
             j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
@@ -199,12 +207,7 @@ def sweep_row_slots_lazy(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, 
     k = exp2_scale(inv_T, FILTER)
     lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q = sweep_scalars(
         lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q, BLOCK_B, 3, True, FILTER)
-    best_r = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
-    best_p = tl.full((BLOCK_B, N, SLOTS), NEG_INF, tl.float32)
-    idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
-    idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
-    mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
-    floor = plane(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
+    best_r, idx_r, best_p, idx_p, mass, floor = slot_state(v_lo, floor0, BLOCK_B, N, SLOTS)
     j = v_lo + row + col
     z_cur = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
     j = j + SWEEP_V
