@@ -349,8 +349,8 @@ def final_item(
     other programs of the same launch), and the tile's last finisher also resets ``ready_ptr[pid_b]``,
     the count of its finished phase-1 items. PDL: everything phase 1 does not write is loaded before
     ``gdc_wait``, the partials after it. SLOTS > 1 (with PRUNE, lanes): the sweep votes per slot
-    (``slots.sweep_row_slots``), AHEAD tiles loaded ahead (0: Triton's pipeliner, STAGES stages); LAZY (with HAS_W): the draft row read only where
-    a logit can reach the floor (``slots.sweep_row_slots_lazy``)."""
+    (``slots.sweep_row_slots``), AHEAD tiles loaded ahead (0: Triton's pipeliner, STAGES stages); LAZY
+    (with HAS_W): the draft row read only where a logit can reach the floor (``slots.sweep_row_slots_lazy``)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
