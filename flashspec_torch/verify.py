@@ -154,6 +154,7 @@ class KernelConfig:
     # held in registers; 0: each tile loaded in its own iteration, the loop pipelined by Triton (sweep_stages stages)
     sweep_stages: int = 3  # sweep_ahead=0: Triton's software-pipelining stages of the slot-vote sweep (2-6)
     lazy_draft: bool = False  # the slot-vote sweep, draft logits: row n of the draft read only where a logit can win
+    bf16_pairs: bool = True  # the slot-vote sweep, bfloat16 rows of unit stride: read as int32 pairs, widened by hand
     reverse_final: bool = False  # two launches: the final launch sweeps rows and chunks in reverse (L2 reuse)
     batch_group: int = 0  # two launches: rows per batch group, a stats + final pair per group, chained by PDL; 0: one pair
 
@@ -181,7 +182,7 @@ class KernelConfig:
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
         if self.lazy_draft and self.sweep_ahead != 1:
             raise ValueError(f"{self.lazy_draft=} loads its own tiles ahead: leave {self.sweep_ahead=} at 1")
-        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft"):
+        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft", "bf16_pairs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
@@ -283,6 +284,11 @@ def device_sms(device: torch.device) -> int:  # SMs of a GPU; 1 in the interpret
     return sm_count(cuda_index(device))
 
 
+def bf16_pairs(t: torch.Tensor) -> bool:  # [B, R, V]: rows readable as int32 pairs (slots.load_slot_tile)
+    return (t.dtype == torch.bfloat16 and t.shape[2] % 2 == 0 and t.stride(2) == 1 and t.stride(0) % 2 == 0
+            and t.stride(1) % 2 == 0 and t.data_ptr() % 4 == 0)
+
+
 def split_vocab(vocab: int, parts: int, tile: int) -> tuple[int, int]:
     """V in at most ``parts`` chunks of whole tiles: (entries per chunk, number of chunks)."""
     chunk = math.ceil(math.ceil(vocab / min(parts, math.ceil(vocab / tile))) / tile) * tile
@@ -379,6 +385,8 @@ def verify_triton(
     share_k = pruned_sweep and config.shared_floor and sweeps > 1  # lanes.sweep_row_lanes(SHARE_K)
     hint = pruned_sweep and config.prune_hint and config.stream == "lanes"  # lanes.hint_floor
     slots = config.sweep_slots if config.prune and config.sweep == "lanes" and not greedy and config.sweep_slots else 1
+    lazy = config.lazy_draft and slots > 1
+    pairs = config.bf16_pairs and slots > 1 and not lazy and bf16_pairs(z) and (not has_w or bf16_pairs(w))
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -429,7 +437,7 @@ def verify_triton(
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
-                LAZY=config.lazy_draft and slots > 1, STAGES=config.sweep_stages, **final_flags, **launch)
+                LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch)
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)
@@ -437,6 +445,6 @@ def verify_triton(
         kernels.verify_persistent_kernel[(programs,)](
             *args[:-3], counter, tokens, num, ticket, ready, *sizes[:4], sweep_chunk, sweeps, *sizes[4:],
             tiles, per_tile - chunks, lookahead, programs, NSC=next_pow2(sweeps), SLOTS=slots,
-            AHEAD=config.sweep_ahead if slots > 1 else 1, LAZY=config.lazy_draft and slots > 1,
-            STAGES=config.sweep_stages, **flags)
+            AHEAD=config.sweep_ahead if slots > 1 else 1, LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs,
+            **flags)
     return VerifyResult(num_accepted=num, tokens=tokens)

@@ -78,7 +78,7 @@ def verify_persistent_kernel(
     GREEDY: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, NSC: tl.constexpr = 1, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1,
-    LAZY: tl.constexpr = False, STAGES: tl.constexpr = 3,
+    LAZY: tl.constexpr = False, STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False,
 ):
     """Both phases of the split verify in one launch of P programs; grid (P,). Phase 1 splits V in C
     chunks, phase 2 sweeps row n in SC chunks of sweep_chunk entries (``KernelConfig.sweep_chunks``);
@@ -104,7 +104,7 @@ def verify_persistent_kernel(
                        B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                        G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, False, SEED_TENSOR,
                        OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, True, False, False, False,
-                       SLOTS, AHEAD, LAZY, STAGES)
+                       SLOTS, AHEAD, LAZY, STAGES, PAIRS)
         t = tl.atomic_add(ticket_ptr, 1, sem="relaxed", scope="gpu")
     if t == items + P - 1:  # the launch's last ticket: nobody touches the counter after this
         tl.store(ticket_ptr, 0)

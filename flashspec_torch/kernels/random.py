@@ -17,10 +17,15 @@ def mix(x):  # uint32 [...] -> uint32 [...]
 
 @triton.jit
 def mix_rest(h):  # uint32 [...] -> uint32 [...]: mix(x) from h = x ^ (x >> 16), its first step
+    h = mix_body(h)
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def mix_body(h):  # uint32 [...] -> uint32 [...]: mix_rest(h) before its last step; its top 16 bits are mix's
     h = h * tl.full((), 0x7FEB352D, tl.uint32)
     h = h ^ (h >> 15)
-    h = h * tl.full((), 0x846CA68B, tl.uint32)
-    return h ^ (h >> 16)
+    return h * tl.full((), 0x846CA68B, tl.uint32)
 
 
 @triton.jit

@@ -11,8 +11,11 @@ the floor are evaluated (7.8% of the 32-logit slots in the same simulation).
 The test every logit pays is cheaper than ``sweep_row_lanes``' as well (the same bound, rearranged):
 both keys are at most lp2 + 24 - log2(2**24 (1 - u)) <= lp2 + 23 - log2(t'), with t' = 2**23 - 1 - m
 (m = bits >> 9, the uniform's 23 bits; 2**24 (1 - u) = 2 t' + 1), so a logit can reach the floor K
-only if t' <= 2**d, d = lp2 + 23 - K (+ the slack): one FFMA (K folded into the row's constant),
-one ex2, and t' as a float straight from the hash bits (t' | 0x4B000000 is 2**23 + t'), where the
+only if t' <= 2**d, d = lp2 + 23 - K (+ the slack). The vote tests a weaker condition that costs less:
+the top 16 bits of bits = h ^ (h >> 16) are those of h (mix's last step, ``random.mix_body``), so with
+a = 65535 - (h >> 16), m <= 128 (65535 - a) + 127 and t' >= 128 a; a logit votes when a <= 2**(d - 7),
+which every logit with t' <= 2**d does. That is one FFMA (K and the 7 folded into the row's constant),
+one ex2, and a as a float straight from h (one shift, one xor with 0x4B00FFFF, one add), where the
 tile vote takes an I2F, an lg2 and two adds. The hash's first step (x ^ (x >> 16), x = key ^ j) is
 taken once per thread: j = j_t + s with j_t a multiple of S, so x = (key ^ j_t) ^ s and x >> 16 does
 not see s.
@@ -30,10 +33,11 @@ import triton
 import triton.language as tl
 
 from .lanes import PRUNE_SLACK, draw_keys, exp2_scale, load_tile, log2_scaled, plane, sweep_scalars
-from .random import mix, mix_rest
+from .random import mix, mix_body
 
 NEG_INF = tl.constexpr(float("-inf"))
-T_BITS = tl.constexpr(0x4B7FFFFF)  # m ^ T_BITS: the bits of 2**23 + t', t' = 2**23 - 1 - m (m < 2**23)
+NEG_PAIR = tl.constexpr(-8323200)  # 0xFF80FF80: two bfloat16 -inf as one int32
+A_BITS = tl.constexpr(0x4B00FFFF)  # hi ^ A_BITS: the bits of 2**23 + 65535 - hi (hi < 2**16)
 
 
 @triton.jit
@@ -52,11 +56,12 @@ def slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FIL
     """[BB, N, S] int32 of a tile's raw logits x (j_t: [1, N, 1], each thread's first index): the bit 1 << s
     where the logit of slot s can reach the floor K ([BB, 1, 1] or a scalar), else 0."""
     # d = lp2 + 23 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
-    d = log2_scaled(x, j_t + col, k, lse_p2 + (floor - PRUNE_SLACK - 23.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
+    # d - 7 = lp2 + 16 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
+    d7 = log2_scaled(x, j_t + col, k, lse_p2 + (floor - PRUNE_SLACK - 16.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
     h = key_n ^ j_t.to(tl.uint32)
-    bits = mix_rest((h ^ (h >> 16)) ^ col.to(tl.uint32))  # mix(key ^ j)
-    t = ((bits >> 9) ^ T_BITS).to(tl.float32, bitcast=True) - 8388608.0  # t', exactly
-    return tl.where(t <= tl.math.exp2(d), 1 << col, 0)
+    h = mix_body((h ^ (h >> 16)) ^ col.to(tl.uint32))  # mix(key ^ j) = h ^ (h >> 16): the same top 16 bits
+    a = ((h >> 16) ^ A_BITS).to(tl.float32, bitcast=True) - 8388608.0  # 65535 - (mix >> 16) <= t' / 128
+    return tl.where(a <= tl.math.exp2(d7), 1 << col, 0)
 
 
 @triton.jit
@@ -73,13 +78,14 @@ def or_votes(vote, FAST: tl.constexpr):  # [BB, N, S] from slot_votes -> the OR 
 @triton.jit
 def evaluate_slots(x, w, votes, loaded, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
                    best_r, idx_r, best_p, idx_p, mass, SLOTS: tl.constexpr, HAS_W: tl.constexpr, FILTER: tl.constexpr,
-                   FAST: tl.constexpr, LAZY: tl.constexpr):
+                   FAST: tl.constexpr, LAZY: tl.constexpr, PAIRS: tl.constexpr = False):
     """The keys of the slots of one tile whose bit is set in votes, folded into each slot's running best
     (x, w: [BB, N, S] raw logits of z and w; the state: [BB, N, S]). LAZY: w holds the draft only where
     ``loaded`` ([BB, N, 1]) is set; elsewhere key_r = -inf and r = 0 (such a thread's logits cannot reach
-    the floor: they win neither draw, as a passed-over tile's)."""
+    the floor: they win neither draw, as a passed-over tile's). PAIRS: w is ``load_slot_tile``'s packed pairs,
+    unpacked here, where a slot voted, not on every tile."""
     x_b = x.to(tl.int32, bitcast=True)
-    w_b = w.to(tl.float32).to(tl.int32, bitcast=True)
+    w_b = tile_floats(w, PAIRS, x.shape[0], x.shape[1], SLOTS).to(tl.int32, bitcast=True)
     for s in tl.static_range(SLOTS):
         if (votes >> s) & 1:
             j_s = j_t + s  # [1, N, 1]
@@ -119,14 +125,16 @@ def slot_state(v_lo, floor0, BLOCK_B: tl.constexpr, N: tl.constexpr, SLOTS: tl.c
 def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
                     k_final, b_mask, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
                     HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr = 1,
-                    STAGES: tl.constexpr = 3):
+                    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False):
     """Gumbel-max over [v_lo, v_hi) of row n, as ``lanes.sweep_row_lanes(PRUNE=True)`` (the same keys
     and floor; z_row, w_row: [BB] pointers, the rest [BB]; v_lo a multiple of SLOTS) with the vote per
     slot: returns (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB]. The floor K rises once
     per tile, after the tile's evaluated slots. AHEAD (1, 2 or 3): tiles loaded ahead of the one being
     evaluated, held in registers (the keys, hence the tokens, do not depend on it); 0: each tile loaded in
     its own iteration and the loop software-pipelined by Triton with STAGES stages (asynchronous copies
-    through shared memory: the registers of a tile loaded ahead are not read at the loop's back edge)."""
+    through shared memory: the registers of a tile loaded ahead are not read at the loop's back edge).
+    PAIRS: bfloat16 rows of unit stride, loaded as int32 pairs (``load_slot_tile``): z is widened by one
+    shift or one mask per logit, w only in the slots that voted."""
     N: tl.constexpr = SWEEP_V // SLOTS
     col = tl.arange(0, SLOTS)[None, None, :]  # [1, 1, S]
     row = tl.arange(0, N)[None, :, None] * SLOTS  # [1, N, 1]
@@ -140,45 +148,112 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     if AHEAD == 0:
         for v0 in tl.range(v_lo, v_hi, SWEEP_V, num_stages=STAGES):
             j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
-            z, w = load_tile(z_rows, w_rows, j_t + col, sv_z, sv_w, live, v_hi, HAS_W)
+            z, w = load_slot_tile(z_rows, w_rows, j_t, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
             best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
-                z.to(tl.float32), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q,
-                tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST)
-    else:
-        z_next, w_next = load_tile(z_rows, w_rows, v_lo + row + col, sv_z, sv_w, live, v_hi, HAS_W)
-        if AHEAD >= 2:
-            z_next2, w_next2 = load_tile(z_rows, w_rows, v_lo + SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
-        if AHEAD >= 3:
-            z_next3, w_next3 = load_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row + col, sv_z, sv_w, live, v_hi, HAS_W)
-        for v0 in range(v_lo, v_hi, SWEEP_V):
+                tile_floats(z, PAIRS, BLOCK_B, N, SLOTS), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T,
+                thr_p, tid_p, thr_q, tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST,
+                PAIRS)
+    elif AHEAD == 1:  # whole tiles by loads without bounds (nothing to fill), then the partial tile, if any
+        v_whole = v_lo + (v_hi - v_lo) // SWEEP_V * SWEEP_V
+        z_next, w_next = load_slot_tile(z_rows, w_rows, v_lo + row, col, sv_z, sv_w, live & (v_lo < v_whole), v_hi,
+                                        SLOTS, HAS_W, PAIRS, True)
+        for v0 in range(v_lo, v_whole, SWEEP_V):
             j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
-            j = j_t + col
-            x, w = z_next.to(tl.float32), w_next  # (w: z again for a one-hot draft, unused)
-            if AHEAD == 1:
-                z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
-            elif AHEAD == 2:
-                z_next, w_next = z_next2, w_next2
-                z_next2, w_next2 = load_tile(z_rows, w_rows, j + 2 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
-            else:
-                z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
-                z_next3, w_next3 = load_tile(z_rows, w_rows, j + 3 * SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)
+            x, w = tile_floats(z_next, PAIRS, BLOCK_B, N, SLOTS), w_next  # (w: z again for a one-hot draft, unused)
+            z_next, w_next = load_slot_tile(z_rows, w_rows, j_t + SWEEP_V, col, sv_z, sv_w,
+                                            live & (v0 + SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
             best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
                 x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
-                best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST)
+                best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST, PAIRS)
+        if v_whole < v_hi:
+            j_t = v_whole + row
+            z, w = load_slot_tile(z_rows, w_rows, j_t, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
+            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
+                tile_floats(z, PAIRS, BLOCK_B, N, SLOTS), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T,
+                thr_p, tid_p, thr_q, tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST,
+                PAIRS)
+    else:
+        z_next, w_next = load_slot_tile(z_rows, w_rows, v_lo + row, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
+        if AHEAD >= 2:
+            z_next2, w_next2 = load_slot_tile(z_rows, w_rows, v_lo + SWEEP_V + row, col, sv_z, sv_w, live, v_hi, SLOTS,
+                                              HAS_W, PAIRS)
+        if AHEAD >= 3:
+            z_next3, w_next3 = load_slot_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row, col, sv_z, sv_w, live, v_hi,
+                                              SLOTS, HAS_W, PAIRS)
+        for v0 in range(v_lo, v_hi, SWEEP_V):
+            j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
+            x, w = tile_floats(z_next, PAIRS, BLOCK_B, N, SLOTS), w_next  # (w: z again for a one-hot draft, unused)
+            if AHEAD == 2:
+                z_next, w_next = z_next2, w_next2
+                z_next2, w_next2 = load_slot_tile(z_rows, w_rows, j_t + 2 * SWEEP_V, col, sv_z, sv_w, live, v_hi, SLOTS,
+                                                  HAS_W, PAIRS)
+            else:
+                z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
+                z_next3, w_next3 = load_slot_tile(z_rows, w_rows, j_t + 3 * SWEEP_V, col, sv_z, sv_w, live, v_hi, SLOTS,
+                                                  HAS_W, PAIRS)
+            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
+                x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+                best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST, PAIRS)
     return slot_winners(best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SWEEP_V)
+
+
+@triton.jit
+def load_slot_tile(z_rows, w_rows, j_t, col, sv_z, sv_w, live, v_hi, SLOTS: tl.constexpr, HAS_W: tl.constexpr,
+                   PAIRS: tl.constexpr, WHOLE: tl.constexpr = False):
+    """The logits j_t + col of z and w (z again for a one-hot draft; -inf past v_hi or in masked batch rows): [BB, N, S]
+    as loaded, or with PAIRS (bfloat16, unit strides, j_t even) [BB, N, S // 2] int32, two logits each, packed.
+    WHOLE: the tile lies below v_hi; loaded only in the rows where live ([BB, 1, 1]) is set, left undefined elsewhere
+    (no fill: the caller never reads them)."""
+    if WHOLE:
+        if PAIRS:
+            p = ((j_t >> 1) + tl.arange(0, SLOTS // 2)[None, None, :]).to(tl.int64)
+            z = tl.load(z_rows.to(tl.pointer_type(tl.int32)) + p, mask=live)
+            w = z
+            if HAS_W:
+                w = tl.load(w_rows.to(tl.pointer_type(tl.int32)) + p, mask=live)
+        else:
+            j = (j_t + col).to(tl.int64)
+            z = tl.load(z_rows + j * sv_z, mask=live)
+            w = z
+            if HAS_W:
+                w = tl.load(w_rows + j * sv_w, mask=live)
+    elif PAIRS:
+        c = tl.arange(0, SLOTS // 2)[None, None, :]  # [1, 1, S // 2]: pair c holds logits j_t + 2c, j_t + 2c + 1
+        p = (j_t >> 1) + c
+        mask = live & (p < (v_hi >> 1))  # (v_hi even)
+        z = tl.load(z_rows.to(tl.pointer_type(tl.int32)) + p.to(tl.int64), mask=mask, other=NEG_PAIR)
+        w = z
+        if HAS_W:
+            w = tl.load(w_rows.to(tl.pointer_type(tl.int32)) + p.to(tl.int64), mask=mask, other=NEG_PAIR)
+    else:
+        z, w = load_tile(z_rows, w_rows, j_t + col, sv_z, sv_w, live, v_hi, HAS_W)
+    return z, w
+
+
+@triton.jit
+def tile_floats(t, PAIRS: tl.constexpr, BLOCK_B: tl.constexpr, N: tl.constexpr, SLOTS: tl.constexpr):
+    """``load_slot_tile``'s z or w as float32 [BB, N, S]: a pair's low half is the lower index (little-endian),
+    widened by a shift, its high half by a mask."""
+    if PAIRS:
+        lo = (t << 16).to(tl.float32, bitcast=True)
+        hi = (t & -65536).to(tl.float32, bitcast=True)
+        x = tl.reshape(tl.join(lo, hi), (BLOCK_B, N, SLOTS))
+    else:
+        x = t.to(tl.float32)
+    return x
 
 
 @triton.jit
 def slot_tile(x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
               best_r, idx_r, best_p, idx_p, mass, BLOCK_B: tl.constexpr, SLOTS: tl.constexpr, HAS_W: tl.constexpr,
-              FILTER: tl.constexpr, FAST: tl.constexpr):
+              FILTER: tl.constexpr, FAST: tl.constexpr, PAIRS: tl.constexpr = False):
     """One tile of the slot-vote sweep (x, w: [BB, N, S] raw logits of z as float32 and of w): the vote at
     the floor, the voted slots' keys folded into the running bests, and the floor raised after them."""
     votes = or_votes(slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FILTER, FAST), FAST)
     if votes != 0:
         best_r, idx_r, best_p, idx_p, mass = evaluate_slots(
             x, w, votes, True, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
-            best_r, idx_r, best_p, idx_p, mass, SLOTS, HAS_W, FILTER, FAST, False)
+            best_r, idx_r, best_p, idx_p, mass, SLOTS, HAS_W, FILTER, FAST, False, PAIRS)
         top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
         top_r = tl.max(tl.max(best_r, axis=2), axis=1)
         floor = tl.maximum(floor, plane(tl.minimum(top_p, top_r), BLOCK_B))

@@ -308,7 +308,7 @@ def verify_final_kernel(
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
     SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False, LAZY: tl.constexpr = False,
-    STAGES: tl.constexpr = 3,
+    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -327,7 +327,7 @@ def verify_final_kernel(
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
                OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD,
-               LAZY, STAGES)
+               LAZY, STAGES, PAIRS)
 
 
 @triton.jit
@@ -342,7 +342,7 @@ def final_item(
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
     HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, LAZY: tl.constexpr = False,
-    STAGES: tl.constexpr = 3,
+    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
@@ -350,7 +350,8 @@ def final_item(
     the count of its finished phase-1 items. PDL: everything phase 1 does not write is loaded before
     ``gdc_wait``, the partials after it. SLOTS > 1 (with PRUNE, lanes): the sweep votes per slot
     (``slots.sweep_row_slots``), AHEAD tiles loaded ahead (0: Triton's pipeliner, STAGES stages); LAZY
-    (with HAS_W): the draft row read only where a logit can reach the floor (``slots.sweep_row_slots_lazy``)."""
+    (with HAS_W): the draft row read only where a logit can reach the floor (``slots.sweep_row_slots_lazy``);
+    PAIRS (not LAZY): bfloat16 rows of unit stride read as int32 pairs (``slots.load_slot_tile``)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -471,7 +472,7 @@ def final_item(
             best_r, idx_r, best_p, idx_p, mass = sweep_row_slots(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
                 thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, floor0, BLOCK_B, SWEEP_V, SLOTS, HAS_W, FILTER, FAST,
-                AHEAD, STAGES)
+                AHEAD, STAGES, PAIRS)
         elif SWEEP_LANES:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_lanes(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,

@@ -55,7 +55,8 @@ LANES = dict(LANES=True, VEC=8, FAST=True)  # the default: "lanes" loops, fast l
 LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
 # the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks,
 # one pruning vote per sweep tile
-DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1, AHEAD=1, WAIT_END=False, REVERSE=False)
+DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1, AHEAD=1, WAIT_END=False, REVERSE=False, LAZY=False,
+                STAGES=3, PAIRS=False)
 VARIANTS = [
     (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
     (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
@@ -118,6 +119,13 @@ VARIANTS = [
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, SLOTS=4, AHEAD=0, STAGES=4)),
     (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=True, SLOTS=8, AHEAD=0, STAGES=2)),
+    # KernelConfig(bf16_pairs=True), the default for bfloat16 of unit stride: the slot-vote sweep reads int32 pairs
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=4, PAIRS=True)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
+                                               FILTER=True, GREEDY=False, FUSED=True, SLOTS=8, PAIRS=True, AHEAD=0, STAGES=3)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=False, FILTER=False,
+                                               GREEDY=False, FUSED=False, SLOTS=2, PAIRS=True, AHEAD=2)),
     # KernelConfig(lazy_draft=True): the slot-vote sweep reads row n of the draft only where a logit can win
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=4, LAZY=True)),
@@ -142,6 +150,8 @@ VARIANTS = [
     # ... with the sweep split apart from phase 1 (KernelConfig.sweep_chunks) and the slot vote
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False, SLOTS=4)),
+    (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
+                                                    HAS_LQ=True, FILTER=False, GREEDY=False, SLOTS=4, PAIRS=True)),
 ]
 
 

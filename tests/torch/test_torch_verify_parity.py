@@ -1,6 +1,8 @@
 """Parity: NumPy oracle == torch reference == Triton (fused, split-V two launches, split-V persistent),
 token for token."""
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +22,7 @@ TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="t
 MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
 # One persistent launch of ticketed work items (kernels/persistent.py; not the default: slower on the H200): the
 # split arithmetic, another schedule. test_torch_verify_persistent.py covers more of its configurations.
+fv = importlib.import_module("flashspec_torch.verify")  # the module (the package exports its verify function)
 PERSISTENT_1 = KernelConfig(block_b=1, block_v=128, sweep_v=64, num_chunks=3, schedule="persistent",  # the GPU's
                             programs_per_sm=3, lookahead=1)  # one row per program; phase 2 right after phase 1
 
@@ -308,3 +311,41 @@ def test_pruning_floor_is_the_lower_of_the_two_keys():
             np.testing.assert_array_equal(got.num_accepted.numpy(), want.num_accepted, err_msg=f"{kc}")
             np.testing.assert_array_equal(got.tokens.numpy(), want.tokens, err_msg=f"{kc}")
     assert rejected >= 8, f"only {rejected} of {4 * b} rows rejected: the rows no longer test the residual draw"
+
+
+def padded(a):  # [B, R, V] -> the same values in rows of V + 64, the 64 past V at 80 (a read past V picks them)
+    big = torch.full((*a.shape[:2], a.shape[2] + 64), 80.0, dtype=a.dtype)
+    big[..., :a.shape[2]] = a
+    return big[..., :a.shape[2]]
+
+
+@pytest.mark.parametrize("onehot", [False, True])
+def test_bf16_pairs_match_the_oracle(onehot):
+    """bfloat16 rows of unit stride and even V: the slot-vote sweep reads them as int32 pairs, widened by hand
+    (KernelConfig.bf16_pairs, slots.load_slot_tile / tile_floats): whole tiles without bounds, then the partial
+    one; 1-3 tiles ahead or pipelined, fused, split, persistent, a dead row in the last batch tile, 2-8 slots;
+    rows strided past V, with logits there that would win if read. The oracle's tokens on the upcast values,
+    as with plain loads (an odd V, which cannot be read in pairs)."""
+    rng = np.random.default_rng(77 + onehot)
+    cfg = SamplingConfig(temperature=0.9)
+    configs = (dict(block_b=2, sweep_v=64, num_chunks=2, sweep_slots=4),
+               dict(block_b=1, sweep_v=32, num_chunks=2, sweep_chunks=12, sweep_slots=8, sweep_ahead=2),
+               dict(block_b=2, sweep_v=32, num_chunks=2, sweep_slots=4, sweep_ahead=3),
+               dict(block_b=1, sweep_v=64, num_chunks=2, sweep_slots=4, sweep_ahead=0),
+               dict(block_b=2, sweep_v=64, num_chunks=1, sweep_slots=2),  # fused: one pair per thread and row
+               dict(block_b=1, sweep_v=64, num_chunks=2, sweep_slots=4, schedule="persistent", lookahead=1))
+    for b, v, pairs, tail in ((3, 700, True, False), (3, 701, False, False), (3, 700, True, True)):
+        inp = make_inputs(rng, b, 3, v, cfg, onehot=onehot, spread=4.0)
+        if tail:  # drafts of p ~ 1 (all accepted) and the bonus token near the end of row G: in the partial tile
+            inp.z[np.arange(b)[:, None], np.arange(3), inp.x] = 40.0
+            inp.z[np.arange(b), 3, v - 1 - np.arange(b)] = 40.0
+        z, w = (None if a is None else padded(torch.from_numpy(a).bfloat16()) for a in (inp.z, inp.w))
+        assert fv.bf16_pairs(z) is pairs and (w is None or fv.bf16_pairs(w) is pairs)
+        want = oracle_result(z.float().numpy(), inp.x, None if w is None else w.float().numpy(), None, cfg)
+        if tail:
+            assert (want[1][:, 3] == v - 1 - np.arange(b)).all(), "the rows no longer put the bonus token in the tail"
+        for more in configs if pairs else configs[:1]:
+            kc = KernelConfig(block_v=256, **more)
+            got = verify_triton(z, torch.from_numpy(inp.x), w, None, cfg, 7, 3, config=kc)
+            np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{v=} {kc}")
+            np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{v=} {kc}")
