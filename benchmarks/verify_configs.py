@@ -112,6 +112,10 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     # row n of the draft read only for the threads whose logits can reach the floor (slots.sweep_row_slots_lazy)
     out["lanes-lazy"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, lazy_draft=True)
     out["lanes-lazy-slots8"] = dataclasses.replace(out["lanes-lazy"], sweep_slots=8)
+    # bfloat16 rows read by plain loads and widened by Triton, or as int32 pairs (slots.load_slot_tile; the
+    # default from B = 128)
+    out["lanes-no-pairs"] = dataclasses.replace(lanes, bf16_pairs=False)
+    out["lanes-pairs"] = dataclasses.replace(lanes, bf16_pairs=True)
     # the final launch's own duration (without PDL it does not start in the stats launch's tail, so the
     # profiler's time is its own), with and without its finer split of row n
     out["lanes-no-pdl"] = dataclasses.replace(lanes, pdl=False)

@@ -154,7 +154,7 @@ class KernelConfig:
     # held in registers; 0: each tile loaded in its own iteration, the loop pipelined by Triton (sweep_stages stages)
     sweep_stages: int = 3  # sweep_ahead=0: Triton's software-pipelining stages of the slot-vote sweep (2-6)
     lazy_draft: bool = False  # the slot-vote sweep, draft logits: row n of the draft read only where a logit can win
-    bf16_pairs: bool = True  # the slot-vote sweep, bfloat16 rows of unit stride: read as int32 pairs, widened by hand
+    bf16_pairs: bool = False  # the slot-vote sweep, bfloat16 rows of unit stride: read as int32 pairs, widened by hand
     reverse_final: bool = False  # two launches: the final launch sweeps rows and chunks in reverse (L2 reuse)
     batch_group: int = 0  # two launches: rows per batch group, a stats + final pair per group, chained by PDL; 0: one pair
 
@@ -224,7 +224,9 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
     or ~8 sweep tiles per program: at or below the tile vote at all 20 shapes of verify_variants_slots.json
     (B = 128, 256; B = 32 with V = 128256: B=256, G=4, V=128256 bf16 143 us against 149; B=256, G=8 205
     against 232; B=32, G=4 35 against 38), within 2.5% of it at B=32, V=32000 (verify_variants_slots_b32.json).
-    Interpreter: few, large programs."""
+    From B=128 the one-warp sweep reads bfloat16 rows as int32 pairs (``bf16_pairs``): 1-3% faster at all 12
+    bf16 shapes with B = 128, 256, 5-10% slower with B=32's four-warp programs at G = 1, 4
+    (verify_variants_pairs.json). Interpreter: few, large programs."""
     rows = next_pow2(gamma + 1)
     if device.type != "cuda" or interpreting():  # the interpreter: few, large programs
         block_v = max(16, min(next_pow2(vocab), 4096 // rows))
@@ -241,7 +243,7 @@ def choose_config(batch: int, gamma: int, vocab: int, device: torch.device, item
                           sweep_slots=4 if prune else 0, schedule=DEFAULT_SCHEDULE,
                           pdl=True)  # PDL: 1-3 us less per step (no-op before sm_90)
     if batch >= 128:  # the sweep as 8x the programs of one warp: B=256, G=8, V=128256 bf16 212 us against 247
-        config = replace(config, sweep_chunks=8 * chunks, sweep_warps=1, sweep_v=256)
+        config = replace(config, sweep_chunks=8 * chunks, sweep_warps=1, sweep_v=256, bf16_pairs=True)
     return config
 
 

@@ -345,7 +345,7 @@ def test_bf16_pairs_match_the_oracle(onehot):
         if tail:
             assert (want[1][:, 3] == v - 1 - np.arange(b)).all(), "the rows no longer put the bonus token in the tail"
         for more in configs if pairs else configs[:1]:
-            kc = KernelConfig(block_v=256, **more)
+            kc = KernelConfig(block_v=256, bf16_pairs=True, **more)
             got = verify_triton(z, torch.from_numpy(inp.x), w, None, cfg, 7, 3, config=kc)
             np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{v=} {kc}")
             np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{v=} {kc}")
