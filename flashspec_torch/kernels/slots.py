@@ -130,7 +130,8 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     and floor; z_row, w_row: [BB] pointers, the rest [BB]; v_lo a multiple of SLOTS) with the vote per
     slot: returns (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB]. The floor K rises once
     per tile, after the tile's evaluated slots. AHEAD (1, 2 or 3): tiles loaded ahead of the one being
-    evaluated, held in registers (the keys, hence the tokens, do not depend on it); 0: each tile loaded in
+    evaluated, held in registers (the keys, hence the tokens, do not depend on it; 1 and 2: the whole tiles
+    loaded without bounds, the loop unrolled AHEAD times, then the partial tile); 0: each tile loaded in
     its own iteration and the loop software-pipelined by Triton with STAGES stages (asynchronous copies
     through shared memory: the registers of a tile loaded ahead are not read at the loop's back edge).
     PAIRS: bfloat16 rows of unit stride, loaded as int32 pairs (``load_slot_tile``): z is widened by one
@@ -153,15 +154,24 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
                 tile_floats(z, PAIRS, BLOCK_B, N, SLOTS), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T,
                 thr_p, tid_p, thr_q, tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST,
                 PAIRS)
-    elif AHEAD == 1:  # whole tiles by loads without bounds (nothing to fill), then the partial tile, if any
+    elif AHEAD <= 2:  # whole tiles by loads without bounds (nothing to fill), then the partial tile, if any
         v_whole = v_lo + (v_hi - v_lo) // SWEEP_V * SWEEP_V
         z_next, w_next = load_slot_tile(z_rows, w_rows, v_lo + row, col, sv_z, sv_w, live & (v_lo < v_whole), v_hi,
                                         SLOTS, HAS_W, PAIRS, True)
-        for v0 in range(v_lo, v_whole, SWEEP_V):
+        if AHEAD == 2:
+            z_next2, w_next2 = load_slot_tile(z_rows, w_rows, v_lo + SWEEP_V + row, col, sv_z, sv_w,
+                                              live & (v_lo + SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
+        # unrolled as often as tiles are in flight: the rotation of the tiles ahead becomes a renaming
+        for v0 in tl.range(v_lo, v_whole, SWEEP_V, loop_unroll_factor=AHEAD):
             j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
             x, w = tile_floats(z_next, PAIRS, BLOCK_B, N, SLOTS), w_next  # (w: z again for a one-hot draft, unused)
-            z_next, w_next = load_slot_tile(z_rows, w_rows, j_t + SWEEP_V, col, sv_z, sv_w,
-                                            live & (v0 + SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
+            if AHEAD == 1:
+                z_next, w_next = load_slot_tile(z_rows, w_rows, j_t + SWEEP_V, col, sv_z, sv_w,
+                                                live & (v0 + SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
+            else:
+                z_next, w_next = z_next2, w_next2
+                z_next2, w_next2 = load_slot_tile(z_rows, w_rows, j_t + 2 * SWEEP_V, col, sv_z, sv_w,
+                                                  live & (v0 + 2 * SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
             best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
                 x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
                 best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST, PAIRS)
@@ -172,25 +182,18 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
                 tile_floats(z, PAIRS, BLOCK_B, N, SLOTS), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T,
                 thr_p, tid_p, thr_q, tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST,
                 PAIRS)
-    else:
+    else:  # three tiles ahead, each load bounded
         z_next, w_next = load_slot_tile(z_rows, w_rows, v_lo + row, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
-        if AHEAD >= 2:
-            z_next2, w_next2 = load_slot_tile(z_rows, w_rows, v_lo + SWEEP_V + row, col, sv_z, sv_w, live, v_hi, SLOTS,
-                                              HAS_W, PAIRS)
-        if AHEAD >= 3:
-            z_next3, w_next3 = load_slot_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row, col, sv_z, sv_w, live, v_hi,
-                                              SLOTS, HAS_W, PAIRS)
+        z_next2, w_next2 = load_slot_tile(z_rows, w_rows, v_lo + SWEEP_V + row, col, sv_z, sv_w, live, v_hi, SLOTS,
+                                          HAS_W, PAIRS)
+        z_next3, w_next3 = load_slot_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row, col, sv_z, sv_w, live, v_hi,
+                                          SLOTS, HAS_W, PAIRS)
         for v0 in range(v_lo, v_hi, SWEEP_V):
             j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
             x, w = tile_floats(z_next, PAIRS, BLOCK_B, N, SLOTS), w_next  # (w: z again for a one-hot draft, unused)
-            if AHEAD == 2:
-                z_next, w_next = z_next2, w_next2
-                z_next2, w_next2 = load_slot_tile(z_rows, w_rows, j_t + 2 * SWEEP_V, col, sv_z, sv_w, live, v_hi, SLOTS,
-                                                  HAS_W, PAIRS)
-            else:
-                z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
-                z_next3, w_next3 = load_slot_tile(z_rows, w_rows, j_t + 3 * SWEEP_V, col, sv_z, sv_w, live, v_hi, SLOTS,
-                                                  HAS_W, PAIRS)
+            z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
+            z_next3, w_next3 = load_slot_tile(z_rows, w_rows, j_t + 3 * SWEEP_V, col, sv_z, sv_w, live, v_hi, SLOTS,
+                                              HAS_W, PAIRS)
             best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
                 x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
                 best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST, PAIRS)

@@ -324,26 +324,29 @@ def test_bf16_pairs_match_the_oracle(onehot):
     """bfloat16 rows of unit stride and even V: the slot-vote sweep reads them as int32 pairs, widened by hand
     (KernelConfig.bf16_pairs, slots.load_slot_tile / tile_floats): whole tiles without bounds, then the partial
     one; 1-3 tiles ahead or pipelined, fused, split, persistent, a dead row in the last batch tile, 2-8 slots;
-    rows strided past V, with logits there that would win if read. The oracle's tokens on the upcast values,
+    rows strided past V, with logits there that would win if read; bonus tokens forced at 12 places along the
+    row, the last in the partial tile (a tile left out fails it). The oracle's tokens on the upcast values,
     as with plain loads (an odd V, which cannot be read in pairs)."""
     rng = np.random.default_rng(77 + onehot)
     cfg = SamplingConfig(temperature=0.9)
     configs = (dict(block_b=2, sweep_v=64, num_chunks=2, sweep_slots=4),
                dict(block_b=1, sweep_v=32, num_chunks=2, sweep_chunks=12, sweep_slots=8, sweep_ahead=2),
+               dict(block_b=2, sweep_v=32, num_chunks=2, sweep_slots=4, sweep_ahead=2),
                dict(block_b=2, sweep_v=32, num_chunks=2, sweep_slots=4, sweep_ahead=3),
                dict(block_b=1, sweep_v=64, num_chunks=2, sweep_slots=4, sweep_ahead=0),
                dict(block_b=2, sweep_v=64, num_chunks=1, sweep_slots=2),  # fused: one pair per thread and row
                dict(block_b=1, sweep_v=64, num_chunks=2, sweep_slots=4, schedule="persistent", lookahead=1))
-    for b, v, pairs, tail in ((3, 700, True, False), (3, 701, False, False), (3, 700, True, True)):
+    for b, v, pairs, forced in ((3, 700, True, False), (3, 701, False, False), (12, 700, True, True)):
         inp = make_inputs(rng, b, 3, v, cfg, onehot=onehot, spread=4.0)
-        if tail:  # drafts of p ~ 1 (all accepted) and the bonus token near the end of row G: in the partial tile
+        bonus = v - 1 - ((b - 1 - np.arange(b)) * v) // b  # spread along the row, the last in the partial tile
+        if forced:  # drafts of p ~ 1 (all accepted) and a bonus token of p ~ 1: every program's tiles must be swept
             inp.z[np.arange(b)[:, None], np.arange(3), inp.x] = 40.0
-            inp.z[np.arange(b), 3, v - 1 - np.arange(b)] = 40.0
+            inp.z[np.arange(b), 3, bonus] = 40.0
         z, w = (None if a is None else padded(torch.from_numpy(a).bfloat16()) for a in (inp.z, inp.w))
         assert fv.bf16_pairs(z) is pairs and (w is None or fv.bf16_pairs(w) is pairs)
         want = oracle_result(z.float().numpy(), inp.x, None if w is None else w.float().numpy(), None, cfg)
-        if tail:
-            assert (want[1][:, 3] == v - 1 - np.arange(b)).all(), "the rows no longer put the bonus token in the tail"
+        if forced:
+            assert (want[1][:, 3] == bonus).all(), "the rows no longer force the bonus tokens"
         for more in configs if pairs else configs[:1]:
             kc = KernelConfig(block_v=256, bf16_pairs=True, **more)
             got = verify_triton(z, torch.from_numpy(inp.x), w, None, cfg, 7, 3, config=kc)
