@@ -4,9 +4,12 @@ The rows are ``verify_kernels.py``'s (z = 2 N(0, 1), draft log-probs of w = z + 
 temperature T; residual draws), split as the final launch splits row n: programs of ``span``
 logits, each sweeping tiles of ``tile`` logits from a floor of -inf. A tile (``sweep_row_lanes``)
 or a slot (``sweep_row_slots``: the logits of a tile with the same index mod ``slots``) is
-evaluated when one of its logits' bound lp2 + 24 - log2(2**24 (1 - u)) reaches the floor
-K = min(best key_p, best key_r) so far, less the kernels' 0.01 slack; K rises after each tile
-with an evaluated part. The uniforms are NumPy's, not the generator's (the same law).
+evaluated when one of its logits' bound reaches the floor K = min(best key_p, best key_r) so far,
+less the kernels' 0.01 slack; K rises after each tile with an evaluated part. The bounds are the
+kernels' own: the tile vote's lp2 + 24 - log2(2**24 (1 - u)), and the slot vote's lp2 + 16 - log2(a)
+with a = 65535 - (m >> 7) from the top 16 bits of the hash (``slots.slot_votes``; m: the uniform's 23
+bits, u = (2m + 1) / 2**24), which a few more logits pass than the exact lp2 + 23 - log2(2**23 - 1 - m).
+The uniforms' bits are NumPy's, not the generator's (the same law).
 
     python benchmarks/sweep_prune_sim.py --span 5344 --tile 256 --slots 8     # B=256's split of V=128256
 """
@@ -19,18 +22,21 @@ import math
 import numpy as np
 
 
-def flat_rows(rng: np.random.Generator, v: int, temperature: float):  # -> lp2, key_p, key_r, bound: [V] each
+def flat_rows(rng: np.random.Generator, v: int, temperature: float):
+    """-> key_p, key_r, tile_bound, slot_bound: [V] each (the slot vote's bound is +inf where a = 0)."""
     z = 2.0 * rng.standard_normal(v)
     w = z + 1.4 * rng.standard_normal(v)
     lp = z / temperature - np.logaddexp.reduce(z / temperature)
     lq = w / temperature - np.logaddexp.reduce(w / temperature)
-    u = rng.random(v)
+    m = rng.integers(0, 2**23, v)  # the uniform's bits, as uniform_from_bits takes them
+    u = (2 * m + 1) / 2**24
     g2 = -np.log2(-np.log(u))
     with np.errstate(divide="ignore"):
         key_r = np.log2(np.maximum(np.exp(lp) - np.exp(lq), 0.0)) + g2
+        slot_bound = lp / math.log(2) + 16.0 - np.log2(65535 - (m >> 7))
     lp2 = lp / math.log(2)
     t = np.maximum(1.0, np.floor((1.0 - u) * 2**24))
-    return lp2 + g2, key_r, lp2 + 24.0 - np.log2(t)
+    return lp2 + g2, key_r, lp2 + 24.0 - np.log2(t), slot_bound
 
 
 def evaluated_fractions(v: int, span: int, tile: int, slots: int = 1, temperature: float = 0.7, rows: int = 3,
@@ -40,7 +46,8 @@ def evaluated_fractions(v: int, span: int, tile: int, slots: int = 1, temperatur
     rng = np.random.default_rng(seed)
     tiles = any_slot = slots_done = slots_total = missed = 0
     for _ in range(rows):
-        key_p, key_r, bound = flat_rows(rng, v, temperature)
+        key_p, key_r, tile_bound, slot_bound = flat_rows(rng, v, temperature)
+        bound = slot_bound if slots > 1 else tile_bound
         for lo in range(0, v, span):
             whole = slice(lo, min(lo + span, v))
             want = (key_p[whole].max(), key_r[whole].max())  # what the program's sweep must still find

@@ -1,9 +1,12 @@
 """How close can a verify step get to the memory floor? The Triton verify next to the plainest kernel
 that reads the target logits once (torch's row max, and torch's sum over all of them: one kernel each)
 and next to an empty kernel, all timed the same way (CUDA-graph replays
-of one call per input set, cycling sets larger than L2; ``verify_kernels.time_graph``).
+of one call per input set, cycling sets larger than L2, replayed back to back; ``verify_kernels.time_graph``).
 
     python benchmarks/verify_floor.py [--batch 32,128,256] [--vocab 32000,128256]   # writes $OUT/verify_floor.json
+
+``--single-replay`` also times every graph one replay between the events (the method before 2026-12-05,
+``*_single_replay_us``), which adds the host's launch of the replay divided by the graph's calls.
 
 "read" is what any kernel that must see every logit once costs on this GPU at this size, launch and
 tail included; "verify / read" is what the verify algorithm adds on top of reading its input.
@@ -17,6 +20,7 @@ import itertools
 import json
 import os
 import pathlib
+import sys
 
 import torch
 
@@ -42,6 +46,8 @@ def main() -> None:
     ap.add_argument("--vocab", default="32000,128256")
     ap.add_argument("--gamma", default="4")
     ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--single-replay", action="store_true",
+                    help="also time one replay between the events (*_single_replay_us: launch latency included)")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "benchmarks/results")))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -64,6 +70,8 @@ def main() -> None:
         for name, step in steps.items():
             graph, _ = capture(step, sets)
             row[f"{name}_us"] = time_graph(graph, len(sets)) * 1e3
+            if args.single_replay:
+                row[f"{name}_single_replay_us"] = time_graph(graph, len(sets), min_calls=1) * 1e3
             del graph
         row["verify_x_floor"] = row["verify_us"] / floor_us
         z = sets[0]["target_logits"]
@@ -74,14 +82,23 @@ def main() -> None:
         print(f"B={b:<4} G={g} V={v:<7} {dt:<9} floor {floor_us:7.1f} us | verify {row['verify_us']:7.1f} "
               f"({row['verify_x_floor']:.2f}x) | row max {row['read_us']:7.1f} ({row['read_x_floor']:.2f}x) | "
               f"sum {row['read_all_us']:7.1f} ({row['read_all_x_floor']:.2f}x) | "
-              f"empty {row['empty_us']:5.1f} | verify/read {row['verify_x_read']:.2f}", flush=True)
+              f"empty {row['empty_us']:5.1f} | verify/read {row['verify_x_read']:.2f}"
+              + (f" | one replay: verify {row['verify_single_replay_us']:7.1f} "
+                 f"({row['verify_single_replay_us'] / floor_us:.2f}x) empty {row['empty_single_replay_us']:5.1f}"
+                 if args.single_replay else ""), flush=True)
         rows.append(row)
+        write(args.out, gbps, rows)  # after every shape: a run stopped by its time limit keeps what it timed
         del sets
         torch.cuda.empty_cache()
+
+
+def write(out: pathlib.Path, gbps: float, rows: list[dict]) -> None:
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-           "copy_bandwidth_gbps": gbps, "command": "python benchmarks/verify_floor.py", "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "verify_floor.json").write_text(json.dumps(doc, indent=1))
+           "copy_bandwidth_gbps": gbps, "command": " ".join(["python", "benchmarks/verify_floor.py", *sys.argv[1:]]),
+           "timing": "graph replays back to back, >= 32 steps between the CUDA events (verify_kernels.time_graph)",
+           "rows": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_floor.json").write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

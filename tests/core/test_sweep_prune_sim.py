@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import sweep_prune_sim as sim  # noqa: E402
@@ -23,7 +25,27 @@ def test_slot_votes_evaluate_fewer_logits_than_tile_votes():
 
 
 def test_a_bound_too_low_loses_winners(monkeypatch):
-    """The check can fail: a bound 2 log2 units below the true one passes over winners."""
+    """The check can fail: a bound 2 log2 units below the true one passes over winners (either vote)."""
     rows = sim.flat_rows
-    monkeypatch.setattr(sim, "flat_rows", lambda *a: (lambda kp, kr, b: (kp, kr, b - 2.0))(*rows(*a)))
+    monkeypatch.setattr(sim, "flat_rows", lambda *a: (lambda kp, kr, bt, bs: (kp, kr, bt - 2.0, bs - 2.0))(*rows(*a)))
     assert sim.evaluated_fractions(20000, 5000, 64, 4, rows=2)["missed"] > 0
+    assert sim.evaluated_fractions(20000, 5000, 64, 1, rows=2)["missed"] > 0
+
+
+def test_the_slot_bound_is_the_kernels_weaker_vote():
+    """Never below the exact bound lp2 + 23 - log2(t') (t' = 2**23 - 1 - m: every key is at most it), and
+    above it by at most log2 of (128 a + 127) / (128 a): the vote of ``slots.slot_votes``."""
+    rng = np.random.default_rng(3)
+    state = rng.bit_generator.state
+    key_p, key_r, _, slot_bound = sim.flat_rows(rng, 50000, 0.7)
+    rng.bit_generator.state = state  # the same draws again, to rebuild m and lp2
+    z = 2.0 * rng.standard_normal(50000)
+    rng.standard_normal(50000)
+    m = rng.integers(0, 2**23, 50000)
+    lp2 = (z / 0.7 - np.logaddexp.reduce(z / 0.7)) / np.log(2)
+    exact = lp2 + 23.0 - np.log2(2**23 - 1 - m)
+    assert np.all(slot_bound >= exact - 1e-9)
+    assert np.all(np.maximum(key_p, key_r) <= exact + 1e-9)
+    a = 65535 - (m >> 7)
+    finite = a > 0
+    assert np.all(slot_bound[finite] - exact[finite] <= np.log2((128 * a[finite] + 127) / (128 * a[finite])) + 1e-9)
