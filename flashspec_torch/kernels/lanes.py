@@ -185,12 +185,12 @@ def sweep_scalars(lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q,  # [BB
 
 
 @triton.jit
-def load_tile(z_rows, w_rows, j, sv_z, sv_w, live, v_hi, HAS_W: tl.constexpr):  # logits j of row n: (z, w)
-    """z and w (z again for a one-hot draft) at j, -inf past v_hi or for masked batch rows."""
-    z = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
+def load_tile(z_rows, w_rows, j, sv_z, sv_w, live, v_hi, HAS_W: tl.constexpr, fill=NEG_INF):  # logits j of row n
+    """(z, w): z and w (z again for a one-hot draft) at j, ``fill`` (-inf) past v_hi or for masked batch rows."""
+    z = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=fill)
     w = z
     if HAS_W:
-        w = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=NEG_INF)
+        w = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi), other=fill)
     return z, w
 
 

@@ -55,7 +55,6 @@ def pick(bits, col, s):  # int32 [BB, N, S] -> [BB, N, 1]: slot s of every threa
 def slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FILTER: tl.constexpr, FAST: tl.constexpr):
     """[BB, N, S] int32 of a tile's raw logits x (j_t: [1, N, 1], each thread's first index): the bit 1 << s
     where the logit of slot s can reach the floor K ([BB, 1, 1] or a scalar), else 0."""
-    # d = lp2 + 23 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
     # d - 7 = lp2 + 16 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
     d7 = log2_scaled(x, j_t + col, k, lse_p2 + (floor - PRUNE_SLACK - 16.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
     h = key_n ^ j_t.to(tl.uint32)
@@ -204,32 +203,23 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
 def load_slot_tile(z_rows, w_rows, j_t, col, sv_z, sv_w, live, v_hi, SLOTS: tl.constexpr, HAS_W: tl.constexpr,
                    PAIRS: tl.constexpr, WHOLE: tl.constexpr = False):
     """The logits j_t + col of z and w (z again for a one-hot draft; -inf past v_hi or in masked batch rows): [BB, N, S]
-    as loaded, or with PAIRS (bfloat16, unit strides, j_t even) [BB, N, S // 2] int32, two logits each, packed.
+    as loaded, or with PAIRS (bfloat16, unit strides, j_t and v_hi even) [BB, N, S // 2] int32, two logits each,
+    packed.
     WHOLE: the tile lies below v_hi; loaded only in the rows where live ([BB, 1, 1]) is set, left undefined elsewhere
     (no fill: the caller never reads them)."""
+    if PAIRS:  # the same loads on int32 rows: pair p holds logits 2p, 2p + 1
+        z_rows, w_rows = z_rows.to(tl.pointer_type(tl.int32)), w_rows.to(tl.pointer_type(tl.int32))
+        j = (j_t >> 1) + tl.arange(0, SLOTS // 2)[None, None, :]  # [1, N, S // 2]
+        sv_z, sv_w, v_end, fill = 1, 1, v_hi >> 1, NEG_PAIR
+    else:
+        j, v_end, fill = j_t + col, v_hi, NEG_INF
     if WHOLE:
-        if PAIRS:
-            p = ((j_t >> 1) + tl.arange(0, SLOTS // 2)[None, None, :]).to(tl.int64)
-            z = tl.load(z_rows.to(tl.pointer_type(tl.int32)) + p, mask=live)
-            w = z
-            if HAS_W:
-                w = tl.load(w_rows.to(tl.pointer_type(tl.int32)) + p, mask=live)
-        else:
-            j = (j_t + col).to(tl.int64)
-            z = tl.load(z_rows + j * sv_z, mask=live)
-            w = z
-            if HAS_W:
-                w = tl.load(w_rows + j * sv_w, mask=live)
-    elif PAIRS:
-        c = tl.arange(0, SLOTS // 2)[None, None, :]  # [1, 1, S // 2]: pair c holds logits j_t + 2c, j_t + 2c + 1
-        p = (j_t >> 1) + c
-        mask = live & (p < (v_hi >> 1))  # (v_hi even)
-        z = tl.load(z_rows.to(tl.pointer_type(tl.int32)) + p.to(tl.int64), mask=mask, other=NEG_PAIR)
+        z = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live)
         w = z
         if HAS_W:
-            w = tl.load(w_rows.to(tl.pointer_type(tl.int32)) + p.to(tl.int64), mask=mask, other=NEG_PAIR)
+            w = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live)
     else:
-        z, w = load_tile(z_rows, w_rows, j_t + col, sv_z, sv_w, live, v_hi, HAS_W)
+        z, w = load_tile(z_rows, w_rows, j, sv_z, sv_w, live, v_end, HAS_W, fill)
     return z, w
 
 

@@ -119,7 +119,7 @@ VARIANTS = [
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, SLOTS=4, AHEAD=0, STAGES=4)),
     (kernels.verify_final_kernel, "fp16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=True, SLOTS=8, AHEAD=0, STAGES=2)),
-    # KernelConfig(bf16_pairs=True), the default for bfloat16 of unit stride: the slot-vote sweep reads int32 pairs
+    # KernelConfig(bf16_pairs=True), chosen from B = 128: the slot-vote sweep reads bfloat16 rows as int32 pairs
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=4, PAIRS=True)),
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,

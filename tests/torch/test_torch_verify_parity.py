@@ -12,6 +12,7 @@ from flashspec import reference as oracle
 from flashspec.config import SamplingConfig
 from flashspec_torch import KernelConfig, verify, verify_triton
 
+fv = importlib.import_module("flashspec_torch.verify")  # the module (the package exports its verify function)
 SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4,  # V over 4 programs: two launches,
                      sweep_chunks=7, sweep_warps=2, pdl=True,  # the final launch's own split of row n (PDL: GPU only)
                      shared_floor=True,  # its programs share the pruning floor of row n,
@@ -22,7 +23,6 @@ TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="t
 MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
 # One persistent launch of ticketed work items (kernels/persistent.py; not the default: slower on the H200): the
 # split arithmetic, another schedule. test_torch_verify_persistent.py covers more of its configurations.
-fv = importlib.import_module("flashspec_torch.verify")  # the module (the package exports its verify function)
 PERSISTENT_1 = KernelConfig(block_b=1, block_v=128, sweep_v=64, num_chunks=3, schedule="persistent",  # the GPU's
                             programs_per_sm=3, lookahead=1)  # one row per program; phase 2 right after phase 1
 
