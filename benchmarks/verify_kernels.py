@@ -159,9 +159,9 @@ def time_graph(graph, calls: int, reps: int = 30, warmup_ms: float = 100.0, min_
     configuration timed again right after it (H200, ``verify_variants_reverse.json``: "lanes" against
     "lanes-again" at G = 8), with only one replay before timing.
 
-    Each timed interval replays the graph back to back until it holds at least ``min_calls`` steps, so
-    that the host's launch of a replay overlaps the previous replay on the GPU, as in an engine whose
-    decode loop is one graph. ``min_calls=1`` (one replay between the events, the method before
+    Each timed interval replays the graph back to back until it holds at least ``min_calls`` steps,
+    behind an untimed replay, so that the host's launch of a replay overlaps the previous replay on
+    the GPU, as in an engine whose decode loop is one graph. ``min_calls=1`` (one replay between the events, the method before
     2026-12-05) counts that launch latency divided by the graph's calls: 10-18 us per replay in the
     committed H200 runs' empty graphs, ~4-8 us a step where a graph holds 2 input sets (the large
     shapes); ``verify_floor.py --single-replay`` times both ways."""
@@ -182,6 +182,8 @@ def time_graph(graph, calls: int, reps: int = 30, warmup_ms: float = 100.0, min_
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if min_calls > 1:
+            graph.replay()  # untimed lead-in: the GPU runs it while the host launches the timed replays
         start.record()
         for _ in range(replays):
             graph.replay()
