@@ -1,0 +1,75 @@
+"""benchmarks/verify_kernels.py's graph timing, on a fake graph and fake CUDA events (no GPU): what it
+divides by, and that the host's launch before the first timed replay is never inside an interval."""
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+STEP_MS = 0.25  # the fake GPU time of one call
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("verify_kernels", ROOT / "benchmarks" / "verify_kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Clock:
+    """GPU time of the fake stream: each replay runs its calls; the first replay of a timed interval also
+    waits for the host's launch when nothing was queued ahead of it (the GPU idle since a synchronize)."""
+
+    def __init__(self, launch_ms: float):
+        self.now, self.launch_ms, self.queued, self.replays = 0.0, launch_ms, False, []
+
+    def replay(self, calls: int):
+        if not self.queued:
+            self.now += self.launch_ms
+        self.now += calls * STEP_MS
+        self.queued = True
+        self.replays.append(calls)
+
+
+def fake_cuda(monkeypatch, clock: Clock):
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock.now
+
+        def synchronize(self):
+            clock.queued = False
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: setattr(clock, "queued", False))
+
+
+class Graph:
+    def __init__(self, clock: Clock, calls: int):
+        self.clock, self.calls = clock, calls
+
+    def replay(self):
+        self.clock.replay(self.calls)
+
+
+@pytest.mark.parametrize("calls", [1, 2, 31, 64])
+def test_back_to_back_replays_time_the_calls_alone(monkeypatch, calls):
+    clock = Clock(launch_ms=0.015)
+    fake_cuda(monkeypatch, clock)
+    ms = bench().time_graph(Graph(clock, calls), calls, reps=5, warmup_ms=0.0)
+    assert ms == pytest.approx(STEP_MS)
+    assert sum(clock.replays) >= 5 * 32  # every interval held at least min_calls steps
+
+
+def test_one_replay_per_interval_counts_the_launch(monkeypatch):
+    """min_calls=1, the method before 2026-12-05: the host's launch divided by the graph's calls."""
+    clock = Clock(launch_ms=0.015)
+    fake_cuda(monkeypatch, clock)
+    ms = bench().time_graph(Graph(clock, 2), 2, reps=5, warmup_ms=0.0, min_calls=1)
+    assert ms == pytest.approx(STEP_MS + 0.015 / 2)
