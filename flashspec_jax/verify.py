@@ -87,11 +87,13 @@ def resolve_impl(impl: str | None) -> str:
 
 
 def make_counters(seed_lo, seed_hi, offset, batch: int) -> kernels.Counters:
-    """uint32 [] or [B] halves -> per-row coordinates; per-row seeds use row coordinate 0."""
+    """uint32 [] or [B] halves -> the coordinates: [B] as given, [1] where shared (not broadcast to [B]: in a
+    jitted loop XLA would build the copies every step, one kernel launch each); per-row seeds use row
+    coordinate 0, a shared seed the batch row."""
     per_row = jnp.ndim(seed_lo) == 1
     row = jnp.zeros(batch, jnp.uint32) if per_row else jnp.arange(batch, dtype=jnp.uint32)
-    full = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.uint32), (batch,))  # noqa: E731
-    return kernels.Counters(full(seed_lo), full(seed_hi), full(offset), row)
+    vec = lambda a: jnp.reshape(jnp.asarray(a, jnp.uint32), (-1,))  # noqa: E731  [] -> [1]: a bitcast
+    return kernels.Counters(vec(seed_lo), vec(seed_hi), vec(offset), row)
 
 
 @functools.partial(jax.jit, static_argnames=("temperature", "top_k", "top_p", "impl", "interpret", "config"))

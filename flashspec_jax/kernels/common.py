@@ -15,12 +15,22 @@ NEG_INF = float("-inf")
 
 
 class Counters(NamedTuple):
-    """Per-row coordinates of the shared generator, all uint32 [B]."""
+    """Coordinates of the shared generator, uint32: seed_lo, seed_hi and offset [B], or [1] where one value
+    is shared by every row (broadcast in jnp; the kernels index it, ``row_counters``); row [B]."""
 
     seed_lo: jax.Array
     seed_hi: jax.Array
     offset: jax.Array
     row: jax.Array  # the batch row for a shared seed, 0 for per-row seeds
+
+
+def row_counters(seed_lo_ref, seed_hi_ref, offset_ref, b) -> Counters:  # [B] or [1] refs -> scalars of row b
+    """Inside a kernel: batch row b's coordinates. A shared seed or offset arrives as one value, not as B
+    copies (in a jitted decoding loop XLA would build those every step, a kernel launch each); the row
+    coordinate is computed here: b for a shared seed, 0 for per-row seeds (as ``Counters.row``)."""
+    at = lambda ref: ref[b] if ref.shape[0] > 1 else ref[0]  # noqa: E731
+    row = jnp.uint32(0) if seed_lo_ref.shape[0] > 1 else jnp.asarray(b).astype(jnp.uint32)
+    return Counters(at(seed_lo_ref), at(seed_hi_ref), at(offset_ref), row)
 
 
 def divide(a: jax.Array, temperature: float, exact_div: bool) -> jax.Array:  # f32 [...]

@@ -30,7 +30,7 @@ from jax.experimental.pallas import triton as plt
 from flashspec_jax import random as rng
 
 from . import lanes
-from .common import NEG_INF, Counters, divide, update_argmax
+from .common import NEG_INF, Counters, divide, row_counters, update_argmax
 from .config import Chunking, VerifyKernelConfig
 
 Partials = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]  # [B, NV] each: r_val, r_idx, p_val, p_idx, any
@@ -249,10 +249,9 @@ def final_decide_body(
     x_ref,  # [B, G] int32: drafted tokens (clipped to [0, V) here)
     m_p_ref,  # [B, NV, G+1] f32: chunk max of z / T (raw_max: of z)
     l_p_ref,  # [B, NV, G+1] f32: chunk sum exp(z / T - max)
-    seed_lo_ref,  # [B] uint32
-    seed_hi_ref,  # [B] uint32
-    offset_ref,  # [B] uint32
-    row_ref,  # [B] uint32
+    seed_lo_ref,  # [B] or [1] uint32 (one value: shared by every row)
+    seed_hi_ref,  # [B] or [1] uint32
+    offset_ref,  # [B] or [1] uint32
     z_ref,  # [B, G+1, V]
     *refs,  # w_ref [B, G, V] (draft != "onehot"); lq_ref [B, G] ("given") or m_q_ref, l_q_ref [B, NV, G]
     #         ("stats"); then 5 partials [B, NV], n_ref [B] int32, log_q_x_ref [B, G] f32
@@ -273,7 +272,7 @@ def final_decide_body(
     i = jnp.arange(width, dtype=jnp.int32)
     rows = jnp.minimum(i, gamma - 1)  # draft row of lane i (clamped)
     x = jnp.clip(plt.load(x_ref.at[b, rows]), 0, vocab - 1)  # [width]
-    counters = Counters(seed_lo_ref[b], seed_hi_ref[b], offset_ref[b], row_ref[b])
+    counters = row_counters(seed_lo_ref, seed_hi_ref, offset_ref, b)
     scaled = functools.partial(divide, temperature=temperature, exact_div=exact_div)
     lse_p = combine_chunks(m_p_ref, l_p_ref, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div,
                            fresh=fresh)
@@ -306,7 +305,7 @@ def final_decide(
     log_q_given: jax.Array | None,  # [B, G]
     stats_p: tuple[jax.Array, jax.Array],  # [B, NV, G+1] f32 each: row_stats of z
     stats_q: tuple[jax.Array, jax.Array] | None,  # [B, NV, G] f32 each: row_stats of w (w given, log_q_given not)
-    c: Counters,  # [B] uint32 each
+    c: Counters,  # uint32 [B] or [1] each (row: computed in the kernel)
     *,
     temperature: float,
     raw_max: bool,
@@ -329,5 +328,5 @@ def final_decide(
         compiler_params=config.compiler_params(),
         interpret=interpret,
         name="flashspec_final_decide",
-    )(x, *stats_p, *c, z, *extra)
+    )(x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *extra)
     return tuple(partials), n, log_q_x

@@ -71,7 +71,7 @@ def finish_row(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab:
 
 def verify_single_kernel(
     x_ref,  # [B, G] int32
-    seed_lo_ref, seed_hi_ref, offset_ref, row_ref,  # [B] uint32 each
+    seed_lo_ref, seed_hi_ref, offset_ref,  # [B] or [1] uint32 each
     z_ref,  # [B, G+1, V]
     *refs,  # draft inputs (final.DRAFT_INPUTS: w [B, G, V], log_q_given [B, G]), the counter [B] (aliased);
     #         outputs m_p, l_p [B, NV, G+1] f32, m_q, l_q [B, NV, G] ("stats"), 5 partials [B, NV], n [B],
@@ -99,7 +99,7 @@ def verify_single_kernel(
 
     def phase_two():
         draft_refs = (*given, *stats[2:])
-        n = final.final_decide_body(x_ref, *stats[:2], seed_lo_ref, seed_hi_ref, offset_ref, row_ref, z_ref,
+        n = final.final_decide_body(x_ref, *stats[:2], seed_lo_ref, seed_hi_ref, offset_ref, z_ref,
                                     *draft_refs, *partials, n_ref, log_q_x_ref, draft=draft,
                                     raw_max=config.loops == "lanes", fresh=True, **common)
         last = arrive(count_ref, b, spin) == 2 * num_chunks - 1
@@ -148,7 +148,7 @@ def verify_single(
                  jax.ShapeDtypeStruct((batch,), jnp.int32)]
     kernel = functools.partial(verify_single_kernel, temperature=temperature, draft=draft, chunking=chunking,
                                exact_div=not interpret, config=config, spin=not interpret)
-    inputs = [x, *c, z, *given, jnp.zeros((batch,), jnp.int32)]
+    inputs = [x, c.seed_lo, c.seed_hi, c.offset, z, *given, jnp.zeros((batch,), jnp.int32)]
     *_, n, log_q_x, tokens, _ = pl.pallas_call(
         kernel,
         out_shape=out_shape,

@@ -8,6 +8,7 @@ a real GPU.
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -118,3 +119,45 @@ def test_default_normaliser_loads_16_bytes():
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
     ldg, ldg128, per_logit = out.stdout.split("REPORT")[1].split()
     assert int(ldg) == int(ldg128) == 4 and float(per_logit) < 10, out.stdout
+
+
+def kernel_operand_sources(text: str) -> list[str]:
+    """The op that defines each operand of each Triton call in the exported module's main function:
+    "arg", "kernel" (another Triton call's result) or the StableHLO op's name."""
+    main = text[text.index("func.func public @main"):]
+    main = main[: main.index("\n  }")]
+    defined = {}
+    for line in main.splitlines():
+        m = re.match(r"\s*(%[\w]+)(?::\d+)? = (\S+)", line)
+        if m:
+            defined[m.group(1)] = "kernel" if any(name in line for name in TRITON_CALLS) else m.group(2)
+    sources = []
+    for line in main.splitlines():
+        if any(name in line for name in TRITON_CALLS):
+            operands = line[line.index("(", line.index("custom_call")) + 1:].split(")")[0]
+            for op in re.findall(r"%[\w]+", operands):
+                sources.append("arg" if op.startswith("%arg") else defined.get(op, "?"))
+    return sources
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_kernel_operands_are_not_built_per_step(per_row):
+    """A shared seed and offset reach the kernels as one value each (a reshape: no copy), and the row
+    coordinate is computed inside: nothing of size B is built before the kernels, which in a jitted
+    decoding loop XLA would do every step (an iota and broadcasts, a kernel launch each)."""
+    spec = jax.ShapeDtypeStruct
+    b, g, v = 32, 1, 32000
+    counter = spec((b,) if per_row else (), jnp.uint32)
+
+    def f(z, x, w, lq, seed, offset):
+        c = make_counters(seed, seed, offset, b)
+        d = kernels.verify(z, x, w, lq, c, temperature=0.7, top_k=0, top_p=1.0, interpret=False)
+        return d.num_accepted, d.tokens
+
+    args = (spec((b, g + 1, v), jnp.float32), spec((b, g), jnp.int32), spec((b, g, v), jnp.float32),
+            spec((b, g), jnp.float32), counter, counter)
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
+    text = jax.export.export(jax.jit(f), platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
+    sources = kernel_operand_sources(text)
+    assert sources.count("kernel") == 2, sources  # the normalisers, into final_decide
+    assert set(sources) <= {"arg", "kernel", "stablehlo.reshape"}, sources
