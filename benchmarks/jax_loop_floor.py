@@ -13,7 +13,8 @@ once; time / steps). Per step, bf16 logits [B, G+1, V]:
   logit and the previous kernel's output), then the same tokens;
 * ``pallas-1-counter``: one trivial kernel with a zeroed int32 [B] input aliased to an output
   (what ``VerifyKernelConfig(single=True)`` adds: the counters);
-* ``verify-two`` / ``verify-single``: the real verify (``choose_config``: two kernels and the epilogue;
+* ``verify-two`` / ``verify-finish`` / ``verify-single``: the real verify (``choose_config``: two kernels and
+  the epilogue; the same with ``finish=True``: two kernels, the last program of a row writing its tokens;
   ``single_config``: one launch).
 
 ``--triton``: per shape, torch's Triton default on the same call first (CUDA-graph replays as in
@@ -26,6 +27,7 @@ Writes DIR/jax_loop_floor{--tag}.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -107,6 +109,7 @@ def steps_of(b: int, g: int, v: int, t: float, interpret: bool, itemsize: int = 
         "read": lambda z, x, w, lq, offset: (jnp.max(z, axis=-1).astype(jnp.int32) + offset.astype(jnp.int32)),
         "pallas-1": chain(1), "pallas-2": chain(2), "pallas-3": chain(3), "pallas-1-counter": with_counter,
         "verify-two": real(None if interpret else choose_config(b, g, v, itemsize)),
+        "verify-finish": real(dataclasses.replace(choose_config(b, g, v, itemsize, interpret), finish=True)),
         **single,
     }
 

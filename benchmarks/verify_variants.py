@@ -196,6 +196,7 @@ def jax_variants(b: int, g: int, v: int, itemsize: int) -> dict:
         "pallas-v2-slots": ("pallas", dataclasses.replace(v2, vec=0)),
         "pallas-v2-w8": ("pallas", dataclasses.replace(v2, num_warps=8)),
         "pallas-v2-glue": ("pallas", dataclasses.replace(v2, prologue=False)),  # the accept test in jnp between the kernels
+        "pallas-v2-finish": ("pallas", dataclasses.replace(v2, finish=True)),  # the tokens from the kernel, no XLA epilogue
         "reference": ("reference", None),
     }
 

@@ -81,7 +81,7 @@ for step in $steps; do
                --shapes ${SAMEJAX_SHAPES:-1:128256,1:32000,8:128256,32:32000,32:128256,128:128256,256:128256}; done > "$OUT/jax_same_process.log" 2>&1
              grep "us/step\|wrote\|Error" "$OUT/jax_same_process.log" | tail -40 ;;
     samegrid) for d in bfloat16 float32; do for g in ${SAMEGRID_GAMMA:-1 4 8}; do
-               timeout 150 python3 benchmarks/jax_loop_floor.py --triton --only verify-two --dtype $d --gamma $g --temperature ${SAMEGRID_T:-1.0} \
+               timeout 150 python3 benchmarks/jax_loop_floor.py --triton --only ${SAMEGRID_ONLY:-verify-two} --dtype $d --gamma $g --temperature ${SAMEGRID_T:-1.0} \
                  --tag _same_process_${d}_g$g --out "$OUT" --shapes ${SAMEGRID_SHAPES:-32:32000,32:128256,128:32000,128:128256,256:32000,256:128256}
              done; done > "$OUT/jax_same_grid.log" 2>&1; grep "us/step\|wrote\|Error" "$OUT/jax_same_grid.log" | tail -90 ;;
     floor) timeout ${FLOOR_TIMEOUT:-200} python3 benchmarks/verify_floor.py ${FLOOR_ARGS:-} > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;

@@ -31,6 +31,10 @@ class VerifyKernelConfig:
     # One launch for T > 0 (kernels/single.py): both phases in one grid, synchronised per batch row through
     # an atomic counter; needs prologue=True and B x chunks <= the SM count (every program resident).
     single: bool = False
+    # With prologue=True: the last final_decide program of each row to arrive at a counter (zeroed by row_stats)
+    # reduces the row's sweep partials and writes its tokens (``final.finish_row``), instead of the XLA epilogue
+    # (``pick_draw`` and ``emit``: two launches a step). Not the default until timed on the GPU.
+    finish: bool = False
 
     def __post_init__(self):
         if self.loops not in ("tile", "lanes"):
@@ -52,6 +56,9 @@ class VerifyKernelConfig:
         if not isinstance(self.single, bool) or (self.single and not self.prologue):
             raise ValueError(f"{self.single=} must be a bool, and True only with prologue=True (its phase 2 is the "
                              "prologue's accept test)")
+        if not isinstance(self.finish, bool) or (self.finish and (not self.prologue or self.single)):
+            raise ValueError(f"{self.finish=} must be a bool, and True only with prologue=True and single=False (the "
+                             "last program of a row finishes the two-kernel path's final_decide)")
         if self.loops == "tile" and (self.vec or self.prefetch or self.prune or self.sweep_v):
             raise ValueError(f"{self.loops=}: vec, prefetch, prune and sweep_v need loops='lanes'")
 

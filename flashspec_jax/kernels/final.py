@@ -194,6 +194,33 @@ def final_draw(
 # ----------------------------------------------------------------------------- final_decide (accept test inside)
 
 
+def arrive(count_ref, b, barrier: bool) -> jax.Array:  # [B] int32 ref -> this program's ticket (the count before)
+    """Every store of this program before (``barrier``: a CTA barrier; interpret mode has none and needs
+    none), then ``count[b] += 1`` (acquire-release, GPU scope)."""
+    if barrier:
+        plt.debug_barrier()
+    return plt.atomic_add(count_ref, b, jnp.int32(1))
+
+
+def finish_row(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab: int) -> None:
+    """The last program of row b: y from the NV sweep partials (``final.pick_draw``), then the tokens.
+
+    ``x_ref`` [B, G] int32; ``partial_refs`` 5 x [B, NV]; ``tokens_ref`` [B, G+1] int32."""
+    gamma = x_ref.shape[1]
+    ch = jnp.arange(pl.next_power_of_2(num_chunks), dtype=jnp.int32)
+    live, at = ch < num_chunks, (b, jnp.minimum(ch, num_chunks - 1))
+    load = lambda ref, fill: plt.load(ref.at[at], mask=live, other=fill, volatile=True)  # noqa: E731
+    r_val, r_idx, p_val, p_idx, any_r = (load(ref, fill) for ref, fill in zip(partial_refs, (NEG_INF, 0, NEG_INF, 0, 0)))
+    y_r = pick(r_idx, ch, jnp.argmax(r_val).astype(jnp.int32), -1)  # argmax: the first (lowest-chunk) max
+    y_p = pick(p_idx, ch, jnp.argmax(p_val).astype(jnp.int32), -1)
+    use_p = (n == gamma) | (jnp.max(any_r) <= 0)
+    y = jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
+    for k in range(gamma + 1):  # verify.emit, one scalar per position
+        tail = jnp.where(k == n, y, -1)
+        tokens_ref[b, k] = tail if k == gamma else jnp.where(k < n, jnp.clip(x_ref[b, k], 0, vocab - 1), tail)
+
+
+
 def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, raw_max: bool, exact_div: bool,
                    fresh: bool = False):
     """``[B, NV, R]`` chunk max / sum-exp refs -> f32 [width] log sum exp of row r of batch row b
@@ -263,8 +290,10 @@ def final_decide_body(
     config: VerifyKernelConfig,
     ids: tuple | None = None,  # (b, c) when called from another kernel (single.py); None: the program ids
     fresh: bool = False,  # load the partials past L1 (single.py: other programs of this launch wrote them)
+    finish: bool = False,  # refs also hold the counter [B] (in, aliased), tokens [B, G+1] and the counter (out)
+    barrier: bool = False,  # finish on the GPU: a CTA barrier before the arrival (interpret mode needs none)
 ):
-    ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft]:]
+    ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft] + finish:]
     w_ref, q_refs = (ins[0], ins[1:]) if ins else (None, ())
     b, c = ids or (pl.program_id(0), pl.program_id(1))
     gamma, vocab = x_ref.shape[1], z_ref.shape[2]
@@ -287,7 +316,14 @@ def final_decide_body(
                        pick(lse_q, i, j, NEG_INF), key, temperature=temperature, chunking=chunking,
                        exact_div=exact_div, config=config)
     store_partials(outs[:5], b, c, values)
-    n_ref, log_q_x_ref = outs[5:]
+    n_ref, log_q_x_ref = outs[5:7]
+    if finish:  # the row's last program to arrive reduces its NV partials and writes its tokens
+        tokens_ref, count_ref = outs[7:]
+        last = arrive(count_ref, b, barrier) == chunking.num_chunks - 1
+
+        @pl.when(last)
+        def _():
+            finish_row(x_ref, outs[:5], tokens_ref, b, n, num_chunks=chunking.num_chunks, vocab=vocab)
 
     @pl.when(c == 0)
     def _():
@@ -306,27 +342,36 @@ def final_decide(
     stats_p: tuple[jax.Array, jax.Array],  # [B, NV, G+1] f32 each: row_stats of z
     stats_q: tuple[jax.Array, jax.Array] | None,  # [B, NV, G] f32 each: row_stats of w (w given, log_q_given not)
     c: Counters,  # uint32 [B] or [1] each (row: computed in the kernel)
+    count: jax.Array | None = None,  # [B] int32 zeros (row_stats(counter=True)): the row's last program finishes
     *,
     temperature: float,
     raw_max: bool,
     config: VerifyKernelConfig,
     interpret: bool,
-) -> tuple[Partials, jax.Array, jax.Array]:  # 5 x [B, NV], n [B] int32, log q(x) [B, G] f32
+) -> tuple[Partials, jax.Array, jax.Array, jax.Array | None]:
+    """-> 5 x [B, NV] sweep partials, n [B] int32, log q(x) [B, G] f32, and with ``count`` the tokens
+    [B, G+1] int32 (``finish_row`` in the kernel; else None: ``pick_draw`` and ``emit`` in XLA)."""
     batch, g1, vocab = z.shape
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
     draft = "onehot" if w is None else "given" if log_q_given is not None else "stats"
     extra = {"onehot": [], "given": [w, log_q_given], "stats": [w, *(stats_q or ())]}[draft]
+    finish = count is not None
     kernel = functools.partial(
         final_decide_kernel, temperature=temperature, draft=draft, raw_max=raw_max, chunking=chunking,
-        exact_div=not interpret, config=config,
+        exact_div=not interpret, config=config, finish=finish, barrier=not interpret,
     )
-    *partials, n, log_q_x = pl.pallas_call(
+    inputs = [x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *extra, *([count] if finish else [])]
+    out_shape = [*partial_shapes(batch, chunking.num_chunks), jax.ShapeDtypeStruct((batch,), jnp.int32),
+                 jax.ShapeDtypeStruct((batch, g1 - 1), jnp.float32)]
+    if finish:
+        out_shape += [jax.ShapeDtypeStruct((batch, g1), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32)]
+    outs = pl.pallas_call(
         kernel,
-        out_shape=[*partial_shapes(batch, chunking.num_chunks), jax.ShapeDtypeStruct((batch,), jnp.int32),
-                   jax.ShapeDtypeStruct((batch, g1 - 1), jnp.float32)],
+        out_shape=out_shape,
         grid=(batch, chunking.num_chunks),
+        input_output_aliases={len(inputs) - 1: len(out_shape) - 1} if finish else {},
         compiler_params=config.compiler_params(),
         interpret=interpret,
         name="flashspec_final_decide",
-    )(x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *extra)
-    return tuple(partials), n, log_q_x
+    )(*inputs)
+    return tuple(outs[:5]), outs[5], outs[6], outs[7] if finish else None

@@ -37,36 +37,10 @@ from .common import NEG_INF, Counters
 from .config import SMS, Chunking, VerifyKernelConfig
 
 
-def arrive(count_ref, b, barrier: bool) -> jax.Array:  # [B] int32 ref -> this program's ticket (the count before)
-    """Every store of this program before (``barrier``: a CTA barrier; interpret mode has none and needs
-    none), then ``count[b] += 1`` (acquire-release, GPU scope)."""
-    if barrier:
-        plt.debug_barrier()
-    return plt.atomic_add(count_ref, b, jnp.int32(1))
-
-
 def wait_for(count_ref, b, target: int, ticket) -> None:
     """Spin until ``count[b] >= target`` (atomic reads: each one an acquire)."""
     lax.while_loop(lambda seen: seen < target, lambda _: plt.atomic_add(count_ref, b, jnp.int32(0)), ticket + 1)
     plt.debug_barrier()
-
-
-def finish_row(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab: int) -> None:
-    """The last program of row b: y from the NV sweep partials (``final.pick_draw``), then the tokens.
-
-    ``x_ref`` [B, G] int32; ``partial_refs`` 5 x [B, NV]; ``tokens_ref`` [B, G+1] int32."""
-    gamma = x_ref.shape[1]
-    ch = jnp.arange(pl.next_power_of_2(num_chunks), dtype=jnp.int32)
-    live, at = ch < num_chunks, (b, jnp.minimum(ch, num_chunks - 1))
-    load = lambda ref, fill: plt.load(ref.at[at], mask=live, other=fill, volatile=True)  # noqa: E731
-    r_val, r_idx, p_val, p_idx, any_r = (load(ref, fill) for ref, fill in zip(partial_refs, (NEG_INF, 0, NEG_INF, 0, 0)))
-    y_r = final.pick(r_idx, ch, jnp.argmax(r_val).astype(jnp.int32), -1)  # argmax: the first (lowest-chunk) max
-    y_p = final.pick(p_idx, ch, jnp.argmax(p_val).astype(jnp.int32), -1)
-    use_p = (n == gamma) | (jnp.max(any_r) <= 0)
-    y = jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
-    for k in range(gamma + 1):  # verify.emit, one scalar per position
-        tail = jnp.where(k == n, y, -1)
-        tokens_ref[b, k] = tail if k == gamma else jnp.where(k < n, jnp.clip(x_ref[b, k], 0, vocab - 1), tail)
 
 
 def verify_single_kernel(
@@ -95,18 +69,18 @@ def verify_single_kernel(
         kv.row_stats_kernel(z_ref, *stats[:2], greedy=False, **common)
         if draft == "stats":
             kv.row_stats_kernel(given[0], *stats[2:], greedy=False, **common)
-        return arrive(count_ref, b, spin)
+        return final.arrive(count_ref, b, spin)
 
     def phase_two():
         draft_refs = (*given, *stats[2:])
         n = final.final_decide_body(x_ref, *stats[:2], seed_lo_ref, seed_hi_ref, offset_ref, z_ref,
                                     *draft_refs, *partials, n_ref, log_q_x_ref, draft=draft,
                                     raw_max=config.loops == "lanes", fresh=True, **common)
-        last = arrive(count_ref, b, spin) == 2 * num_chunks - 1
+        last = final.arrive(count_ref, b, spin) == 2 * num_chunks - 1
 
         @pl.when(last)
         def _():
-            finish_row(x_ref, partials, tokens_ref, b, n, num_chunks=num_chunks, vocab=z_ref.shape[2])
+            final.finish_row(x_ref, partials, tokens_ref, b, n, num_chunks=num_chunks, vocab=z_ref.shape[2])
 
     if spin:  # one program does both phases (the GPU)
         wait_for(count_ref, b, num_chunks, phase_one())

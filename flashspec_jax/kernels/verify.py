@@ -96,7 +96,7 @@ def row_stats_kernel(
     a_ref,  # [B, Ra, V] logits (any float dtype)
     m_ref,  # [B, NV, Ra] f32: max of a / T (greedy: max of a; lanes: max of raw a)
     l_ref,  # [B, NV, Ra] f32: sum exp(a / T - m) (greedy: int32 argmax)
-    *,
+    *count_ref,  # with row_stats(counter=True): [B] int32, zeroed here for final_decide's arrivals
     temperature: float,
     greedy: bool,
     chunking: Chunking,
@@ -107,6 +107,11 @@ def row_stats_kernel(
     b, c = ids or (pl.program_id(0), pl.program_id(1))
     num_rows, vocab = a_ref.shape[1], a_ref.shape[2]
     bv = chunking.block
+    if count_ref:
+        @pl.when(c == 0)
+        def _():
+            count_ref[0][b] = jnp.int32(0)
+
     per_lane = config.loops == "lanes" and not greedy
 
     def load(r, j):  # -> [bv] f32, index of its first entry
@@ -166,7 +171,8 @@ def row_stats(
     config: VerifyKernelConfig,
     interpret: bool,
     scale_max: bool = True,  # lanes: divide the raw max by T here (False: final_decide divides it in its prologue)
-) -> tuple[jax.Array, jax.Array]:  # [B, NV, Ra] f32, [B, NV, Ra] f32 (greedy: int32)
+    counter: bool = False,  # also return a [B] int32 of zeros written by the kernel (final_decide's arrivals)
+) -> tuple[jax.Array, ...]:  # [B, NV, Ra] f32, [B, NV, Ra] f32 (greedy: int32)[, [B] int32]
     batch, num_rows, vocab = a.shape
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
     per_lane = config.loops == "lanes" and not greedy
@@ -175,18 +181,20 @@ def row_stats(
         config=config,
     )
     shape = (batch, chunking.num_chunks, num_rows)
-    m, l = pl.pallas_call(
+    m, l, *count = pl.pallas_call(
         kernel,
         out_shape=[
             jax.ShapeDtypeStruct(shape, jnp.float32),
             jax.ShapeDtypeStruct(shape, jnp.int32 if greedy else jnp.float32),
+            *([jax.ShapeDtypeStruct((batch,), jnp.int32)] if counter else []),
         ],
         grid=(batch, chunking.num_chunks),
         compiler_params=config.compiler_params(),
         interpret=interpret,
         name="flashspec_row_stats",
     )(a)
-    return (scale(m, temperature), l) if per_lane and scale_max else (m, l)  # per lane: the max of raw a (IEEE / T)
+    m = scale(m, temperature) if per_lane and scale_max else m  # per lane: the max of raw a (IEEE / T)
+    return (m, l, *count)
 
 
 def combine_logsumexp(m: jax.Array, l: jax.Array) -> jax.Array:
@@ -327,10 +335,13 @@ def verify_with_prologue(
     stats = functools.partial(row_stats, temperature=temperature, greedy=False, config=config, interpret=interpret,
                               scale_max=False)
     stats_q = stats(w) if w is not None and log_q_given is None else None
-    partials, n, log_q_x = final.final_decide(
-        z, x, w, log_q_given, stats(z), stats_q, c,
+    m_p, l_p, *count = stats(z, counter=config.finish)
+    partials, n, log_q_x, tokens = final.final_decide(
+        z, x, w, log_q_given, (m_p, l_p), stats_q, c, *count,
         temperature=temperature, raw_max=config.loops == "lanes", config=config, interpret=interpret,
     )
+    if tokens is not None:  # config.finish: the kernel reduced the partials and wrote the tokens
+        return Decision(n, tokens, log_q_x)
     y = final.pick_draw(partials, n, x.shape[1], vocab)
     return Decision(n, emit(jnp.clip(x, 0, vocab - 1), n, y), log_q_x)
 

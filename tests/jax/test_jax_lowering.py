@@ -7,6 +7,7 @@ a real GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -161,3 +162,16 @@ def test_kernel_operands_are_not_built_per_step(per_row):
     sources = kernel_operand_sources(text)
     assert sources.count("kernel") == 2, sources  # the normalisers, into final_decide
     assert set(sources) <= {"arg", "kernel", "stablehlo.reshape"}, sources
+
+
+@pytest.mark.parametrize("draft", ["logits", "logprobs", "onehot"])
+def test_finish_in_the_kernel_lowers_with_no_epilogue(draft):
+    """VerifyKernelConfig(finish=True): the row_stats kernel zeroes the counters, the last final_decide
+    program of a row writes its tokens; no reduction or token assembly is left to XLA after the kernels."""
+    config = dataclasses.replace(kernels.choose_config(32, 4, 32000, 2), finish=True)
+    exported = export_for_cuda(32, 4, 32000, jnp.bfloat16, temperature=0.7, draft=draft, config=config)
+    text = exported.mlir_module()
+    assert sum(text.count(name) for name in TRITON_CALLS) == (3 if draft == "logits" else 2)
+    main = text[text.index("func.func public @main"):]
+    main = main[: main.index("\n  }")]
+    assert "stablehlo.reduce" not in main and "stablehlo.concatenate" not in main, main[-3000:]

@@ -74,12 +74,14 @@ def test_prologue_equals_glue(case, config):
     x, lq = inputs.draft_tokens, inputs.draft_logprobs
     glue = dataclasses.replace(CONFIGS[config], prologue=False)
     fused = dataclasses.replace(CONFIGS[config], prologue=True)
+    finished = dataclasses.replace(fused, finish=True)  # the row's last program writes the tokens
     for per_row in (False, True):
         c, seeds = counters(b, per_row)
         what = f"{case} {config} per_row={per_row}"
         old = run(z, x, w, lq, c, temperature=t, config=glue)
         new = run(z, x, w, lq, c, temperature=t, config=fused)
         assert_same(old, new, what)
+        assert_same(new, run(z, x, w, lq, c, temperature=t, config=finished), f"finish: {what}")
         # log q(x): the chunk partials are summed in another order than XLA's (ulps; decisions flip only at near-ties)
         np.testing.assert_allclose(np.asarray(new.log_q_x), np.asarray(old.log_q_x), rtol=4e-6, atol=4e-6,
                                    err_msg=f"log_q_x: {what}")
@@ -111,3 +113,11 @@ def test_default_config_uses_the_prologue():
 def test_prologue_must_be_a_bool():
     with pytest.raises(ValueError, match="prologue"):
         kernels.VerifyKernelConfig(prologue="yes")
+
+
+def test_finish_needs_the_two_kernel_prologue():
+    with pytest.raises(ValueError, match="finish"):
+        kernels.VerifyKernelConfig(finish=True)  # prologue=False: the glue has no final_decide
+    with pytest.raises(ValueError, match="finish"):
+        kernels.VerifyKernelConfig(prologue=True, single=True, finish=True)
+    assert kernels.VerifyKernelConfig(prologue=True, finish=True).finish

@@ -27,6 +27,7 @@ from test_jax_prologue import CASES, assert_same, counters, run
 TWO = kernels.VerifyKernelConfig(block_v=64, sweep_v=16, min_programs=8, loops="lanes", vec=4, prefetch=True,
                                  prune=True, num_warps=4, prologue=True)
 ONE = dataclasses.replace(TWO, single=True)
+FINISH = dataclasses.replace(TWO, finish=True)  # two kernels, the row's last final_decide program writes the tokens
 
 
 def inputs_of(case):
@@ -53,7 +54,7 @@ def test_single_launch_equals_two_kernels(case):
 
 
 def bonus_only(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab: int) -> None:
-    """Broken epilogue (single.finish_row with the residual ignored): y is always the bonus key's argmax."""
+    """Broken epilogue (final.finish_row with the residual ignored): y is always the bonus key's argmax."""
     gamma = x_ref.shape[1]
     ch = jnp.arange(1 << (num_chunks - 1).bit_length(), dtype=jnp.int32)
     live, at = ch < num_chunks, (b, jnp.minimum(ch, num_chunks - 1))
@@ -65,15 +66,17 @@ def bonus_only(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab:
         tokens_ref[b, k] = tail if k == gamma else jnp.where(k < n, jnp.clip(x_ref[b, k], 0, vocab - 1), tail)
 
 
+@pytest.mark.parametrize("config", ["single", "finish"])
 @pytest.mark.parametrize("mutant", ["bonus_only", "off_by_one"])
-def test_broken_single_launch_fails(monkeypatch, mutant):
+def test_broken_single_launch_fails(monkeypatch, mutant, config):
     """The comparison above catches an epilogue that ignores the residual, and a last-arrival test
-    off by one (the tokens are then never written)."""
+    off by one (the tokens are then never written): in the single launch, and in the two-kernel path's
+    final_decide with finish=True (the same finish_row after the same arrivals)."""
     if mutant == "bonus_only":
-        monkeypatch.setattr(single, "finish_row", bonus_only)
+        monkeypatch.setattr(final, "finish_row", bonus_only)
     else:
-        real = single.arrive
-        monkeypatch.setattr(single, "arrive", lambda ref, b, barrier: real(ref, b, barrier) + 1)
+        real = final.arrive
+        monkeypatch.setattr(final, "arrive", lambda ref, b, barrier: real(ref, b, barrier) + 1)
     jax.clear_caches()
     try:
         failures = 0
@@ -81,7 +84,7 @@ def test_broken_single_launch_fails(monkeypatch, mutant):
             z, x, w, lq = inputs_of(case)
             c, seeds = counters(case[0], False)
             want = oracle.verify(z, x, w, lq, temperature=case[3], **seeds)
-            got = run(z, x, w, lq, c, temperature=case[3], config=ONE)
+            got = run(z, x, w, lq, c, temperature=case[3], config=ONE if config == "single" else FINISH)
             failures += not (np.array_equal(np.asarray(got.tokens), want.tokens)
                              and np.array_equal(np.asarray(got.num_accepted), want.num_accepted))
         assert failures > 0, f"the {mutant} mutant passed every case"
