@@ -121,3 +121,21 @@ def test_finish_needs_the_two_kernel_prologue():
     with pytest.raises(ValueError, match="finish"):
         kernels.VerifyKernelConfig(prologue=True, single=True, finish=True)
     assert kernels.VerifyKernelConfig(prologue=True, finish=True).finish
+
+
+@pytest.mark.parametrize("finish", [False, True])
+def test_per_row_seeds_with_one_offset(finish):
+    """The engine's counters: a seed per request ([B]) and one offset for the step (a scalar, indexed as
+    [1] inside the kernels, not broadcast): the oracle's tokens."""
+    b, g, v, t, draft, dtype = CASES[1]
+    rs = np.random.default_rng(7)
+    inputs = make_inputs(rs, b, g, v, temperature=t, draft=draft)
+    z, w = inputs.target_logits.astype(dtype), inputs.draft_logits.astype(dtype)
+    seed, offset = np.array([2**63 + 11, 5, 2**40 + 3][:b], np.uint64), np.uint32(6)
+    lo, hi = rng.split_counter(seed)
+    c = make_counters(jnp.asarray(lo), jnp.asarray(hi), jnp.asarray(offset), b)
+    assert c.seed_lo.shape == (b,) and c.offset.shape == (1,)
+    config = dataclasses.replace(CONFIGS["lanes"], prologue=True, finish=finish)
+    got = run(z, inputs.draft_tokens, w, inputs.draft_logprobs, c, temperature=t, config=config)
+    assert_same(oracle.verify(z, inputs.draft_tokens, w, inputs.draft_logprobs, temperature=t, seed=seed,
+                              offset=offset), got, f"finish={finish}")
