@@ -11,7 +11,10 @@
   ``final_draw`` does. Program c = 0 also writes n [B] and log q(x) [B, G]. All programs of a row
   compute the same prologue (a few hundred bytes of partials each), so nothing crosses programs.
 
-Either way a jnp epilogue (``pick_draw``: the best key across chunks in one reduction, then ``verify.emit``) finishes.
+Either way a jnp epilogue (``pick_draw``: the best key across chunks in one reduction, then ``verify.emit``) finishes,
+unless ``VerifyKernelConfig(finish=True)``: then the last ``final_decide`` program of each row to arrive at a
+counter (zeroed by ``row_stats``) reduces the row's partials and writes its tokens (``finish_row``, as the
+single launch does), and a step is the two kernels alone.
 The prologue is the jnp glue's arithmetic in the same order (``combine_logsumexp``, ``scale``,
 ``accept_log_uniforms``, ``first_rejection``, ``rng.key``), so both forms give identical tokens
 in interpret mode; on the GPU the difference is Triton's libdevice log / exp against XLA's (ulps).
