@@ -161,10 +161,10 @@ def time_graph(graph, calls: int, reps: int = 30, warmup_ms: float = 100.0, min_
 
     Each timed interval replays the graph back to back until it holds at least ``min_calls`` steps,
     behind an untimed replay, so that the host's launch of a replay overlaps the previous replay on
-    the GPU, as in an engine whose decode loop is one graph. ``min_calls=1`` (one replay between the events, the method before
-    2026-12-05) counts that launch latency divided by the graph's calls: 10-18 us per replay in the
-    committed H200 runs' empty graphs, ~4-8 us a step where a graph holds 2 input sets (the large
-    shapes); ``verify_floor.py --single-replay`` times both ways."""
+    the GPU, as in an engine whose decode loop is one graph. ``min_calls=1`` (one replay between the
+    events, the method before 2026-12-05) counts that launch latency divided by the graph's calls:
+    10-18 us per replay in the committed H200 runs' empty graphs, ~4-8 us a step where a graph holds
+    2 input sets (the large shapes); ``verify_floor.py --single-replay`` times both ways."""
     import torch
 
     replays = max(1, math.ceil(min_calls / calls))

@@ -206,7 +206,7 @@ def arrive(count_ref, b, barrier: bool) -> jax.Array:  # [B] int32 ref -> this p
 
 
 def finish_row(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab: int) -> None:
-    """The last program of row b: y from the NV sweep partials (``final.pick_draw``), then the tokens.
+    """The last program of row b: y from the NV sweep partials (``pick_draw``), then the tokens.
 
     ``x_ref`` [B, G] int32; ``partial_refs`` 5 x [B, NV]; ``tokens_ref`` [B, G+1] int32."""
     gamma = x_ref.shape[1]
@@ -221,7 +221,6 @@ def finish_row(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab:
     for k in range(gamma + 1):  # verify.emit, one scalar per position
         tail = jnp.where(k == n, y, -1)
         tokens_ref[b, k] = tail if k == gamma else jnp.where(k < n, jnp.clip(x_ref[b, k], 0, vocab - 1), tail)
-
 
 
 def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, raw_max: bool, exact_div: bool,

@@ -33,7 +33,7 @@ from jax.experimental.pallas import triton as plt
 
 from . import final
 from . import verify as kv
-from .common import NEG_INF, Counters
+from .common import Counters
 from .config import SMS, Chunking, VerifyKernelConfig
 
 

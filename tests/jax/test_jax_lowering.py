@@ -122,11 +122,15 @@ def test_default_normaliser_loads_16_bytes():
     assert int(ldg) == int(ldg128) == 4 and float(per_logit) < 10, out.stdout
 
 
+def main_function(text: str) -> str:  # the exported module's entry function, as text
+    main = text[text.index("func.func public @main"):]
+    return main[: main.index("\n  }")]
+
+
 def kernel_operand_sources(text: str) -> list[str]:
     """The op that defines each operand of each Triton call in the exported module's main function:
     "arg", "kernel" (another Triton call's result) or the StableHLO op's name."""
-    main = text[text.index("func.func public @main"):]
-    main = main[: main.index("\n  }")]
+    main = main_function(text)
     defined = {}
     for line in main.splitlines():
         m = re.match(r"\s*(%[\w]+)(?::\d+)? = (\S+)", line)
@@ -172,6 +176,5 @@ def test_finish_in_the_kernel_lowers_with_no_epilogue(draft):
     exported = export_for_cuda(32, 4, 32000, jnp.bfloat16, temperature=0.7, draft=draft, config=config)
     text = exported.mlir_module()
     assert sum(text.count(name) for name in TRITON_CALLS) == (3 if draft == "logits" else 2)
-    main = text[text.index("func.func public @main"):]
-    main = main[: main.index("\n  }")]
+    main = main_function(text)
     assert "stablehlo.reduce" not in main and "stablehlo.concatenate" not in main, main[-3000:]
