@@ -3,7 +3,7 @@
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
 #   kernels floor slots ahead lazy ncu groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
-#   (default: tests engine profile verify jax checks). bnb installs carried wheels (.whl/, see README)
+#   (default: tests engine profile verify jax checks). DEADLINE=seconds (bash's SECONDS) stops samegrid's loop in time. bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
 #   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB): `stash` keeps
 #   .carry_a/gguf.part_a in /tmp/fs on the device; the next call (back to back, while the machine
@@ -80,8 +80,9 @@ for step in $steps; do
     samejax) for r in 1 2; do timeout 200 python3 benchmarks/jax_loop_floor.py --triton --only verify-two --tag _same_process_$r --out "$OUT" \
                --shapes ${SAMEJAX_SHAPES:-1:128256,1:32000,8:128256,32:32000,32:128256,128:128256,256:128256}; done > "$OUT/jax_same_process.log" 2>&1
              grep "us/step\|wrote\|Error" "$OUT/jax_same_process.log" | tail -40 ;;
-    samegrid) for d in bfloat16 float32; do for g in ${SAMEGRID_GAMMA:-1 4 8}; do
-               timeout 150 python3 benchmarks/jax_loop_floor.py --triton --only ${SAMEGRID_ONLY:-verify-two} --dtype $d --gamma $g --temperature ${SAMEGRID_T:-1.0} \
+    samegrid) for d in ${SAMEGRID_DTYPES:-bfloat16 float32}; do for g in ${SAMEGRID_GAMMA:-1 4 8}; do
+               left=$(( ${DEADLINE:-100000} - SECONDS )); [ $left -lt 40 ] && { echo "samegrid: deadline, stopped before $d G=$g"; break 2; }
+               timeout $(( left < 150 ? left : 150 )) python3 benchmarks/jax_loop_floor.py --triton --only ${SAMEGRID_ONLY:-verify-two} --dtype $d --gamma $g --temperature ${SAMEGRID_T:-1.0} \
                  --tag _same_process_${d}_g$g --out "$OUT" --shapes ${SAMEGRID_SHAPES:-32:32000,32:128256,128:32000,128:128256,256:32000,256:128256}
              done; done > "$OUT/jax_same_grid.log" 2>&1; grep "us/step\|wrote\|Error" "$OUT/jax_same_grid.log" | tail -90 ;;
     floor) timeout ${FLOOR_TIMEOUT:-200} python3 benchmarks/verify_floor.py ${FLOOR_ARGS:-} > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
