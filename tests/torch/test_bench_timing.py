@@ -73,3 +73,31 @@ def test_one_replay_per_interval_counts_the_launch(monkeypatch):
     fake_cuda(monkeypatch, clock)
     ms = bench().time_graph(Graph(clock, 2), 2, reps=5, warmup_ms=0.0, min_calls=1)
     assert ms == pytest.approx(STEP_MS + 0.015 / 2)
+
+
+def floor_module():
+    spec = importlib.util.spec_from_file_location("verify_floor", ROOT / "benchmarks" / "verify_floor.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def floor_row(b, g, verify_x, read_x, single_x=None):  # a verify_floor.json row with a 10 us floor
+    row = dict(B=b, G=g, V=32000, dtype="bfloat16", floor_us=10.0, verify_us=10.0 * verify_x,
+               read_us=10.0 * read_x + 1.0, read_all_us=10.0 * read_x)
+    if single_x is not None:
+        row["verify_single_replay_us"] = 10.0 * single_x
+    return row
+
+
+def test_floor_table_counts_the_goal_at_b_from_32():
+    vf = floor_module()
+    rows = [floor_row(32, 1, 1.5, 1.6, 1.7), floor_row(128, 1, 1.51, 1.2, 1.9), floor_row(256, 1, 0.9, 0.5, 1.2),
+            floor_row(8, 1, 1.1, 1.0, 1.1), floor_row(32, 4, 2.0, 1.4, 2.5)]
+    text = vf.table(dict(rows=rows, timing="back to back"))
+    assert "within 1.5x the floor: 2 of 4 shapes" in text  # 1.5 counts, 1.51 does not, B = 8 is left out
+    assert "one replay between the events: 1 of 4" in text
+    assert "a bare read past 1.5x: 1 of 4" in text  # the faster read (the sum) decides
+    line = next(s for s in text.splitlines() if s.startswith("| 32 | 32000 | bf16 |"))
+    assert line == "| 32 | 32000 | bf16 | **1.50** / 1.60 | 2.00 / 1.40 |"
+    assert "| 8 | 32000 | bf16 | **1.10** / 1.00 | - |" in text
