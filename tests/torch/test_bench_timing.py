@@ -10,11 +10,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 STEP_MS = 0.25  # the fake GPU time of one call
 
 
-def bench():
-    spec = importlib.util.spec_from_file_location("verify_kernels", ROOT / "benchmarks" / "verify_kernels.py")
+def benchmark(name: str):  # benchmarks/<name>.py as a module
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def bench():
+    return benchmark("verify_kernels")
 
 
 class Clock:
@@ -75,13 +79,6 @@ def test_one_replay_per_interval_counts_the_launch(monkeypatch):
     assert ms == pytest.approx(STEP_MS + 0.015 / 2)
 
 
-def floor_module():
-    spec = importlib.util.spec_from_file_location("verify_floor", ROOT / "benchmarks" / "verify_floor.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def floor_row(b, g, verify_x, read_x, single_x=None):  # a verify_floor.json row with a 10 us floor
     row = dict(B=b, G=g, V=32000, dtype="bfloat16", floor_us=10.0, verify_us=10.0 * verify_x,
                read_us=10.0 * read_x + 1.0, read_all_us=10.0 * read_x)
@@ -91,7 +88,7 @@ def floor_row(b, g, verify_x, read_x, single_x=None):  # a verify_floor.json row
 
 
 def test_floor_table_counts_the_goal_at_b_from_32():
-    vf = floor_module()
+    vf = benchmark("verify_floor")
     rows = [floor_row(32, 1, 1.5, 1.6, 1.7), floor_row(128, 1, 1.51, 1.2, 1.9), floor_row(256, 1, 0.9, 0.5, 1.2),
             floor_row(8, 1, 1.1, 1.0, 1.1), floor_row(32, 4, 2.0, 1.4, 2.5)]
     text = vf.table(dict(rows=rows, timing="back to back"))
