@@ -66,7 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--jax-shapes", type=lambda s: [tuple(float(t) if i == 2 else int(t) for i, t in enumerate(k.split(":")))
                                                    for k in s.split(",")], default=None,
                    help="JAX shapes as B:V:T,... (default: JAX_SHAPES)")
-    p.add_argument("--jax-variants", type=lambda s: s.split(","), default=None, help="JAX variants (default: all / JAX_CORE)")
+    p.add_argument("--jax-variants", type=lambda s: s.split(","), default=None,
+                   help="JAX variants (default: all / JAX_CORE); the jnp reference always runs, to check tokens")
     p.add_argument("--unroll-sets", type=int, default=4,
                    help="JAX: at most this many input sets unrolled in the scan body; more: the sliced loop")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes; CPU (Triton interpreter, Pallas interpret)")
@@ -264,6 +265,8 @@ def run_jax_shape(shape: dict, names=None, unroll_sets: int = UNROLL_SETS) -> li
         return jax.jit(run), (sets,)
 
     every = jax_variants(b, g, v, jnp.dtype(dtype).itemsize)
+    if names is not None:  # the reference always runs first: every row's "ok" compares its tokens with it
+        names = ["reference", *(n for n in names if n != "reference")]
     todo = [(name, *every[name], k > unroll_sets) for name in (names or every)]
     todo += [(name + "-sliced", *every[name], True) for name in SLICED if k <= unroll_sets and name in (names or every)]
     rows = []
