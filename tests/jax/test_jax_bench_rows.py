@@ -4,21 +4,11 @@ reference runs first at the same shape, and each row's ``ok`` is its tokens equa
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def verify_variants():  # benchmarks/verify_variants.py as a module
-    spec = importlib.util.spec_from_file_location("verify_variants", ROOT / "benchmarks" / "verify_variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmark_modules import load_benchmark
 
 
 def test_named_jax_variants_are_checked_against_the_reference():
-    bench = verify_variants()
+    bench = load_benchmark("verify_variants")
     shape = dict(B=3, G=2, V=700, dtype="float32", temperature=0.7, draft="logprobs")
     rows = bench.run_jax_shape(shape, ["pallas-v2", "pallas-v2-finish"], unroll_sets=4)
     by = {r["impl"]: r for r in rows}

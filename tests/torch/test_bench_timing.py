@@ -1,24 +1,14 @@
 """benchmarks/verify_kernels.py's graph timing, on a fake graph and fake CUDA events (no GPU): what it
 divides by, and that the host's launch before the first timed replay is never inside an interval."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
+from benchmark_modules import load_benchmark
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 STEP_MS = 0.25  # the fake GPU time of one call
 
 
-def benchmark(name: str):  # benchmarks/<name>.py as a module
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def bench():
-    return benchmark("verify_kernels")
+    return load_benchmark("verify_kernels")
 
 
 class Clock:
@@ -88,7 +78,7 @@ def floor_row(b, g, verify_x, read_x, single_x=None):  # a verify_floor.json row
 
 
 def test_floor_table_counts_the_goal_at_b_from_32():
-    vf = benchmark("verify_floor")
+    vf = load_benchmark("verify_floor")
     rows = [floor_row(32, 1, 1.5, 1.6, 1.7), floor_row(128, 1, 1.51, 1.2, 1.9), floor_row(256, 1, 0.9, 0.5, 1.2),
             floor_row(8, 1, 1.1, 1.0, 1.1), floor_row(32, 4, 2.0, 1.4, 2.5)]
     text = vf.table(dict(rows=rows, timing="back to back"))

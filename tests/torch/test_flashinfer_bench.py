@@ -1,19 +1,12 @@
 """benchmarks/verify_kernels_flashinfer.py's guards, which run without a GPU or FlashInfer."""
-import importlib.util
-import pathlib
-
 import numpy as np
 import pytest
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from benchmark_modules import load_benchmark
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("verify_kernels_flashinfer", ROOT / "benchmarks" / "verify_kernels_flashinfer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("verify_kernels_flashinfer")
 
 
 def test_missing_library_says_how_to_build_it(tmp_path):
