@@ -47,6 +47,8 @@ def main() -> None:
     ap.add_argument("--vocab", default="32000,128256")
     ap.add_argument("--gamma", default="4")
     ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--rows", default="flat",
+                    help="target rows: flat (2 N(0, 1)), llm (drawn from SmolLM2's recorded rows, llm_rows.py), or both: flat,llm")
     ap.add_argument("--single-replay", action="store_true",
                     help="also time one replay between the events (*_single_replay_us: launch latency included)")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", "benchmarks/results")))
@@ -63,9 +65,9 @@ def main() -> None:
     dev = torch.device("cuda")
     gbps = copy_bandwidth_gbps(dev)
     rows = []
-    for v, dt, g, b in itertools.product(*(map(int, args.vocab.split(",")),), args.dtypes.split(","),
-                                         map(int, args.gamma.split(",")), map(int, args.batch.split(","))):
-        shape = dict(B=b, G=g, V=v, dtype=dt, draft="logprobs", temperature=0.7)
+    for kind, v, dt, g, b in itertools.product(args.rows.split(","), map(int, args.vocab.split(",")), args.dtypes.split(","),
+                                               map(int, args.gamma.split(",")), map(int, args.batch.split(","))):
+        shape = dict(B=b, G=g, V=v, dtype=dt, draft="logprobs", temperature=0.7, rows=kind)
         sets = input_sets(shape, dev)
         floor_us = bytes_required(shape) / (gbps * 1e9) * 1e6
         steps = {
@@ -87,10 +89,12 @@ def main() -> None:
         row["read_x_floor"] = row["read_us"] / row["read_floor_us"]
         row["read_all_x_floor"] = row["read_all_us"] / row["read_floor_us"]
         row["verify_x_read"] = row["verify_us"] / row["read_us"]
-        print(f"B={b:<4} G={g} V={v:<7} {dt:<9} floor {floor_us:7.1f} us | verify {row['verify_us']:7.1f} "
+        out = verify(**sets[0], temperature=0.7, seed=1, offset=2, impl="triton", validate=False)
+        row["mean_accepted"] = out.num_accepted.float().mean().item()  # how far the steps get on these rows
+        print(f"{kind:<4} B={b:<4} G={g} V={v:<7} {dt:<9} floor {floor_us:7.1f} us | verify {row['verify_us']:7.1f} "
               f"({row['verify_x_floor']:.2f}x) | row max {row['read_us']:7.1f} ({row['read_x_floor']:.2f}x) | "
               f"sum {row['read_all_us']:7.1f} ({row['read_all_x_floor']:.2f}x) | "
-              f"empty {row['empty_us']:5.1f} | verify/read {row['verify_x_read']:.2f}"
+              f"empty {row['empty_us']:5.1f} | verify/read {row['verify_x_read']:.2f} | accepted {row['mean_accepted']:.2f}"
               + (f" | one replay: verify {row['verify_single_replay_us']:7.1f} "
                  f"({row['verify_single_replay_us'] / floor_us:.2f}x) empty {row['empty_single_replay_us']:5.1f}"
                  if args.single_replay else ""), flush=True)
@@ -115,9 +119,18 @@ def within(rows: list[dict], key: str = "verify_us") -> list[dict]:
 
 
 def table(doc: dict) -> str:
-    """A verify_floor.json as Markdown: one line per (B, V, dtype), per G "verify / read" as multiples of the
-    floor (read: the faster of the row max and the sum; bold: verify within GOAL), then the counts."""
-    rows = doc["rows"]
+    """A verify_floor.json as Markdown, one table per kind of target rows: one line per (B, V, dtype), per G
+    "verify / read" as multiples of the floor (read: the faster of the row max and the sum; bold: verify
+    within GOAL), then the counts."""
+    kinds = sorted({r.get("rows", "flat") for r in doc["rows"]}, key=lambda k: k != "flat")
+    parts = []
+    for kind in kinds:
+        rows = [r for r in doc["rows"] if r.get("rows", "flat") == kind]
+        parts.append((f"{kind} rows\n\n" if len(kinds) > 1 else "") + kind_table(rows, "timing" in doc))
+    return "\n\n".join(parts)
+
+
+def kind_table(rows: list[dict], back_to_back: bool) -> str:
     gammas = sorted({r["G"] for r in rows})
     by = {(r["B"], r["V"], r["dtype"], r["G"]): r for r in rows}
     lines = ["| B | V | dtype | " + " | ".join(f"G={g} verify / read" for g in gammas) + " |",
@@ -134,7 +147,7 @@ def table(doc: dict) -> str:
         lines.append(f"| {b} | {v} | {'bf16' if dt == 'bfloat16' else 'fp32'} | " + " | ".join(cells) + " |")
     n = sum(r["B"] >= 32 for r in rows)
     bare = [r for r in rows if r["B"] >= 32 and best_read_us(r) > GOAL * r["floor_us"]]
-    method = " (graph replays back to back)" if "timing" in doc else ""
+    method = " (graph replays back to back)" if back_to_back else ""
     lines += ["", f"within {GOAL}x the floor: {len(within(rows))} of {n} shapes{method}"]
     if any("verify_single_replay_us" in r for r in rows):
         lines.append(f"within {GOAL}x, one replay between the events: "

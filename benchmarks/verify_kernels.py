@@ -68,13 +68,34 @@ def shapes_from(args) -> list[dict]:
 # ----------------------------------------------------------------------------- inputs
 
 
+def target_rows(shape: dict, device, gen):  # -> z [B, G+1, V] float32
+    """shape["rows"]: "flat" (the default: 2 N(0, 1), every logit alike, the sweep's worst case) or "llm"
+    (peaked rows drawn from SmolLM2's recorded decoding rows, ``llm_rows.sample_rows``)."""
+    import torch
+
+    b, g, v = shape["B"], shape["G"], shape["V"]
+    kind = shape.get("rows", "flat")
+    if kind == "flat":
+        return 2.0 * torch.randn(b, g + 1, v, device=device, generator=gen)
+    if kind != "llm":
+        raise ValueError(f"rows={kind!r} must be 'flat' or 'llm'")
+    import llm_rows
+
+    record = llm_rows.load()
+    n = b * (g + 1)
+    z = torch.empty(n, v, device=device)
+    for r0 in range(0, n, 256):  # bounded temporaries
+        z[r0:r0 + 256] = llm_rows.sample_rows(record, min(256, n - r0), v, device, gen, first=r0)
+    return z.view(b, g + 1, v)
+
+
 def make_inputs(shape: dict, device, gen) -> dict:
-    """z [B, G+1, V], x [B, G] drawn from q (Gumbel-max), w [B, G, V] near z, lq [B, G] = log q(x)."""
+    """z [B, G+1, V] (``target_rows``), x [B, G] drawn from q (Gumbel-max), w [B, G, V] near z, lq [B, G] = log q(x)."""
     import torch
 
     b, g, v, t = shape["B"], shape["G"], shape["V"], shape["temperature"]
     dtype = getattr(torch, shape["dtype"])
-    z = 2.0 * torch.randn(b, g + 1, v, device=device, generator=gen)
+    z = target_rows(shape, device, gen)
     w = z[:, :g] + 1.4 * torch.randn(b, g, v, device=device, generator=gen)
     u = torch.rand(b, g, v, device=device, generator=gen).clamp_(1e-7, 1 - 1e-7)
     log_q = torch.log_softmax(w.to(dtype).float() / t, -1)

@@ -88,3 +88,13 @@ def test_floor_table_counts_the_goal_at_b_from_32():
     line = next(s for s in text.splitlines() if s.startswith("| 32 | 32000 | bf16 |"))
     assert line == "| 32 | 32000 | bf16 | **1.50** / 1.60 | 2.00 / 1.40 |"
     assert "| 8 | 32000 | bf16 | **1.10** / 1.00 | - |" in text
+
+
+def test_floor_table_counts_each_kind_of_rows_apart():
+    vf = load_benchmark("verify_floor")
+    rows = [floor_row(32, 1, 1.4, 1.0), floor_row(128, 1, 1.6, 1.0)]
+    rows += [dict(floor_row(32, 1, 1.2, 1.0), rows="llm"), dict(floor_row(128, 1, 1.3, 1.0), rows="llm")]
+    text = vf.table(dict(rows=rows, timing="back to back"))
+    flat, llm = text.split("llm rows")
+    assert flat.startswith("flat rows") and "within 1.5x the floor: 1 of 2 shapes" in flat
+    assert "within 1.5x the floor: 2 of 2 shapes" in llm and "| 128 | 32000 | bf16 | **1.30** / 1.00 |" in llm
