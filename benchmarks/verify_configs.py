@@ -23,7 +23,8 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                 "persistent": dataclasses.replace(base, schedule="persistent", programs_per_sm=2),
                 "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1),
                 "tickets": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, sweep_chunks=5,
-                                               sweep_slots=4, prune=True)}
+                                               sweep_slots=4, prune=True),
+                "bounds": dataclasses.replace(base, sweep_slots=4, tile_bounds=True)}
     lanes = choose_config(b, g, v, device, itemsize)
     persistent = dataclasses.replace(lanes, schedule="persistent")  # one launch, ticketed items (kernels/persistent.py)
     out = {
@@ -122,6 +123,13 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     out["lanes-no-pdl-no-split"] = dataclasses.replace(lanes, pdl=False, sweep_chunks=0, sweep_warps=0, sweep_v=1024)
     # the final launch sweeps the last chunks of the last rows first: those the stats launch read last (in L2)
     out["lanes-reverse"] = dataclasses.replace(lanes, reverse_final=True)
+    # tile bounds: the stats launch bounds the keys of every block_v tile of every target row, one final program
+    # per row sweeps only row n's tiles that can hold a winner (kernels/bounds.py); "-w4": four warps a program,
+    # "-t{k}": tiles k times smaller than the stats launch's default (tighter bounds, more stores)
+    out["bounds"] = dataclasses.replace(lanes_p, sweep_slots=lanes_p.sweep_slots or 4, tile_bounds=True)
+    out["bounds-w4"] = dataclasses.replace(out["bounds"], sweep_warps=4, sweep_v=1024)
+    for k in (2, 4):
+        out[f"bounds-t{k}"] = dataclasses.replace(out["bounds"], block_v=max(256, lanes.block_v // k))
     out["lanes-again"] = lanes  # the default timed once more, after the others: the run's noise
     # batch groups: a stats + final pair per k rows, chained by PDL, so that group j + 1's stats stream while
     # group j sweeps its rows n (re-read from L2 rather than DRAM); with the whole batch's tiling ("bg{k}") or

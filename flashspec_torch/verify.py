@@ -157,6 +157,9 @@ class KernelConfig:
     bf16_pairs: bool = False  # the slot-vote sweep, bfloat16 rows of unit stride: read as int32 pairs, widened by hand
     reverse_final: bool = False  # two launches: the final launch sweeps rows and chunks in reverse (L2 reuse)
     batch_group: int = 0  # two launches: rows per batch group, a stats + final pair per group, chained by PDL; 0: one pair
+    tile_bounds: bool = False  # two launches, slot-vote sweep, no top-k / top-p, block_b 1: the stats launch bounds the
+    # keys of every block_v tile of every target row, and one final program per row sweeps only row n's tiles that can
+    # hold a winner (kernels/bounds.py)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -182,7 +185,7 @@ class KernelConfig:
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
         if self.lazy_draft and self.sweep_ahead != 1:
             raise ValueError(f"{self.lazy_draft=} loads its own tiles ahead: leave {self.sweep_ahead=} at 1")
-        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft", "bf16_pairs"):
+        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft", "bf16_pairs", "tile_bounds"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
@@ -389,6 +392,11 @@ def verify_triton(
     slots = config.sweep_slots if config.prune and config.sweep == "lanes" and not greedy and config.sweep_slots else 1
     lazy = config.lazy_draft and slots > 1
     pairs = config.bf16_pairs and slots > 1 and not lazy and bf16_pairs(z) and (not has_w or bf16_pairs(w))
+    bounds = (config.tile_bounds and two_launch and slots > 1 and not lazy and not filtered and config.block_b == 1
+              and config.stream == "lanes" and not share_k and not hint)  # kernels/bounds.py
+    n_tiles = math.ceil(v / config.block_v)
+    if bounds:
+        sweep_chunk, sweeps = v, 1  # one final program per row
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -404,6 +412,10 @@ def verify_triton(
         ck, ci, cf = torch.empty((b, sweeps, 2), **f32), torch.empty((b, sweeps, 2), **i32), torch.empty((b, sweeps), **i32)
         counter = None if persistent else torch.empty((tiles,), **i32)
     kb = torch.empty((b, 2), **i32) if share_k else num  # reset by the stats launch
+    bnd = torch.empty((b, g1, n_tiles), **f32) if bounds else num  # written by the stats launch
+    counters = (z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride)
+    seeds = dict(SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
+                 PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1)
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
     args = (z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
             z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride,
@@ -434,12 +446,15 @@ def verify_triton(
                     G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
                     HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, PDL=pdl,
                     SHARE_K=share_k, HINT=hint, WAIT_END=chained, num_warps=config.num_warps,
-                    **(dict(launch_pdl=True) if chained else {}))
+                    **(dict(launch_pdl=True) if chained else {}),
+                    **(dict(zip(("seed_ptr", "offset_ptr", "seed_lo", "seed_hi", "offset_lo", "s_seed", "s_offset"),
+                                counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, **seeds) if bounds else {}))
             kernels.verify_final_kernel[(g_tiles, 1 if greedy else sweeps)](
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
-                LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch)
+                LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch,
+                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, NTP=next_pow2(n_tiles)) if bounds else {}))
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

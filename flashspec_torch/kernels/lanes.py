@@ -13,13 +13,15 @@ A program owns BLOCK_B batch rows (1 on the GPU, many in the interpreter).
 import triton
 import triton.language as tl
 
-from .random import mix
+from .random import mix, mix_body
 
 NEG_INF = tl.constexpr(float("-inf"))
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 PRUNE_SLACK = tl.constexpr(0.01)  # log2 units; both sides' rounding is below 1e-5
 ORDERED_NEG_INF = tl.constexpr(-2139095041)  # ordered(-inf): the reset value of the shared floors
+A_BITS = tl.constexpr(0x4B00FFFF)  # hi ^ A_BITS: the bits of 2**23 + 65535 - hi (hi < 2**16)
+INT_BITS = tl.constexpr(0x4B000000)  # c | INT_BITS: the bits of 2**23 + c (0 <= c < 2**23)
 
 
 @triton.jit
@@ -71,9 +73,23 @@ def exp2_scale(inv_T, FILTER: tl.constexpr):  # k with exp(z / T) = exp2(z k); F
 
 
 @triton.jit
+def noise_bound(x, j_t, s, k, key_n):  # x [BB, NT, VEC] raw logits j_t + s; j_t [1, NT, 1] multiples of VEC, s [1, 1, VEC]
+    """An upper bound of both Gumbel keys of logits j if this row is row n, without its normaliser: key_p and
+    key_r are at most lp2 + 16 - log2(a) <= x k - lse log2(e) + c, a = 65535 - (mix(key_n ^ j) >> 16),
+    c = min(16 - floor(log2 a), 24) (a = 0: 24; the slot vote's bound, ``slots.py``, with log2 a rounded
+    down to its float exponent: no MUFU op, no conversion). The top 16 bits of mix come from mix_body; the
+    hash's first step is taken once per vector (key ^ (j_t + s) = (key ^ j_t) ^ s, and >> 16 does not see s)."""
+    h = key_n ^ j_t.to(tl.uint32)
+    h = mix_body((h ^ (h >> 16)) ^ s.to(tl.uint32))
+    a = ((h >> 16) ^ A_BITS).to(tl.float32, bitcast=True) - 8388608.0  # 65535 - top16, exactly
+    c = tl.minimum(143 - (a.to(tl.int32, bitcast=True) >> 23), 24)  # 16 - floor(log2 a); a = 0 -> 143 -> 24
+    return x * k + ((c | INT_BITS).to(tl.float32, bitcast=True) - 8388608.0)
+
+
+@triton.jit
 def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows, row_mask, thr, thr_id: [BB]
                   BLOCK_B: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr, VEC: tl.constexpr,
-                  FAST: tl.constexpr, ARGMAX: tl.constexpr):
+                  FAST: tl.constexpr, ARGMAX: tl.constexpr, key_n=0, bnd=0, BOUNDS: tl.constexpr = False):
     """(max s, sum exp(s - max s), argmax) over [v_lo, v_hi) of BLOCK_B rows, s = filter(z / T): three [BB]
     (the argmax, an index of a maximal logit, only with ARGMAX: one compare and select per logit; else v_lo).
 
@@ -82,8 +98,13 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
     issued before this tile's arithmetic) and keeps a running max and sum per vector: one exp2 per logit plus one per vector, FFMA-folded scale, no
     cross-thread reduction until the end. Without FILTER the max is taken on raw z (T > 0) and
     z / T is never formed: exp((z - m) / T) = exp2(z k - m k), k = log2(e) / T.
+
+    BOUNDS (no FILTER): also the tile bound of every tile of NT VEC logits, max ``noise_bound`` over it, stored
+    at bnd[v0 // (NT VEC)] (bnd: [BB] pointers to the row's bounds; key_n: [BB] uint32, the row's FINAL key).
     """
-    t = (tl.arange(0, NT)[:, None] * VEC + tl.arange(0, VEC)[None, :])[None, :, :]  # [1, NT, VEC]
+    t_vec = (tl.arange(0, NT) * VEC)[None, :, None]  # [1, NT, 1]: each vector's first logit
+    t_lane = tl.arange(0, VEC)[None, None, :]  # [1, 1, VEC]
+    t = t_vec + t_lane  # [1, NT, VEC]
     ptrs = rows[:, None, None]
     live = row_mask[:, None, None]
     k = exp2_scale(inv_T, FILTER)
@@ -100,6 +121,9 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
         if FILTER:
             x = div_t(x, T, inv_T, FAST)
             x = tl.where((x > thr[:, None, None]) | ((x == thr[:, None, None]) & (j <= thr_id[:, None, None])), x, NEG_INF)
+        if BOUNDS:
+            bound = noise_bound(x, v0 + t_vec, t_lane, k, key_n[:, None, None])
+            tl.store(bnd + v0 // (NT * VEC), tl.max(tl.max(bound, axis=2), axis=1), mask=row_mask)
         m_new = tl.maximum(m, tl.max(x, axis=2))
         if ARGMAX:
             a = tl.where(m_new > m, tl.min(tl.where(x == m_new[:, :, None], j, 2147483647), axis=2), a)
@@ -338,9 +362,12 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
 @triton.jit
 def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_lo, v_hi, T, inv_T,
                      BLOCK_B: tl.constexpr, ROWS: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr,
-                     VEC: tl.constexpr, FAST: tl.constexpr, ARGMAX: tl.constexpr):
+                     VEC: tl.constexpr, FAST: tl.constexpr, ARGMAX: tl.constexpr, k_base=0, bnd_ptr=0, n_tiles=0,
+                     BOUNDS: tl.constexpr = False):
     """row_lse_lanes over the n_rows rows of each batch row, one row after the other (no padding
-    rows are streamed): (max, sum-exp, argmax) as three [BB, ROWS], -inf / 0 / v_lo in rows >= n_rows."""
+    rows are streamed): (max, sum-exp, argmax) as three [BB, ROWS], -inf / 0 / v_lo in rows >= n_rows.
+    BOUNDS: row k's tile bounds go to bnd_ptr[(b n_rows + k) n_tiles + tile] with row k's FINAL key
+    mix(k_base ^ k) (k_base [BB] uint32: ``random.key`` before its position)."""
     i = tl.arange(0, ROWS)[None, :]
     m_all = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
     l_all = tl.zeros((BLOCK_B, ROWS), tl.float32)
@@ -352,8 +379,13 @@ def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_l
         else:
             thr = tl.zeros((BLOCK_B,), tl.float32)
             tid = tl.zeros((BLOCK_B,), tl.int32)
-        m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
-                                BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX)
+        if BOUNDS:
+            m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
+                                    BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX, mix(k_base ^ (tl.zeros_like(k_base) + k)),
+                                    bnd_ptr + (b64 * n_rows + k) * n_tiles, True)
+        else:
+            m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
+                                    BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX)
         m_all = tl.where(i == k, m[:, None], m_all)
         l_all = tl.where(i == k, l[:, None], l_all)
         a_all = tl.where(i == k, a[:, None], a_all)

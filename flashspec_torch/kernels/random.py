@@ -31,12 +31,16 @@ def mix_body(h):  # uint32 [...] -> uint32 [...]: mix_rest(h) before its last st
 @triton.jit
 def key(seed_lo, seed_hi, offset, row, position, stream):  # uint32, broadcast -> uint32
     """The per-(row, position) key: six rounds of ``mix``."""
+    return mix(key_base(seed_lo, seed_hi, offset, row, stream) ^ position)
+
+
+@triton.jit
+def key_base(seed_lo, seed_hi, offset, row, stream):  # uint32, broadcast -> uint32: ``key`` before its position
     k = mix(seed_lo ^ tl.full((), 0x243F6A88, tl.uint32))
     k = mix(k ^ seed_hi)
     k = mix(k ^ stream)
     k = mix(k ^ offset)
-    k = mix(k ^ row)
-    return mix(k ^ position)
+    return mix(k ^ row)
 
 
 @triton.jit

@@ -32,12 +32,11 @@ index among its ties, so the winner, hence every token, is the same.
 import triton
 import triton.language as tl
 
-from .lanes import PRUNE_SLACK, draw_keys, exp2_scale, load_tile, log2_scaled, plane, sweep_scalars
+from .lanes import A_BITS, PRUNE_SLACK, draw_keys, exp2_scale, load_tile, log2_scaled, plane, sweep_scalars
 from .random import mix, mix_body
 
 NEG_INF = tl.constexpr(float("-inf"))
 NEG_PAIR = tl.constexpr(-8323200)  # 0xFF80FF80: two bfloat16 -inf as one int32
-A_BITS = tl.constexpr(0x4B00FFFF)  # hi ^ A_BITS: the bits of 2**23 + 65535 - hi (hi < 2**16)
 
 
 @triton.jit

@@ -44,9 +44,10 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .bounds import sweep_row_bounded
 from .lanes import ORDERED_NEG_INF, hint_floor, rows_stats_lanes, sweep_row_lanes
 from .slots import sweep_row_slots, sweep_row_slots_lazy
-from .random import key, mix, uniform_from_bits
+from .random import key, key_base, mix, uniform_from_bits
 from .tile import BIG_INDEX, NEG_INF, apply_filter, load_scaled, row_argmax, row_stats, safe_log, sweep_row
 
 ACCEPT_STREAM = tl.constexpr(0)  # flashspec.random.ACCEPT
@@ -109,7 +110,7 @@ def emit(tokens_ptr, num_ptr, b, b_mask, x, n, y, G: tl.constexpr, ROWS: tl.cons
     tl.store(num_ptr + b, n.to(tl.int32), mask=b_mask)
 
 
-@triton.jit(do_not_specialize=["t0"])
+@triton.jit(do_not_specialize=["t0", "seed_lo", "seed_hi", "offset_lo"])
 def verify_stats_kernel(
     z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr,  # [B, G+1, V], [B, G, V], [B, G+1] x2, [B, G] x2
     m_ptr, l_ptr, a_ptr, counter_ptr, kb_ptr,  # [B, C, 2, ROWS] f32 x2, [B, C, ROWS] i32, [tiles] i32, [B, 2] i32
@@ -117,12 +118,18 @@ def verify_stats_kernel(
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr, WAIT_END: tl.constexpr = False,
+    seed_ptr=0, offset_ptr=0, seed_lo=0, seed_hi=0, offset_lo=0, s_seed=0, s_offset=0, bnd_ptr=0, n_tiles=0,
+    SEED_TENSOR: tl.constexpr = False, OFFSET_TENSOR: tl.constexpr = False, PER_ROW_SEED: tl.constexpr = False,
+    BOUNDS: tl.constexpr = False,
 ):
     """Phase 1 of the split path: per-chunk (max, sum-exp) of every row; grid (tiles of B, C), batch
     tiles t0, t0 + 1, ... (rows below B only: a batch group, ``KernelConfig.batch_group``).
     WAIT_END (a group after the first, launched with PDL behind the previous group's final launch):
     every program waits for that launch to complete before it exits, so that the groups' launches
-    complete in stream order (the verify is done when its last launch is)."""
+    complete in stream order (the verify is done when its last launch is).
+    BOUNDS (lanes, no filter, BLOCK_B = 1): also the tile bounds of every target row (``lanes.noise_bound``)
+    into bnd_ptr [B, G+1, n_tiles], for the final launch's ``bounds.sweep_row_bounded``; the generator's
+    counters as the final launch takes them."""
     if PDL:
         gdc_launch_dependents()  # phase 2 may launch once every program of this grid has started
     pid_b, pid_c = tl.program_id(0) + t0, tl.program_id(1)
@@ -132,9 +139,16 @@ def verify_stats_kernel(
             b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
             tl.store(kb_ptr + b * 2, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
             tl.store(kb_ptr + b * 2 + 1, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
+    k_base = 0
+    if BOUNDS:
+        b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+        lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
+                                        b < B, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
+        k_base = key_base(lo, hi, off, row, tl.full((), FINAL_STREAM, tl.uint32))
     stats_item(pid_b, pid_c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
                B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
-               G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST, HINT)
+               G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST, HINT, k_base, bnd_ptr, n_tiles,
+               BOUNDS)
     if WAIT_END:
         gdc_wait()  # the previous group's final launch has completed (and with it every launch before it)
 
@@ -145,10 +159,11 @@ def stats_item(
     B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
     G: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_W_STATS: tl.constexpr, FILTER: tl.constexpr, GREEDY: tl.constexpr, LANES: tl.constexpr, VEC: tl.constexpr,
-    FAST: tl.constexpr, ARGMAX: tl.constexpr,
+    FAST: tl.constexpr, ARGMAX: tl.constexpr, k_base=0, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
 ):
     """Phase-1 work of batch tile pid_b, chunk pid_c: the (max, sum-exp) partials, or the argmax (T = 0).
-    ARGMAX (lanes, T > 0): also an argmax of each target row's chunk, the final launch's pruning hint."""
+    ARGMAX (lanes, T > 0): also an argmax of each target row's chunk, the final launch's pruning hint.
+    BOUNDS (lanes): also the target rows' tile bounds (``lanes.rows_stats_lanes``; k_base: [BB] uint32)."""
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
     b64 = b.to(tl.int64)[:, None]
@@ -165,7 +180,8 @@ def stats_item(
     elif LANES:
         bb = b.to(tl.int64)
         m, l, a = rows_stats_lanes(z_ptr, szb, szr, szv, thr_p_ptr, tid_p_ptr, bb, b_mask, G + 1, v_lo, v_hi, T,
-                                   inv_T, BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST, ARGMAX)
+                                   inv_T, BLOCK_B, ROWS, FILTER, BLOCK_V // VEC, VEC, FAST, ARGMAX, k_base, bnd_ptr,
+                                   n_tiles, BOUNDS)
         tl.store(m_ptr + out, m, mask=p_mask)
         tl.store(l_ptr + out, l, mask=p_mask)
         if ARGMAX:
@@ -206,14 +222,17 @@ def verify_final_kernel(
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
     SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False, LAZY: tl.constexpr = False,
-    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False,
+    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
+    NTP: tl.constexpr = 1,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
     [c sweep_chunk, (c + 1) sweep_chunk) of row n. Batch tiles t0, t0 + 1, ... (rows below B only). PDL:
     the next launch (a later batch group's stats launch) may start once every program has started.
     REVERSE: programs take their (tile, chunk) in the reverse order of the grid, so that the first to run
-    sweep the last chunks of the last rows, which the stats launch read last (still in L2)."""
+    sweep the last chunks of the last rows, which the stats launch read last (still in L2). BOUNDS (one
+    program per row): row n drawn from the stats launch's tile bounds (``bounds.sweep_row_bounded``; NTP: the
+    next power of two >= n_tiles)."""
     if PDL:
         gdc_launch_dependents()
     pid_b, pid_c = tl.program_id(0), tl.program_id(1)
@@ -225,7 +244,7 @@ def verify_final_kernel(
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
                OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD,
-               LAZY, STAGES, PAIRS)
+               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP)
 
 
 @triton.jit
@@ -240,7 +259,8 @@ def final_item(
     PER_ROW_SEED: tl.constexpr, LANES: tl.constexpr, SWEEP_LANES: tl.constexpr, VEC: tl.constexpr,
     FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
     HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, LAZY: tl.constexpr = False,
-    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False,
+    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
+    NTP: tl.constexpr = 1,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
@@ -361,7 +381,11 @@ def final_item(
             floor0 = hint_floor(z_n, w_n, szv, swv, cand, c3_mask, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
                                 thr_pn, tid_pn, thr_qn, tid_qn, k_final, HAS_W, FILTER, FAST)
         use_p = (n == G) | ~x_n_ok  # the bonus; or a masked draft id: y ~ p
-        if SWEEP_LANES and SLOTS > 1 and LAZY and HAS_W:
+        if BOUNDS:
+            best_r, idx_r, best_p, idx_p, mass = sweep_row_bounded(
+                z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, n_tiles, szv, swv, V, T, inv_T, pick_row(lse_p, i, n),
+                lse_qn, x_n, k_final, b_mask, use_p, BLOCK_B, BLOCK_V, NTP, SWEEP_V, SLOTS, HAS_W, FAST, PAIRS)
+        elif SWEEP_LANES and SLOTS > 1 and LAZY and HAS_W:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_slots_lazy(
                 z_n, w_n, szv, swv, v_lo, v_hi, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
                 thr_pn, tid_pn, thr_qn, tid_qn, k_final, b_mask, floor0, use_p.to(tl.int32), BLOCK_B, SWEEP_V, SLOTS,
