@@ -12,6 +12,11 @@ bits, u = (2m + 1) / 2**24), which a few more logits pass than the exact lp2 + 2
 The uniforms' bits are NumPy's, not the generator's (the same law).
 
     python benchmarks/sweep_prune_sim.py --span 5344 --tile 256 --slots 8     # B=256's split of V=128256
+    python benchmarks/sweep_prune_sim.py --tile-bounds 1024,2048,4096          # KernelConfig(tile_bounds=True)
+
+``--tile-bounds``: the final launch of ``kernels/bounds.py``, one program per row: the tiles of the whole row
+taken in decreasing order of the stats launch's bound (``lanes.noise_bound``: the slot bound with log2 a
+rounded down to an integer, at most 24 above lp2), each swept whole while its bound reaches the floor.
 """
 
 from __future__ import annotations
@@ -37,6 +42,44 @@ def flat_rows(rng: np.random.Generator, v: int, temperature: float):
     lp2 = lp / math.log(2)
     t = np.maximum(1.0, np.floor((1.0 - u) * 2**24))
     return lp2 + g2, key_r, lp2 + 24.0 - np.log2(t), slot_bound
+
+
+def noise_bound(lp2, m):  # lanes.noise_bound less lse: lp2 + min(16 - floor(log2 a), 24), a = 65535 - (m >> 7)
+    a = 65535 - (m >> 7)
+    with np.errstate(divide="ignore"):
+        c = np.where(a > 0, 16 - np.floor(np.log2(np.maximum(a, 1))), 24.0)
+    return lp2 + np.minimum(c, 24.0)
+
+
+def bounded_fraction(v: int, tile: int, temperature: float = 0.7, rows: int = 3, seed: int = 0) -> dict:
+    """KernelConfig(tile_bounds=True)'s final launch on flat rows: the fraction of a row's tiles it sweeps, and
+    ``missed``: rows whose best key_p or key_r it lost (0: exact)."""
+    rng = np.random.default_rng(seed)
+    swept = total = missed = 0
+    for _ in range(rows):
+        z = 2.0 * rng.standard_normal(v)
+        w = z + 1.4 * rng.standard_normal(v)
+        lp = z / temperature - np.logaddexp.reduce(z / temperature)
+        lq = w / temperature - np.logaddexp.reduce(w / temperature)
+        m = rng.integers(0, 2**23, v)
+        g2 = -np.log2(-np.log((2 * m + 1) / 2**24))
+        with np.errstate(divide="ignore"):
+            key_r = np.log2(np.maximum(np.exp(lp) - np.exp(lq), 0.0)) + g2
+        key_p = lp / math.log(2) + g2
+        bound = noise_bound(lp / math.log(2), m)
+        starts = range(0, v, tile)
+        tile_bound = np.array([bound[t0:t0 + tile].max() for t0 in starts])
+        floor = best_p = best_r = -np.inf
+        for k in np.argsort(-tile_bound, kind="stable"):
+            if tile_bound[k] < floor - 0.01:
+                break
+            sl = slice(k * tile, (k + 1) * tile)
+            best_p, best_r = max(best_p, key_p[sl].max()), max(best_r, key_r[sl].max())
+            floor = min(best_p, best_r)
+            swept += 1
+        total += len(starts)
+        missed += (best_p, best_r) != (key_p.max(), key_r.max())
+    return dict(tiles=swept / total, missed=missed)
 
 
 def evaluated_fractions(v: int, span: int, tile: int, slots: int = 1, temperature: float = 0.7, rows: int = 3,
@@ -78,7 +121,15 @@ def main(argv=None) -> int:
     p.add_argument("--tile", type=int, default=256)
     p.add_argument("--slots", type=int, default=8)
     p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--tile-bounds", type=lambda t: [int(k) for k in t.split(",")], default=None,
+                   help="tile sizes of KernelConfig(tile_bounds=True) to simulate instead")
     args = p.parse_args(argv)
+    if args.tile_bounds:
+        for tile in args.tile_bounds:
+            f = bounded_fraction(args.vocab, tile, args.temperature, rows=8)
+            print(f"V={args.vocab} T={args.temperature} tile bounds of {tile} logits: the final launch sweeps "
+                  f"{100 * f['tiles']:.1f}% of row n's tiles (rows that lost a winner: {f['missed']})")
+        return 0
     one = evaluated_fractions(args.vocab, args.span, args.tile, 1, args.temperature)
     f = evaluated_fractions(args.vocab, args.span, args.tile, args.slots, args.temperature)
     print(f"V={args.vocab} span={args.span} tile={args.tile} T={args.temperature}: the tile vote evaluates "

@@ -49,3 +49,18 @@ def test_the_slot_bound_is_the_kernels_weaker_vote():
     a = 65535 - (m >> 7)
     finite = a > 0
     assert np.all(slot_bound[finite] - exact[finite] <= np.log2((128 * a[finite] + 127) / (128 * a[finite])) + 1e-9)
+
+
+def test_tile_bounds_bound_both_keys_and_never_lose_a_winner():
+    """lanes.noise_bound as the simulation takes it: above key_p and key_r of every logit (a tile pruned by it
+    holds no winner), at most 24 above lp2; the bounded final launch sweeps a few tiles and finds both winners."""
+    rng = np.random.default_rng(5)
+    m = rng.integers(0, 2**23, 200_000)
+    m[:3] = (2**23 - 1, 2**23 - 128, 0)  # a = 0, a = 1, a = 65535
+    lp2 = rng.normal(-17, 3, m.size)
+    g2 = -np.log2(-np.log((2 * m + 1) / 2**24))
+    bound = sim.noise_bound(lp2, m)
+    assert np.all(bound >= lp2 + g2) and np.all(bound <= lp2 + 24)
+    for tile in (256, 1024):
+        f = sim.bounded_fraction(20000, tile, temperature=0.7, rows=3, seed=tile)
+        assert f["missed"] == 0 and 0 < f["tiles"] < 0.5, (tile, f)

@@ -18,7 +18,7 @@ from flashspec_torch.kernels import verify as kernels  # noqa: E402
 INT_PTRS = {"tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr", "ticket_ptr",
             "ready_ptr", "kb_ptr"}
 I64_PTRS = {"x_ptr", "seed_ptr", "offset_ptr"}
-F32_PTRS = {"thr_p_ptr", "thr_q_ptr", "m_ptr", "l_ptr", "ck_ptr", "lq_ptr"}
+F32_PTRS = {"thr_p_ptr", "thr_q_ptr", "m_ptr", "l_ptr", "ck_ptr", "lq_ptr", "bnd_ptr"}
 
 
 def signature(fn, constexprs: dict, logits: str) -> dict:
@@ -56,7 +56,7 @@ LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
 # the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks,
 # one pruning vote per sweep tile
 DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1, AHEAD=1, WAIT_END=False, REVERSE=False, LAZY=False,
-                STAGES=3, PAIRS=False)
+                STAGES=3, PAIRS=False, BOUNDS=False, NTP=1, **COUNTERS)
 VARIANTS = [
     (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
     (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
@@ -135,6 +135,16 @@ VARIANTS = [
     # KernelConfig(reverse_final=True): the final launch's programs in the reverse order of its grid
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=4, REVERSE=True)),
+    # KernelConfig(tile_bounds=True): the stats launch bounds every tile of every target row, the final launch sweeps
+    # only the tiles of row n that can hold a winner (kernels/bounds.py)
+    (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True, BOUNDS=True)),
+    (kernels.verify_stats_kernel, "fp32", dict(**LANES4, HAS_W_STATS=True, FILTER=False, GREEDY=False, BOUNDS=True,
+                                               SEED_TENSOR=True, OFFSET_TENSOR=True, PER_ROW_SEED=True)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
+                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=4, PAIRS=True, BOUNDS=True, NTP=32)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
+                                               FILTER=False, GREEDY=False, FUSED=False, SEED_TENSOR=True,
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, SLOTS=4, BOUNDS=True, NTP=64)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),

@@ -352,3 +352,40 @@ def test_bf16_pairs_match_the_oracle(onehot):
             got = verify_triton(z, torch.from_numpy(inp.x), w, None, cfg, 7, 3, config=kc)
             np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{v=} {kc}")
             np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{v=} {kc}")
+
+
+@pytest.mark.parametrize("spread", [1.0, 6.0])
+def test_tile_bounds_match_the_oracle(spread):
+    """KernelConfig(tile_bounds=True): the stats launch bounds both Gumbel keys of every block_v tile of every
+    target row, and one final program per row sweeps row n's tiles in decreasing order of bound while a tile can
+    reach the floor (kernels/bounds.py): the same tokens with flat and peaked rows, bonus and residual rows, draft
+    logits, draft log-probs and one-hot drafts, scalar and per-row seeds and offsets (the stats launch derives
+    each row's FINAL key as the final launch does), and with top-k, which the bounds leave to the slot sweep.
+    A bound 4 too low (lanes.noise_bound) and a floor taken as max(best key_p, best key_r) both fail it."""
+    rng = np.random.default_rng({1.0: 1, 6.0: 8}[spread])
+    cfg = SamplingConfig(temperature=0.9)
+    inp = make_inputs(rng, 6, 3, 1543, cfg, spread=spread)
+    seeds = torch.tensor([11, 2**40 + 5, 3, 7, 2**33, 9])
+    offsets = torch.tensor([3, 0, 2**31 + 1, 5, 8, 1])
+    kc = KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=3, sweep_slots=8, tile_bounds=True)
+    cases = [(inp, True, False, 7, 3, cfg), (inp, True, True, seeds, offsets, cfg)]
+    if spread == 1.0:
+        cfg_k = SamplingConfig(temperature=0.9, top_k=50)
+        cases += [(inp, False, False, 7, 3, cfg), (make_inputs(rng, 6, 3, 1543, cfg_k, spread=spread), True, False, 7, 3, cfg_k)]
+    for k, (case, logits, logprobs, seed, offset, c) in enumerate(cases):
+        np_seed = seed.numpy().astype(np.uint64) if isinstance(seed, torch.Tensor) else seed
+        np_offset = offset.numpy().astype(np.uint64) if isinstance(offset, torch.Tensor) else offset
+        w_np, lq_np = case.w if logits else None, case.lq if logprobs else None
+        want = oracle_result(case.z, case.x, w_np, lq_np, c, seed=np_seed, offset=np_offset)
+        w_arg, lq = (None if a is None else torch.from_numpy(a) for a in (w_np, lq_np))
+        got = verify_triton(torch.from_numpy(case.z), torch.from_numpy(case.x), w_arg, lq, c, seed, offset, config=kc)
+        label = f"draft={'none' if w_arg is None else 'logits'} lq={lq is not None} seeds={type(seed).__name__} {c}"
+        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=label)
+        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=label)
+        if k == 0:
+            assert 0 < int((want[0] == 3).sum()) < 6  # bonus rows and residual rows in the batch
+
+
+def test_tile_bounds_is_a_bool():
+    with pytest.raises(ValueError, match="tile_bounds"):
+        KernelConfig(tile_bounds=1)
