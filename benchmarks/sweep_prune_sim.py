@@ -27,21 +27,28 @@ import math
 import numpy as np
 
 
-def flat_rows(rng: np.random.Generator, v: int, temperature: float):
-    """-> key_p, key_r, tile_bound, slot_bound: [V] each (the slot vote's bound is +inf where a = 0)."""
+def flat_draws(rng: np.random.Generator, v: int, temperature: float):
+    """One benchmark row and its draw: -> lp2 (log2 p), m (the uniforms' 23 bits, as uniform_from_bits takes
+    them), key_p, key_r: [V] each."""
     z = 2.0 * rng.standard_normal(v)
     w = z + 1.4 * rng.standard_normal(v)
     lp = z / temperature - np.logaddexp.reduce(z / temperature)
     lq = w / temperature - np.logaddexp.reduce(w / temperature)
-    m = rng.integers(0, 2**23, v)  # the uniform's bits, as uniform_from_bits takes them
-    u = (2 * m + 1) / 2**24
-    g2 = -np.log2(-np.log(u))
+    m = rng.integers(0, 2**23, v)
+    g2 = -np.log2(-np.log((2 * m + 1) / 2**24))
     with np.errstate(divide="ignore"):
         key_r = np.log2(np.maximum(np.exp(lp) - np.exp(lq), 0.0)) + g2
-        slot_bound = lp / math.log(2) + 16.0 - np.log2(65535 - (m >> 7))
     lp2 = lp / math.log(2)
-    t = np.maximum(1.0, np.floor((1.0 - u) * 2**24))
-    return lp2 + g2, key_r, lp2 + 24.0 - np.log2(t), slot_bound
+    return lp2, m, lp2 + g2, key_r
+
+
+def flat_rows(rng: np.random.Generator, v: int, temperature: float):
+    """-> key_p, key_r, tile_bound, slot_bound: [V] each (the slot vote's bound is +inf where a = 0)."""
+    lp2, m, key_p, key_r = flat_draws(rng, v, temperature)
+    with np.errstate(divide="ignore"):
+        slot_bound = lp2 + 16.0 - np.log2(65535 - (m >> 7))
+    t = np.maximum(1.0, np.floor((1.0 - (2 * m + 1) / 2**24) * 2**24))
+    return key_p, key_r, lp2 + 24.0 - np.log2(t), slot_bound
 
 
 def noise_bound(lp2, m):  # lanes.noise_bound less lse: lp2 + min(16 - floor(log2 a), 24), a = 65535 - (m >> 7)
@@ -57,16 +64,8 @@ def bounded_fraction(v: int, tile: int, temperature: float = 0.7, rows: int = 3,
     rng = np.random.default_rng(seed)
     swept = total = missed = 0
     for _ in range(rows):
-        z = 2.0 * rng.standard_normal(v)
-        w = z + 1.4 * rng.standard_normal(v)
-        lp = z / temperature - np.logaddexp.reduce(z / temperature)
-        lq = w / temperature - np.logaddexp.reduce(w / temperature)
-        m = rng.integers(0, 2**23, v)
-        g2 = -np.log2(-np.log((2 * m + 1) / 2**24))
-        with np.errstate(divide="ignore"):
-            key_r = np.log2(np.maximum(np.exp(lp) - np.exp(lq), 0.0)) + g2
-        key_p = lp / math.log(2) + g2
-        bound = noise_bound(lp / math.log(2), m)
+        lp2, m, key_p, key_r = flat_draws(rng, v, temperature)
+        bound = noise_bound(lp2, m)
         starts = range(0, v, tile)
         tile_bound = np.array([bound[t0:t0 + tile].max() for t0 in starts])
         floor = best_p = best_r = -np.inf

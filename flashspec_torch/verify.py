@@ -417,16 +417,13 @@ def verify_triton(
     seeds = dict(SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
                  PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1)
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
-    args = (z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q,
-            z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride,
+    args = (z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q, *counters,
             m_buf, l_buf, a_buf, ck, ci, cf, counter, tokens, num)
     sizes = (b, v, chunk, chunks, *temps,
              z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2),
              x.stride(0), x.stride(1), *lq_strides)
     flags = dict(G=g, ROWS=rows, NC=next_pow2(chunks), BLOCK_B=config.block_b, BLOCK_V=config.block_v,
-                 SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq, FILTER=filtered, GREEDY=greedy,
-                 SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
-                 PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, **lanes,
+                 SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq, FILTER=filtered, GREEDY=greedy, **seeds, **lanes,
                  SWEEP_LANES=config.sweep == "lanes", PRUNE=config.prune, num_warps=config.num_warps)
     launch = dict(PDL=True, launch_pdl=True) if pdl else dict(PDL=False)
     if config.max_registers and not interpreting():

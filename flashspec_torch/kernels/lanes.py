@@ -73,15 +73,22 @@ def exp2_scale(inv_T, FILTER: tl.constexpr):  # k with exp(z / T) = exp2(z k); F
 
 
 @triton.jit
+def hash_gap(key_n, j_t, s):  # j_t: multiples of the vector size, s < it (broadcast) -> float32 a, exactly
+    """a = 65535 - (mix(key_n ^ (j_t + s)) >> 16), the pruning bounds' view of the uniform (t' >= 128 a, ``slots.py``).
+    The top 16 bits of mix are mix_body's (its last step is h ^ (h >> 16)), and the hash's first step is taken per
+    vector: key ^ (j_t + s) = (key ^ j_t) ^ s, and >> 16 does not see s."""
+    h = key_n ^ j_t.to(tl.uint32)
+    h = mix_body((h ^ (h >> 16)) ^ s.to(tl.uint32))
+    return ((h >> 16) ^ A_BITS).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def noise_bound(x, j_t, s, k, key_n):  # x [BB, NT, VEC] raw logits j_t + s; j_t [1, NT, 1] multiples of VEC, s [1, 1, VEC]
     """An upper bound of both Gumbel keys of logits j if this row is row n, without its normaliser: key_p and
     key_r are at most lp2 + 16 - log2(a) <= x k - lse log2(e) + c, a = 65535 - (mix(key_n ^ j) >> 16),
     c = min(16 - floor(log2 a), 24) (a = 0: 24; the slot vote's bound, ``slots.py``, with log2 a rounded
-    down to its float exponent: no MUFU op, no conversion). The top 16 bits of mix come from mix_body; the
-    hash's first step is taken once per vector (key ^ (j_t + s) = (key ^ j_t) ^ s, and >> 16 does not see s)."""
-    h = key_n ^ j_t.to(tl.uint32)
-    h = mix_body((h ^ (h >> 16)) ^ s.to(tl.uint32))
-    a = ((h >> 16) ^ A_BITS).to(tl.float32, bitcast=True) - 8388608.0  # 65535 - top16, exactly
+    down to its float exponent: no MUFU op, no conversion)."""
+    a = hash_gap(key_n, j_t, s)
     c = tl.minimum(143 - (a.to(tl.int32, bitcast=True) >> 23), 24)  # 16 - floor(log2 a); a = 0 -> 143 -> 24
     return x * k + ((c | INT_BITS).to(tl.float32, bitcast=True) - 8388608.0)
 
@@ -379,13 +386,11 @@ def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_l
         else:
             thr = tl.zeros((BLOCK_B,), tl.float32)
             tid = tl.zeros((BLOCK_B,), tl.int32)
+        key_n, bnd = 0, 0
         if BOUNDS:
-            m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
-                                    BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX, mix(k_base ^ (tl.zeros_like(k_base) + k)),
-                                    bnd_ptr + (b64 * n_rows + k) * n_tiles, True)
-        else:
-            m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
-                                    BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX)
+            key_n, bnd = mix(k_base ^ (tl.zeros_like(k_base) + k)), bnd_ptr + (b64 * n_rows + k) * n_tiles
+        m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
+                                BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX, key_n, bnd, BOUNDS)
         m_all = tl.where(i == k, m[:, None], m_all)
         l_all = tl.where(i == k, l[:, None], l_all)
         a_all = tl.where(i == k, a[:, None], a_all)

@@ -32,8 +32,8 @@ index among its ties, so the winner, hence every token, is the same.
 import triton
 import triton.language as tl
 
-from .lanes import A_BITS, PRUNE_SLACK, draw_keys, exp2_scale, load_tile, log2_scaled, plane, sweep_scalars
-from .random import mix, mix_body
+from .lanes import PRUNE_SLACK, draw_keys, exp2_scale, hash_gap, load_tile, log2_scaled, plane, sweep_scalars
+from .random import mix
 
 NEG_INF = tl.constexpr(float("-inf"))
 NEG_PAIR = tl.constexpr(-8323200)  # 0xFF80FF80: two bfloat16 -inf as one int32
@@ -56,9 +56,7 @@ def slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FIL
     where the logit of slot s can reach the floor K ([BB, 1, 1] or a scalar), else 0."""
     # d - 7 = lp2 + 16 - K + slack (NaN for a logit of zero probability while K = -inf: never evaluated)
     d7 = log2_scaled(x, j_t + col, k, lse_p2 + (floor - PRUNE_SLACK - 16.0), T, inv_T, thr_p, tid_p, FILTER, FAST)
-    h = key_n ^ j_t.to(tl.uint32)
-    h = mix_body((h ^ (h >> 16)) ^ col.to(tl.uint32))  # mix(key ^ j) = h ^ (h >> 16): the same top 16 bits
-    a = ((h >> 16) ^ A_BITS).to(tl.float32, bitcast=True) - 8388608.0  # 65535 - (mix >> 16) <= t' / 128
+    a = hash_gap(key_n, j_t, col)  # 65535 - (mix >> 16) <= t' / 128
     return tl.where(a <= tl.math.exp2(d7), 1 << col, 0)
 
 
