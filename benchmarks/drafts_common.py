@@ -20,7 +20,7 @@ CHAT_FILE = Path(__file__).parent / "prompts" / "chat.txt"
 DOMAINS = ("code", "prose", "chat")
 
 
-def chat_prompts(k: int) -> list[str]:
+def chat_prompts(k: int | None = None) -> list[str]:  # the first k (None: all)
     lines = [line.strip() for line in CHAT_FILE.read_text().splitlines() if line.strip()]
     return lines[:k]
 

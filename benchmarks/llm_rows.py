@@ -71,20 +71,18 @@ def sample_rows(record: dict, n: int, v: int, device, gen, first: int = 0):  # -
 def collect(out: pathlib.Path, tokens_per_prompt: int, temperature: float, seed: int) -> None:
     import torch
 
+    from drafts_common import chat_prompts
+    from flashspec.engine import encode
     from flashspec_torch.weights import load as load_model
 
-    sys_path_prompts = pathlib.Path(__file__).parent / "prompts" / "chat.txt"
-    prompts = [p for p in sys_path_prompts.read_text().splitlines() if p.strip()]
+    prompts = chat_prompts()
     loaded = load_model(None)
     model, tok = loaded.model, loaded.tokenizer
     gen = torch.Generator().manual_seed(seed)
     rows = []
     with torch.inference_mode():
         for prompt in prompts:
-            ids = list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True))
-            if not isinstance(ids[0], int):  # transformers 5 may return a BatchEncoding
-                ids = list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   return_dict=True)["input_ids"])
+            ids = encode(tok, prompt, chat=True)
             for _ in range(tokens_per_prompt):
                 t = torch.tensor([ids])
                 cache = model.new_cache(1, t.shape[1])

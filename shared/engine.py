@@ -27,14 +27,7 @@ class EngineBase:
         return self.policy
 
     def encode(self, prompt: str, chat: bool) -> list[int]:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-            return list(ids)
-        return list(tok(prompt)["input_ids"])
+        return encode(self.tokenizer, prompt, chat)
 
     def report(self, prompt, outs: list[list[int]], records, wall: float, speculation: bool, gamma: int, extra: dict) -> dict:
         """SPEC.md's stats dict for the new tokens ``outs`` (one list per prompt)."""
@@ -106,3 +99,14 @@ def generate(prompt, *, backend: str = "torch", target=None, drafts=("ngram",), 
     max_new_tokens, seed, speculation, chat, on_step.
     """
     return engine(backend, target, drafts, policy=policy, device=device, row_invariant=row_invariant).generate(prompt, **options)
+
+
+def encode(tok, prompt: str, chat: bool) -> list[int]:
+    """A prompt's token ids: through the tokenizer's chat template as one user turn (chat, when it has one)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError("prompt must be a non-empty string")
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return list(ids)
+    return list(tok(prompt)["input_ids"])
