@@ -16,11 +16,9 @@ ones: ``python benchmarks/sweep_prune_sim.py --tile-bounds 1024,2048,4096``), on
 import triton
 import triton.language as tl
 
-from .lanes import LOG2E, PRUNE_SLACK
+from .lanes import LOG2E, NEG_INF, PRUNE_SLACK
 from .slots import sweep_row_slots
-
-NEG_INF = tl.constexpr(float("-inf"))
-BIG_INDEX = tl.constexpr(2147483647)
+from .tile import BIG_INDEX
 
 
 @triton.jit
