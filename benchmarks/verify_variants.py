@@ -47,6 +47,13 @@ from verify_kernels import (  # noqa: E402  (benchmarks/ is on sys.path)
 )
 
 
+def shape_key(text: str) -> tuple:  # "B:G:V:dtype" -> (B, G, V, dtype)
+    parts = text.split(":")
+    if len(parts) != 4 or parts[3] not in ("bfloat16", "float16", "float32"):
+        raise argparse.ArgumentTypeError(f"shape {text!r} must be B:G:V:dtype, e.g. 128:4:128256:bfloat16")
+    return int(parts[0]), int(parts[1]), int(parts[2]), parts[3]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ints = lambda s: [int(t) for t in s.split(",")]  # noqa: E731
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", type=ints, default=[128256, 32000])
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bfloat16", "float32"])
     p.add_argument("--temperatures", type=lambda s: [float(t) for t in s.split(",")], default=[1.0, 0.7])
+    p.add_argument("--shapes", type=lambda s: [shape_key(k) for k in s.split(",")], default=None,
+                   help="exactly these torch shapes, B:G:V:dtype,... (each at every --temperatures), instead of the "
+                        "product of --batch, --gamma, --vocab, --dtypes")
     p.add_argument("--budget-s", type=float, default=190.0, help="stop timing torch shapes after this many seconds (JAX: 80 s more)")
     p.add_argument("--no-jax", action="store_true")
     p.add_argument("--jax-only", action="store_true", help="skip the torch shapes (Pallas / jnp rows only)")
@@ -300,6 +310,8 @@ def shapes_from(args) -> list[dict]:
     """The ablation shapes first, then largest batches first (the x_floor goal is for B >= 32)."""
     grid = [(b, g, v, d, t) for b, v, d, g, t in
             itertools.product(args.batch, args.vocab, args.dtypes, args.gamma, args.temperatures)]
+    if args.shapes:
+        grid = [(b, g, v, d, t) for b, g, v, d in args.shapes for t in args.temperatures]
     first = [k for k in ABLATION_SHAPES if k in grid]
     return [dict(B=b, G=g, V=v, dtype=d, temperature=t, draft="logprobs")
             for b, g, v, d, t in first + [k for k in grid if k not in first]]

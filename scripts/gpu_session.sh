@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
 #   bash scripts/gpu_session.sh [STEP ...]    steps: bnb tests engine profile verify jax checks soak nf4 gemv
-#   kernels floor slots ahead lazy ncu groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
+#   kernels floor slots ahead lazy tune ncu groups sweepsplit tickets jaxproc samejax samegrid reverse pallas_split single stash embedded flashinfer
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   (default: tests engine profile verify jax checks). DEADLINE=seconds (bash's SECONDS) stops samegrid's loop in time. bnb installs carried wheels (.whl/, see README)
 #   into /tmp/site first: the device has no bitsandbytes.
@@ -52,6 +52,10 @@ for step in $steps; do
     lazy) timeout ${LAZY_TIMEOUT:-500} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s ${LAZY_BUDGET:-420} \
              --variants ${LAZY_VARIANTS:-lanes,lanes-lazy,lanes-lazy-slots8,lanes-again} --split ${LAZY_SPLIT:-none} \
              --batch ${LAZY_BATCH:-256,128,32} --gamma ${LAZY_GAMMA:-1,4,8} > "$OUT/verify_lazy.log" 2>&1; tail -${LAZY_TAIL:-80} "$OUT/verify_lazy.log" ;;
+    tune) timeout ${TUNE_TIMEOUT:-560} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s ${TUNE_BUDGET:-470} \
+             --shapes ${TUNE_SHAPES:-128:1:128256:float32,128:4:128256:bfloat16,32:4:128256:float32,128:4:32000:float32,256:1:32000:float32,256:1:128256:bfloat16,256:4:32000:bfloat16,32:8:128256:bfloat16,128:1:128256:bfloat16,128:8:32000:bfloat16} \
+             --variants ${TUNE_VARIANTS:-lanes,lanes-pipe2,pdl-s4-w1,pdl-s8-w1,pdl-s16-w1,pdl-s8-w2,lanes-c2,lanes-double-chunks,lanes-slots8,lanes-no-pairs,lanes-again} \
+             --split none > "$OUT/verify_tune.log" 2>&1; grep "^B=" "$OUT/verify_tune.log"; tail -2 "$OUT/verify_tune.log" ;;
     ncu) n=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu: $n"
          for s in ${NCU_SHAPES:-256:1:128256:bfloat16 256:4:32000:bfloat16 256:4:128256:bfloat16 128:4:128256:bfloat16}; do
            IFS=: read -r b g v d <<< "$s"
