@@ -255,6 +255,15 @@ class ReferenceVerifier:
         return self.emit(x, n, y)
 
 
+class TopDownVerifier(ReferenceVerifier):
+    """The same verification with the FINAL draw's noise drawn block by block from the top
+    (``flashspec.random.gumbel_top_down``): the oracle of ``KernelConfig(top_down=True)``. Same law, other
+    tokens for a given seed than ``verify``."""
+
+    def final_noise(self, c: Counters, n, vocab: int) -> np.ndarray:  # [B, V]
+        return rng.gumbel_top_down(c.seed[:, None], c.offset[:, None], c.row[:, None], n[:, None], np.arange(vocab)[None])
+
+
 def _check_logits(name: str, a: np.ndarray) -> None:
     if np.isnan(a).any() or np.isposinf(a).any():
         idx = tuple(int(i) for i in np.argwhere(np.isnan(a) | np.isposinf(a))[0])
@@ -266,3 +275,4 @@ def _check_logits(name: str, a: np.ndarray) -> None:
 
 
 verify = ReferenceVerifier()
+verify_top_down = TopDownVerifier()
