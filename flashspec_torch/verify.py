@@ -160,6 +160,9 @@ class KernelConfig:
     tile_bounds: bool = False  # two launches, slot-vote sweep, no top-k / top-p, block_b 1: the stats launch bounds the
     # keys of every block_v tile of every target row, and one final program per row sweeps only row n's tiles that can
     # hold a winner (kernels/bounds.py)
+    top_down: bool = False  # two launches, no top-k / top-p, block_b 1: the FINAL draw under the top-down noise
+    # (flashspec.random.gumbel_top_down: the same law, other tokens than the default for a seed); the stats launch
+    # keeps every block of 64 logits' maximum and row n's blocks are drawn only where they can win (kernels/topdown.py)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -185,7 +188,8 @@ class KernelConfig:
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
         if self.lazy_draft and self.sweep_ahead != 1:
             raise ValueError(f"{self.lazy_draft=} loads its own tiles ahead: leave {self.sweep_ahead=} at 1")
-        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft", "bf16_pairs", "tile_bounds"):
+        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft", "bf16_pairs", "tile_bounds",
+                     "top_down"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
         if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
@@ -205,6 +209,23 @@ class KernelConfig:
             raise ValueError(f"{self.num_chunks=} must be an int >= 1")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"{self.num_warps=} must be one of 1, 2, 4, 8, 16")
+
+
+def check_top_down(config: KernelConfig, two_launch: bool, filtered: bool) -> None:
+    """The top-down noise's draw (kernels/topdown.py) runs in one configuration; raise where it cannot, rather
+    than draw with the other noise (other tokens for the same seed)."""
+    if filtered:
+        raise ValueError("KernelConfig(top_down=True) draws from unfiltered rows: drop top_k / top_p, or use a "
+                         "config without top_down")
+    if not two_launch:
+        raise ValueError(f"KernelConfig(top_down=True) needs two launches: {config.num_chunks=} must split V into "
+                         f"2 or more chunks of {config.block_v=}, with {config.schedule=} 'two_launch'")
+    if config.block_b != 1 or config.stream != "lanes" or config.block_v < 64:
+        raise ValueError(f"KernelConfig(top_down=True) needs block_b=1, stream='lanes' and block_v >= 64, got "
+                         f"{config.block_b=}, {config.stream=}, {config.block_v=}")
+    if config.shared_floor or config.prune_hint:
+        raise ValueError("KernelConfig(top_down=True) takes its floor from its own blocks: leave shared_floor and "
+                         "prune_hint off")
 
 
 def next_pow2(k: int) -> int:
@@ -394,9 +415,16 @@ def verify_triton(
     pairs = config.bf16_pairs and slots > 1 and not lazy and bf16_pairs(z) and (not has_w or bf16_pairs(w))
     bounds = (config.tile_bounds and two_launch and slots > 1 and not lazy and not filtered and config.block_b == 1
               and config.stream == "lanes" and not share_k and not hint)  # kernels/bounds.py
+    top_down = config.top_down and not greedy  # kernels/topdown.py (T = 0 draws no noise)
+    if top_down:
+        check_top_down(config, two_launch, filtered)
+    bounds = bounds and not top_down
     n_tiles = math.ceil(v / config.block_v)
     if bounds:
         sweep_chunk, sweeps = v, 1  # one final program per row
+    if top_down:  # programs of whole blocks of 64; the stats launch keeps the maximum of each
+        sweep_chunk, sweeps = split_vocab(v, config.sweep_chunks or chunks, 64)
+        n_tiles = math.ceil(v / 64)
     tiles = math.ceil(b / config.block_b)
     t32 = np.float32(cfg.temperature or 1.0)
     temps = (float(t32), float(np.float32(1.0) / t32))  # T and RN(1/T) (exact float32 values)
@@ -412,7 +440,7 @@ def verify_triton(
         ck, ci, cf = torch.empty((b, sweeps, 2), **f32), torch.empty((b, sweeps, 2), **i32), torch.empty((b, sweeps), **i32)
         counter = None if persistent else torch.empty((tiles,), **i32)
     kb = torch.empty((b, 2), **i32) if share_k else num  # reset by the stats launch
-    bnd = torch.empty((b, g1, n_tiles), **f32) if bounds else num  # written by the stats launch
+    bnd = torch.empty((b, g1, n_tiles), **f32) if bounds or top_down else num  # written by the stats launch
     counters = (z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride)
     seeds = dict(SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
                  PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1)
@@ -445,13 +473,16 @@ def verify_triton(
                     SHARE_K=share_k, HINT=hint, WAIT_END=chained, num_warps=config.num_warps,
                     **(dict(launch_pdl=True) if chained else {}),
                     **(dict(zip(("seed_ptr", "offset_ptr", "seed_lo", "seed_hi", "offset_lo", "s_seed", "s_offset"),
-                                counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, **seeds) if bounds else {}))
+                                counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, **seeds) if bounds else {}),
+                    **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=2) if top_down else {}))
             kernels.verify_final_kernel[(g_tiles, 1 if greedy else sweeps)](
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
                 LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch,
-                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, NTP=next_pow2(n_tiles)) if bounds else {}))
+                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, NTP=next_pow2(n_tiles)) if bounds else {}),
+                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NTP=next_pow2(n_tiles),
+                        FIRST=max(1, min(32, next_pow2(n_tiles) // 4))) if top_down else {}))
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

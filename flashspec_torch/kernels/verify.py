@@ -48,10 +48,12 @@ from .bounds import sweep_row_bounded
 from .lanes import ORDERED_NEG_INF, hint_floor, rows_stats_lanes, sweep_row_lanes
 from .slots import sweep_row_slots, sweep_row_slots_lazy
 from .random import key, key_base, mix, uniform_from_bits
+from .topdown import BLOCK, sweep_row_top_down
 from .tile import BIG_INDEX, NEG_INF, apply_filter, load_scaled, row_argmax, row_stats, safe_log, sweep_row
 
 ACCEPT_STREAM = tl.constexpr(0)  # flashspec.random.ACCEPT
 FINAL_STREAM = tl.constexpr(1)  # flashspec.random.FINAL
+FINAL_BLOCKS_STREAM = tl.constexpr(3)  # flashspec.random.FINAL_BLOCKS (the top-down noise's block maxima)
 
 
 @triton.jit
@@ -140,7 +142,7 @@ def verify_stats_kernel(
             tl.store(kb_ptr + b * 2, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
             tl.store(kb_ptr + b * 2 + 1, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
     k_base = 0
-    if BOUNDS:
+    if BOUNDS == 1:
         b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
         lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
                                         b < B, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
@@ -223,7 +225,7 @@ def verify_final_kernel(
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
     SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
-    NTP: tl.constexpr = 1,
+    NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, FIRST: tl.constexpr = 1,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -244,7 +246,7 @@ def verify_final_kernel(
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
                OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD,
-               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP)
+               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP, TOPDOWN, FIRST)
 
 
 @triton.jit
@@ -260,7 +262,7 @@ def final_item(
     FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
     HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
-    NTP: tl.constexpr = 1,
+    NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, FIRST: tl.constexpr = 1,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
@@ -269,7 +271,10 @@ def final_item(
     ``gdc_wait``, the partials after it. SLOTS > 1 (with PRUNE, lanes): the sweep votes per slot
     (``slots.sweep_row_slots``), AHEAD tiles loaded ahead (0: Triton's pipeliner, STAGES stages); LAZY
     (with HAS_W): the draft row read only where a logit can reach the floor (``slots.sweep_row_slots_lazy``);
-    PAIRS (not LAZY): bfloat16 rows of unit stride read as int32 pairs (``slots.load_slot_tile``)."""
+    PAIRS (not LAZY): bfloat16 rows of unit stride read as int32 pairs (``slots.load_slot_tile``). TOPDOWN (one
+    batch row a program, no top-k / top-p): the top-down FINAL noise, row n's blocks of 64 drawn only where the
+    stats launch's block maxima let them reach the floor (``topdown.sweep_row_top_down``; NTP: a power of two
+    >= the n_tiles blocks, FIRST: the blocks the floor comes from)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -381,7 +386,13 @@ def final_item(
             floor0 = hint_floor(z_n, w_n, szv, swv, cand, c3_mask, T, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
                                 thr_pn, tid_pn, thr_qn, tid_qn, k_final, HAS_W, FILTER, FAST)
         use_p = (n == G) | ~x_n_ok  # the bonus; or a masked draft id: y ~ p
-        if BOUNDS:
+        if TOPDOWN:  # the top-down noise: blocks of 64 whose bound (the stats launch's block maxima) reaches the floor
+            k_blk = key(lo, hi, off, row, n.to(tl.uint32), tl.full((), FINAL_BLOCKS_STREAM, tl.uint32))
+            best_r, idx_r, best_p, idx_p, mass = sweep_row_top_down(
+                z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, n_tiles, v_lo // BLOCK, (v_hi + BLOCK - 1) // BLOCK,
+                szv, swv, V, inv_T, pick_row(lse_p, i, n), lse_qn, x_n, k_final, k_blk, b_mask, use_p, NTP, FIRST,
+                HAS_W, FAST)
+        elif BOUNDS:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_bounded(
                 z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, n_tiles, szv, swv, V, T, inv_T, pick_row(lse_p, i, n),
                 lse_qn, x_n, k_final, b_mask, use_p, BLOCK_B, BLOCK_V, NTP, SWEEP_V, SLOTS, HAS_W, FAST, PAIRS)

@@ -1,0 +1,125 @@
+"""Row n's draw under the top-down FINAL noise (``KernelConfig(top_down=True)``; docs/kernel_notes.md).
+
+With the shared generator's noise (one independent Gumbel per logit, ``slots.py``) a sweep must hash every
+logit of row n to know it cannot win: ~1 warp instruction per logit, the final launch's cost. The top-down
+noise (``flashspec.random.gumbel_top_down``: same law) draws each block of 64 logits' largest Gumbel first,
+M_t = -ln c_t with c_t = E_t / 64, at entry I_t, and the others below it, -ln(c_t + E_j). So the stats launch,
+which reads every target row anyway, stores each block's largest raw logit (``lanes.row_lse_lanes``,
+BOUNDS = 2: no hash, a max), and here a block's keys are all at most
+
+    bound_t = max_j z_j k - lse_p log2(e) - log2(c_t)      (key_r <= key_p <= bound_t)
+
+from one hash per block. Each program of a row takes the floor K from the best block of each of FIRST groups of
+the row's blocks (both draws' keys, K = min(best key_p, best key_r), or best key_p where the draw is from p),
+then evaluates, one block of 64 at a time, only the blocks of its own range whose bound reaches K. Exact: a
+block left out has every key below K, which some logit of the row reaches, so it holds neither winner
+(``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row, ~10% at V = 32000).
+"""
+
+import triton
+import triton.language as tl
+
+from .lanes import LOG2E, NEG_INF, PRUNE_SLACK, exp2_scale, log2_approx, neg_log_uniform
+from .random import mix
+from .tile import BIG_INDEX
+
+BLOCK = tl.constexpr(64)  # flashspec.random.BLOCK
+
+
+@triton.jit
+def block_noise(k_blk, blk):  # uint32 [1], int32 [...] -> (c_t, I_t): c_t = E_t / 64 and the maximum's entry
+    bits = mix(k_blk ^ blk.to(tl.uint32))
+    return neg_log_uniform(bits) * 0.015625, (bits & 63).to(tl.int32)
+
+
+@triton.jit
+def block_keys(z_row, w_row, sv_z, sv_w, j, live, c, top, k, lse_p2, lse_q2, x_n, k_final,
+               HAS_W: tl.constexpr, FAST: tl.constexpr):
+    """key_p, key_r and r of logits j ([R, 64]: whole blocks) under the top-down noise; c, top: [R, 1] of their
+    blocks; -inf keys where not live."""
+    z = tl.load(z_row + j.to(tl.int64) * sv_z, mask=live, other=NEG_INF).to(tl.float32)
+    lp2 = z * k - lse_p2
+    e = neg_log_uniform(mix(k_final ^ j.to(tl.uint32)))
+    e = tl.where((j & 63) == top, 0.0, e)  # the block's maximum: -ln c_t
+    g2 = -log2_approx(c + e, FAST)
+    if HAS_W:
+        w = tl.load(w_row + j.to(tl.int64) * sv_w, mask=live, other=NEG_INF).to(tl.float32)
+        q = tl.math.exp2(w * k - lse_q2)
+    else:
+        q = tl.where(j == x_n, 1.0, 0.0)  # one-hot draft
+    r = tl.maximum(tl.math.exp2(lp2) - q, 0.0)
+    key_p = tl.where(live, lp2 + g2, NEG_INF)
+    key_r = tl.where(live, log2_approx(r, FAST) + g2, NEG_INF)
+    return key_p, key_r, tl.where(live, r, 0.0)
+
+
+@triton.jit
+def best_of(key, j):  # [R, 64] -> (the largest key, its lowest index): scalars
+    top = tl.max(tl.max(key, axis=1), axis=0)
+    return top, tl.min(tl.min(tl.where(key == top, j, BIG_INDEX), axis=1), axis=0)
+
+
+@triton.jit
+def take_better(k_old, i_old, k_new, i_new):  # the larger key; on a tie the lower index (the sweeps' rule)
+    better = (k_new > k_old) | ((k_new == k_old) & (i_new < i_old))
+    return tl.where(better, k_new, k_old), tl.where(better, i_new, i_old)
+
+
+@triton.jit
+def sweep_row_top_down(z_row, w_row, bm_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p, lse_q, x_n,
+                       k_final, k_blk, b_mask, use_p, NBP: tl.constexpr, FIRST: tl.constexpr, HAS_W: tl.constexpr,
+                       FAST: tl.constexpr):
+    """Gumbel-max over blocks [blk_lo, blk_hi) of row n and the FIRST blocks the floor is taken from (one batch
+    row: z_row, w_row, bm_row [1] pointers to row n's logits, draft logits and n_blocks block maxima; the rest
+    [1]; NBP: a power of two >= n_blocks and FIRST): (best_r, idx_r, best_p, idx_p, residual mass > 0), each
+    [1], as ``slots.sweep_row_slots`` returns them for its range."""
+    k = exp2_scale(inv_T, False)
+    lse_p2 = tl.max(lse_p, axis=0) * LOG2E
+    lse_q2 = tl.max(lse_q, axis=0) * LOG2E
+    live_row = tl.max(b_mask.to(tl.int32), axis=0) != 0
+    k_final = tl.max(k_final, axis=0)
+    k_blk = tl.max(k_blk, axis=0)
+    x_n = tl.max(x_n, axis=0)
+    from_p = tl.max(use_p.to(tl.int32), axis=0) != 0
+    # ---- every block's bound
+    t = tl.arange(0, NBP)
+    c, top = block_noise(k_blk, t)
+    zmax = tl.load(bm_row + t, mask=(t < n_blocks) & live_row, other=NEG_INF)
+    bound = zmax * k - lse_p2 - log2_approx(c, FAST)
+    # ---- the floor: the best block of each of FIRST groups of consecutive blocks, evaluated together
+    G2: tl.constexpr = NBP // FIRST
+    b2 = tl.reshape(bound, (FIRST, G2))
+    t2 = tl.reshape(t, (FIRST, G2))
+    g_top = tl.max(b2, axis=1)
+    first = tl.min(tl.where(b2 == g_top[:, None], t2, NBP), axis=1)  # [FIRST]
+    first_ok = (g_top > NEG_INF) & (first < n_blocks)
+    c1, top1 = block_noise(k_blk, first)
+    j = first[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, j, first_ok[:, None] & (j < V), c1[:, None],
+                                 top1[:, None], k, lse_p2, lse_q2, x_n, k_final, HAS_W, FAST)
+    best_p, idx_p = best_of(key_p, j)
+    best_r, idx_r = best_of(key_r, j)
+    mass = tl.max(tl.max(r, axis=1), axis=0) > 0
+    floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))  # -inf until residual mass was seen
+    # ---- this program's blocks that can reach the floor, one at a time (the floor rising after each)
+    taken = tl.reshape(t2 == first[:, None], (NBP,))
+    mine = (t >= blk_lo) & (t < blk_hi) & (t < n_blocks) & ~taken & live_row
+    alive = mine & (bound >= floor - PRUNE_SLACK)
+    lane = tl.arange(0, BLOCK)[None, :]
+    left = tl.sum(alive.to(tl.int32), axis=0)
+    while left > 0:
+        blk = tl.min(tl.where(alive, t, NBP), axis=0)
+        cb, topb = block_noise(k_blk, blk)
+        jb = blk * BLOCK + lane  # [1, 64]
+        key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, jb, jb < V, cb, topb, k, lse_p2, lse_q2, x_n,
+                                     k_final, HAS_W, FAST)
+        kp, ip = best_of(key_p, jb)
+        kr, ir = best_of(key_r, jb)
+        best_p, idx_p = take_better(best_p, idx_p, kp, ip)
+        best_r, idx_r = take_better(best_r, idx_r, kr, ir)
+        mass = mass | (tl.max(tl.max(r, axis=1), axis=0) > 0)
+        floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))
+        alive = alive & (t != blk) & (bound >= floor - PRUNE_SLACK)
+        left = tl.sum(alive.to(tl.int32), axis=0)
+    zero = tl.zeros((1,), tl.int32)
+    return zero + best_r, zero + idx_r, zero + best_p, zero + idx_p, zero + mass.to(tl.int32)

@@ -1,0 +1,80 @@
+"""KernelConfig(top_down=True): the FINAL draw under the top-down noise (kernels/topdown.py) gives the tokens of
+its NumPy oracle, flashspec.reference.verify_top_down, and a law-preserving change of the noise, not of the
+step: the exactness suite's law is checked on that oracle (tests/core/test_exactness_suite.py).
+
+Checked by hand that the parity test fails for a broken kernel: a block bound 4 below the true one (topdown.py,
+``bound``), the floor taken as max(best key_p, best key_r), and the block's maximum left out (E'_{I_t} = E_j)."""
+
+import numpy as np
+import pytest
+import torch
+from torch_helpers import make_inputs
+
+from flashspec import reference as oracle
+from flashspec.config import SamplingConfig
+from flashspec_torch import KernelConfig, verify_triton
+
+TOP_DOWN = KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=3, sweep_chunks=4, top_down=True)
+
+
+def run(inp, cfg, config, *, logits=True, logprobs=False, seed=7, offset=3):
+    w, lq = (inp.w if logits else None), (inp.lq if logprobs else None)
+    t = [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in (inp.z, inp.x, w, lq)]
+    got = verify_triton(*t, cfg, seed, offset, config=config)
+    np_seed = seed.numpy().astype(np.uint64) if isinstance(seed, torch.Tensor) else seed
+    np_offset = offset.numpy().astype(np.uint64) if isinstance(offset, torch.Tensor) else offset
+    kw = dict(seed=np_seed, offset=np_offset, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    return got, oracle.verify_top_down(inp.z, inp.x, w, lq, **kw), oracle.verify(inp.z, inp.x, w, lq, **kw)
+
+
+@pytest.mark.parametrize("spread", [1.0, 6.0])
+def test_top_down_matches_its_oracle(spread):
+    """Flat and peaked rows; draft logits, draft log-probs and one-hot drafts; scalar and per-row seeds and
+    offsets; bonus and residual rows; a vocabulary that is not a multiple of 64 (a partial last block)."""
+    rng = np.random.default_rng({1.0: 1, 6.0: 8}[spread])
+    cfg = SamplingConfig(temperature=0.9)
+    inp = make_inputs(rng, 6, 3, 1543, cfg, spread=spread)
+    seeds = torch.tensor([11, 2**40 + 5, 3, 7, 2**33, 9])
+    offsets = torch.tensor([3, 0, 2**31 + 1, 5, 8, 1])
+    differs = 0
+    for logits, logprobs, seed, offset in ((True, False, 7, 3), (True, True, seeds, offsets), (False, False, 7, 3)):
+        got, want, default = run(inp, cfg, TOP_DOWN, logits=logits, logprobs=logprobs, seed=seed, offset=offset)
+        label = f"logits={logits} logprobs={logprobs} seeds={type(seed).__name__}"
+        np.testing.assert_array_equal(got.num_accepted.numpy(), want.num_accepted, err_msg=label)
+        np.testing.assert_array_equal(got.tokens.numpy(), want.tokens, err_msg=label)
+        differs += int((want.tokens != default.tokens).sum())
+        if logits and not logprobs:
+            assert 0 < int((want.num_accepted == 3).sum()) < 6  # bonus rows and residual rows in the batch
+    assert differs > 0  # another noise: the check above is not the default path's
+
+
+def test_top_down_one_sweep_program_per_row_and_a_short_vocabulary():
+    """One final program per row (sweep_chunks=1, every block its own), and V = 100 (two chunks, the second
+    a partial block)."""
+    rng = np.random.default_rng(4)
+    cfg = SamplingConfig(temperature=1.3)
+    for b, g, v, config in ((5, 2, 700, KernelConfig(block_b=1, block_v=128, num_chunks=2, sweep_chunks=1,
+                                                         top_down=True)),
+                            (4, 3, 100, KernelConfig(block_b=1, block_v=64, num_chunks=2, top_down=True))):
+        inp = make_inputs(rng, b, g, v, cfg)
+        got, want, _ = run(inp, cfg, config)
+        np.testing.assert_array_equal(got.tokens.numpy(), want.tokens, err_msg=f"V={v}")
+
+
+def test_top_down_refuses_what_it_cannot_draw_and_greedy_needs_no_noise():
+    """With top-k / top-p, or one chunk (the fused launch), it raises instead of drawing with the other noise;
+    at T = 0 there is no noise: the default tokens."""
+    rng = np.random.default_rng(5)
+    inp = make_inputs(rng, 4, 3, 1000, SamplingConfig(temperature=0.9))
+    with pytest.raises(ValueError, match="top_k"):
+        run(inp, SamplingConfig(temperature=0.9, top_k=40), TOP_DOWN)
+    with pytest.raises(ValueError, match="two launches"):
+        run(inp, SamplingConfig(temperature=0.9), KernelConfig(block_b=1, block_v=1024, num_chunks=1, top_down=True))
+    cfg = SamplingConfig(temperature=0.0)
+    got, _, default = run(inp, cfg, TOP_DOWN)
+    np.testing.assert_array_equal(got.tokens.numpy(), default.tokens)
+
+
+def test_top_down_is_a_bool():
+    with pytest.raises(ValueError, match="top_down"):
+        KernelConfig(top_down=1)
