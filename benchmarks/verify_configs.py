@@ -24,7 +24,8 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                 "persistent-la1": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, lookahead=1),
                 "tickets": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, sweep_chunks=5,
                                                sweep_slots=4, prune=True),
-                "bounds": dataclasses.replace(base, sweep_slots=4, tile_bounds=True)}
+                "bounds": dataclasses.replace(base, sweep_slots=4, tile_bounds=True),
+                "topdown": dataclasses.replace(base, block_v=128, top_down=True)}
     lanes = choose_config(b, g, v, device, itemsize)
     persistent = dataclasses.replace(lanes, schedule="persistent")  # one launch, ticketed items (kernels/persistent.py)
     out = {
@@ -130,6 +131,13 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     out["bounds-w4"] = dataclasses.replace(out["bounds"], sweep_warps=4, sweep_v=1024)
     for k in (2, 4):
         out[f"bounds-t{k}"] = dataclasses.replace(out["bounds"], block_v=max(256, lanes.block_v // k))
+    # the FINAL draw under the top-down noise (kernels/topdown.py): the stats launch keeps every block of 64 logits'
+    # maximum, the final programs draw only the blocks of row n that can reach the floor; "-s{k}": k final programs
+    # per stats chunk (one warp each), "-w4": four-warp final programs
+    out["topdown"] = dataclasses.replace(lanes, top_down=True)
+    for k in (1, 2, 8):
+        out[f"topdown-s{k}"] = dataclasses.replace(lanes, top_down=True, sweep_chunks=k * lanes.num_chunks, sweep_warps=1)
+    out["topdown-w4"] = dataclasses.replace(lanes, top_down=True, sweep_warps=4)
     out["lanes-again"] = lanes  # the default timed once more, after the others: the run's noise
     # batch groups: a stats + final pair per k rows, chained by PDL, so that group j + 1's stats stream while
     # group j sweeps its rows n (re-read from L2 rather than DRAM); with the whole batch's tiling ("bg{k}") or

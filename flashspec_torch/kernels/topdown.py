@@ -111,13 +111,13 @@ def sweep_row_top_down(z_row, w_row, bm_row, n_blocks, blk_lo, blk_hi, sv_z, sv_
         blk = tl.min(tl.where(alive, t, NBP), axis=0)
         cb, topb = block_noise(k_blk, blk)
         jb = blk * BLOCK + lane  # [1, 64]
-        key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, jb, jb < V, cb, topb, k, lse_p2, lse_q2, x_n,
-                                     k_final, HAS_W, FAST)
-        kp, ip = best_of(key_p, jb)
-        kr, ir = best_of(key_r, jb)
+        bkey_p, bkey_r, b_r = block_keys(z_row, w_row, sv_z, sv_w, jb, jb < V, cb, topb, k, lse_p2, lse_q2, x_n,
+                                         k_final, HAS_W, FAST)
+        kp, ip = best_of(bkey_p, jb)
+        kr, ir = best_of(bkey_r, jb)
         best_p, idx_p = take_better(best_p, idx_p, kp, ip)
         best_r, idx_r = take_better(best_r, idx_r, kr, ir)
-        mass = mass | (tl.max(tl.max(r, axis=1), axis=0) > 0)
+        mass = mass | (tl.max(tl.max(b_r, axis=1), axis=0) > 0)
         floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))
         alive = alive & (t != blk) & (bound >= floor - PRUNE_SLACK)
         left = tl.sum(alive.to(tl.int32), axis=0)

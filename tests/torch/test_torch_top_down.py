@@ -13,6 +13,7 @@ from torch_helpers import make_inputs
 from flashspec import reference as oracle
 from flashspec.config import SamplingConfig
 from flashspec_torch import KernelConfig, verify_triton
+from flashspec_torch.reference import verify_reference
 
 TOP_DOWN = KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=3, sweep_chunks=4, top_down=True)
 
@@ -46,6 +47,24 @@ def test_top_down_matches_its_oracle(spread):
         if logits and not logprobs:
             assert 0 < int((want.num_accepted == 3).sum()) < 6  # bonus rows and residual rows in the batch
     assert differs > 0  # another noise: the check above is not the default path's
+
+
+@pytest.mark.parametrize("logits", [True, False])
+def test_torch_reference_with_top_down_noise_matches_the_oracle(logits):
+    """verify_reference(top_down=True), the torch reference the GPU benchmarks check the kernel against."""
+    rng = np.random.default_rng(9)
+    cfg = SamplingConfig(temperature=0.8)
+    inp = make_inputs(rng, 16, 4, 3001, cfg, spread=3.0)
+    w = inp.w if logits else None
+    t = [None if a is None else torch.from_numpy(np.ascontiguousarray(a)) for a in (inp.z, inp.x, w)]
+    for seed in (7, torch.arange(16) * 5 + 1):
+        np_seed = seed.numpy().astype(np.uint64) if isinstance(seed, torch.Tensor) else seed
+        got = verify_reference(*t, None, cfg, seed, 3, top_down=True)
+        want = oracle.verify_top_down(inp.z, inp.x, w, None, seed=np_seed, offset=3, temperature=0.8)
+        np.testing.assert_array_equal(got.tokens.numpy(), want.tokens)
+        default = verify_reference(*t, None, cfg, seed, 3)
+        np.testing.assert_array_equal(default.tokens.numpy(), oracle.verify(inp.z, inp.x, w, None, seed=np_seed, offset=3,
+                                                                            temperature=0.8).tokens)
 
 
 def test_top_down_one_sweep_program_per_row_and_a_short_vocabulary():
