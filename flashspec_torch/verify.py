@@ -474,7 +474,8 @@ def verify_triton(
                     **(dict(launch_pdl=True) if chained else {}),
                     **(dict(zip(("seed_ptr", "offset_ptr", "seed_lo", "seed_hi", "offset_lo", "s_seed", "s_offset"),
                                 counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, **seeds) if bounds else {}),
-                    **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=2) if top_down else {}))
+                    **(dict(zip(("seed_ptr", "offset_ptr", "seed_lo", "seed_hi", "offset_lo", "s_seed", "s_offset"),
+                                counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=2, **seeds) if top_down else {}))
             kernels.verify_final_kernel[(g_tiles, 1 if greedy else sweeps)](
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
@@ -482,7 +483,8 @@ def verify_triton(
                 LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch,
                 **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, NTP=next_pow2(n_tiles)) if bounds else {}),
                 **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NTP=next_pow2(n_tiles),
-                        FIRST=max(1, min(32, next_pow2(n_tiles) // 4))) if top_down else {}))
+                        FIRST=max(1, min(32, next_pow2(n_tiles) // 4)), NR=next_pow2(sweep_chunk // 64))
+                   if top_down else {}))
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

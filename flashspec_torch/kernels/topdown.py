@@ -3,15 +3,17 @@
 With the shared generator's noise (one independent Gumbel per logit, ``slots.py``) a sweep must hash every
 logit of row n to know it cannot win: ~1 warp instruction per logit, the final launch's cost. The top-down
 noise (``flashspec.random.gumbel_top_down``: same law) draws each block of 64 logits' largest Gumbel first,
-M_t = -ln c_t with c_t = E_t / 64, at entry I_t, and the others below it, -ln(c_t + E_j). So the stats launch,
-which reads every target row anyway, stores each block's largest raw logit (``lanes.row_lse_lanes``,
-BOUNDS = 2: no hash, a max), and here a block's keys are all at most
+M_t = -ln c_t with c_t = E_t / 64, at entry I_t, and the others below it, -ln(c_t + E_j). So a block's keys are
+all at most
 
-    bound_t = max_j z_j k - lse_p log2(e) - log2(c_t)      (key_r <= key_p <= bound_t)
+    bound_t - lse_p log2(e),  bound_t = max_j z_j k - log2(c_t)      (key_r <= key_p)
 
-from one hash per block. Each program of a row takes the floor K from the best block of each of FIRST groups of
-the row's blocks (both draws' keys, K = min(best key_p, best key_r), or best key_p where the draw is from p),
-then evaluates, one block of 64 at a time, only the blocks of its own range whose bound reaches K. Exact: a
+and the stats launch, which reads every target row anyway, stores bound_t for every block of every target row
+(``lanes.row_lse_lanes``, BOUNDS = 2: a max and one hash per 64 logits). Each final program of a row takes the
+floor K from FIRST logits, the maximum entry I_t of the best block of each of FIRST groups of the row's blocks
+(their keys are log p - log2 c_t: one load each; K = min(best key_p, best key_r), or best key_p where the draw
+is from p), then evaluates, one block of 64 at a time, only the blocks of its own range whose bound reaches K,
+the floor rising as it goes. Exact: a
 block left out has every key below K, which some logit of the row reaches, so it holds neither winner
 (``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row, ~10% at V = 32000).
 """
@@ -66,13 +68,14 @@ def take_better(k_old, i_old, k_new, i_new):  # the larger key; on a tie the low
 
 
 @triton.jit
-def sweep_row_top_down(z_row, w_row, bm_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p, lse_q, x_n,
-                       k_final, k_blk, b_mask, use_p, NBP: tl.constexpr, FIRST: tl.constexpr, HAS_W: tl.constexpr,
-                       FAST: tl.constexpr):
-    """Gumbel-max over blocks [blk_lo, blk_hi) of row n and the FIRST blocks the floor is taken from (one batch
-    row: z_row, w_row, bm_row [1] pointers to row n's logits, draft logits and n_blocks block maxima; the rest
-    [1]; NBP: a power of two >= n_blocks and FIRST): (best_r, idx_r, best_p, idx_p, residual mass > 0), each
-    [1], as ``slots.sweep_row_slots`` returns them for its range."""
+def sweep_row_top_down(z_row, w_row, bnd_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p, lse_q, x_n,
+                       k_final, k_blk, b_mask, use_p, NBP: tl.constexpr, FIRST: tl.constexpr, NR: tl.constexpr,
+                       HAS_W: tl.constexpr, FAST: tl.constexpr):
+    """Gumbel-max over blocks [blk_lo, blk_hi) of row n and the FIRST logits the floor is taken from (one batch
+    row: z_row, w_row, bnd_row [1] pointers to row n's logits, draft logits and n_blocks block bounds, max z k -
+    log2 c_t, from the stats launch; the rest [1]; NBP: a power of two >= n_blocks and FIRST; NR: >= the range's
+    blocks): (best_r, idx_r, best_p, idx_p, residual mass > 0), each [1], as ``slots.sweep_row_slots`` returns
+    them for its range."""
     k = exp2_scale(inv_T, False)
     lse_p2 = tl.max(lse_p, axis=0) * LOG2E
     lse_q2 = tl.max(lse_q, axis=0) * LOG2E
@@ -81,34 +84,32 @@ def sweep_row_top_down(z_row, w_row, bm_row, n_blocks, blk_lo, blk_hi, sv_z, sv_
     k_blk = tl.max(k_blk, axis=0)
     x_n = tl.max(x_n, axis=0)
     from_p = tl.max(use_p.to(tl.int32), axis=0) != 0
-    # ---- every block's bound
+    # ---- the floor: the maximum entry (key -log2 c_t above its log-probability) of the best block of each of
+    # FIRST groups of consecutive blocks: keys real logits reach, from one logit a block
     t = tl.arange(0, NBP)
-    c, top = block_noise(k_blk, t)
-    zmax = tl.load(bm_row + t, mask=(t < n_blocks) & live_row, other=NEG_INF)
-    bound = zmax * k - lse_p2 - log2_approx(c, FAST)
-    # ---- the floor: the best block of each of FIRST groups of consecutive blocks, evaluated together
+    bound = tl.load(bnd_row + t, mask=(t < n_blocks) & live_row, other=NEG_INF)
     G2: tl.constexpr = NBP // FIRST
     b2 = tl.reshape(bound, (FIRST, G2))
-    t2 = tl.reshape(t, (FIRST, G2))
     g_top = tl.max(b2, axis=1)
-    first = tl.min(tl.where(b2 == g_top[:, None], t2, NBP), axis=1)  # [FIRST]
-    first_ok = (g_top > NEG_INF) & (first < n_blocks)
+    first = tl.min(tl.where(b2 == g_top[:, None], tl.reshape(t, (FIRST, G2)), NBP), axis=1)  # [FIRST]
     c1, top1 = block_noise(k_blk, first)
-    j = first[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, j, first_ok[:, None] & (j < V), c1[:, None],
-                                 top1[:, None], k, lse_p2, lse_q2, x_n, k_final, HAS_W, FAST)
-    best_p, idx_p = best_of(key_p, j)
-    best_r, idx_r = best_of(key_r, j)
+    j1 = (first * BLOCK + top1)[:, None]  # [FIRST, 1]: each block's maximum entry
+    ok = ((g_top > NEG_INF) & (first < n_blocks))[:, None] & (j1 < V)
+    key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, j1, ok, c1[:, None], top1[:, None], k, lse_p2, lse_q2, x_n,
+                                 k_final, HAS_W, FAST)
+    best_p, idx_p = best_of(key_p, j1)
+    best_r, idx_r = best_of(key_r, j1)
     mass = tl.max(tl.max(r, axis=1), axis=0) > 0
     floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))  # -inf until residual mass was seen
-    # ---- this program's blocks that can reach the floor, one at a time (the floor rising after each)
-    taken = tl.reshape(t2 == first[:, None], (NBP,))
-    mine = (t >= blk_lo) & (t < blk_hi) & (t < n_blocks) & ~taken & live_row
-    alive = mine & (bound >= floor - PRUNE_SLACK)
+    # ---- this program's blocks whose bound reaches the floor, one at a time (the floor rising after each)
+    tr = blk_lo + tl.arange(0, NR)
+    mine = (tr < blk_hi) & (tr < n_blocks) & live_row
+    reach = tl.load(bnd_row + tr, mask=mine, other=NEG_INF) - lse_p2  # the keys' bound
+    alive = mine & (reach >= floor - PRUNE_SLACK)
     lane = tl.arange(0, BLOCK)[None, :]
     left = tl.sum(alive.to(tl.int32), axis=0)
     while left > 0:
-        blk = tl.min(tl.where(alive, t, NBP), axis=0)
+        blk = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
         cb, topb = block_noise(k_blk, blk)
         jb = blk * BLOCK + lane  # [1, 64]
         bkey_p, bkey_r, b_r = block_keys(z_row, w_row, sv_z, sv_w, jb, jb < V, cb, topb, k, lse_p2, lse_q2, x_n,
@@ -119,7 +120,7 @@ def sweep_row_top_down(z_row, w_row, bm_row, n_blocks, blk_lo, blk_hi, sv_z, sv_
         best_r, idx_r = take_better(best_r, idx_r, kr, ir)
         mass = mass | (tl.max(tl.max(b_r, axis=1), axis=0) > 0)
         floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))
-        alive = alive & (t != blk) & (bound >= floor - PRUNE_SLACK)
+        alive = alive & (tr != blk) & (reach >= floor - PRUNE_SLACK)
         left = tl.sum(alive.to(tl.int32), axis=0)
     zero = tl.zeros((1,), tl.int32)
     return zero + best_r, zero + idx_r, zero + best_p, zero + idx_p, zero + mass.to(tl.int32)
