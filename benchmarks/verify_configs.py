@@ -135,7 +135,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     # maximum, the final programs draw only the blocks of row n that can reach the floor; "-s{k}": k final programs
     # per stats chunk (one warp each), "-w4": four-warp final programs
     out["topdown"] = dataclasses.replace(lanes, top_down=True)
-    for k in (1, 2, 8):
+    for k in (1, 2, 8, 16, 32):
         out[f"topdown-s{k}"] = dataclasses.replace(lanes, top_down=True, sweep_chunks=k * lanes.num_chunks, sweep_warps=1)
     out["topdown-w4"] = dataclasses.replace(lanes, top_down=True, sweep_warps=4)
     out["lanes-again"] = lanes  # the default timed once more, after the others: the run's noise
