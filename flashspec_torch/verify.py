@@ -439,7 +439,7 @@ def verify_triton(
         a_buf = torch.empty((b, chunks, rows), **i32) if greedy or hint else num
         ck, ci, cf = torch.empty((b, sweeps, 2), **f32), torch.empty((b, sweeps, 2), **i32), torch.empty((b, sweeps), **i32)
         counter = None if persistent else torch.empty((tiles,), **i32)
-    kb = torch.empty((b, 2), **i32) if share_k else num  # reset by the stats launch
+    kb = torch.empty((b, 2), **i32) if share_k or top_down else num  # reset by the stats launch
     bnd = torch.empty((b, g1, n_tiles), **f32) if bounds or top_down else num  # written by the stats launch
     counters = (z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride)
     seeds = dict(SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
@@ -470,21 +470,18 @@ def verify_triton(
                     z.stride(0), z.stride(1), z.stride(2), w_arg.stride(0), w_arg.stride(1), w_arg.stride(2), t0,
                     G=g, ROWS=rows, BLOCK_B=config.block_b, BLOCK_V=config.block_v,
                     HAS_W_STATS=has_w and not has_lq, FILTER=filtered, GREEDY=greedy, **lanes, PDL=pdl,
-                    SHARE_K=share_k, HINT=hint, WAIT_END=chained, num_warps=config.num_warps,
+                    SHARE_K=share_k or top_down, HINT=hint, WAIT_END=chained, num_warps=config.num_warps,
                     **(dict(launch_pdl=True) if chained else {}),
                     **(dict(zip(("seed_ptr", "offset_ptr", "seed_lo", "seed_hi", "offset_lo", "s_seed", "s_offset"),
                                 counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, **seeds) if bounds else {}),
-                    **(dict(zip(("seed_ptr", "offset_ptr", "seed_lo", "seed_hi", "offset_lo", "s_seed", "s_offset"),
-                                counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=2, **seeds) if top_down else {}))
+                    **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=2) if top_down else {}))
             kernels.verify_final_kernel[(g_tiles, 1 if greedy else sweeps)](
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
                 LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch,
                 **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, NTP=next_pow2(n_tiles)) if bounds else {}),
-                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NTP=next_pow2(n_tiles),
-                        FIRST=max(1, min(32, next_pow2(n_tiles) // 4)), NR=next_pow2(sweep_chunk // 64))
-                   if top_down else {}))
+                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NR=next_pow2(sweep_chunk // 64)) if top_down else {}))
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

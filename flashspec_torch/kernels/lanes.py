@@ -108,8 +108,8 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
 
     BOUNDS (no FILTER): 1 (True): also the tile bound of every tile of NT VEC logits, max ``noise_bound`` over it,
     stored at bnd[v0 // (NT VEC)] (bnd: [BB] pointers to the row's bounds; key_n: [BB] uint32, the row's FINAL
-    key); 2: the bound of every block t of 64 under the top-down noise, max z k - log2 c_t (c_t from the block's
-    draw, key_n: the row's FINAL_BLOCKS key), at bnd[t] (NT VEC a multiple of 64).
+    key); 2: the largest logit of every block t of 64 at bnd[t] (NT VEC a multiple of 64; the top-down draw's
+    bounds, ``topdown.py``).
     """
     t_vec = (tl.arange(0, NT) * VEC)[None, :, None]  # [1, NT, 1]: each vector's first logit
     t_lane = tl.arange(0, VEC)[None, None, :]  # [1, 1, VEC]
@@ -133,12 +133,12 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
         if BOUNDS == 1:
             bound = noise_bound(x, v0 + t_vec, t_lane, k, key_n[:, None, None])
             tl.store(bnd + v0 // (NT * VEC), tl.max(tl.max(bound, axis=2), axis=1), mask=row_mask)
-        if BOUNDS == 2:  # each block of 64's bound under the top-down noise (topdown.py): max z k - log2 c_t
+        x_max = tl.max(x, axis=2)  # [BB, NT]: each vector's largest logit
+        if BOUNDS == 2:  # each block of 64's largest logit (the top-down draw's bounds, topdown.py)
             blk = (v0 // 64 + tl.arange(0, NT * VEC // 64))[None, :]
-            top = tl.max(tl.reshape(x, (BLOCK_B, NT * VEC // 64, 64)), axis=2)
-            c = neg_log_uniform(mix(key_n[:, None] ^ blk.to(tl.uint32))) * 0.015625
-            tl.store(bnd[:, None] + blk, top * k - log2_approx(c, FAST), mask=row_mask[:, None] & (blk * 64 < v_hi))
-        m_new = tl.maximum(m, tl.max(x, axis=2))
+            top = tl.max(tl.reshape(x_max, (BLOCK_B, NT * VEC // 64, 64 // VEC)), axis=2)
+            tl.store(bnd[:, None] + blk, top, mask=row_mask[:, None] & (blk * 64 < v_hi))
+        m_new = tl.maximum(m, x_max)
         if ARGMAX:
             a = tl.where(m_new > m, tl.min(tl.where(x == m_new[:, :, None], j, 2147483647), axis=2), a)
         mk = tl.where(m_new == NEG_INF, 0.0, m_new) * k
@@ -381,8 +381,8 @@ def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_l
     """row_lse_lanes over the n_rows rows of each batch row, one row after the other (no padding
     rows are streamed): (max, sum-exp, argmax) as three [BB, ROWS], -inf / 0 / v_lo in rows >= n_rows.
     BOUNDS: row k's tile bounds go to bnd_ptr[(b n_rows + k) n_tiles + tile] with row k's FINAL key
-    mix(k_base ^ k) (k_base [BB] uint32: ``random.key`` before its position); 2: its blocks' bounds under the
-    top-down noise (n_tiles blocks of 64; k_base: the FINAL_BLOCKS stream's)."""
+    mix(k_base ^ k) (k_base [BB] uint32: ``random.key`` before its position); 2: the largest logit of each of
+    its n_tiles blocks of 64."""
     i = tl.arange(0, ROWS)[None, :]
     m_all = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
     l_all = tl.zeros((BLOCK_B, ROWS), tl.float32)
@@ -395,8 +395,10 @@ def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_l
             thr = tl.zeros((BLOCK_B,), tl.float32)
             tid = tl.zeros((BLOCK_B,), tl.int32)
         key_n, bnd = 0, 0
-        if BOUNDS:
+        if BOUNDS == 1:
             key_n, bnd = mix(k_base ^ (tl.zeros_like(k_base) + k)), bnd_ptr + (b64 * n_rows + k) * n_tiles
+        if BOUNDS == 2:
+            bnd = bnd_ptr + (b64 * n_rows + k) * n_tiles
         m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
                                 BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX, key_n, bnd, BOUNDS)
         m_all = tl.where(i == k, m[:, None], m_all)

@@ -21,7 +21,7 @@ block left out has every key below K, which some logit of the row reaches, so it
 import triton
 import triton.language as tl
 
-from .lanes import LOG2E, NEG_INF, PRUNE_SLACK, exp2_scale, log2_approx, neg_log_uniform
+from .lanes import LOG2E, NEG_INF, PRUNE_SLACK, exp2_scale, from_ordered, log2_approx, neg_log_uniform, ordered
 from .random import mix
 from .tile import BIG_INDEX
 
@@ -68,58 +68,73 @@ def take_better(k_old, i_old, k_new, i_new):  # the larger key; on a tie the low
 
 
 @triton.jit
-def sweep_row_top_down(z_row, w_row, bnd_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p, lse_q, x_n,
-                       k_final, k_blk, b_mask, use_p, NBP: tl.constexpr, FIRST: tl.constexpr, NR: tl.constexpr,
-                       HAS_W: tl.constexpr, FAST: tl.constexpr):
-    """Gumbel-max over blocks [blk_lo, blk_hi) of row n and the FIRST logits the floor is taken from (one batch
-    row: z_row, w_row, bnd_row [1] pointers to row n's logits, draft logits and n_blocks block bounds, max z k -
-    log2 c_t, from the stats launch; the rest [1]; NBP: a power of two >= n_blocks and FIRST; NR: >= the range's
-    blocks): (best_r, idx_r, best_p, idx_p, residual mass > 0), each [1], as ``slots.sweep_row_slots`` returns
-    them for its range."""
+def eval_block(z_row, w_row, sv_z, sv_w, blk, live, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
+               idx_p, mass, HAS_W: tl.constexpr, FAST: tl.constexpr):
+    """Block blk (a scalar; nothing where not live) folded into the running bests (scalars)."""
+    cb, topb = block_noise(k_blk, blk)
+    jb = blk * BLOCK + tl.arange(0, BLOCK)[None, :]  # [1, 64]
+    key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, jb, (jb < V) & live, cb, topb, k, lse_p2, lse_q2, x_n,
+                                 k_final, HAS_W, FAST)
+    kp, ip = best_of(key_p, jb)
+    kr, ir = best_of(key_r, jb)
+    best_p, idx_p = take_better(best_p, idx_p, kp, ip)
+    best_r, idx_r = take_better(best_r, idx_r, kr, ir)
+    return best_r, idx_r, best_p, idx_p, mass | (tl.max(tl.max(r, axis=1), axis=0) > 0)
+
+
+@triton.jit
+def share_floor(kf_row, best_p, best_r, from_p, live):
+    """Publish this program's best keys to the row's shared maxima (atomic max on their ordered bits) and return the
+    floor from what all its programs have found so far: keys real logits of the row reach."""
+    g_p = from_ordered(tl.atomic_max(kf_row, ordered(best_p), mask=live, sem="relaxed"))
+    g_r = from_ordered(tl.atomic_max(kf_row + 1, ordered(best_r), mask=live, sem="relaxed"))
+    k_p = tl.maximum(best_p, tl.where(live, g_p, NEG_INF))
+    k_r = tl.maximum(best_r, tl.where(live, g_r, NEG_INF))
+    return tl.where(from_p, k_p, tl.minimum(k_p, k_r))  # -inf until residual mass was seen
+
+
+@triton.jit
+def sweep_row_top_down(z_row, w_row, bm_row, kf_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p, lse_q,
+                       x_n, k_final, k_blk, b_mask, use_p, NR: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr):
+    """Gumbel-max over blocks [blk_lo, blk_hi) of row n (one batch row: z_row, w_row, bm_row [1] pointers to row n's
+    logits, draft logits and n_blocks block maxima (the stats launch's), kf_row a pointer to the row's two shared
+    maxima (reset by the stats launch); the rest [1]; NR: a power of two >= the range's blocks): (best_r, idx_r, best_p, idx_p, residual mass > 0), each
+    [1], as ``slots.sweep_row_slots`` returns them for its range."""
     k = exp2_scale(inv_T, False)
     lse_p2 = tl.max(lse_p, axis=0) * LOG2E
     lse_q2 = tl.max(lse_q, axis=0) * LOG2E
-    live_row = tl.max(b_mask.to(tl.int32), axis=0) != 0
+    live = tl.max(b_mask.to(tl.int32), axis=0) != 0
     k_final = tl.max(k_final, axis=0)
     k_blk = tl.max(k_blk, axis=0)
     x_n = tl.max(x_n, axis=0)
     from_p = tl.max(use_p.to(tl.int32), axis=0) != 0
-    # ---- the floor: the maximum entry (key -log2 c_t above its log-probability) of the best block of each of
-    # FIRST groups of consecutive blocks: keys real logits reach, from one logit a block
-    t = tl.arange(0, NBP)
-    bound = tl.load(bnd_row + t, mask=(t < n_blocks) & live_row, other=NEG_INF)
-    G2: tl.constexpr = NBP // FIRST
-    b2 = tl.reshape(bound, (FIRST, G2))
-    g_top = tl.max(b2, axis=1)
-    first = tl.min(tl.where(b2 == g_top[:, None], tl.reshape(t, (FIRST, G2)), NBP), axis=1)  # [FIRST]
-    c1, top1 = block_noise(k_blk, first)
-    j1 = (first * BLOCK + top1)[:, None]  # [FIRST, 1]: each block's maximum entry
-    ok = ((g_top > NEG_INF) & (first < n_blocks))[:, None] & (j1 < V)
-    key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, j1, ok, c1[:, None], top1[:, None], k, lse_p2, lse_q2, x_n,
-                                 k_final, HAS_W, FAST)
-    best_p, idx_p = best_of(key_p, j1)
-    best_r, idx_r = best_of(key_r, j1)
-    mass = tl.max(tl.max(r, axis=1), axis=0) > 0
-    floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))  # -inf until residual mass was seen
-    # ---- this program's blocks whose bound reaches the floor, one at a time (the floor rising after each)
+    # ---- the bound of every block of the range: max z k - lse_p log2(e) - log2 c_t
     tr = blk_lo + tl.arange(0, NR)
-    mine = (tr < blk_hi) & (tr < n_blocks) & live_row
-    reach = tl.load(bnd_row + tr, mask=mine, other=NEG_INF) - lse_p2  # the keys' bound
-    alive = mine & (reach >= floor - PRUNE_SLACK)
-    lane = tl.arange(0, BLOCK)[None, :]
+    mine = (tr < blk_hi) & (tr < n_blocks) & live
+    c, _ = block_noise(k_blk, tr)
+    reach = tl.load(bm_row + tr, mask=mine, other=NEG_INF) * k - lse_p2 - log2_approx(c, FAST)
+    reach = tl.where(mine, reach, NEG_INF)
+    # ---- the range's best block first, then the floor shared by the row's programs
+    top = tl.max(reach, axis=0)
+    blk = tl.min(tl.where(mine & (reach == top), tr, BIG_INDEX), axis=0)
+    any_mine = tl.max(mine.to(tl.int32), axis=0) != 0
+    neg = tl.full((), NEG_INF, tl.float32)
+    big = tl.full((), BIG_INDEX, tl.int32)
+    yes = tl.full((), 1, tl.int1)
+    best_r, idx_r, best_p, idx_p, mass = eval_block(
+        z_row, w_row, sv_z, sv_w, blk, any_mine, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, neg, big, neg, big,
+        tl.full((), 0, tl.int1), HAS_W, FAST)
+    floor = share_floor(kf_row, best_p, best_r, from_p, any_mine)
+    # ---- the range's other blocks whose bound reaches the floor, one at a time, the floor rising as the row's
+    # programs find better keys
+    alive = mine & (tr != blk) & (reach >= floor - PRUNE_SLACK)
     left = tl.sum(alive.to(tl.int32), axis=0)
     while left > 0:
         blk = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
-        cb, topb = block_noise(k_blk, blk)
-        jb = blk * BLOCK + lane  # [1, 64]
-        bkey_p, bkey_r, b_r = block_keys(z_row, w_row, sv_z, sv_w, jb, jb < V, cb, topb, k, lse_p2, lse_q2, x_n,
-                                         k_final, HAS_W, FAST)
-        kp, ip = best_of(bkey_p, jb)
-        kr, ir = best_of(bkey_r, jb)
-        best_p, idx_p = take_better(best_p, idx_p, kp, ip)
-        best_r, idx_r = take_better(best_r, idx_r, kr, ir)
-        mass = mass | (tl.max(tl.max(b_r, axis=1), axis=0) > 0)
-        floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))
+        best_r, idx_r, best_p, idx_p, mass = eval_block(
+            z_row, w_row, sv_z, sv_w, blk, yes, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
+            idx_p, mass, HAS_W, FAST)
+        floor = share_floor(kf_row, best_p, best_r, from_p, yes)
         alive = alive & (tr != blk) & (reach >= floor - PRUNE_SLACK)
         left = tl.sum(alive.to(tl.int32), axis=0)
     zero = tl.zeros((1,), tl.int32)

@@ -131,8 +131,8 @@ def verify_stats_kernel(
     complete in stream order (the verify is done when its last launch is).
     BOUNDS (lanes, no filter, BLOCK_B = 1): also the tile bounds of every target row (``lanes.noise_bound``)
     into bnd_ptr [B, G+1, n_tiles], for the final launch's ``bounds.sweep_row_bounded``; the generator's
-    counters as the final launch takes them. BOUNDS = 2: the bounds of every block of 64 under the top-down noise
-    (``topdown.py``)."""
+    counters as the final launch takes them. BOUNDS = 2: the largest logit of every block of 64 (the top-down
+    draw's bounds, ``topdown.py``)."""
     if PDL:
         gdc_launch_dependents()  # phase 2 may launch once every program of this grid has started
     pid_b, pid_c = tl.program_id(0) + t0, tl.program_id(1)
@@ -143,12 +143,11 @@ def verify_stats_kernel(
             tl.store(kb_ptr + b * 2, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
             tl.store(kb_ptr + b * 2 + 1, tl.full((BLOCK_B,), ORDERED_NEG_INF, tl.int32), mask=b < B)
     k_base = 0
-    if BOUNDS:  # 2: the top-down noise's block draws
+    if BOUNDS == 1:
         b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
         lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
                                         b < B, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
-        stream = FINAL_BLOCKS_STREAM if BOUNDS == 2 else FINAL_STREAM
-        k_base = key_base(lo, hi, off, row, tl.full((), stream, tl.uint32))
+        k_base = key_base(lo, hi, off, row, tl.full((), FINAL_STREAM, tl.uint32))
     stats_item(pid_b, pid_c, z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr, a_ptr,
                B, V, chunk, C, T, inv_T, szb, szr, szv, swb, swr, swv,
                G, ROWS, BLOCK_B, BLOCK_V, HAS_W_STATS, FILTER, GREEDY, LANES, VEC, FAST, HINT, k_base, bnd_ptr, n_tiles,
@@ -275,8 +274,8 @@ def final_item(
     (with HAS_W): the draft row read only where a logit can reach the floor (``slots.sweep_row_slots_lazy``);
     PAIRS (not LAZY): bfloat16 rows of unit stride read as int32 pairs (``slots.load_slot_tile``). TOPDOWN (one
     batch row a program, no top-k / top-p): the top-down FINAL noise, row n's blocks of 64 drawn only where the
-    stats launch's block maxima let them reach the floor (``topdown.sweep_row_top_down``; NTP: a power of two
-    >= the n_tiles blocks, FIRST: the blocks the floor comes from, NR: a power of two >= a program's blocks)."""
+    stats launch's block maxima let them reach the floor its programs share in kb_ptr
+    (``topdown.sweep_row_top_down``; NR: a power of two >= a program's blocks)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -391,9 +390,9 @@ def final_item(
         if TOPDOWN:  # the top-down noise: blocks of 64 whose bound (the stats launch's block maxima) reaches the floor
             k_blk = key(lo, hi, off, row, n.to(tl.uint32), tl.full((), FINAL_BLOCKS_STREAM, tl.uint32))
             best_r, idx_r, best_p, idx_p, mass = sweep_row_top_down(
-                z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, n_tiles, v_lo // BLOCK, (v_hi + BLOCK - 1) // BLOCK,
-                szv, swv, V, inv_T, pick_row(lse_p, i, n), lse_qn, x_n, k_final, k_blk, b_mask, use_p, NTP, FIRST,
-                NR, HAS_W, FAST)
+                z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, kb_ptr + pid_b.to(tl.int64) * 2, n_tiles,
+                v_lo // BLOCK, (v_hi + BLOCK - 1) // BLOCK, szv, swv, V, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
+                k_final, k_blk, b_mask, use_p, NR, HAS_W, FAST)
         elif BOUNDS:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_bounded(
                 z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, n_tiles, szv, swv, V, T, inv_T, pick_row(lse_p, i, n),

@@ -150,10 +150,10 @@ VARIANTS = [
     (kernels.verify_stats_kernel, "bf16", dict(**LANES, HAS_W_STATS=False, FILTER=False, GREEDY=False, PDL=True, BOUNDS=2)),
     (kernels.verify_stats_kernel, "fp32", dict(**LANES4, HAS_W_STATS=True, FILTER=False, GREEDY=False, BOUNDS=2)),
     (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True, FILTER=False,
-                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=4, TOPDOWN=True, NTP=2048, FIRST=32, NR=128)),
+                                               GREEDY=False, FUSED=False, PDL=True, SLOTS=4, TOPDOWN=True, NR=128)),
     (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=False, SEED_TENSOR=True,
-                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, TOPDOWN=True, NTP=512, FIRST=32, NR=32)),
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, TOPDOWN=True, NR=32)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),
