@@ -6,16 +6,17 @@ noise (``flashspec.random.gumbel_top_down``: same law) draws each block of 64 lo
 M_t = -ln c_t with c_t = E_t / 64, at entry I_t, and the others below it, -ln(c_t + E_j). So a block's keys are
 all at most
 
-    bound_t - lse_p log2(e),  bound_t = max_j z_j k - log2(c_t)      (key_r <= key_p)
+    max_j z_j k - lse_p log2(e) - log2(c_t)      (key_r <= key_p; k = log2(e) / T)
 
-and the stats launch, which reads every target row anyway, stores bound_t for every block of every target row
-(``lanes.row_lse_lanes``, BOUNDS = 2: a max and one hash per 64 logits). Each final program of a row takes the
-floor K from FIRST logits, the maximum entry I_t of the best block of each of FIRST groups of the row's blocks
-(their keys are log p - log2 c_t: one load each; K = min(best key_p, best key_r), or best key_p where the draw
-is from p), then evaluates, one block of 64 at a time, only the blocks of its own range whose bound reaches K,
-the floor rising as it goes. Exact: a
-block left out has every key below K, which some logit of the row reaches, so it holds neither winner
-(``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row, ~10% at V = 32000).
+from one hash per block. The stats launch, which reads every target row anyway, keeps every block of 64 logits'
+maximum (``lanes.row_lse_lanes``, BOUNDS = 2). Each final program of row n bounds the blocks of its own range,
+draws its best block first, publishes its best key_p and key_r to the row's two shared maxima (atomic max on their
+ordered bits; the stats launch resets them) and takes the floor K = min of the row's maxima (key_p's alone where
+the draw is from p), then draws, one block of 64 at a time, only its blocks whose bound reaches K, re-reading the
+row's maxima after each. Exact: every K is a key some logit of the row reaches, so a block left out holds
+neither winner; a residual row whose programs find no residual mass keeps K = -inf and draws every block (its
+fallback to p stays exact). ``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row drawn,
+~10% at V = 32000.
 """
 
 import triton

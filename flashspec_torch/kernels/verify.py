@@ -226,7 +226,7 @@ def verify_final_kernel(
     FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr, HINT: tl.constexpr,
     SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
-    NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, FIRST: tl.constexpr = 1, NR: tl.constexpr = 1,
+    NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, NR: tl.constexpr = 1,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -247,7 +247,7 @@ def verify_final_kernel(
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
                OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD,
-               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP, TOPDOWN, FIRST, NR)
+               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP, TOPDOWN, NR)
 
 
 @triton.jit
@@ -263,7 +263,7 @@ def final_item(
     FAST: tl.constexpr, PRUNE: tl.constexpr, PERSISTENT: tl.constexpr, PDL: tl.constexpr, SHARE_K: tl.constexpr,
     HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
-    NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, FIRST: tl.constexpr = 1, NR: tl.constexpr = 1,
+    NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, NR: tl.constexpr = 1,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
