@@ -138,6 +138,9 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (1, 2, 8, 16, 32):
         out[f"topdown-s{k}"] = dataclasses.replace(lanes, top_down=True, sweep_chunks=k * lanes.num_chunks, sweep_warps=1)
     out["topdown-w4"] = dataclasses.replace(lanes, top_down=True, sweep_warps=4)
+    for per in (2, 4, 8):  # blocks drawn together by a final program (their loads in flight at once): not yet timed
+        out[f"topdown-b{per}"] = dataclasses.replace(lanes, top_down=True, top_down_blocks=per)
+        out[f"topdown-s16-b{per}"] = dataclasses.replace(out["topdown-s16"], top_down_blocks=per)
     out["lanes-again"] = lanes  # the default timed once more, after the others: the run's noise
     # batch groups: a stats + final pair per k rows, chained by PDL, so that group j + 1's stats stream while
     # group j sweeps its rows n (re-read from L2 rather than DRAM); with the whole batch's tiling ("bg{k}") or

@@ -163,6 +163,7 @@ class KernelConfig:
     top_down: bool = False  # two launches, no top-k / top-p, block_b 1: the FINAL draw under the top-down noise
     # (flashspec.random.gumbel_top_down: the same law, other tokens than the default for a seed); the stats launch
     # keeps every block of 64 logits' maximum and row n's blocks are drawn only where they can win (kernels/topdown.py)
+    top_down_blocks: int = 1  # top_down: blocks a final program draws together (1, 2, 4, 8), their loads in flight at once
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
@@ -186,6 +187,8 @@ class KernelConfig:
             raise ValueError(f"{self.sweep_slots=} does not combine with shared_floor=True: use one of the two")
         if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
             raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
+        if self.top_down_blocks not in (1, 2, 4, 8):
+            raise ValueError(f"{self.top_down_blocks=} must be 1, 2, 4 or 8 (blocks of 64 drawn together)")
         if self.lazy_draft and self.sweep_ahead != 1:
             raise ValueError(f"{self.lazy_draft=} loads its own tiles ahead: leave {self.sweep_ahead=} at 1")
         for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft", "bf16_pairs", "tile_bounds",
@@ -481,7 +484,8 @@ def verify_triton(
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
                 LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch,
                 **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, NTP=next_pow2(n_tiles)) if bounds else {}),
-                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NR=next_pow2(sweep_chunk // 64)) if top_down else {}))
+                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NR=next_pow2(sweep_chunk // 64),
+                        PER=config.top_down_blocks) if top_down else {}))
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

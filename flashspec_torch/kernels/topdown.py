@@ -96,10 +96,12 @@ def share_floor(kf_row, best_p, best_r, from_p, live):
 
 @triton.jit
 def sweep_row_top_down(z_row, w_row, bm_row, kf_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p, lse_q,
-                       x_n, k_final, k_blk, b_mask, use_p, NR: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr):
+                       x_n, k_final, k_blk, b_mask, use_p, NR: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr,
+                       PER: tl.constexpr = 1):
     """Gumbel-max over blocks [blk_lo, blk_hi) of row n (one batch row: z_row, w_row, bm_row [1] pointers to row n's
     logits, draft logits and n_blocks block maxima (the stats launch's), kf_row a pointer to the row's two shared
-    maxima (reset by the stats launch); the rest [1]; NR: a power of two >= the range's blocks): (best_r, idx_r, best_p, idx_p, residual mass > 0), each
+    maxima (reset by the stats launch); the rest [1]; NR: a power of two >= the range's blocks; PER: blocks drawn
+    together after the first, their loads in flight at once): (best_r, idx_r, best_p, idx_p, residual mass > 0), each
     [1], as ``slots.sweep_row_slots`` returns them for its range."""
     k = exp2_scale(inv_T, False)
     lse_p2 = tl.max(lse_p, axis=0) * LOG2E
@@ -131,12 +133,33 @@ def sweep_row_top_down(z_row, w_row, bm_row, kf_row, n_blocks, blk_lo, blk_hi, s
     alive = mine & (tr != blk) & (reach >= floor - PRUNE_SLACK)
     left = tl.sum(alive.to(tl.int32), axis=0)
     while left > 0:
-        blk = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
-        best_r, idx_r, best_p, idx_p, mass = eval_block(
-            z_row, w_row, sv_z, sv_w, blk, yes, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
-            idx_p, mass, HAS_W, FAST)
+        if PER == 1:
+            blk = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
+            best_r, idx_r, best_p, idx_p, mass = eval_block(
+                z_row, w_row, sv_z, sv_w, blk, yes, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
+                idx_p, mass, HAS_W, FAST)
+            alive = alive & (tr != blk)
+        else:  # the PER lowest blocks still alive, drawn as one [PER, 64] tile
+            q = tl.arange(0, PER)
+            blks = tl.zeros((PER,), tl.int32)
+            taken = tl.zeros((PER,), tl.int1)
+            for s in tl.static_range(PER):
+                nxt = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
+                some = nxt < BIG_INDEX
+                blks = tl.where((q == s) & some, nxt, blks)
+                taken = taken | ((q == s) & some)
+                alive = alive & (tr != nxt)
+            cb, topb = block_noise(k_blk, blks)
+            jb = blks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [PER, 64]
+            key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, jb, taken[:, None] & (jb < V), cb[:, None],
+                                         topb[:, None], k, lse_p2, lse_q2, x_n, k_final, HAS_W, FAST)
+            kp, ip = best_of(key_p, jb)
+            kr, ir = best_of(key_r, jb)
+            best_p, idx_p = take_better(best_p, idx_p, kp, ip)
+            best_r, idx_r = take_better(best_r, idx_r, kr, ir)
+            mass = mass | (tl.max(tl.max(r, axis=1), axis=0) > 0)
         floor = share_floor(kf_row, best_p, best_r, from_p, yes)
-        alive = alive & (tr != blk) & (reach >= floor - PRUNE_SLACK)
+        alive = alive & (reach >= floor - PRUNE_SLACK)
         left = tl.sum(alive.to(tl.int32), axis=0)
     zero = tl.zeros((1,), tl.int32)
     return zero + best_r, zero + idx_r, zero + best_p, zero + idx_p, zero + mass.to(tl.int32)

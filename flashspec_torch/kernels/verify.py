@@ -227,6 +227,7 @@ def verify_final_kernel(
     SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
     NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, NR: tl.constexpr = 1,
+    PER: tl.constexpr = 1,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -247,7 +248,7 @@ def verify_final_kernel(
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
                OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD,
-               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP, TOPDOWN, NR)
+               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP, TOPDOWN, NR, PER)
 
 
 @triton.jit
@@ -264,6 +265,7 @@ def final_item(
     HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
     NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, NR: tl.constexpr = 1,
+    PER: tl.constexpr = 1,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
@@ -275,7 +277,7 @@ def final_item(
     PAIRS (not LAZY): bfloat16 rows of unit stride read as int32 pairs (``slots.load_slot_tile``). TOPDOWN (one
     batch row a program, no top-k / top-p): the top-down FINAL noise, row n's blocks of 64 drawn only where the
     stats launch's block maxima let them reach the floor its programs share in kb_ptr
-    (``topdown.sweep_row_top_down``; NR: a power of two >= a program's blocks)."""
+    (``topdown.sweep_row_top_down``; NR: a power of two >= a program's blocks, PER: blocks drawn together)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -392,7 +394,7 @@ def final_item(
             best_r, idx_r, best_p, idx_p, mass = sweep_row_top_down(
                 z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, kb_ptr + pid_b.to(tl.int64) * 2, n_tiles,
                 v_lo // BLOCK, (v_hi + BLOCK - 1) // BLOCK, szv, swv, V, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
-                k_final, k_blk, b_mask, use_p, NR, HAS_W, FAST)
+                k_final, k_blk, b_mask, use_p, NR, HAS_W, FAST, PER)
         elif BOUNDS:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_bounded(
                 z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, n_tiles, szv, swv, V, T, inv_T, pick_row(lse_p, i, n),

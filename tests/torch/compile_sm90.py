@@ -56,7 +56,7 @@ LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
 # the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks,
 # one pruning vote per sweep tile
 DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1, AHEAD=1, WAIT_END=False, REVERSE=False, LAZY=False,
-                STAGES=3, PAIRS=False, BOUNDS=False, NTP=1, TOPDOWN=False, NR=1, **COUNTERS)
+                STAGES=3, PAIRS=False, BOUNDS=False, NTP=1, TOPDOWN=False, NR=1, PER=1, **COUNTERS)
 VARIANTS = [
     (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
     (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
@@ -153,7 +153,7 @@ VARIANTS = [
                                                GREEDY=False, FUSED=False, PDL=True, SLOTS=4, TOPDOWN=True, NR=128)),
     (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=False, SEED_TENSOR=True,
-                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, TOPDOWN=True, NR=32)),
+                                               OFFSET_TENSOR=True, PER_ROW_SEED=True, TOPDOWN=True, NR=32, PER=4)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),

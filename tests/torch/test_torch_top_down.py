@@ -16,6 +16,7 @@ from flashspec_torch import KernelConfig, verify_triton
 from flashspec_torch.reference import verify_reference
 
 TOP_DOWN = KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=3, sweep_chunks=4, top_down=True)
+TOP_DOWN_4 = KernelConfig(block_b=1, block_v=256, num_chunks=3, sweep_chunks=2, top_down=True, top_down_blocks=4)
 
 
 def run(inp, cfg, config, *, logits=True, logprobs=False, seed=7, offset=3):
@@ -38,13 +39,15 @@ def test_top_down_matches_its_oracle(spread):
     seeds = torch.tensor([11, 2**40 + 5, 3, 7, 2**33, 9])
     offsets = torch.tensor([3, 0, 2**31 + 1, 5, 8, 1])
     differs = 0
-    for logits, logprobs, seed, offset in ((True, False, 7, 3), (True, True, seeds, offsets), (False, False, 7, 3)):
-        got, want, default = run(inp, cfg, TOP_DOWN, logits=logits, logprobs=logprobs, seed=seed, offset=offset)
-        label = f"logits={logits} logprobs={logprobs} seeds={type(seed).__name__}"
+    cases = ((True, False, 7, 3, TOP_DOWN), (True, True, seeds, offsets, TOP_DOWN), (False, False, 7, 3, TOP_DOWN),
+             (True, False, seeds, offsets, TOP_DOWN_4), (False, False, 7, 3, TOP_DOWN_4))  # 4 blocks drawn together
+    for logits, logprobs, seed, offset, config in cases:
+        got, want, default = run(inp, cfg, config, logits=logits, logprobs=logprobs, seed=seed, offset=offset)
+        label = f"logits={logits} logprobs={logprobs} seeds={type(seed).__name__} blocks={config.top_down_blocks}"
         np.testing.assert_array_equal(got.num_accepted.numpy(), want.num_accepted, err_msg=label)
         np.testing.assert_array_equal(got.tokens.numpy(), want.tokens, err_msg=label)
         differs += int((want.tokens != default.tokens).sum())
-        if logits and not logprobs:
+        if config is TOP_DOWN and logits and not logprobs:
             assert 0 < int((want.num_accepted == 3).sum()) < 6  # bonus rows and residual rows in the batch
     assert differs > 0  # another noise: the check above is not the default path's
 
@@ -94,6 +97,8 @@ def test_top_down_refuses_what_it_cannot_draw_and_greedy_needs_no_noise():
     np.testing.assert_array_equal(got.tokens.numpy(), default.tokens)
 
 
-def test_top_down_is_a_bool():
+def test_top_down_options_are_checked():
     with pytest.raises(ValueError, match="top_down"):
         KernelConfig(top_down=1)
+    with pytest.raises(ValueError, match="top_down_blocks"):
+        KernelConfig(top_down=True, top_down_blocks=3)
