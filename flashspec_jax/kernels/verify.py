@@ -401,8 +401,10 @@ def verify_reference(
     temperature: float,
     top_k: int,
     top_p: float,
+    top_down: bool = False,
 ) -> Decision:
-    """The oracle's algorithm in jnp, materialising every distribution (float32)."""
+    """The oracle's algorithm in jnp, materialising every distribution (float32). top_down: the FINAL draw's noise
+    drawn block by block from the top (``flashspec.random.gumbel_top_down``; no Pallas kernel has it yet)."""
     batch, g1, vocab = z.shape
     gamma, rows = g1 - 1, jnp.arange(batch)
     x = jnp.clip(x.astype(jnp.int32), 0, vocab - 1)
@@ -423,7 +425,8 @@ def verify_reference(
     log_p_n = log_p[rows, n]  # [B, V]
     j = jnp.arange(vocab, dtype=jnp.uint32)[None]
     col = lambda a: a[:, None]  # noqa: E731
-    g = rng.gumbel(col(c.seed_lo), col(c.seed_hi), col(c.offset), col(c.row), col(n.astype(jnp.uint32)), j, rng.FINAL)
+    coords = (col(c.seed_lo), col(c.seed_hi), col(c.offset), col(c.row), col(n.astype(jnp.uint32)), j)
+    g = rng.gumbel_top_down(*coords) if top_down else rng.gumbel(*coords, rng.FINAL)
     i = jnp.minimum(n, gamma - 1)
     if log_q is None:
         q_n = (jnp.arange(vocab)[None] == x[rows, i][:, None]).astype(jnp.float32)
