@@ -22,6 +22,7 @@ fallback to p stays exact). ``benchmarks/noise_skip_sim.py``: ~2.5% of the block
 import triton
 import triton.language as tl
 
+from .bounds import take_better
 from .lanes import LOG2E, NEG_INF, PRUNE_SLACK, exp2_scale, from_ordered, log2_approx, neg_log_uniform, ordered
 from .random import mix
 from .tile import BIG_INDEX
@@ -63,19 +64,14 @@ def best_of(key, j):  # [R, 64] -> (the largest key, its lowest index): scalars
 
 
 @triton.jit
-def take_better(k_old, i_old, k_new, i_new):  # the larger key; on a tie the lower index (the sweeps' rule)
-    better = (k_new > k_old) | ((k_new == k_old) & (i_new < i_old))
-    return tl.where(better, k_new, k_old), tl.where(better, i_new, i_old)
-
-
-@triton.jit
-def eval_block(z_row, w_row, sv_z, sv_w, blk, live, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
-               idx_p, mass, HAS_W: tl.constexpr, FAST: tl.constexpr):
-    """Block blk (a scalar; nothing where not live) folded into the running bests (scalars)."""
-    cb, topb = block_noise(k_blk, blk)
-    jb = blk * BLOCK + tl.arange(0, BLOCK)[None, :]  # [1, 64]
-    key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, jb, (jb < V) & live, cb, topb, k, lse_p2, lse_q2, x_n,
-                                 k_final, HAS_W, FAST)
+def eval_blocks(z_row, w_row, sv_z, sv_w, blks, live, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
+                idx_p, mass, HAS_W: tl.constexpr, FAST: tl.constexpr):
+    """Blocks blks ([R]; nothing where live [R] is not set), drawn as one [R, 64] tile, folded into the running
+    bests (scalars)."""
+    cb, topb = block_noise(k_blk, blks)
+    jb = blks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [R, 64]
+    key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, jb, live[:, None] & (jb < V), cb[:, None], topb[:, None],
+                                 k, lse_p2, lse_q2, x_n, k_final, HAS_W, FAST)
     kp, ip = best_of(key_p, jb)
     kr, ir = best_of(key_r, jb)
     best_p, idx_p = take_better(best_p, idx_p, kp, ip)
@@ -123,43 +119,29 @@ def sweep_row_top_down(z_row, w_row, bm_row, kf_row, n_blocks, blk_lo, blk_hi, s
     any_mine = tl.max(mine.to(tl.int32), axis=0) != 0
     neg = tl.full((), NEG_INF, tl.float32)
     big = tl.full((), BIG_INDEX, tl.int32)
-    yes = tl.full((), 1, tl.int1)
-    best_r, idx_r, best_p, idx_p, mass = eval_block(
-        z_row, w_row, sv_z, sv_w, blk, any_mine, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, neg, big, neg, big,
-        tl.full((), 0, tl.int1), HAS_W, FAST)
+    one = tl.zeros((1,), tl.int32)
+    best_r, idx_r, best_p, idx_p, mass = eval_blocks(
+        z_row, w_row, sv_z, sv_w, one + blk, (one == 0) & any_mine, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, neg,
+        big, neg, big, tl.full((), 0, tl.int1), HAS_W, FAST)
     floor = share_floor(kf_row, best_p, best_r, from_p, any_mine)
-    # ---- the range's other blocks whose bound reaches the floor, one at a time, the floor rising as the row's
-    # programs find better keys
+    # ---- the range's other blocks whose bound reaches the floor, the PER lowest still alive at a time (drawn as
+    # one tile, their loads in flight together), the floor rising as the row's programs find better keys
     alive = mine & (tr != blk) & (reach >= floor - PRUNE_SLACK)
     left = tl.sum(alive.to(tl.int32), axis=0)
+    q = tl.arange(0, PER)
     while left > 0:
-        if PER == 1:
-            blk = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
-            best_r, idx_r, best_p, idx_p, mass = eval_block(
-                z_row, w_row, sv_z, sv_w, blk, yes, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
-                idx_p, mass, HAS_W, FAST)
-            alive = alive & (tr != blk)
-        else:  # the PER lowest blocks still alive, drawn as one [PER, 64] tile
-            q = tl.arange(0, PER)
-            blks = tl.zeros((PER,), tl.int32)
-            taken = tl.zeros((PER,), tl.int1)
-            for s in tl.static_range(PER):
-                nxt = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
-                some = nxt < BIG_INDEX
-                blks = tl.where((q == s) & some, nxt, blks)
-                taken = taken | ((q == s) & some)
-                alive = alive & (tr != nxt)
-            cb, topb = block_noise(k_blk, blks)
-            jb = blks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [PER, 64]
-            key_p, key_r, r = block_keys(z_row, w_row, sv_z, sv_w, jb, taken[:, None] & (jb < V), cb[:, None],
-                                         topb[:, None], k, lse_p2, lse_q2, x_n, k_final, HAS_W, FAST)
-            kp, ip = best_of(key_p, jb)
-            kr, ir = best_of(key_r, jb)
-            best_p, idx_p = take_better(best_p, idx_p, kp, ip)
-            best_r, idx_r = take_better(best_r, idx_r, kr, ir)
-            mass = mass | (tl.max(tl.max(r, axis=1), axis=0) > 0)
-        floor = share_floor(kf_row, best_p, best_r, from_p, yes)
+        blks = tl.zeros((PER,), tl.int32)
+        taken = tl.zeros((PER,), tl.int1)
+        for s in tl.static_range(PER):
+            nxt = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
+            some = nxt < BIG_INDEX
+            blks = tl.where((q == s) & some, nxt, blks)
+            taken = taken | ((q == s) & some)
+            alive = alive & (tr != nxt)
+        best_r, idx_r, best_p, idx_p, mass = eval_blocks(
+            z_row, w_row, sv_z, sv_w, blks, taken, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
+            idx_p, mass, HAS_W, FAST)
+        floor = share_floor(kf_row, best_p, best_r, from_p, left > 0)
         alive = alive & (reach >= floor - PRUNE_SLACK)
         left = tl.sum(alive.to(tl.int32), axis=0)
-    zero = tl.zeros((1,), tl.int32)
-    return zero + best_r, zero + idx_r, zero + best_p, zero + idx_p, zero + mass.to(tl.int32)
+    return one + best_r, one + idx_r, one + best_p, one + idx_p, one + mass.to(tl.int32)
