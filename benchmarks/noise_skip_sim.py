@@ -73,16 +73,21 @@ def top_down_noise(rng: np.random.Generator, v: int, tile: int):
     return g, top
 
 
+def top_down_keys(rng: np.random.Generator, lp2: np.ndarray, lq2: np.ndarray, tile: int):
+    """A row's keys under the top-down generator and its tile bounds: key_p, key_r [V] (log2 units), bound [tiles]."""
+    g, top = top_down_noise(rng, lp2.size, tile)
+    key_p = lp2 + g * LOG2E
+    with np.errstate(divide="ignore"):
+        key_r = np.log2(np.maximum(np.exp2(lp2) - np.exp2(lq2), 0.0)) + g * LOG2E
+    return key_p, key_r, tile_max(lp2, tile) + top * LOG2E
+
+
 def top_down_fractions(rng: np.random.Generator, lp2: np.ndarray, lq2: np.ndarray, span: int, tile: int) -> dict:
     """Tiles evaluated by programs of ``span`` logits (floor from their own tiles) and under the row's final
     floor; ``missed``: programs that lost their best key (0: the tile bound is exact)."""
     if span % tile:
         raise ValueError(f"{span=} must be a multiple of {tile=}: a program sweeps whole tiles of the generator")
-    g, top = top_down_noise(rng, lp2.size, tile)
-    key_p = lp2 + g * LOG2E
-    with np.errstate(divide="ignore"):
-        key_r = np.log2(np.maximum(np.exp2(lp2) - np.exp2(lq2), 0.0)) + g * LOG2E
-    bound = tile_max(lp2, tile) + top * LOG2E
+    key_p, key_r, bound = top_down_keys(rng, lp2, lq2, tile)
     final = min(key_p.max(), key_r.max())
     evaluated = missed = 0
     for lo in range(0, lp2.size, span):
@@ -103,14 +108,8 @@ def two_round_fraction(rng: np.random.Generator, lp2: np.ndarray, lq2: np.ndarra
     per tile and the tile's largest logit): evaluate the ``first`` tiles of highest bound, take the floor from
     them, then every tile whose bound reaches it (in parallel). -> fraction of tiles evaluated, and
     ``missed`` (0: both winners found)."""
-    g, top = top_down_noise(rng, lp2.size, tile)
-    key_p = lp2 + g * LOG2E
-    with np.errstate(divide="ignore"):
-        key_r = np.log2(np.maximum(np.exp2(lp2) - np.exp2(lq2), 0.0)) + g * LOG2E
-    bound = tile_max(lp2, tile) + top * LOG2E
-    pad = (-lp2.size) % tile
-    tiles_p = np.pad(key_p, (0, pad), constant_values=-np.inf).reshape(-1, tile).max(axis=1)
-    tiles_r = np.pad(key_r, (0, pad), constant_values=-np.inf).reshape(-1, tile).max(axis=1)
+    key_p, key_r, bound = top_down_keys(rng, lp2, lq2, tile)
+    tiles_p, tiles_r = tile_max(key_p, tile), tile_max(key_r, tile)
     head = np.argsort(-bound, kind="stable")[:first]
     floor = min(tiles_p[head].max(), tiles_r[head].max())
     second = bound >= floor - 0.01
