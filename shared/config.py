@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 
 MIN_TEMPERATURE = 1e-6  # below it z / T overflows float32 for ordinary logits; use 0 for greedy
+MAX_TEMPERATURE = 3.4028234663852886e38  # float32's largest finite value: every backend scales z / T in float32
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class SamplingConfig:
             raise ValueError(
                 f"temperature={t!r} must be a finite number >= 0 (0 means greedy)"
             )
+        if t > MAX_TEMPERATURE:
+            raise ValueError(f"temperature={t!r} must be at most {MAX_TEMPERATURE} (float32's largest value: z / T is "
+                             "computed in float32)")
         if 0 < t < MIN_TEMPERATURE:
             raise ValueError(f"temperature={t!r} must be 0 (greedy) or >= {MIN_TEMPERATURE}: "
                              "smaller ones overflow z / T in float32")

@@ -16,6 +16,7 @@ Z, X = np.zeros((2, 3, 5), np.float32), np.zeros((2, 2), np.int64)
     ({"seed": np.float64(2.0)}, "seed has dtype float64; expected an integer dtype"),
     ({"temperature": 1e-30}, "temperature=1e-30 must be 0 (greedy) or >= 1e-06"),
     ({"temperature": 10**400}, "must be a finite number >= 0"),
+    ({"temperature": 3.402823466385289e38}, "must be at most 3.4028234663852886e+38"),  # found by the torch fuzz test
     ({"temperature": None}, "temperature=None"),
 ])
 def test_verify_scalars_name_the_argument(kwargs, needle):
@@ -31,6 +32,7 @@ def test_tiny_temperatures_would_overflow_and_are_refused():
     SamplingConfig(temperature=1e-6)  # the floor itself is fine
     with pytest.raises(ValueError, match="overflow"):
         SamplingConfig(temperature=1e-7)
+    SamplingConfig(temperature=float(np.finfo(np.float32).max))  # the largest float32 is fine too
 
 
 def test_logits_index_is_printed_as_plain_ints():
