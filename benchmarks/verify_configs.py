@@ -25,7 +25,11 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
                 "tickets": dataclasses.replace(base, schedule="persistent", programs_per_sm=3, sweep_chunks=5,
                                                sweep_slots=4, prune=True),
                 "bounds": dataclasses.replace(base, sweep_slots=4, tile_bounds=True),
-                "topdown": dataclasses.replace(base, block_v=128, top_down=True)}
+                "topdown": dataclasses.replace(base, block_v=128, top_down=True),
+                "tdr1": dataclasses.replace(base, block_v=128, top_down=True, sweep_chunks=1, top_down_seeds=4,
+                                            top_down_blocks=4),
+                "tdz8": dataclasses.replace(base, block_v=128, top_down=True, top_down_maxima="final", sweep_chunks=3,
+                                            top_down_seeds=2, top_down_blocks=2)}
     lanes = choose_config(b, g, v, device, itemsize)
     persistent = dataclasses.replace(lanes, schedule="persistent")  # one launch, ticketed items (kernels/persistent.py)
     out = {
@@ -138,9 +142,29 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (1, 2, 8, 16, 32):
         out[f"topdown-s{k}"] = dataclasses.replace(lanes, top_down=True, sweep_chunks=k * lanes.num_chunks, sweep_warps=1)
     out["topdown-w4"] = dataclasses.replace(lanes, top_down=True, sweep_warps=4)
-    for per in (2, 4, 8):  # blocks drawn together by a final program (their loads in flight at once): not yet timed
+    for per in (2, 4, 8):  # blocks drawn together by a final program (their loads in flight at once)
         out[f"topdown-b{per}"] = dataclasses.replace(lanes, top_down=True, top_down_blocks=per)
         out[f"topdown-s16-b{per}"] = dataclasses.replace(out["topdown-s16"], top_down_blocks=per)
+    # "tdr{k}": k four-warp final programs per row, each drawing the best blocks of 16 / k segments of its range as
+    # one tile, then its listed blocks 32 at a time (a few round trips a program); "-w8": eight warps, "-b16": 16
+    # blocks at a time, "-s{k}": k seed segments
+    for k in (1, 2, 4, 8):
+        out[f"tdr{k}"] = dataclasses.replace(lanes, top_down=True, sweep_chunks=k, sweep_warps=4,
+                                             top_down_seeds=max(4, 16 // k), top_down_blocks=32)
+    out["tdr1-w8"] = dataclasses.replace(out["tdr1"], sweep_warps=8)
+    out["tdr1-b16"] = dataclasses.replace(out["tdr1"], top_down_blocks=16)
+    for k in (4, 32):
+        out[f"tdr1-s{k}"] = dataclasses.replace(out["tdr1"], top_down_seeds=k)
+    # "tdz{k}": k one-warp final programs per stats chunk that find row n's block maxima themselves (z of row n read
+    # once, one max per logit; the stats launch unchanged), 4 seed blocks, then 4 listed blocks at a time
+    for k in (2, 4, 8, 16, 32):
+        out[f"tdz{k}"] = dataclasses.replace(lanes, top_down=True, top_down_maxima="final", sweep_chunks=k * lanes.num_chunks,
+                                             sweep_warps=1, top_down_seeds=4, top_down_blocks=4)
+        for r in (40, 48):  # a register cap for more resident one-warp programs (72 registers: 28 a SM)
+            out[f"tdz{k}-r{r}"] = dataclasses.replace(out[f"tdz{k}"], max_registers=r)
+    out["tdz8-w2"] = dataclasses.replace(out["tdz8"], sweep_warps=2)
+    out["tdz8-b8"] = dataclasses.replace(out["tdz8"], top_down_seeds=8, top_down_blocks=8)
+    out["tdz8-s1"] = dataclasses.replace(out["tdz8"], top_down_seeds=1, top_down_blocks=2)
     out["lanes-again"] = lanes  # the default timed once more, after the others: the run's noise
     # batch groups: a stats + final pair per k rows, chained by PDL, so that group j + 1's stats stream while
     # group j sweeps its rows n (re-read from L2 rather than DRAM); with the whole batch's tiling ("bg{k}") or

@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     import torch
 
     from flashspec.config import SamplingConfig
-    from flashspec_torch import verify, verify_triton
+    from flashspec_torch import verify_reference, verify_triton
     from verify_variants import variants
 
     args = parse_args(argv)
@@ -56,7 +56,9 @@ def main(argv=None) -> None:
     kc = variants(args.batch, args.gamma, args.vocab, itemsize, device)[args.variant]
     seed = torch.full((args.batch,), 7, dtype=torch.int64, device=device)
     offset = torch.zeros((), dtype=torch.int64, device=device)
-    want = verify(**sets[0], temperature=args.temperature, seed=seed, offset=offset, impl="reference")
+    ref = sets[0]  # the reference draws with the variant's noise (top-down variants: flashspec.random.gumbel_top_down)
+    want = verify_reference(ref["target_logits"], ref["draft_tokens"], ref["draft_logits"], ref["draft_logprobs"], cfg,
+                            seed, offset, top_down=kc.top_down)
     got = None
     for _, inp in zip(range(args.calls), itertools.cycle(sets)):
         got = verify_triton(inp["target_logits"], inp["draft_tokens"], inp["draft_logits"], inp["draft_logprobs"],

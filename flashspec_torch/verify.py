@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -28,11 +28,10 @@ from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult, check_verify_args
 
 from . import persistent as schedule
+from .kernel_config import KernelConfig, check_top_down
 from .reference import gather, log_probs, scale, sorted_nucleus, verify_reference
 
 IMPLS = ("triton", "reference")
-VARIANTS = ("lanes", "tile")  # KernelConfig.stream / .sweep
-SCHEDULES = ("two_launch", "persistent")  # KernelConfig.schedule of the split path
 DEFAULT_SCHEDULE = "two_launch"  # choose_config's schedule on a GPU (the one-line switch)
 INT32_MAX = 2**31 - 1
 
@@ -125,110 +124,6 @@ def check_logits(name: str, a: torch.Tensor) -> None:  # [..., V]
 
 
 # ----------------------------------------------------------------------------- the Triton path
-
-
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tiling of the verify kernels (see ``flashspec_torch/kernels/verify.py``)."""
-
-    block_b: int = 1  # batch rows per program
-    block_v: int = 1024  # vocabulary entries per row per step of the normaliser pass
-    sweep_v: int = 4096  # vocabulary entries per step of the row-n sweep
-    num_chunks: int = 1  # programs per batch row along V; 1: the single fused launch
-    num_warps: int = 4
-    stream: str = "lanes"  # normaliser pass: "lanes" (row by row, per-thread running max / sum) or "tile"
-    sweep: str = "lanes"  # row-n sweep: "lanes" (per-slot running argmax, exp2 / lg2) or "tile"
-    fast_math: bool = True  # "lanes" on a GPU: lg2.approx for -log(E) and log r, z / T by FMA (never in the interpreter)
-    prune: bool = True  # "lanes" sweep: skip the keys of tiles that cannot hold the winner (exact)
-    schedule: str = "two_launch"  # "persistent": both phases in one launch of ticketed items (kernels/persistent.py)
-    programs_per_sm: int = 3  # "persistent": P = SMs x this on a GPU (sm_90: 159 registers: 3 resident); interpreter: P
-    lookahead: int = 0  # "persistent": phase 2 of tile k after phase 1 of tile k + L; 0: L ~ P / items per tile
-    max_registers: int = 0  # GPU: ptxas register cap (maxnreg) of the final / persistent launch; 0: none
-    pdl: bool = False  # two launches on Hopper+: the final launch starts during the stats launch's tail (PDL)
-    sweep_chunks: int = 0  # split path: programs (persistent: phase-2 items) per batch row of the sweep of row n; 0: num_chunks
-    sweep_warps: int = 0  # two launches: warps of the final launch; 0: num_warps
-    shared_floor: bool = False  # two launches, prune: the programs of a row share the sweep's pruning floor
-    prune_hint: bool = False  # two launches, prune: the sweep's floor starts from the keys of row n's chunk maxima
-    sweep_slots: int = 0  # "lanes" sweep, prune: votes per tile, one per slot of sweep_v / S logits (kernels/slots.py); 0: one
-    sweep_ahead: int = 1  # the slot-vote sweep (sweep_slots > 1): tiles of row n loaded ahead of the one evaluated (1-3),
-    # held in registers; 0: each tile loaded in its own iteration, the loop pipelined by Triton (sweep_stages stages)
-    sweep_stages: int = 3  # sweep_ahead=0: Triton's software-pipelining stages of the slot-vote sweep (2-6)
-    lazy_draft: bool = False  # the slot-vote sweep, draft logits: row n of the draft read only where a logit can win
-    bf16_pairs: bool = False  # the slot-vote sweep, bfloat16 rows of unit stride: read as int32 pairs, widened by hand
-    reverse_final: bool = False  # two launches: the final launch sweeps rows and chunks in reverse (L2 reuse)
-    batch_group: int = 0  # two launches: rows per batch group, a stats + final pair per group, chained by PDL; 0: one pair
-    tile_bounds: bool = False  # two launches, slot-vote sweep, no top-k / top-p, block_b 1: the stats launch bounds the
-    # keys of every block_v tile of every target row, and one final program per row sweeps only row n's tiles that can
-    # hold a winner (kernels/bounds.py)
-    top_down: bool = False  # two launches, no top-k / top-p, block_b 1: the FINAL draw under the top-down noise
-    # (flashspec.random.gumbel_top_down: the same law, other tokens than the default for a seed); the stats launch
-    # keeps every block of 64 logits' maximum and row n's blocks are drawn only where they can win (kernels/topdown.py)
-    top_down_blocks: int = 1  # top_down: blocks a final program draws together (1, 2, 4, 8), their loads in flight at once
-
-    def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"{self.schedule=} must be one of {SCHEDULES}")
-        if not (isinstance(self.programs_per_sm, int) and self.programs_per_sm >= 1):
-            raise ValueError(f"{self.programs_per_sm=} must be an int >= 1")
-        if not (isinstance(self.lookahead, int) and self.lookahead >= 0):
-            raise ValueError(f"{self.lookahead=} must be an int >= 0 (0: automatic)")
-        for name in ("sweep_chunks", "sweep_warps"):
-            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 0):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 0 (0: as num_chunks / num_warps)")
-        if self.sweep_slots not in (0, 1, 2, 4, 8, 16) or self.sweep_v % max(1, self.sweep_slots):
-            raise ValueError(f"{self.sweep_slots=} must be 0 (one vote per tile) or one of 1, 2, 4, 8, 16 dividing "
-                             f"{self.sweep_v=}")
-        if self.sweep_ahead not in (0, 1, 2, 3):
-            raise ValueError(f"{self.sweep_ahead=} must be 1, 2 or 3 (tiles loaded ahead by the slot-vote sweep) "
-                             "or 0 (Triton's pipeliner)")
-        if self.sweep_stages not in range(2, 7):
-            raise ValueError(f"{self.sweep_stages=} must be 2 to 6 (software-pipelining stages of the sweep)")
-        if self.sweep_slots > 1 and self.shared_floor:
-            raise ValueError(f"{self.sweep_slots=} does not combine with shared_floor=True: use one of the two")
-        if self.sweep_warps not in (0, 1, 2, 4, 8, 16):
-            raise ValueError(f"{self.sweep_warps=} must be 0 (num_warps) or one of 1, 2, 4, 8, 16")
-        if self.top_down_blocks not in (1, 2, 4, 8):
-            raise ValueError(f"{self.top_down_blocks=} must be 1, 2, 4 or 8 (blocks of 64 drawn together)")
-        if self.lazy_draft and self.sweep_ahead != 1:
-            raise ValueError(f"{self.lazy_draft=} loads its own tiles ahead: leave {self.sweep_ahead=} at 1")
-        for name in ("pdl", "shared_floor", "prune_hint", "reverse_final", "lazy_draft", "bf16_pairs", "tile_bounds",
-                     "top_down"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a bool")
-        if not (isinstance(self.max_registers, int) and (self.max_registers == 0 or 24 <= self.max_registers <= 255)):
-            raise ValueError(f"{self.max_registers=} must be 0 (no cap) or an int in [24, 255]")
-        for name in ("stream", "sweep"):
-            if getattr(self, name) not in VARIANTS:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be one of {VARIANTS}")
-        for name in ("block_b", "block_v", "sweep_v"):
-            val = getattr(self, name)
-            if not (isinstance(val, int) and val >= 1 and val & (val - 1) == 0):
-                raise ValueError(f"{name}={val!r} must be a power of two >= 1")
-        if not (isinstance(self.batch_group, int) and self.batch_group >= 0 and self.batch_group % self.block_b == 0):
-            raise ValueError(f"{self.batch_group=} must be 0 (one launch pair) or a positive multiple of {self.block_b=}")
-        if self.block_v < 16 or self.sweep_v < 16:
-            raise ValueError(f"{self.block_v=} and {self.sweep_v=} must be >= 16")
-        if not (isinstance(self.num_chunks, int) and self.num_chunks >= 1):
-            raise ValueError(f"{self.num_chunks=} must be an int >= 1")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"{self.num_warps=} must be one of 1, 2, 4, 8, 16")
-
-
-def check_top_down(config: KernelConfig, two_launch: bool, filtered: bool) -> None:
-    """The top-down noise's draw (kernels/topdown.py) runs in one configuration; raise where it cannot, rather
-    than draw with the other noise (other tokens for the same seed)."""
-    if filtered:
-        raise ValueError("KernelConfig(top_down=True) draws from unfiltered rows: drop top_k / top_p, or use a "
-                         "config without top_down")
-    if not two_launch:
-        raise ValueError(f"KernelConfig(top_down=True) needs two launches: {config.num_chunks=} must split V into "
-                         f"2 or more chunks of {config.block_v=}, with {config.schedule=} 'two_launch'")
-    if config.block_b != 1 or config.stream != "lanes" or config.block_v < 64:
-        raise ValueError(f"KernelConfig(top_down=True) needs block_b=1, stream='lanes' and block_v >= 64, got "
-                         f"{config.block_b=}, {config.stream=}, {config.block_v=}")
-    if config.shared_floor or config.prune_hint:
-        raise ValueError("KernelConfig(top_down=True) takes its floor from its own blocks: leave shared_floor and "
-                         "prune_hint off")
 
 
 def next_pow2(k: int) -> int:
@@ -443,7 +338,10 @@ def verify_triton(
         ck, ci, cf = torch.empty((b, sweeps, 2), **f32), torch.empty((b, sweeps, 2), **i32), torch.empty((b, sweeps), **i32)
         counter = None if persistent else torch.empty((tiles,), **i32)
     kb = torch.empty((b, 2), **i32) if share_k or top_down else num  # reset by the stats launch
-    bnd = torch.empty((b, g1, n_tiles), **f32) if bounds or top_down else num  # written by the stats launch
+    own_maxima = top_down and config.top_down_maxima == "final"  # row n's block maxima found by the final programs
+    bnd = torch.empty((b, 1 if own_maxima else g1, n_tiles), **f32) if bounds or top_down else num  # the block bounds
+    nr = next_pow2(sweep_chunk // 64) if top_down else 1  # blocks of 64 of a top-down final program (a power of two)
+    lst = torch.empty((b, sweeps, nr), **i32) if top_down else num  # its list of blocks to draw (kernels/topdown.py)
     counters = (z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride)
     seeds = dict(SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
                  PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1)
@@ -477,15 +375,15 @@ def verify_triton(
                     **(dict(launch_pdl=True) if chained else {}),
                     **(dict(zip(("seed_ptr", "offset_ptr", "seed_lo", "seed_hi", "offset_lo", "s_seed", "s_offset"),
                                 counters), bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, **seeds) if bounds else {}),
-                    **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=2) if top_down else {}))
+                    **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=2) if top_down and not own_maxima else {}))
             kernels.verify_final_kernel[(g_tiles, 1 if greedy else sweeps)](
                 *args[:-2], kb, *args[-2:], g_end, *sizes[1:4], sweep_chunk, sweeps, *sizes[4:], t0,
                 NSC=next_pow2(sweeps), FUSED=fused, SHARE_K=share_k, HINT=hint, SLOTS=slots,
                 AHEAD=config.sweep_ahead if slots > 1 else 1, REVERSE=config.reverse_final and two_launch,
                 LAZY=lazy, STAGES=config.sweep_stages, PAIRS=pairs, **final_flags, **launch,
                 **(dict(bnd_ptr=bnd, n_tiles=n_tiles, BOUNDS=True, NTP=next_pow2(n_tiles)) if bounds else {}),
-                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NR=next_pow2(sweep_chunk // 64),
-                        PER=config.top_down_blocks) if top_down else {}))
+                **(dict(bnd_ptr=bnd, n_tiles=n_tiles, TOPDOWN=True, NR=nr, PER=config.top_down_blocks, lst_ptr=lst,
+                        SEEDS=min(config.top_down_seeds, nr), OWN_MAXIMA=own_maxima) if top_down else {}))
         return VerifyResult(num_accepted=num, tokens=tokens)
     per_tile = chunks + (1 if greedy else sweeps)  # phase-1 and phase-2 items of one batch tile
     programs, lookahead = schedule.grid(device_sms(dev) * config.programs_per_sm, config.lookahead, tiles, per_tile)

@@ -55,7 +55,7 @@ for step in $steps; do
     tune) timeout ${TUNE_TIMEOUT:-560} python3 benchmarks/verify_variants.py --out "$OUT" --no-jax --temperatures 1.0 --budget-s ${TUNE_BUDGET:-470} \
              --shapes ${TUNE_SHAPES:-128:1:128256:float32,128:4:128256:bfloat16,32:4:128256:float32,128:4:32000:float32,256:1:32000:float32,256:1:128256:bfloat16,256:4:32000:bfloat16,32:8:128256:bfloat16,128:1:128256:bfloat16,128:8:32000:bfloat16} \
              --variants ${TUNE_VARIANTS:-lanes,lanes-pipe2,pdl-s4-w1,pdl-s8-w1,pdl-s16-w1,pdl-s8-w2,lanes-c2,lanes-double-chunks,lanes-slots8,lanes-no-pairs,lanes-again} \
-             --split none > "$OUT/verify_tune.log" 2>&1; grep "^B=" "$OUT/verify_tune.log"; tail -2 "$OUT/verify_tune.log" ;;
+             --split ${TUNE_SPLIT:-none} > "$OUT/verify_tune.log" 2>&1; grep "^B=" "$OUT/verify_tune.log"; tail -${TUNE_TAIL:-2} "$OUT/verify_tune.log" ;;
     ncu) n=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1); echo "ncu: $n"
          for s in ${NCU_SHAPES:-256:1:128256:bfloat16 256:4:32000:bfloat16 256:4:128256:bfloat16 128:4:128256:bfloat16}; do
            IFS=: read -r b g v d <<< "$s"

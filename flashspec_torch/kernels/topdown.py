@@ -9,13 +9,14 @@ all at most
     max_j z_j k - lse_p log2(e) - log2(c_t)      (key_r <= key_p; k = log2(e) / T)
 
 from one hash per block. The stats launch, which reads every target row anyway, keeps every block of 64 logits'
-maximum (``lanes.row_lse_lanes``, BOUNDS = 2). Each final program of row n bounds the blocks of its own range,
-draws its best block first, publishes its best key_p and key_r to the row's two shared maxima (atomic max on their
-ordered bits; the stats launch resets them) and takes the floor K = min of the row's maxima (key_p's alone where
-the draw is from p), then draws, one block of 64 at a time, only its blocks whose bound reaches K, re-reading the
-row's maxima after each. Exact: every K is a key some logit of the row reaches, so a block left out holds
-neither winner; a residual row whose programs find no residual mass keeps K = -inf and draws every block (its
-fallback to p stays exact). ``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row drawn,
+maximum (``lanes.row_lse_lanes``, BOUNDS = 2). Each final program of row n bounds the blocks of its own range
+(one hash per block), draws the best block of each of SEEDS segments of it as one tile, and takes the floor K = min
+of its best key_p and key_r (key_p's alone where the draw is from p; with other programs on the row, the row's
+maxima so far: atomic max on their ordered bits, reset by the stats launch). It then lists its other blocks whose
+bound reaches K (a prefix sum into a scratch row of NR int32) and draws them PER at a time as [PER, 64] tiles: a
+few dependent round trips a program, where drawing one block at a time made each program a chain of them. Exact:
+every K is a key some logit of the row reaches, so a block left out holds neither winner; a residual row whose
+seeds hold no residual mass keeps K = -inf and draws every block (its fallback to p stays exact). ``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row drawn,
 ~10% at V = 32000.
 """
 
@@ -91,14 +92,38 @@ def share_floor(kf_row, best_p, best_r, from_p, live):
 
 
 @triton.jit
-def sweep_row_top_down(z_row, w_row, bm_row, kf_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p, lse_q,
-                       x_n, k_final, k_blk, b_mask, use_p, NR: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr,
-                       PER: tl.constexpr = 1):
+def store_block_maxima(z_row, bm_row, blk_lo, blk_hi, sv_z, V, live, CB: tl.constexpr):
+    """Row n's largest logit of every block of 64 in [blk_lo, blk_hi) at bm_row[t] (raw z; live: a scalar), read
+    CB blocks at a time, the next CB loaded before this step's maxima: one max per logit, no hash."""
+    cb = tl.arange(0, CB)
+    e = tl.arange(0, BLOCK)[None, :]
+    blk = blk_lo + cb
+    j = blk[:, None] * BLOCK + e
+    z_next = tl.load(z_row + j.to(tl.int64) * sv_z, mask=(blk < blk_hi)[:, None] & (j < V) & live, other=NEG_INF)
+    for t0 in range(blk_lo, blk_hi, CB):
+        blk = t0 + cb
+        z = z_next
+        jn = (blk + CB)[:, None] * BLOCK + e
+        z_next = tl.load(z_row + jn.to(tl.int64) * sv_z, mask=(blk + CB < blk_hi)[:, None] & (jn < V) & live,
+                         other=NEG_INF)
+        tl.store(bm_row + blk, tl.max(z, axis=1).to(tl.float32), mask=(blk < blk_hi) & live)
+    tl.debug_barrier()  # read back by other threads of the program
+
+
+@triton.jit
+def sweep_row_top_down(z_row, w_row, bm_row, kf_row, list_row, n_blocks, blk_lo, blk_hi, sv_z, sv_w, V, inv_T, lse_p,
+                       lse_q, x_n, k_final, k_blk, b_mask, use_p, NR: tl.constexpr, HAS_W: tl.constexpr,
+                       FAST: tl.constexpr, SEEDS: tl.constexpr = 1, PER: tl.constexpr = 1, share=True,
+                       OWN_MAXIMA: tl.constexpr = False, CB: tl.constexpr = 16):
     """Gumbel-max over blocks [blk_lo, blk_hi) of row n (one batch row: z_row, w_row, bm_row [1] pointers to row n's
     logits, draft logits and n_blocks block maxima (the stats launch's), kf_row a pointer to the row's two shared
-    maxima (reset by the stats launch); the rest [1]; NR: a power of two >= the range's blocks; PER: blocks drawn
-    together after the first, their loads in flight at once): (best_r, idx_r, best_p, idx_p, residual mass > 0), each
-    [1], as ``slots.sweep_row_slots`` returns them for its range."""
+    maxima (reset by the stats launch), list_row to NR int32 of scratch; the rest [1]; NR: a power of two >= the
+    range's blocks; SEEDS: segments of the range whose best block is drawn first, as one tile; PER: blocks drawn
+    together after them, their loads in flight at once; share: other programs draw the row's other ranges;
+    OWN_MAXIMA: the block maxima are not the stats launch's: the program reads z of its range of row n first and
+    writes them to bm_row itself, CB blocks a step):
+    (best_r, idx_r, best_p, idx_p, residual mass > 0), each [1], as ``slots.sweep_row_slots`` returns them for its
+    range."""
     k = exp2_scale(inv_T, False)
     lse_p2 = tl.max(lse_p, axis=0) * LOG2E
     lse_q2 = tl.max(lse_q, axis=0) * LOG2E
@@ -107,41 +132,44 @@ def sweep_row_top_down(z_row, w_row, bm_row, kf_row, n_blocks, blk_lo, blk_hi, s
     k_blk = tl.max(k_blk, axis=0)
     x_n = tl.max(x_n, axis=0)
     from_p = tl.max(use_p.to(tl.int32), axis=0) != 0
+    if OWN_MAXIMA:
+        store_block_maxima(z_row, bm_row, blk_lo, blk_hi, sv_z, V, live, CB)
     # ---- the bound of every block of the range: max z k - lse_p log2(e) - log2 c_t
     tr = blk_lo + tl.arange(0, NR)
     mine = (tr < blk_hi) & (tr < n_blocks) & live
     c, _ = block_noise(k_blk, tr)
     reach = tl.load(bm_row + tr, mask=mine, other=NEG_INF) * k - lse_p2 - log2_approx(c, FAST)
     reach = tl.where(mine, reach, NEG_INF)
-    # ---- the range's best block first, then the floor shared by the row's programs
-    top = tl.max(reach, axis=0)
-    blk = tl.min(tl.where(mine & (reach == top), tr, BIG_INDEX), axis=0)
-    any_mine = tl.max(mine.to(tl.int32), axis=0) != 0
+    # ---- the seeds: the best block of each of SEEDS equal segments of the range, drawn as one tile, give the floor
+    seg: tl.constexpr = NR // SEEDS
+    tr2 = tl.reshape(tr, (SEEDS, seg))
+    reach2 = tl.reshape(reach, (SEEDS, seg))
+    mine2 = tl.reshape(mine.to(tl.int32), (SEEDS, seg)) != 0
+    top = tl.max(reach2, axis=1)  # [SEEDS]
+    seed = tl.min(tl.where(mine2 & (reach2 == top[:, None]), tr2, BIG_INDEX), axis=1)
+    has = seed < BIG_INDEX
     neg = tl.full((), NEG_INF, tl.float32)
     big = tl.full((), BIG_INDEX, tl.int32)
-    one = tl.zeros((1,), tl.int32)
     best_r, idx_r, best_p, idx_p, mass = eval_blocks(
-        z_row, w_row, sv_z, sv_w, one + blk, (one == 0) & any_mine, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, neg,
-        big, neg, big, tl.full((), 0, tl.int1), HAS_W, FAST)
-    floor = share_floor(kf_row, best_p, best_r, from_p, any_mine)
-    # ---- the range's other blocks whose bound reaches the floor, the PER lowest still alive at a time (drawn as
-    # one tile, their loads in flight together), the floor rising as the row's programs find better keys
-    alive = mine & (tr != blk) & (reach >= floor - PRUNE_SLACK)
-    left = tl.sum(alive.to(tl.int32), axis=0)
+        z_row, w_row, sv_z, sv_w, tl.where(has, seed, 0), has, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, neg, big,
+        neg, big, tl.full((), 0, tl.int1), HAS_W, FAST)
+    floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))  # -inf until residual mass was seen
+    if share:
+        floor = share_floor(kf_row, best_p, best_r, from_p, tl.max(has.to(tl.int32), axis=0) != 0)
+    # ---- every other block of the range whose bound reaches the floor, listed in order (a prefix sum into the
+    # scratch row), then drawn PER at a time
+    seeded = tl.reshape((tr2 == seed[:, None]).to(tl.int32), (NR,)) != 0
+    alive = mine & ~seeded & (reach >= floor - PRUNE_SLACK)
+    at = tl.cumsum(alive.to(tl.int32), axis=0)
+    left = tl.max(at, axis=0)
+    tl.store(list_row + at - 1, tr, mask=alive)
+    tl.debug_barrier()  # the list is read back by other threads of the program
     q = tl.arange(0, PER)
-    while left > 0:
-        blks = tl.zeros((PER,), tl.int32)
-        taken = tl.zeros((PER,), tl.int1)
-        for s in tl.static_range(PER):
-            nxt = tl.min(tl.where(alive, tr, BIG_INDEX), axis=0)
-            some = nxt < BIG_INDEX
-            blks = tl.where((q == s) & some, nxt, blks)
-            taken = taken | ((q == s) & some)
-            alive = alive & (tr != nxt)
+    for base in range(0, left, PER):
+        ok = base + q < left
+        blks = tl.load(list_row + base + q, mask=ok, other=0)
         best_r, idx_r, best_p, idx_p, mass = eval_blocks(
-            z_row, w_row, sv_z, sv_w, blks, taken, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
+            z_row, w_row, sv_z, sv_w, blks, ok, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, best_r, idx_r, best_p,
             idx_p, mass, HAS_W, FAST)
-        floor = share_floor(kf_row, best_p, best_r, from_p, left > 0)
-        alive = alive & (reach >= floor - PRUNE_SLACK)
-        left = tl.sum(alive.to(tl.int32), axis=0)
+    one = tl.zeros((1,), tl.int32)
     return one + best_r, one + idx_r, one + best_p, one + idx_p, one + mass.to(tl.int32)

@@ -227,7 +227,7 @@ def verify_final_kernel(
     SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, REVERSE: tl.constexpr = False, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
     NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, NR: tl.constexpr = 1,
-    PER: tl.constexpr = 1,
+    PER: tl.constexpr = 1, lst_ptr=0, SEEDS: tl.constexpr = 1, OWN_MAXIMA: tl.constexpr = False,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC):
     the C phase-1 partials of a row are recombined by each of its SC programs, and program c sweeps
@@ -248,7 +248,8 @@ def verify_final_kernel(
                B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
                G, ROWS, NC, NSC, BLOCK_B, BLOCK_V, SWEEP_V, HAS_W, HAS_LQ, FILTER, GREEDY, FUSED, SEED_TENSOR,
                OFFSET_TENSOR, PER_ROW_SEED, LANES, SWEEP_LANES, VEC, FAST, PRUNE, False, PDL, SHARE_K, HINT, SLOTS, AHEAD,
-               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP, TOPDOWN, NR, PER)
+               LAZY, STAGES, PAIRS, bnd_ptr, n_tiles, BOUNDS, NTP, TOPDOWN, NR, PER, lst_ptr, SEEDS,
+               OWN_MAXIMA)
 
 
 @triton.jit
@@ -265,7 +266,7 @@ def final_item(
     HINT: tl.constexpr, SLOTS: tl.constexpr = 1, AHEAD: tl.constexpr = 1, LAZY: tl.constexpr = False,
     STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False, bnd_ptr=0, n_tiles=0, BOUNDS: tl.constexpr = False,
     NTP: tl.constexpr = 1, TOPDOWN: tl.constexpr = False, NR: tl.constexpr = 1,
-    PER: tl.constexpr = 1,
+    PER: tl.constexpr = 1, lst_ptr=0, SEEDS: tl.constexpr = 1, OWN_MAXIMA: tl.constexpr = False,
 ):
     """The work of batch tile pid_b, chunk pid_c of ``verify_final_kernel``. PERSISTENT (called by
     ``verify_persistent_kernel``): the phase-1 partials are read with volatile loads (written by
@@ -277,7 +278,10 @@ def final_item(
     PAIRS (not LAZY): bfloat16 rows of unit stride read as int32 pairs (``slots.load_slot_tile``). TOPDOWN (one
     batch row a program, no top-k / top-p): the top-down FINAL noise, row n's blocks of 64 drawn only where the
     stats launch's block maxima let them reach the floor its programs share in kb_ptr
-    (``topdown.sweep_row_top_down``; NR: a power of two >= a program's blocks, PER: blocks drawn together)."""
+    (``topdown.sweep_row_top_down``; NR: a power of two >= a program's blocks, SEEDS: segments whose best block is
+    drawn first, PER: blocks drawn together after them; lst_ptr: NR int32 of scratch per program; OWN_MAXIMA: the
+    final programs find row n's block maxima themselves, reading z of row n, and bnd_ptr holds one row of them per
+    batch row)."""
     HAS_W_STATS: tl.constexpr = HAS_W and not HAS_LQ
     b = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     b_mask = b < B
@@ -391,10 +395,12 @@ def final_item(
         use_p = (n == G) | ~x_n_ok  # the bonus; or a masked draft id: y ~ p
         if TOPDOWN:  # the top-down noise: blocks of 64 whose bound (the stats launch's block maxima) reaches the floor
             k_blk = key(lo, hi, off, row, n.to(tl.uint32), tl.full((), FINAL_BLOCKS_STREAM, tl.uint32))
+            bm_n = bnd_ptr + (b64 if OWN_MAXIMA else b64 * (G + 1) + n) * n_tiles  # row n's block maxima
             best_r, idx_r, best_p, idx_p, mass = sweep_row_top_down(
-                z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, kb_ptr + pid_b.to(tl.int64) * 2, n_tiles,
-                v_lo // BLOCK, (v_hi + BLOCK - 1) // BLOCK, szv, swv, V, inv_T, pick_row(lse_p, i, n), lse_qn, x_n,
-                k_final, k_blk, b_mask, use_p, NR, HAS_W, FAST, PER)
+                z_n, w_n, bm_n, kb_ptr + pid_b.to(tl.int64) * 2,
+                lst_ptr + (pid_b.to(tl.int64) * SC + pid_c) * NR, n_tiles, v_lo // BLOCK, (v_hi + BLOCK - 1) // BLOCK,
+                szv, swv, V, inv_T, pick_row(lse_p, i, n), lse_qn, x_n, k_final, k_blk, b_mask, use_p, NR, HAS_W, FAST,
+                SEEDS, PER, SC > 1, OWN_MAXIMA)
         elif BOUNDS:
             best_r, idx_r, best_p, idx_p, mass = sweep_row_bounded(
                 z_n, w_n, bnd_ptr + (b64 * (G + 1) + n) * n_tiles, n_tiles, szv, swv, V, T, inv_T, pick_row(lse_p, i, n),

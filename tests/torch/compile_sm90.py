@@ -16,7 +16,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashspec_torch.kernels import verify as kernels  # noqa: E402
 
 INT_PTRS = {"tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr", "ticket_ptr",
-            "ready_ptr", "kb_ptr"}
+            "ready_ptr", "kb_ptr", "lst_ptr"}
 I64_PTRS = {"x_ptr", "seed_ptr", "offset_ptr"}
 F32_PTRS = {"thr_p_ptr", "thr_q_ptr", "m_ptr", "l_ptr", "ck_ptr", "lq_ptr", "bnd_ptr"}
 
@@ -56,7 +56,8 @@ LANES4 = dict(LANES, VEC=4)  # fp32 logits: 4 per 16-byte load
 # the split pair's options, unless a variant says: no PDL, the sweep's floor per program from -inf, 16 sweep chunks,
 # one pruning vote per sweep tile
 DEFAULTS = dict(PDL=False, HINT=False, SHARE_K=False, NSC=16, SLOTS=1, AHEAD=1, WAIT_END=False, REVERSE=False, LAZY=False,
-                STAGES=3, PAIRS=False, BOUNDS=False, NTP=1, TOPDOWN=False, NR=1, PER=1, **COUNTERS)
+                STAGES=3, PAIRS=False, BOUNDS=False, NTP=1, TOPDOWN=False, NR=1, PER=1, SEEDS=1, OWN_MAXIMA=False,
+                **COUNTERS)
 VARIANTS = [
     (kernels.verify_stats_kernel, "fp32", dict(**TILE, HAS_W_STATS=True, FILTER=True, GREEDY=False)),
     (kernels.verify_stats_kernel, "bf16", dict(**TILE, HAS_W_STATS=False, FILTER=False, GREEDY=True)),
@@ -154,6 +155,16 @@ VARIANTS = [
     (kernels.verify_final_kernel, "fp32", dict(**FINAL, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=False, HAS_LQ=False,
                                                FILTER=False, GREEDY=False, FUSED=False, SEED_TENSOR=True,
                                                OFFSET_TENSOR=True, PER_ROW_SEED=True, TOPDOWN=True, NR=32, PER=4)),
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=False,
+                                               FILTER=False, GREEDY=False, FUSED=False, PDL=True, TOPDOWN=True, NR=2048,
+                                               SEEDS=16, PER=32)),  # one program a row at V = 128256
+    # KernelConfig(top_down_maxima="final"): the final programs find row n's block maxima themselves
+    (kernels.verify_final_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True, HAS_LQ=True,
+                                               FILTER=False, GREEDY=False, FUSED=False, PDL=True, TOPDOWN=True, NR=128,
+                                               SEEDS=4, PER=4, OWN_MAXIMA=True)),
+    (kernels.verify_final_kernel, "fp32", dict(**FINAL, **COUNTERS, **LANES4, SWEEP_LANES=True, PRUNE=True, HAS_W=False,
+                                               HAS_LQ=False, FILTER=False, GREEDY=False, FUSED=False, TOPDOWN=True, NR=64,
+                                               SEEDS=2, PER=8, OWN_MAXIMA=True)),
     # KernelConfig(schedule="persistent"): both phases in one launch of ticketed work items
     (kernels.verify_persistent_kernel, "bf16", dict(**FINAL, **COUNTERS, **LANES, SWEEP_LANES=True, PRUNE=True, HAS_W=True,
                                                     HAS_LQ=True, FILTER=False, GREEDY=False)),

@@ -3,7 +3,8 @@ its NumPy oracle, flashspec.reference.verify_top_down, and a law-preserving chan
 step: the exactness suite's law is checked on that oracle (tests/core/test_exactness_suite.py).
 
 Checked by hand that the parity test fails for a broken kernel: a block bound 4 below the true one (topdown.py,
-``bound``), the floor taken as max(best key_p, best key_r), and the block's maximum left out (E'_{I_t} = E_j)."""
+``reach``), the floor taken as max(best key_p, best key_r), the block's maximum left out (E'_{I_t} = E_j), and the
+list's last partial tile of blocks left out."""
 
 import numpy as np
 import pytest
@@ -17,6 +18,12 @@ from flashspec_torch.reference import verify_reference
 
 TOP_DOWN = KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=3, sweep_chunks=4, top_down=True)
 TOP_DOWN_4 = KernelConfig(block_b=1, block_v=256, num_chunks=3, sweep_chunks=2, top_down=True, top_down_blocks=4)
+SEEDED = KernelConfig(block_b=1, block_v=256, num_chunks=3, sweep_chunks=1, top_down=True, top_down_seeds=4,
+                      top_down_blocks=8)  # one program a row: 4 seed blocks, then its list 8 blocks at a time
+OWN_MAXIMA = KernelConfig(block_b=1, block_v=256, num_chunks=3, sweep_chunks=4, top_down=True, top_down_seeds=2,
+                          top_down_blocks=4, top_down_maxima="final")  # the final programs find row n's block maxima
+OWN_ONE = KernelConfig(block_b=1, block_v=256, num_chunks=3, sweep_chunks=1, top_down=True, top_down_seeds=4,
+                       top_down_maxima="final")  # ... one program a row: its 25 blocks read in two steps of 16
 
 
 def run(inp, cfg, config, *, logits=True, logprobs=False, seed=7, offset=3):
@@ -40,10 +47,14 @@ def test_top_down_matches_its_oracle(spread):
     offsets = torch.tensor([3, 0, 2**31 + 1, 5, 8, 1])
     differs = 0
     cases = ((True, False, 7, 3, TOP_DOWN), (True, True, seeds, offsets, TOP_DOWN), (False, False, 7, 3, TOP_DOWN),
-             (True, False, seeds, offsets, TOP_DOWN_4), (False, False, 7, 3, TOP_DOWN_4))  # 4 blocks drawn together
+             (True, False, seeds, offsets, TOP_DOWN_4), (False, False, 7, 3, TOP_DOWN_4),  # 4 blocks drawn together
+             (True, False, seeds, offsets, SEEDED), (True, True, 7, 3, SEEDED), (False, False, 7, 3, SEEDED),
+             (True, False, seeds, offsets, OWN_MAXIMA), (True, True, 7, 3, OWN_MAXIMA), (False, False, 7, 3, OWN_MAXIMA),
+             (True, False, seeds, offsets, OWN_ONE))
     for logits, logprobs, seed, offset, config in cases:
         got, want, default = run(inp, cfg, config, logits=logits, logprobs=logprobs, seed=seed, offset=offset)
-        label = f"logits={logits} logprobs={logprobs} seeds={type(seed).__name__} blocks={config.top_down_blocks}"
+        label = (f"logits={logits} logprobs={logprobs} seeds={type(seed).__name__} blocks={config.top_down_blocks} "
+                 f"seed blocks={config.top_down_seeds} maxima={config.top_down_maxima}")
         np.testing.assert_array_equal(got.num_accepted.numpy(), want.num_accepted, err_msg=label)
         np.testing.assert_array_equal(got.tokens.numpy(), want.tokens, err_msg=label)
         differs += int((want.tokens != default.tokens).sum())
@@ -102,3 +113,7 @@ def test_top_down_options_are_checked():
         KernelConfig(top_down=1)
     with pytest.raises(ValueError, match="top_down_blocks"):
         KernelConfig(top_down=True, top_down_blocks=3)
+    with pytest.raises(ValueError, match="top_down_maxima"):
+        KernelConfig(top_down=True, top_down_maxima="draft")
+    with pytest.raises(ValueError, match="top_down_seeds"):
+        KernelConfig(top_down=True, top_down_seeds=64)
