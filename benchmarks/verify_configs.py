@@ -160,7 +160,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (2, 4, 8, 16, 32):
         out[f"tdz{k}"] = dataclasses.replace(lanes, top_down=True, top_down_maxima="final", sweep_chunks=k * lanes.num_chunks,
                                              sweep_warps=1, top_down_seeds=4, top_down_blocks=4)
-        for r in (40, 48):  # a register cap for more resident one-warp programs (72 registers: 28 a SM)
+        for r in (40, 48):  # a register cap for more resident one-warp programs (72 registers: 28 a SM); not yet timed
             out[f"tdz{k}-r{r}"] = dataclasses.replace(out[f"tdz{k}"], max_registers=r)
     out["tdz8-w2"] = dataclasses.replace(out["tdz8"], sweep_warps=2)
     out["tdz8-b8"] = dataclasses.replace(out["tdz8"], top_down_seeds=8, top_down_blocks=8)

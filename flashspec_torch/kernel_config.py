@@ -44,7 +44,8 @@ class KernelConfig:
     # hold a winner (kernels/bounds.py)
     top_down: bool = False  # two launches, no top-k / top-p, block_b 1: the FINAL draw under the top-down noise
     # (flashspec.random.gumbel_top_down: the same law, other tokens than the default for a seed); the stats launch
-    # keeps every block of 64 logits' maximum and row n's blocks are drawn only where they can win (kernels/topdown.py)
+    # (or, top_down_maxima='final', the final programs) finds every block of 64 logits' maximum and row n's blocks are
+    # drawn only where they can win (kernels/topdown.py)
     top_down_seeds: int = 1  # top_down: a final program first draws the best block of each of this many equal segments of
     # its range, as one tile, for its floor (1-32)
     top_down_blocks: int = 1  # top_down: blocks a final program draws together after its seeds (1-32), their loads in

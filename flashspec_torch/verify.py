@@ -320,7 +320,7 @@ def verify_triton(
     n_tiles = math.ceil(v / config.block_v)
     if bounds:
         sweep_chunk, sweeps = v, 1  # one final program per row
-    if top_down:  # programs of whole blocks of 64; the stats launch keeps the maximum of each
+    if top_down:  # programs of whole blocks of 64; the stats launch (or the final programs) find the maximum of each
         sweep_chunk, sweeps = split_vocab(v, config.sweep_chunks or chunks, 64)
         n_tiles = math.ceil(v / 64)
     tiles = math.ceil(b / config.block_b)

@@ -16,8 +16,11 @@ maxima so far: atomic max on their ordered bits, reset by the stats launch). It 
 bound reaches K (a prefix sum into a scratch row of NR int32) and draws them PER at a time as [PER, 64] tiles: a
 few dependent round trips a program, where drawing one block at a time made each program a chain of them. Exact:
 every K is a key some logit of the row reaches, so a block left out holds neither winner; a residual row whose
-seeds hold no residual mass keeps K = -inf and draws every block (its fallback to p stays exact). ``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row drawn,
-~10% at V = 32000.
+seeds hold no residual mass keeps K = -inf and draws every block (its fallback to p stays exact). With
+``KernelConfig(top_down_maxima="final")`` the stats launch keeps nothing: each final program first reads z of its
+range of row n and stores its blocks' maxima itself (``store_block_maxima``: one max per logit, no hash).
+``benchmarks/noise_skip_sim.py``: ~2.5% of the blocks of a flat V = 128256 row drawn with the row's final floor,
+~10% at V = 32000; timings: docs/kernel_notes.md, "Top-down on the H200".
 """
 
 import triton
