@@ -142,7 +142,7 @@ def variants(b: int, g: int, v: int, itemsize: int, device) -> dict:
     for k in (1, 2, 8, 16, 32):
         out[f"topdown-s{k}"] = dataclasses.replace(lanes, top_down=True, sweep_chunks=k * lanes.num_chunks, sweep_warps=1)
     out["topdown-w4"] = dataclasses.replace(lanes, top_down=True, sweep_warps=4)
-    for per in (2, 4, 8):  # blocks drawn together by a final program (their loads in flight at once)
+    for per in (2, 4, 8):  # blocks drawn together by a final program (their loads in flight at once); not yet timed
         out[f"topdown-b{per}"] = dataclasses.replace(lanes, top_down=True, top_down_blocks=per)
         out[f"topdown-s16-b{per}"] = dataclasses.replace(out["topdown-s16"], top_down_blocks=per)
     # "tdr{k}": k four-warp final programs per row, each drawing the best blocks of 16 / k segments of its range as

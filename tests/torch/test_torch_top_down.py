@@ -3,8 +3,9 @@ its NumPy oracle, flashspec.reference.verify_top_down, and a law-preserving chan
 step: the exactness suite's law is checked on that oracle (tests/core/test_exactness_suite.py).
 
 Checked by hand that the parity test fails for a broken kernel: a block bound 4 below the true one (topdown.py,
-``reach``), the floor taken as max(best key_p, best key_r), the block's maximum left out (E'_{I_t} = E_j), and the
-list's last partial tile of blocks left out."""
+``reach``), the floor taken as max(best key_p, best key_r), the block's maximum left out (E'_{I_t} = E_j), the
+list's last partial tile of blocks left out; with top_down_maxima="final", block maxima 3 too low and the blocks of
+every step of ``store_block_maxima`` after the first left unread."""
 
 import numpy as np
 import pytest
