@@ -28,6 +28,11 @@ def take_better(k_old, i_old, k_new, i_new):  # the larger key; on a tie the low
 
 
 @triton.jit
+def pruning_floor(best_p, best_r, from_p):  # the key a logit must reach to matter: p's best alone when the draw is
+    return tl.where(from_p, best_p, tl.minimum(best_p, best_r))  # from p, else -inf until residual mass was seen
+
+
+@triton.jit
 def sweep_row_bounded(z_row, w_row, bnd_row, n_tiles, sv_z, sv_w, V, T, inv_T, lse_p, lse_q, x_n,
                       k_final, b_mask, use_p, BLOCK_B: tl.constexpr, TILE: tl.constexpr, NTP: tl.constexpr,
                       SWEEP_V: tl.constexpr, SLOTS: tl.constexpr, HAS_W: tl.constexpr, FAST: tl.constexpr,
@@ -55,5 +60,5 @@ def sweep_row_bounded(z_row, w_row, bnd_row, n_tiles, sv_z, sv_w, V, T, inv_T, l
             best_r, idx_r = take_better(best_r, idx_r, k_r, i_r)
             best_p, idx_p = take_better(best_p, idx_p, k_p, i_p)
             mass = tl.maximum(mass, m)
-            floor = tl.where(use_p, best_p, tl.minimum(best_p, best_r))  # -inf until residual mass was seen
+            floor = pruning_floor(best_p, best_r, use_p)
     return best_r, idx_r, best_p, idx_p, mass

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from .random import mix, mix_body
+from .tile import NEG_INF
 
-NEG_INF = tl.constexpr(float("-inf"))
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 PRUNE_SLACK = tl.constexpr(0.01)  # log2 units; both sides' rounding is below 1e-5

@@ -32,10 +32,9 @@ index among its ties, so the winner, hence every token, is the same.
 import triton
 import triton.language as tl
 
-from .lanes import PRUNE_SLACK, draw_keys, exp2_scale, hash_gap, load_tile, log2_scaled, plane, sweep_scalars
+from .lanes import NEG_INF, PRUNE_SLACK, draw_keys, exp2_scale, hash_gap, load_tile, log2_scaled, plane, sweep_scalars
 from .random import mix
 
-NEG_INF = tl.constexpr(float("-inf"))
 NEG_PAIR = tl.constexpr(-8323200)  # 0xFF80FF80: two bfloat16 -inf as one int32
 
 

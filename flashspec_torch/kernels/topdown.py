@@ -26,7 +26,7 @@ range of row n and stores its blocks' maxima itself (``store_block_maxima``: one
 import triton
 import triton.language as tl
 
-from .bounds import take_better
+from .bounds import pruning_floor, take_better
 from .lanes import LOG2E, NEG_INF, PRUNE_SLACK, exp2_scale, from_ordered, log2_approx, neg_log_uniform, ordered
 from .random import mix
 from .tile import BIG_INDEX
@@ -91,7 +91,7 @@ def share_floor(kf_row, best_p, best_r, from_p, live):
     g_r = from_ordered(tl.atomic_max(kf_row + 1, ordered(best_r), mask=live, sem="relaxed"))
     k_p = tl.maximum(best_p, tl.where(live, g_p, NEG_INF))
     k_r = tl.maximum(best_r, tl.where(live, g_r, NEG_INF))
-    return tl.where(from_p, k_p, tl.minimum(k_p, k_r))  # -inf until residual mass was seen
+    return pruning_floor(k_p, k_r, from_p)
 
 
 @triton.jit
@@ -156,7 +156,7 @@ def sweep_row_top_down(z_row, w_row, bm_row, kf_row, list_row, n_blocks, blk_lo,
     best_r, idx_r, best_p, idx_p, mass = eval_blocks(
         z_row, w_row, sv_z, sv_w, tl.where(has, seed, 0), has, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, neg, big,
         neg, big, tl.full((), 0, tl.int1), HAS_W, FAST)
-    floor = tl.where(from_p, best_p, tl.minimum(best_p, best_r))  # -inf until residual mass was seen
+    floor = pruning_floor(best_p, best_r, from_p)
     if share:
         floor = share_floor(kf_row, best_p, best_r, from_p, tl.max(has.to(tl.int32), axis=0) != 0)
     # ---- every other block of the range whose bound reaches the floor, listed in order (a prefix sum into the
