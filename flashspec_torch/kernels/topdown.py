@@ -156,9 +156,10 @@ def sweep_row_top_down(z_row, w_row, bm_row, kf_row, list_row, n_blocks, blk_lo,
     best_r, idx_r, best_p, idx_p, mass = eval_blocks(
         z_row, w_row, sv_z, sv_w, tl.where(has, seed, 0), has, V, k, lse_p2, lse_q2, x_n, k_final, k_blk, neg, big,
         neg, big, tl.full((), 0, tl.int1), HAS_W, FAST)
-    floor = pruning_floor(best_p, best_r, from_p)
-    if share:
+    if share:  # the row's maxima so far, this program's seeds among them
         floor = share_floor(kf_row, best_p, best_r, from_p, tl.max(has.to(tl.int32), axis=0) != 0)
+    else:
+        floor = pruning_floor(best_p, best_r, from_p)
     # ---- every other block of the range whose bound reaches the floor, listed in order (a prefix sum into the
     # scratch row), then drawn PER at a time
     seeded = tl.reshape((tr2 == seed[:, None]).to(tl.int32), (NR,)) != 0
