@@ -3,16 +3,18 @@ its NumPy oracle, flashspec.reference.verify_top_down, and a law-preserving chan
 step: the exactness suite's law is checked on that oracle (tests/core/test_exactness_suite.py).
 
 Checked by hand that the parity test fails for a broken kernel: a block bound 4 below the true one (topdown.py,
-``reach``), the floor taken as max(best key_p, best key_r), the block's maximum left out (E'_{I_t} = E_j), the
+``reach``), the floor taken as max(best key_p, best key_r) (since the seeds of v4, only the low-blocks residual
+test below fails for it), the block's maximum left out (E'_{I_t} = E_j), the
 list's last partial tile of blocks left out; with top_down_maxima="final", block maxima 3 too low and the blocks of
 every step of ``store_block_maxima`` after the first left unread."""
 
 import numpy as np
 import pytest
 import torch
-from torch_helpers import make_inputs
+from torch_helpers import Inputs, make_inputs
 
 from flashspec import reference as oracle
+from flashspec.reference import sample
 from flashspec.config import SamplingConfig
 from flashspec_torch import KernelConfig, verify_triton
 from flashspec_torch.reference import verify_reference
@@ -62,6 +64,26 @@ def test_top_down_matches_its_oracle(spread):
         if config is TOP_DOWN and logits and not logprobs:
             assert 0 < int((want.num_accepted == 3).sum()) < 6  # bonus rows and residual rows in the batch
     assert differs > 0  # another noise: the check above is not the default path's
+
+
+def test_top_down_finds_a_residual_that_lives_in_low_blocks():
+    """The draft puts more mass than the target on one block of high logits, so the residual max(p - q, 0) lives
+    only in the other blocks, whose bounds lie far below p's best key: a floor above the residual's best key (say
+    max(best key_p, best key_r) instead of their min) prunes the residual's winner and fails here."""
+    rng = np.random.default_rng(12)
+    cfg = SamplingConfig(temperature=0.9)
+    b, g, v = 24, 3, 1543
+    z = rng.normal(size=(b, g + 1, v)).astype(np.float32)
+    z[:, :, 192:256] += 4.0  # block 3: about two thirds of p
+    w = z[:, :g].copy()
+    w[:, :, 192:256] += 3.0  # ... ~98% of q: r = 0 there
+    xs, lqs = zip(*(sample(w[:, i], cfg, 11, 3, position=i) for i in range(g)))
+    inp = Inputs(z, np.stack(xs, 1).astype(np.int64), w, np.stack(lqs, 1).astype(np.float32))
+    for config in (TOP_DOWN, SEEDED, OWN_MAXIMA, OWN_ONE):
+        got, want, _ = run(inp, cfg, config, seed=torch.arange(b) * 3 + 1, offset=torch.zeros(b, dtype=torch.int64))
+        y = want.tokens[np.arange(b), want.num_accepted][want.num_accepted < g]  # the residual draws
+        assert len(y) >= 3 and ((y < 192) | (y >= 256)).all()  # several, none from block 3
+        np.testing.assert_array_equal(got.tokens.numpy(), want.tokens, err_msg=f"{config}")
 
 
 @pytest.mark.parametrize("logits", [True, False])
