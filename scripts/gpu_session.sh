@@ -10,14 +10,13 @@
 #   is warm) carries .carry_b/ (gguf.part_b, gguf.sha256, the gguf and accelerate wheels) and its
 #   `embedded` step reassembles the file, checks its hash and runs engine_gpu_embedded.py.
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
-# `flashspec` is the tree's shared/ folder, reached through a symlink on PYTHONPATH.
+# `flashspec` is the tree's shared/flashspec/ folder: shared/ goes on PYTHONPATH.
 # TREE=path runs another checkout's code (e.g. a branch exported with git archive).
 set -uo pipefail
 TREE=${TREE:-$PWD}
 OUT=${OUT:-$TREE/benchmarks/results}
-mkdir -p "$OUT" /tmp/pp_$$
-ln -sfn "$TREE/shared" /tmp/pp_$$/flashspec
-export PYTHONPATH=/tmp/pp_$$:$TREE:$TREE/benchmarks TRITON_INTERPRET=0 OUT
+mkdir -p "$OUT"
+export PYTHONPATH=$TREE/shared:$TREE:$TREE/benchmarks TRITON_INTERPRET=0 OUT
 cd "$TREE"
 steps=${*:-tests engine profile verify jax checks}
 for step in $steps; do

@@ -180,7 +180,7 @@ BENCH_SCRIPTS = {
 
 
 def benchmarks_dir() -> Path:
-    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    here = Path(__file__).resolve().parents[2] / "benchmarks"
     if not here.is_dir():
         raise UsageError(f"benchmarks/ is not next to the installed package ({here}): run from a source checkout "
                          "installed with `pip install -e .` (scripts/setup.sh does)")
