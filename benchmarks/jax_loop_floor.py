@@ -11,11 +11,7 @@ once; time / steps). Per step, bf16 logits [B, G+1, V]:
 * ``read``: tokens from a jnp max over the logits (one XLA reduction reading them all);
 * ``pallas-1`` / ``pallas-2`` / ``pallas-3``: one, two or three trivial Pallas kernels in a chain (each reads one
   logit and the previous kernel's output), then the same tokens;
-* ``pallas-1-counter``: one trivial kernel with a zeroed int32 [B] input aliased to an output
-  (what ``VerifyKernelConfig(single=True)`` adds: the counters);
-* ``verify-two`` / ``verify-finish`` / ``verify-single``: the real verify (``choose_config``: two kernels and
-  the epilogue; the same with ``finish=True``: two kernels, the last program of a row writing its tokens;
-  ``single_config``: one launch).
+* ``verify-two``: the real verify (``choose_config``: two kernels and the epilogue).
 
 ``--triton``: per shape, torch's Triton default on the same call first (CUDA-graph replays as in
 verify_kernels.py), so Pallas / Triton comes from one process; ``--torch-first``: torch's work before
@@ -27,7 +23,6 @@ Writes DIR/jax_loop_floor{--tag}.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -62,11 +57,6 @@ def trivial_kernel(z_ref, prev_ref, o_ref):  # [B, G+1, V], [B, G+1] int32 -> [B
     o_ref[...] = prev_ref[...] + z_ref[0, 0, 0].astype(prev_ref.dtype)
 
 
-def counter_kernel(z_ref, prev_ref, count_in_ref, o_ref, count_ref):
-    del count_in_ref  # aliased to count_ref
-    o_ref[...] = prev_ref[...] + z_ref[0, 0, 0].astype(prev_ref.dtype) + count_ref[0]
-
-
 def steps_of(b: int, g: int, v: int, t: float, interpret: bool, itemsize: int = 2) -> dict:
     import jax
     import jax.numpy as jnp
@@ -74,28 +64,22 @@ def steps_of(b: int, g: int, v: int, t: float, interpret: bool, itemsize: int = 
     from jax.experimental.pallas import triton as plt
 
     from flashspec_jax import verify
-    from flashspec_jax.kernels.config import SMS, choose_config, single_config
+    from flashspec_jax.kernels.config import choose_config
 
     params = plt.CompilerParams(num_warps=4, num_stages=1)
     rows, cols = pl.next_power_of_2(b), pl.next_power_of_2(g + 1)  # Triton blocks: powers of 2
     out = jax.ShapeDtypeStruct((rows, cols), jnp.int32)
 
-    def whole(kernel, n_in):  # the kernel sees whole arrays (no grid, no blocks)
-        return pl.pallas_call(kernel, out_shape=out if n_in == 2 else [out, jax.ShapeDtypeStruct((rows,), jnp.int32)],
-                              compiler_params=params, interpret=interpret,
-                              input_output_aliases={} if n_in == 2 else {2: 1})
+    def whole(kernel):  # the kernel sees whole arrays (no grid, no blocks)
+        return pl.pallas_call(kernel, out_shape=out, compiler_params=params, interpret=interpret)
 
     def chain(n):
         def step(z, x, w, lq, offset):
             toks = jnp.zeros((rows, cols), jnp.int32) + offset.astype(jnp.int32)
             for _ in range(n):
-                toks = whole(trivial_kernel, 2)(z, toks)
+                toks = whole(trivial_kernel)(z, toks)
             return toks
         return step
-
-    def with_counter(z, x, w, lq, offset):
-        toks = jnp.zeros((rows, cols), jnp.int32) + offset.astype(jnp.int32)
-        return whole(counter_kernel, 3)(z, toks, jnp.zeros((rows,), jnp.int32))[0]
 
     def real(config):
         def step(z, x, w, lq, offset):
@@ -103,14 +87,11 @@ def steps_of(b: int, g: int, v: int, t: float, interpret: bool, itemsize: int = 
                           config=config).tokens
         return step
 
-    single = {"verify-single": real(single_config(b, g, v, itemsize))} if b <= SMS else {}  # one program per row at least
     return {
         "fusion": lambda z, x, w, lq, offset: jnp.zeros((b, g + 1), jnp.int32) + offset.astype(jnp.int32),
         "read": lambda z, x, w, lq, offset: (jnp.max(z, axis=-1).astype(jnp.int32) + offset.astype(jnp.int32)),
-        "pallas-1": chain(1), "pallas-2": chain(2), "pallas-3": chain(3), "pallas-1-counter": with_counter,
+        "pallas-1": chain(1), "pallas-2": chain(2), "pallas-3": chain(3),
         "verify-two": real(None if interpret else choose_config(b, g, v, itemsize)),
-        "verify-finish": real(dataclasses.replace(choose_config(b, g, v, itemsize, interpret), finish=True)),
-        **single,
     }
 
 

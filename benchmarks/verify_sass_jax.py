@@ -1,7 +1,7 @@
 """Instruction mix of the Pallas verify kernels for sm_90, and the XLA ops around them; needs no GPU.
 
     python benchmarks/verify_sass_jax.py                          # B=256,32, G=4, V=128256 bf16, T=0.7, every variant
-    python benchmarks/verify_sass_jax.py --batch 256 --variants pallas,pallas-lanes --show-loops
+    python benchmarks/verify_sass_jax.py --batch 256 --variants pallas-v2,pallas-v2-w8 --show-loops
 
 ``jax.export(..., platforms=["cuda"])`` runs the Pallas Triton lowering on this CPU machine; the Triton
 IR (TTIR) of each ``pallas_call`` is captured from the lowering (the custom call carries the same
@@ -155,7 +155,7 @@ def kernel_report(name: str, ttir: str, config, b: int, g: int, v: int, itemsize
     chunking = Chunking.make(b, v, config.block_v, config.min_programs)
     programs, warps = b * chunking.num_chunks, config.num_warps
     stats = name.endswith("row_stats")
-    tile = chunking.block if stats or config.loops != "lanes" else min(config.sweep_v or chunking.block, chunking.block)
+    tile = chunking.block if stats else min(config.sweep_v, chunking.block)
     streaming = [lp for lp in loops if any(k.startswith("LDG") for k in lp.mix)]
     inner = streaming[0] if streaming else None
     per_thread = tile / (32 * warps)
@@ -173,7 +173,7 @@ def kernel_report(name: str, ttir: str, config, b: int, g: int, v: int, itemsize
                    passed_over_per_logit=skipped / per_thread if region else None,
                    issue_us=issued / rate, mufu_us=programs * warps * iters * inner.mufu * H200["mufu_cycles"] / rate,
                    memory_us=nbytes / (H200["tbps"] * 1e6),
-                   bytes_in_flight_per_thread=per_thread * itemsize * (2 if config.prefetch else 1))
+                   bytes_in_flight_per_thread=per_thread * itemsize * 2)  # the next tile is loaded before this one's arithmetic
     if show_loops:
         for lp in loops:
             print(f"    {name} loop {lp.lo:#x}-{lp.hi:#x}: {lp.size} instr: "

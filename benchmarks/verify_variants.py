@@ -11,8 +11,7 @@ the eager median (``triton.testing.do_bench``), cycling through enough input set
 60 MB L2 three times (the timers of benchmarks/verify_kernels.py). ``x_floor`` = time / (bytes
 required / measured copy bandwidth).
 
-JAX: ``impl="pallas"`` (``jax_variants``: the default "pallas-v2", its ablations, the old "pallas" /
-"pallas-lanes" configs) and ``impl="reference"`` timed without per-call dispatch: one jitted
+JAX: ``impl="pallas"`` (``jax_variants``: the default "pallas-v2" and its tuning ablations) and ``impl="reference"`` timed without per-call dispatch: one jitted
 ``lax.scan`` runs S verify steps over rotating input sets held as separate buffers (each step's
 offset depends on the previous tokens, so nothing is elided), ``block_until_ready`` once; time / S.
 "-sliced" rows: the old loop, which sliced each step's set out of a stacked array (a copy per step).
@@ -37,7 +36,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 JAX_SHAPES = [(256, 128256, 0.7), (32, 128256, 1.0), (256, 128256, 1.0), (32, 32000, 0.7), (1, 128256, 1.0)]  # (B, V, T)
-JAX_CORE = ("pallas", "pallas-lanes", "pallas-v2", "pallas-v2-glue", "reference")  # timed at every JAX shape; the rest at the first two
+JAX_CORE = ("pallas-v2", "reference")  # timed at every JAX shape; the rest at the first two
 sys.path.insert(0, str(HERE))
 
 from jax_timing import median_seconds, scan_over_sets  # noqa: E402
@@ -188,35 +187,20 @@ def run_torch_shape(shape: dict, device, copy_gbps, names=None, split=()) -> lis
 
 
 def jax_variants(b: int, g: int, v: int, itemsize: int) -> dict:
-    """name -> (impl, VerifyKernelConfig or None); "pallas-v2" is the default (choose_config).
-
-    "pallas" / "pallas-lanes" keep their old meaning (the configs before choose_config: "tile"
-    loops, and the first per-slot "lanes" loops, 8 warps, 2048-logit tiles, 264 programs)."""
-    from flashspec_jax.kernels.config import SMS, single_config
-    from flashspec_jax.kernels.verify import VerifyKernelConfig, choose_config
+    """name -> (impl, VerifyKernelConfig or None); "pallas-v2" is the default (choose_config)."""
+    from flashspec_jax.kernels.verify import choose_config
 
     v2 = choose_config(b, g, v, itemsize)
-    single = {} if b > SMS else {  # one launch (kernels/single.py): B x chunks <= the SM count
-        "pallas-single": ("pallas", single_config(b, g, v, itemsize)),
-        "pallas-single-w4": ("pallas", single_config(b, g, v, itemsize, num_warps=4)),
-    }
     return {
-        **single,
-        "pallas": ("pallas", VerifyKernelConfig()),
-        "pallas-lanes": ("pallas", VerifyKernelConfig(loops="lanes")),
         "pallas-v2": ("pallas", v2),
-        "pallas-v2-no-prune": ("pallas", dataclasses.replace(v2, prune=False)),
-        "pallas-v2-prune": ("pallas", dataclasses.replace(v2, prune=True)),
-        "pallas-v2-no-prefetch": ("pallas", dataclasses.replace(v2, prefetch=False)),
-        "pallas-v2-slots": ("pallas", dataclasses.replace(v2, vec=0)),
+        "pallas-v2-no-prune": ("pallas", dataclasses.replace(v2, prune_tiles=float("inf"))),
+        "pallas-v2-prune": ("pallas", dataclasses.replace(v2, prune_tiles=0.0)),
         "pallas-v2-w8": ("pallas", dataclasses.replace(v2, num_warps=8)),
-        "pallas-v2-glue": ("pallas", dataclasses.replace(v2, prologue=False)),  # the accept test in jnp between the kernels
-        "pallas-v2-finish": ("pallas", dataclasses.replace(v2, finish=True)),  # the tokens from the kernel, no XLA epilogue
         "reference": ("reference", None),
     }
 
 
-SLICED = ("pallas-lanes", "pallas-v2")  # also timed with the old loop (a dynamic slice of the stacked sets per step)
+SLICED = ("pallas-v2",)  # also timed with the old loop (a dynamic slice of the stacked sets per step)
 UNROLL_SETS = 4  # at most this many input sets unrolled in the scan body (compile time); more: the sliced loop
 
 

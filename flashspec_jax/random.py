@@ -16,10 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flashspec.random import ACCEPT, BLOCK, DRAFT, FINAL, FINAL_BLOCKS
+from flashspec.random import ACCEPT, DRAFT, FINAL
 
-__all__ = ["ACCEPT", "DRAFT", "FINAL", "FINAL_BLOCKS", "mix", "key", "bits", "to_uniform", "uniform", "gumbel",
-           "gumbel_top_down", "split_counter"]
+__all__ = ["ACCEPT", "DRAFT", "FINAL", "mix", "key", "bits", "to_uniform", "uniform", "gumbel", "split_counter"]
 
 _M1 = np.uint32(0x7FEB352D)
 _M2 = np.uint32(0x846CA68B)
@@ -78,16 +77,6 @@ def uniform(seed_lo, seed_hi, offset, row, position, vocab, stream) -> jax.Array
 def gumbel(seed_lo, seed_hi, offset, row, position, vocab, stream) -> jax.Array:
     """float32 standard Gumbel variate, -log(-log(u)) in float32."""
     return gumbel_from_uniform(uniform(seed_lo, seed_hi, offset, row, position, vocab, stream))
-
-
-def gumbel_top_down(seed_lo, seed_hi, offset, row, position, vocab) -> jax.Array:
-    """The FINAL draw's Gumbels drawn block by block from the top: ``flashspec.random.gumbel_top_down``."""
-    vocab = as_u32(vocab)
-    b = bits(seed_lo, seed_hi, offset, row, position, vocab >> np.uint32(6), FINAL_BLOCKS)
-    c = -jnp.log(to_uniform(b)) * np.float32(1.0 / BLOCK)
-    e = -jnp.log(uniform(seed_lo, seed_hi, offset, row, position, vocab, FINAL))
-    e = jnp.where((vocab & np.uint32(BLOCK - 1)) == (b & np.uint32(BLOCK - 1)), np.float32(0.0), e)
-    return -jnp.log(c + e)
 
 
 def split_counter(value) -> tuple[jax.Array, jax.Array]:

@@ -1,23 +1,21 @@
-"""Kernel 2 of the Pallas verify: the residual / bonus draw over row n, in two forms.
+"""Kernel 2 of the Pallas verify: the accept test and the residual / bonus draw over row n, with its
+jnp reference (``pick_draw_reference`` for the epilogue; ``verify.verify_reference`` for the tokens).
 
-* ``final_draw`` (``VerifyKernelConfig(prologue=False)``): n, x_n, lse_p[n], lse_q[n] and the FINAL
-  key come from jnp glue between the kernels (``verify.verify_with_glue``).
-* ``final_decide`` (``prologue=True``, the default of ``choose_config``): the same kernel with the
-  accept test in its prologue, as the torch Triton ``final_item``. Every program (b, c) recombines
-  the ``[NV, G+1]`` chunk partials of ``row_stats`` for its batch row into log sum exp per row
-  (and ``[NV, G]`` of the draft rows, or reads ``log_q_given``), gathers ``z[b, i, x_i]`` (and
-  ``w[b, i, x_i]``), tests ``log u_i < log p(x_i) - log q(x_i)`` with u from the ACCEPT stream at
-  vocabulary coordinate 0, finds n and the FINAL key, then sweeps its chunk of row n as
-  ``final_draw`` does. Program c = 0 also writes n [B] and log q(x) [B, G]. All programs of a row
-  compute the same prologue (a few hundred bytes of partials each), so nothing crosses programs.
+``final_decide`` (grid ``(B, NV)``), as the torch Triton ``final_item``: every program (b, c)
+recombines the ``[NV, G+1]`` chunk partials of ``row_stats`` for its batch row into log sum exp per
+row (and ``[NV, G]`` of the draft rows, or reads ``log_q_given``), gathers ``z[b, i, x_i]`` (and
+``w[b, i, x_i]``), tests ``log u_i < log p(x_i) - log q(x_i)`` with u from the ACCEPT stream at
+vocabulary coordinate 0, finds n and the FINAL key, then sweeps its chunk of row n: it rebuilds
+``log p`` and ``q`` on the fly, draws the Gumbel noise of the FINAL stream in registers and keeps two
+running argmaxes (ties: lowest index), ``log max(0, p - q) + g`` (residual) and ``log p + g`` (bonus,
+or fallback when the residual is empty), plus whether any ``p - q > 0``. Program c = 0 also writes
+n [B] and log q(x) [B, G]. All programs of a row compute the same prologue (a few hundred bytes of
+partials each), so nothing crosses programs.
 
-Either way a jnp epilogue (``pick_draw``: the best key across chunks in one reduction, then ``verify.emit``) finishes,
-unless ``VerifyKernelConfig(finish=True)``: then the last ``final_decide`` program of each row to arrive at a
-counter (zeroed by ``row_stats``) reduces the row's partials and writes its tokens (``finish_row``, as the
-single launch does), and a step is the two kernels alone.
-The prologue is the jnp glue's arithmetic in the same order (``combine_logsumexp``, ``scale``,
-``accept_log_uniforms``, ``first_rejection``, ``rng.key``), so both forms give identical tokens
-in interpret mode; on the GPU the difference is Triton's libdevice log / exp against XLA's (ulps).
+A jnp epilogue (``pick_draw``: the best key across chunks in one reduction, then ``verify.emit``)
+finishes. The prologue is ``verify_reference``'s arithmetic in the same order (``accept_log_uniforms``,
+``first_rejection``, ``rng.key``); on the GPU the difference is Triton's libdevice log / exp against
+XLA's (ulps).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from jax.experimental.pallas import triton as plt
 from flashspec_jax import random as rng
 
 from . import lanes
-from .common import NEG_INF, Counters, divide, row_counters, update_argmax
+from .common import NEG_INF, Counters, divide, row_counters
 from .config import Chunking, VerifyKernelConfig
 
 Partials = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]  # [B, NV] each: r_val, r_idx, p_val, p_idx, any
@@ -53,43 +51,21 @@ def sweep_row(z_ref, w_ref, b, c, n, x_n, lse_p, lse_q, key, *, temperature: flo
     gamma, vocab = z_ref.shape[1] - 1, z_ref.shape[2]
     bonus, i = n == gamma, jnp.minimum(n, gamma - 1)
     bv, start = chunking.block, c * chunking.blocks * chunking.block
-    if config.loops == "lanes":
-        sv = min(config.sweep_v or bv, bv)
-        cols_of = lambda j: start + j * sv + jnp.arange(sv, dtype=jnp.int32)  # noqa: E731
+    sv = min(config.sweep_v, bv)
+    cols_of = lambda j: start + j * sv + jnp.arange(sv, dtype=jnp.int32)  # noqa: E731
 
-        def load_z(j, live):
-            cols = cols_of(j)
-            return plt.load(z_ref.at[b, n, cols], mask=(cols < vocab) & live, other=NEG_INF)
+    def load_z(j, live):
+        cols = cols_of(j)
+        return plt.load(z_ref.at[b, n, cols], mask=(cols < vocab) & live, other=NEG_INF)
 
-        def load_w(j, live):
-            cols = cols_of(j)
-            return plt.load(w_ref.at[b, i, cols], mask=(cols < vocab) & live & ~bonus, other=NEG_INF)
+    def load_w(j, live):
+        cols = cols_of(j)
+        return plt.load(w_ref.at[b, i, cols], mask=(cols < vocab) & live & ~bonus, other=NEG_INF)
 
-        return lanes.sweep_chunk(
-            load_z, None if w_ref is None else load_w, cols_of, chunking.blocks * (bv // sv), sv, start, key, x_n,
-            lse_p, lse_q, lanes.LOG2E / temperature, exact_div, config.prune, config.prefetch,
-        )
-
-    def body(j, carry):
-        r_val, r_idx, p_val, p_idx, any_r = carry
-        first = start + j * bv
-        cols = first + jnp.arange(bv, dtype=jnp.int32)
-        inside = cols < vocab
-        z = plt.load(z_ref.at[b, n, cols], mask=inside, other=NEG_INF).astype(jnp.float32)
-        log_p = divide(z, temperature, exact_div) - lse_p
-        if w_ref is not None:
-            w = plt.load(w_ref.at[b, i, cols], mask=inside & ~bonus, other=NEG_INF).astype(jnp.float32)
-            q = jnp.exp(divide(w, temperature, exact_div) - lse_q)
-        else:
-            q = jnp.where(cols == x_n, 1.0, 0.0).astype(jnp.float32)
-        g = rng.gumbel_from_uniform(rng.to_uniform(rng.bits_from_key(key, cols)))
-        res = jnp.maximum(jnp.exp(log_p) - q, 0.0)
-        r_val, r_idx = update_argmax(r_val, r_idx, jnp.log(res) + g, first)
-        p_val, p_idx = update_argmax(p_val, p_idx, log_p + g, first)
-        return r_val, r_idx, p_val, p_idx, jnp.maximum(any_r, (jnp.max(res) > 0).astype(jnp.int32))
-
-    init = (jnp.float32(NEG_INF), start, jnp.float32(NEG_INF), start, jnp.int32(0))
-    return lax.fori_loop(0, chunking.blocks, body, init)
+    return lanes.sweep_chunk(
+        load_z, None if w_ref is None else load_w, cols_of, chunking.blocks * (bv // sv), sv, start, key, x_n,
+        lse_p, lse_q, lanes.LOG2E / temperature, exact_div, config.prunes(vocab, chunking),
+    )
 
 
 def store_partials(out_refs, b, c, values) -> None:  # 5 refs [B, NV], 5 scalars
@@ -107,9 +83,9 @@ def pick_draw(partials: Partials, n: jax.Array, gamma: int, vocab: int) -> jax.A
     """The epilogue: the first (lowest-chunk) best key across chunks, residual unless n = G or no mass.
 
     One variadic reduction over the chunks carries both running bests and the mass flag, so XLA
-    emits one kernel where ``pick_draw_reference``'s two argmaxes and its ``any`` took three
-    (benchmarks/verify_pallas_split.py lists a step's fusions). Same result: a larger key wins, an
-    equal key in a lower chunk wins (jnp.argmax's first maximum), a row of -inf keys gives chunk 0."""
+    emits one kernel where ``pick_draw_reference``'s two argmaxes and its ``any`` take three.
+    Same result: a larger key wins, an equal key in a lower chunk wins (jnp.argmax's first maximum),
+    a row of -inf keys gives chunk 0."""
     r_val, r_idx, p_val, p_idx, any_r = partials
     chunk = lax.broadcasted_iota(jnp.int32, r_val.shape, 1)
 
@@ -140,104 +116,20 @@ def pick_draw_reference(partials: Partials, n: jax.Array, gamma: int, vocab: int
     return jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
 
 
-# ----------------------------------------------------------------------------- final_draw (glue before it)
-
-
-def final_draw_kernel(
-    n_ref,  # [B] int32: first rejection n
-    x_ref,  # [B] int32: x at min(n, G-1) (one-hot q)
-    lse_p_ref,  # [B] f32: log sum exp of z_n / T
-    lse_q_ref,  # [B] f32: log sum exp of w_n / T
-    key_ref,  # [B] uint32: FINAL key of (seed, offset, row, position=n)
-    z_ref,  # [B, G+1, V]
-    *refs,  # w_ref [B, G, V] (if has_draft), then 5 outputs [B, NV]
-    temperature: float,
-    has_draft: bool,
-    chunking: Chunking,
-    exact_div: bool,
-    config: VerifyKernelConfig,
-):
-    w_ref = refs[0] if has_draft else None
-    b, c = pl.program_id(0), pl.program_id(1)
-    values = sweep_row(z_ref, w_ref, b, c, n_ref[b], x_ref[b], lse_p_ref[b], lse_q_ref[b], key_ref[b],
-                       temperature=temperature, chunking=chunking, exact_div=exact_div, config=config)
-    store_partials(refs[1:] if has_draft else refs, b, c, values)
-
-
-def final_draw(
-    z: jax.Array,  # [B, G+1, V]
-    w: jax.Array | None,  # [B, G, V]
-    n: jax.Array,  # [B] int32
-    x_n: jax.Array,  # [B] int32
-    lse_p_n: jax.Array,  # [B] f32
-    lse_q_n: jax.Array,  # [B] f32
-    key: jax.Array,  # [B] uint32
-    *,
-    temperature: float,
-    config: VerifyKernelConfig,
-    interpret: bool,
-) -> jax.Array:  # [B] int32: y
-    batch, _, vocab = z.shape
-    chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
-    kernel = functools.partial(
-        final_draw_kernel, temperature=temperature, has_draft=w is not None, chunking=chunking,
-        exact_div=not interpret, config=config,
-    )
-    partials = pl.pallas_call(
-        kernel,
-        out_shape=partial_shapes(batch, chunking.num_chunks),
-        grid=(batch, chunking.num_chunks),
-        compiler_params=config.compiler_params(),
-        interpret=interpret,
-        name="flashspec_final_draw",
-    )(n, x_n, lse_p_n, lse_q_n, key, z, *([] if w is None else [w]))
-    return pick_draw(partials, n, z.shape[1] - 1, vocab)
-
-
 # ----------------------------------------------------------------------------- final_decide (accept test inside)
 
 
-def arrive(count_ref, b, barrier: bool) -> jax.Array:  # [B] int32 ref -> this program's ticket (the count before)
-    """Every store of this program before (``barrier``: a CTA barrier; interpret mode has none and needs
-    none), then ``count[b] += 1`` (acquire-release, GPU scope)."""
-    if barrier:
-        plt.debug_barrier()
-    return plt.atomic_add(count_ref, b, jnp.int32(1))
-
-
-def finish_row(x_ref, partial_refs, tokens_ref, b, n, *, num_chunks: int, vocab: int) -> None:
-    """The last program of row b: y from the NV sweep partials (``pick_draw``), then the tokens.
-
-    ``x_ref`` [B, G] int32; ``partial_refs`` 5 x [B, NV]; ``tokens_ref`` [B, G+1] int32."""
-    gamma = x_ref.shape[1]
-    ch = jnp.arange(pl.next_power_of_2(num_chunks), dtype=jnp.int32)
-    live, at = ch < num_chunks, (b, jnp.minimum(ch, num_chunks - 1))
-    load = lambda ref, fill: plt.load(ref.at[at], mask=live, other=fill, volatile=True)  # noqa: E731
-    r_val, r_idx, p_val, p_idx, any_r = (load(ref, fill) for ref, fill in zip(partial_refs, (NEG_INF, 0, NEG_INF, 0, 0)))
-    y_r = pick(r_idx, ch, jnp.argmax(r_val).astype(jnp.int32), -1)  # argmax: the first (lowest-chunk) max
-    y_p = pick(p_idx, ch, jnp.argmax(p_val).astype(jnp.int32), -1)
-    use_p = (n == gamma) | (jnp.max(any_r) <= 0)
-    y = jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
-    for k in range(gamma + 1):  # verify.emit, one scalar per position
-        tail = jnp.where(k == n, y, -1)
-        tokens_ref[b, k] = tail if k == gamma else jnp.where(k < n, jnp.clip(x_ref[b, k], 0, vocab - 1), tail)
-
-
-def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, raw_max: bool, exact_div: bool,
-                   fresh: bool = False):
-    """``[B, NV, R]`` chunk max / sum-exp refs -> f32 [width] log sum exp of row r of batch row b
-    (``verify.combine_logsumexp``; -inf past R). ``raw_max``: the max is of the raw logits (lanes
-    loops), divided by T here as ``verify.row_stats`` does otherwise."""
+def combine_chunks(m_ref, l_ref, b, width: int, *, temperature: float, exact_div: bool):
+    """``[B, NV, R]`` chunk max (of the raw logits) / sum-exp refs -> f32 [width] log sum exp of a / T of
+    row r of batch row b (-inf past R); the max is divided by T here."""
     num_chunks, rows = m_ref.shape[1], m_ref.shape[2]
     ch = jnp.arange(pl.next_power_of_2(num_chunks), dtype=jnp.int32)[:, None]  # [NVp, 1]
     r = jnp.arange(width, dtype=jnp.int32)[None, :]  # [1, width]
     live = (ch < num_chunks) & (r < rows)
     at = (b, jnp.minimum(ch, num_chunks - 1), jnp.minimum(r, rows - 1))  # clamped: every address in bounds
-    # volatile: not from L1 (other programs of the same launch wrote them; cache_modifier=".cg" fails to lower in 0.10.2)
-    m = plt.load(m_ref.at[at], mask=live, other=NEG_INF, volatile=fresh)  # [NVp, width]
-    l = plt.load(l_ref.at[at], mask=live, other=0.0, volatile=fresh)
-    if raw_max:
-        m = divide(m, temperature, exact_div)
+    m = plt.load(m_ref.at[at], mask=live, other=NEG_INF)  # [NVp, width]
+    l = plt.load(l_ref.at[at], mask=live, other=0.0)
+    m = divide(m, temperature, exact_div)
     big = jnp.max(m, axis=0)  # [width]
     safe = jnp.where(big == NEG_INF, 0.0, big)
     return big + jnp.log(jnp.sum(l * jnp.exp(m - safe[None, :]), axis=0))
@@ -253,8 +145,8 @@ def accept_log_uniforms_at(c: Counters, i: jax.Array) -> jax.Array:  # scalar co
     return jnp.log(rng.to_uniform(rng.bits_from_key(k, 0)))
 
 
-def draft_log_probs(w_ref, q_refs, b, rows, x, width: int, *, draft: str, temperature: float, raw_max: bool,
-                    exact_div: bool, fresh: bool = False):  # -> (log q(x_i), lse of w_i / T): f32 [width] each
+def draft_log_probs(w_ref, q_refs, b, rows, x, width: int, *, draft: str, temperature: float,
+                    exact_div: bool):  # -> (log q(x_i), lse of w_i / T): f32 [width] each
     """``draft``: "onehot" (w None: log q(x) = 0), "given" (``q_refs`` = (lq_ref [B, G],): lse_q is one
     logit away), "stats" (``q_refs`` = (m_ref, l_ref) [B, NV, G] of w)."""
     if draft == "onehot":
@@ -264,20 +156,14 @@ def draft_log_probs(w_ref, q_refs, b, rows, x, width: int, *, draft: str, temper
     if draft == "given":
         log_q_x = plt.load(q_refs[0].at[b, rows]).astype(jnp.float32)
         return log_q_x, jnp.where(jnp.isfinite(t_x), t_x - log_q_x, jnp.inf)
-    lse_q = combine_chunks(*q_refs, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div,
-                           fresh=fresh)
+    lse_q = combine_chunks(*q_refs, b, width, temperature=temperature, exact_div=exact_div)
     return t_x - lse_q, lse_q
 
 
-def final_decide_kernel(*refs, **params) -> None:
-    """Program (b, c) of ``final_decide``: ``final_decide_body`` (the accept test, then its chunk of row n)."""
-    final_decide_body(*refs, **params)
-
-
-def final_decide_body(
+def final_decide_kernel(
     x_ref,  # [B, G] int32: drafted tokens (clipped to [0, V) here)
-    m_p_ref,  # [B, NV, G+1] f32: chunk max of z / T (raw_max: of z)
-    l_p_ref,  # [B, NV, G+1] f32: chunk sum exp(z / T - max)
+    m_p_ref,  # [B, NV, G+1] f32: chunk max of z
+    l_p_ref,  # [B, NV, G+1] f32: chunk sum exp((z - max) / T)
     seed_lo_ref,  # [B] or [1] uint32 (one value: shared by every row)
     seed_hi_ref,  # [B] or [1] uint32
     offset_ref,  # [B] or [1] uint32
@@ -286,18 +172,13 @@ def final_decide_body(
     #         ("stats"); then 5 partials [B, NV], n_ref [B] int32, log_q_x_ref [B, G] f32
     temperature: float,
     draft: str,
-    raw_max: bool,
     chunking: Chunking,
     exact_div: bool,
     config: VerifyKernelConfig,
-    ids: tuple | None = None,  # (b, c) when called from another kernel (single.py); None: the program ids
-    fresh: bool = False,  # load the partials past L1 (single.py: other programs of this launch wrote them)
-    finish: bool = False,  # refs also hold the counter [B] (in, aliased), tokens [B, G+1] and the counter (out)
-    barrier: bool = False,  # finish on the GPU: a CTA barrier before the arrival (interpret mode needs none)
 ):
-    ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft] + finish:]
+    ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft]:]
     w_ref, q_refs = (ins[0], ins[1:]) if ins else (None, ())
-    b, c = ids or (pl.program_id(0), pl.program_id(1))
+    b, c = pl.program_id(0), pl.program_id(1)
     gamma, vocab = x_ref.shape[1], z_ref.shape[2]
     width = pl.next_power_of_2(gamma + 1)  # Triton blocks are powers of 2: rows past G+1 are masked
     i = jnp.arange(width, dtype=jnp.int32)
@@ -305,11 +186,10 @@ def final_decide_body(
     x = jnp.clip(plt.load(x_ref.at[b, rows]), 0, vocab - 1)  # [width]
     counters = row_counters(seed_lo_ref, seed_hi_ref, offset_ref, b)
     scaled = functools.partial(divide, temperature=temperature, exact_div=exact_div)
-    lse_p = combine_chunks(m_p_ref, l_p_ref, b, width, temperature=temperature, raw_max=raw_max, exact_div=exact_div,
-                           fresh=fresh)
+    lse_p = combine_chunks(m_p_ref, l_p_ref, b, width, temperature=temperature, exact_div=exact_div)
     log_p_x = scaled(plt.load(z_ref.at[b, rows, x]).astype(jnp.float32)) - lse_p
     log_q_x, lse_q = draft_log_probs(w_ref, q_refs, b, rows, x, width, draft=draft, temperature=temperature,
-                                     raw_max=raw_max, exact_div=exact_div, fresh=fresh)
+                                     exact_div=exact_div)
     accepted = accept_log_uniforms_at(counters, i) < log_p_x - log_q_x
     n = jnp.min(jnp.where((i < gamma) & ~accepted, i, gamma))  # first rejection, G if none
     j = jnp.minimum(n, gamma - 1)
@@ -319,21 +199,12 @@ def final_decide_body(
                        exact_div=exact_div, config=config)
     store_partials(outs[:5], b, c, values)
     n_ref, log_q_x_ref = outs[5:7]
-    if finish:  # the row's last program to arrive reduces its NV partials and writes its tokens
-        tokens_ref, count_ref = outs[7:]
-        last = arrive(count_ref, b, barrier) == chunking.num_chunks - 1
-
-        @pl.when(last)
-        def _():
-            finish_row(x_ref, outs[:5], tokens_ref, b, n, num_chunks=chunking.num_chunks, vocab=vocab)
 
     @pl.when(c == 0)
     def _():
         n_ref[b] = n
         for k in range(gamma):  # scalar stores: a masked vector store of clamped lanes would race in interpret mode
             log_q_x_ref[b, k] = pick(log_q_x, i, k, NEG_INF)
-
-    return n
 
 
 def final_decide(
@@ -344,36 +215,26 @@ def final_decide(
     stats_p: tuple[jax.Array, jax.Array],  # [B, NV, G+1] f32 each: row_stats of z
     stats_q: tuple[jax.Array, jax.Array] | None,  # [B, NV, G] f32 each: row_stats of w (w given, log_q_given not)
     c: Counters,  # uint32 [B] or [1] each (row: computed in the kernel)
-    count: jax.Array | None = None,  # [B] int32 zeros (row_stats(counter=True)): the row's last program finishes
     *,
     temperature: float,
-    raw_max: bool,
     config: VerifyKernelConfig,
-    interpret: bool,
-) -> tuple[Partials, jax.Array, jax.Array, jax.Array | None]:
-    """-> 5 x [B, NV] sweep partials, n [B] int32, log q(x) [B, G] f32, and with ``count`` the tokens
-    [B, G+1] int32 (``finish_row`` in the kernel; else None: ``pick_draw`` and ``emit`` in XLA)."""
+    interpret: bool = False,
+) -> tuple[Partials, jax.Array, jax.Array]:
+    """-> 5 x [B, NV] sweep partials (``pick_draw`` makes y of them), n [B] int32, log q(x) [B, G] f32."""
     batch, g1, vocab = z.shape
     chunking = Chunking.make(batch, vocab, config.block_v, config.min_programs)
     draft = "onehot" if w is None else "given" if log_q_given is not None else "stats"
     extra = {"onehot": [], "given": [w, log_q_given], "stats": [w, *(stats_q or ())]}[draft]
-    finish = count is not None
-    kernel = functools.partial(
-        final_decide_kernel, temperature=temperature, draft=draft, raw_max=raw_max, chunking=chunking,
-        exact_div=not interpret, config=config, finish=finish, barrier=not interpret,
-    )
-    inputs = [x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *extra, *([count] if finish else [])]
+    kernel = functools.partial(final_decide_kernel, temperature=temperature, draft=draft, chunking=chunking,
+                               exact_div=not interpret, config=config)
     out_shape = [*partial_shapes(batch, chunking.num_chunks), jax.ShapeDtypeStruct((batch,), jnp.int32),
                  jax.ShapeDtypeStruct((batch, g1 - 1), jnp.float32)]
-    if finish:
-        out_shape += [jax.ShapeDtypeStruct((batch, g1), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32)]
     outs = pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(batch, chunking.num_chunks),
-        input_output_aliases={len(inputs) - 1: len(out_shape) - 1} if finish else {},
         compiler_params=config.compiler_params(),
         interpret=interpret,
         name="flashspec_final_decide",
-    )(*inputs)
-    return tuple(outs[:5]), outs[5], outs[6], outs[7] if finish else None
+    )(x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *extra)
+    return tuple(outs[:5]), outs[5], outs[6]

@@ -1,4 +1,4 @@
-"""Per-lane loops of the Pallas verify kernels (``VerifyKernelConfig(loops="lanes")``).
+"""Per-lane loops of the Pallas verify kernels (``row_stats.row_stats_kernel`` and ``final.sweep_row``).
 
 The same rewrites as the Triton "lanes" kernels (flashspec_torch/kernels/lanes.py; instruction
 counts in docs/kernel_notes.md): the running state lives in registers per thread, so a tile costs no
@@ -7,12 +7,10 @@ multiply-add (no division per logit: T is static); keys are in log2 units (the s
 by libdevice's logf polynomial without its special cases; ``lg2.approx`` on the GPU for -log2(E) and
 log2 r.
 
-Normaliser (``stream_row``): with ``vec`` > 0 a tile is loaded as ``[bv // vec, vec]`` (one 16-byte
-load per row of it: ``vec`` = 16 bytes / itemsize) and each vector keeps a running (max, sum): one
-exp2 per logit plus one per vector, as the torch kernel; ``vec`` = 0 keeps a (max, sum) per logit
-slot (one exp2 per logit, a select, twice the registers: the first Pallas lanes loops). With
-``prefetch`` the next tile is loaded before this tile's arithmetic (the loop carries it), so two
-tiles per thread are in flight.
+Normaliser (``stream_row``): a tile is loaded as ``[bv // vec, vec]`` (one 16-byte load per row of
+it: ``vec`` = 16 bytes / itemsize) and each vector keeps a running (max, sum): one exp2 per logit
+plus one per vector, as the torch kernel. The next tile is loaded before this tile's arithmetic (the
+loop carries it), so two tiles per thread are in flight; the sweep loads the same way.
 
 Row-n sweep (``sweep_chunk``): every logit slot keeps its running best; with ``prune`` a tile none
 of whose keys can reach the smallest of the two best keys so far is passed over (exact; the bound
@@ -33,7 +31,6 @@ from flashspec_jax import random as rng
 
 LOG2E = float(np.log2(np.e))
 LN2 = float(np.log(2.0))
-FLT_MIN_VALUE = float(np.finfo(np.float32).min)  # a finite "-inf" for the running max
 BIG_INDEX = np.int32(2**31 - 1)
 PRUNE_SLACK = np.float32(0.01)  # log2 units; the rounding of both sides is below 1e-5
 
@@ -72,25 +69,6 @@ def neg_log_uniform(b: jax.Array) -> jax.Array:  # uint32 bits -> E = -log u, u 
 # ----------------------------------------------------------------------------- normaliser
 
 
-def slot_init(bv: int):
-    return jnp.full((bv,), FLT_MIN_VALUE, jnp.float32), jnp.zeros((bv,), jnp.float32)
-
-
-def slot_step(a: jax.Array, ml, k: float):  # a: [bv] raw logits (-inf masked); per-slot (max, sum)
-    """One exp2 per logit: with d = a - m, l <- l 2^(-d k) + 1 if d > 0 else l + 2^(d k)."""
-    m, l = ml
-    d = a - m
-    e = jnp.exp2(jnp.abs(d) * np.float32(-k))  # |d| and -k fold into one FMUL
-    return jnp.maximum(m, a), jnp.where(d > 0, l * e + 1.0, l + e)
-
-
-def slot_finish(ml, k: float):  # per-slot (max, sum) -> (max of raw a or -inf, sum exp((a - max) / T))
-    m, l = ml
-    big = jnp.max(m)
-    total = jnp.sum(l * jnp.exp2((m - big) * np.float32(k)))
-    return jnp.where(total > 0, big, -jnp.inf), total
-
-
 def vec_init(bv: int, vec: int):
     return jnp.full((bv // vec,), -jnp.inf, jnp.float32), jnp.zeros((bv // vec,), jnp.float32)
 
@@ -111,26 +89,20 @@ def vec_finish(ml, k: float):  # per-vector (max, sum) -> (max of raw a or -inf,
     return big, jnp.sum(l * jnp.exp2(m * np.float32(k) - mk))
 
 
-def stream_row(load: Callable[[jax.Array], jax.Array], blocks: int, bv: int, vec: int, prefetch: bool, k: float,
-               first: jax.Array | None = None):
+def stream_row(load: Callable[[jax.Array], jax.Array], blocks: int, bv: int, vec: int, k: float, first: jax.Array):
     """(max of raw a or -inf, sum exp((a - max) / T), next) over tiles 0..blocks-1 of one row, k = log2(e) / T.
 
-    ``load(j)``: the raw logits of tile j (-inf masked). With ``prefetch`` tile 0 is ``first`` and
-    ``load(blocks)`` must give the next row's tile 0 (returned as ``next``, so that the row loop
-    streams on without a bubble: the load of a row's first tile overlaps the previous row's
-    arithmetic and reduction); without, ``next`` is None."""
-    init, step, finish = (vec_init(bv, vec), vec_step, vec_finish) if vec else (slot_init(bv), slot_step, slot_finish)
-    if not prefetch:
-        ml = lax.fori_loop(0, blocks, lambda j, ml: step(load(j).astype(jnp.float32), ml, k), init)
-        return (*finish(ml, k), None)
-
+    ``load(j)``: the raw logits of tile j (-inf masked), ``[bv // vec, vec]``. Tile 0 is ``first``, and each
+    tile's successor is loaded before its arithmetic; ``load(blocks)`` must give the next row's tile 0
+    (returned as ``next``, so that the row loop streams on without a bubble: the load of a row's first
+    tile overlaps the previous row's arithmetic and reduction)."""
     def body(j, carry):
         ml, a = carry
         a_next = load(j + 1)  # issued before this tile's arithmetic
-        return step(a.astype(jnp.float32), ml, k), a_next
+        return vec_step(a.astype(jnp.float32), ml, k), a_next
 
-    ml, nxt = lax.fori_loop(0, blocks, body, (init, first))
-    return (*finish(ml, k), nxt)
+    ml, nxt = lax.fori_loop(0, blocks, body, (vec_init(bv, vec), first))
+    return (*vec_finish(ml, k), nxt)
 
 
 # ----------------------------------------------------------------------------- row-n sweep
@@ -183,27 +155,20 @@ def sweep_tile(state, floor, z, w, cols, key, x_n, lse_p, lse_q, k: float, fast:
 
 
 def sweep_chunk(load_z: Load, load_w: Load | None, tile_cols: Callable[[jax.Array], jax.Array], blocks: int,
-                sv: int, start, key, x_n, lse_p, lse_q, k: float, fast: bool, prune: bool, prefetch: bool):
-    """The sweep over ``blocks`` tiles of ``sv`` logits of row n -> (r_val, r_idx, p_val, p_idx, mass>0)."""
-    def tile(j, state, floor, z, w):
+                sv: int, start, key, x_n, lse_p, lse_q, k: float, fast: bool, prune: bool):
+    """The sweep over ``blocks`` tiles of ``sv`` logits of row n -> (r_val, r_idx, p_val, p_idx, mass>0);
+    each tile's successor is loaded before its arithmetic."""
+    def body(j, carry):
+        state, floor, z, w = carry
+        live = j + 1 < blocks
+        nxt = load_z(j + 1, live), None if load_w is None else load_w(j + 1, live)
         w = None if w is None else w.astype(jnp.float32)
-        return sweep_tile(state, floor, z.astype(jnp.float32), w, tile_cols(j), key, x_n, lse_p, lse_q, k, fast, prune)
+        tile = sweep_tile(state, floor, z.astype(jnp.float32), w, tile_cols(j), key, x_n, lse_p, lse_q, k, fast, prune)
+        return (*tile, *nxt)
 
     init = (sweep_init(sv, start), jnp.float32(-jnp.inf))
-    if prefetch:
-        def body(j, carry):
-            state, floor, z, w = carry
-            live = j + 1 < blocks
-            nxt = load_z(j + 1, live), None if load_w is None else load_w(j + 1, live)
-            return (*tile(j, state, floor, z, w), *nxt)
-
-        first = load_z(0, True), None if load_w is None else load_w(0, True)
-        state, *_ = lax.fori_loop(0, blocks, body, (*init, *first))
-    else:
-        def body(j, carry):
-            return tile(j, *carry, load_z(j, True), None if load_w is None else load_w(j, True))
-
-        state, _ = lax.fori_loop(0, blocks, body, init)
+    first = load_z(0, True), None if load_w is None else load_w(0, True)
+    state, *_ = lax.fori_loop(0, blocks, body, (*init, *first))
     return sweep_finish(state)
 
 

@@ -16,15 +16,14 @@ import pytest
 testing = pytest.importorskip("flashspec.testing")
 
 from flashspec_jax import verify  # noqa: E402
-from flashspec_jax.kernels.verify import VerifyKernelConfig  # noqa: E402
 from flashspec_jax.verify import on_gpu  # noqa: E402
 
 
-def numpy_adapter(impl: str, config=None):
+def numpy_adapter(impl: str):
     """A callable with flashspec.reference.verify's NumPy signature over flashspec_jax.verify."""
 
     def verify_np(target_logits, draft_tokens, draft_logits=None, draft_logprobs=None, **kwargs):
-        res = verify(target_logits, draft_tokens, draft_logits, draft_logprobs, **kwargs, impl=impl, config=config)
+        res = verify(target_logits, draft_tokens, draft_logits, draft_logprobs, **kwargs, impl=impl)
         return type(res)(num_accepted=np.asarray(res.num_accepted), tokens=np.asarray(res.tokens))
 
     return verify_np
@@ -38,22 +37,3 @@ def test_pallas_is_exact():
     full = on_gpu() or os.environ.get("FLASHSPEC_FULL_SUITE") == "1"
     sizes = {} if full else dict(n_samples=10_000, ks_samples=5_000)
     testing.assert_exact(numpy_adapter("pallas"), **sizes)
-
-
-def test_pallas_lanes_is_exact():
-    """The per-lane loop bodies (VerifyKernelConfig(loops="lanes"), flashspec_jax/kernels/lanes.py)."""
-    full = on_gpu() or os.environ.get("FLASHSPEC_FULL_SUITE") == "1"
-    sizes = {} if full else dict(n_samples=10_000, ks_samples=5_000)
-    testing.assert_exact(numpy_adapter("pallas", VerifyKernelConfig(loops="lanes")), **sizes)
-
-
-def test_pallas_single_is_exact():
-    """The one-launch kernel (VerifyKernelConfig(single=True), flashspec_jax/kernels/single.py), in
-    interpret mode: the suite tiles its samples over thousands of batch rows, past the 132 programs the
-    GPU launch can keep resident (it raises there), so on a GPU this is skipped; the GPU's check is
-    benchmarks/single_smoke.py and the pallas-single rows of verify_variants.py (tokens == reference)."""
-    if on_gpu():
-        pytest.skip("single=True needs B x chunks <= 132 on a GPU; the suite's batches are larger")
-    sizes = {} if os.environ.get("FLASHSPEC_FULL_SUITE") == "1" else dict(n_samples=10_000, ks_samples=5_000)
-    config = VerifyKernelConfig(loops="lanes", prologue=True, single=True)
-    testing.assert_exact(numpy_adapter("pallas", config), **sizes)

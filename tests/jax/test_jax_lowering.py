@@ -7,7 +7,6 @@ a real GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 
@@ -21,10 +20,8 @@ from flashspec_jax.verify import make_counters
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
 
 
-def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits", loops="tile",
-                    config=None):
-    if config is None:  # loops="default": None, choose_config
-        config = None if loops == "default" else kernels.VerifyKernelConfig(loops=loops)
+def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits", config=None):
+    """The Pallas verify exported for CUDA; ``config`` None: ``choose_config``."""
 
     def f(z, x, w, lq, seed):
         c = make_counters(seed, seed, seed, z.shape[0])
@@ -61,38 +58,31 @@ def test_lowers_to_triton(batch, gamma, vocab, dtype, temperature, top_k, top_p,
     assert sum(text.count(name) for name in TRITON_CALLS) == kernels_expected
 
 
-@pytest.mark.parametrize("draft,temperature", [("logits", 0.7), ("logprobs", 1.0), ("onehot", 0.9)])
-def test_lanes_loops_lower_to_triton(draft, temperature):
-    exported = export_for_cuda(4, 4, 32000, jnp.bfloat16, temperature=temperature, draft=draft, loops="lanes")
-    assert sum(exported.mlir_module().count(name) for name in TRITON_CALLS) == (3 if draft == "logits" else 2)
-
-
 @pytest.mark.parametrize("draft,temperature,batch", [("logits", 0.7, 4), ("logprobs", 1.0, 256), ("onehot", 0.9, 32),
                                                      ("logprobs", 0.0, 32)])
 def test_default_config_lowers_to_triton(draft, temperature, batch):
     """The default (choose_config: 16-byte vectors, prefetch, pruning at B=256)."""
-    exported = export_for_cuda(batch, 4, 128256, jnp.bfloat16, temperature=temperature, draft=draft, loops="default")
+    exported = export_for_cuda(batch, 4, 128256, jnp.bfloat16, temperature=temperature, draft=draft)
     expected = 1 if temperature == 0 else 3 if draft == "logits" else 2
     text = exported.mlir_module()
     assert sum(text.count(name) for name in TRITON_CALLS) == expected
-    assert ("flashspec_final_decide" in text) == (temperature > 0) and "flashspec_final_draw" not in text
+    assert ("flashspec_final_decide" in text) == (temperature > 0)
 
 
-@pytest.mark.parametrize("loops", ["tile", "lanes"])
 @pytest.mark.parametrize("batch,vocab,dtype,temperature,top_k,top_p,draft", [
     (4, 32000, jnp.bfloat16, 0.7, 0, 1.0, "logits"),  # draft stats recombined in the prologue
     (1, 128256, jnp.bfloat16, 1.0, 0, 1.0, "logprobs"),  # lse_q one logit away
     (8, 50257, jnp.float16, 0.9, 0, 1.0, "onehot"),
     (2, 777, jnp.float32, 0.8, 40, 0.9, "logits"),  # filters: the jnp pre-pass, then the same kernels
 ])
-def test_prologue_lowers_to_triton(loops, batch, vocab, dtype, temperature, top_k, top_p, draft):
-    """prologue=True: row_stats (of z, and of w without draft_logprobs) then flashspec_final_decide, no final_draw."""
-    config = kernels.VerifyKernelConfig(loops=loops, prologue=True)
+def test_explicit_config_lowers_to_triton(batch, vocab, dtype, temperature, top_k, top_p, draft):
+    """A config other than the default (the dataclass's values: 8 warps, 4096 / 1024-logit tiles): row_stats (of
+    z, and of w without draft_logprobs) then flashspec_final_decide."""
     exported = export_for_cuda(batch, 4, vocab, dtype, temperature=temperature, top_k=top_k, top_p=top_p, draft=draft,
-                               config=config)
+                               config=kernels.VerifyKernelConfig())
     text = exported.mlir_module()
     assert sum(text.count(name) for name in TRITON_CALLS) == (3 if draft == "logits" else 2)
-    assert "flashspec_final_decide" in text and "flashspec_final_draw" not in text
+    assert "flashspec_final_decide" in text
 
 
 def test_default_normaliser_loads_16_bytes():
@@ -166,15 +156,3 @@ def test_kernel_operands_are_not_built_per_step(per_row):
     sources = kernel_operand_sources(text)
     assert sources.count("kernel") == 2, sources  # the normalisers, into final_decide
     assert set(sources) <= {"arg", "kernel", "stablehlo.reshape"}, sources
-
-
-@pytest.mark.parametrize("draft", ["logits", "logprobs", "onehot"])
-def test_finish_in_the_kernel_lowers_with_no_epilogue(draft):
-    """VerifyKernelConfig(finish=True): the row_stats kernel zeroes the counters, the last final_decide
-    program of a row writes its tokens; no reduction or token assembly is left to XLA after the kernels."""
-    config = dataclasses.replace(kernels.choose_config(32, 4, 32000, 2), finish=True)
-    exported = export_for_cuda(32, 4, 32000, jnp.bfloat16, temperature=0.7, draft=draft, config=config)
-    text = exported.mlir_module()
-    assert sum(text.count(name) for name in TRITON_CALLS) == (3 if draft == "logits" else 2)
-    main = main_function(text)
-    assert "stablehlo.reduce" not in main and "stablehlo.concatenate" not in main, main[-3000:]

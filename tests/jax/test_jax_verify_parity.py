@@ -114,28 +114,19 @@ def test_parity_masked_vocabulary_and_equal_draft():
     np.testing.assert_array_equal(same.num_accepted, 4)
 
 
-LANES_V2 = kernels.VerifyKernelConfig(block_v=64, sweep_v=16, min_programs=1, loops="lanes", vec=8, prefetch=True,
-                                     prune=True, num_warps=4)
+LANES_V2 = kernels.VerifyKernelConfig(block_v=64, sweep_v=16, vec=8, num_warps=4, min_programs=1, prune_tiles=0.0)
+NO_PRUNE = float("inf")
 
 
 @pytest.mark.parametrize(
     "config",
     [
-        kernels.VerifyKernelConfig(block_v=64, min_programs=1),  # one chunk, many tiles
-        kernels.VerifyKernelConfig(block_v=32, min_programs=8),  # chunks of several tiles
-        kernels.VerifyKernelConfig(block_v=16, min_programs=1000),  # one tile per chunk
-        kernels.VerifyKernelConfig(block_v=64, min_programs=1, loops="lanes"),  # per-slot state, exp2 / lg2
-        kernels.VerifyKernelConfig(block_v=32, min_programs=8, loops="lanes"),
-        LANES_V2,  # 16-byte vectors, prefetch, pruned sweep in 16-logit tiles
-        dataclasses.replace(LANES_V2, block_v=32, min_programs=8, vec=4),
-        dataclasses.replace(LANES_V2, prefetch=False, prune=False, block_v=16, min_programs=1000),
-        kernels.choose_config(3, 4, 333, 4, interpret=True),  # the default in interpret mode (prologue)
-        dataclasses.replace(kernels.choose_config(3, 4, 333, 4, interpret=True), prologue=False),  # jnp glue
-        kernels.VerifyKernelConfig(block_v=32, min_programs=8, prologue=True),  # accept test in the tile kernel
-        dataclasses.replace(LANES_V2, block_v=32, min_programs=8, vec=4, prologue=True),
+        LANES_V2,  # one chunk of many tiles, 16-byte vectors, pruned sweep in 16-logit tiles
+        dataclasses.replace(LANES_V2, block_v=32, min_programs=8, vec=4),  # chunks of several tiles
+        dataclasses.replace(LANES_V2, prune_tiles=NO_PRUNE, block_v=16, min_programs=1000),  # one tile per chunk
+        kernels.choose_config(3, 4, 333, 4, interpret=True),  # the default in interpret mode
     ],
-    ids=["one-chunk", "chunks", "tile-per-chunk", "lanes-one-chunk", "lanes-chunks", "v2-one-chunk", "v2-chunks",
-         "v2-tile-per-chunk", "v2-default", "v2-default-glue", "chunks-prologue", "v2-chunks-prologue"],
+    ids=["one-chunk", "chunks", "tile-per-chunk", "default"],
 )
 @pytest.mark.parametrize("temperature,draft", [(1.0, "logits"), (0.7, "logprobs"), (1.0, "onehot"), (0.0, "logits")])
 def test_kernel_tilings(config, temperature, draft):
@@ -186,11 +177,11 @@ def test_pruned_sweep_is_exact(rows, draft):
     z, x, w, lq = inputs.args
     for offset in (0, 1, 2, 3):
         want = oracle.verify(z, x, w, lq, temperature=0.8, seed=5, offset=offset)
-        for config in (LANES_V2, dataclasses.replace(LANES_V2, prune=False)):
+        for config in (LANES_V2, dataclasses.replace(LANES_V2, prune_tiles=NO_PRUNE)):
             c = make_counters(np.uint32(5), np.uint32(0), np.uint32(offset), z.shape[0])
             got = jax.jit(lambda z, x, w, c=c, config=config: kernels.verify(
                 z, x, w, None, c, temperature=0.8, top_k=0, top_p=1.0, config=config, interpret=True))(z, x, w)
-            assert_same(want, got, f"{rows} {draft} prune={config.prune} offset={offset}")
+            assert_same(want, got, f"{rows} {draft} prune_tiles={config.prune_tiles} offset={offset}")
 
 
 def test_pruning_passes_over_tiles():
