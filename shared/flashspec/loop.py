@@ -1,7 +1,9 @@
 """The one speculative loop, written once for every backend.
 
-    choose a draft (the policy sees only the past) -> draft G tokens -> score G+1 positions
-    -> verify -> commit -> observe the previous step (one step late) -> stop when all rows are done
+    choose a draft (the policy sees only the past) -> ``backend.step``: draft G tokens, score G+1
+    positions, verify, commit -> observe the previous step (one step late) -> stop when all rows are done
+
+It calls only what ``flashspec.backend.Backend`` declares.
 
 Exactness holds for any draft choice made before the step's verification randomness is drawn
 (SPEC.md's theorem); reading results one step late only delays what the policy learns.
@@ -66,6 +68,47 @@ def speculate(
     flashspec.faults.NonFiniteLogitsError when a model's logits were NaN or infinite."""
     backend.prefill(prompts, spec.max_new_tokens)
     records = [] if records is None else records
+    speculate_steps(backend, policy, sampling=sampling, spec=spec, seed=seed, first_offset=first_offset,
+                    on_step=on_step, records=records)
+    return backend.outputs(), records
+
+
+def speculate_steps(backend: Backend, policy: Policy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
+                    first_offset: int, on_step, records: list[StepRecord]) -> None:
+    """``speculate``'s steps on the batch the backend holds (after ``prefill``, and ``prepare`` if wanted)."""
+    pending: tuple[int, StepHandle, float] | None = None
+    max_steps = spec.max_steps or spec.max_new_tokens
+    for step in range(max_steps):
+        arm = policy.choose()
+        start = time.perf_counter()
+        handle = backend.step(arm, spec.gamma, sampling, seed, first_offset + step)
+        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step, step=step - 1):
+            pending = None
+            break
+        pending = (arm, handle, start)
+    if pending is not None:
+        observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step, step=step)
+
+
+def observe(self, arm: int, drafted: int, accepted: int, seconds: float) -> None: ...
+
+
+def speculate(
+    backend: Backend,
+    policy: Policy,
+    prompts: list[list[int]],
+    *,
+    sampling: SamplingConfig,
+    spec: SpecConfig,
+    seed=0,
+    first_offset: int = 0,
+    on_step=None,  # called with each StepRecord as it is observed (a progress bar)
+    records: list[StepRecord] | None = None,  # appended to as steps are observed (kept if interrupted)
+) -> tuple[list[list[int]], list[StepRecord]]:
+    """Generate for every prompt; returns (new tokens per row, per-step records). Raises
+    flashspec.faults.NonFiniteLogitsError when a model's logits were NaN or infinite."""
+    backend.prefill(prompts, spec.max_new_tokens)
+    records = [] if records is None else records
     pending: tuple[int, StepHandle, float] | None = None
     max_steps = spec.max_steps or spec.max_new_tokens
     for step in range(max_steps):
@@ -111,7 +154,7 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
 
 
 def decode(
-    backend,
+    backend: Backend,
     prompts: list[list[int]],
     *,
     sampling: SamplingConfig,
@@ -124,6 +167,14 @@ def decode(
     """Plain autoregressive decoding on the same backend (``backend.decode_one``): the baseline."""
     backend.prefill(prompts, max_new_tokens)
     records = [] if records is None else records
+    decode_steps(backend, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, first_offset=first_offset,
+                 on_step=on_step, records=records)
+    return backend.outputs(), records
+
+
+def decode_steps(backend: Backend, *, sampling: SamplingConfig, max_new_tokens: int, seed, first_offset: int, on_step,
+                 records: list[StepRecord]) -> None:
+    """``decode``'s steps on the batch the backend holds (after ``prefill``, and ``prepare`` if wanted)."""
     pending = None
     for step in range(max_new_tokens):
         start = time.perf_counter()
@@ -134,7 +185,6 @@ def decode(
         pending = (handle, start)
     if pending is not None:
         _observe_plain(records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
-    return backend.outputs(), records
 
 
 def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float, on_step=None,

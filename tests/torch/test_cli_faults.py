@@ -69,11 +69,11 @@ def tiny_engine(monkeypatch):
     """`flashspec generate` on the tiny random model instead of the embedded one."""
     made = {}
 
-    def fake_engine(backend, target, drafts, *, policy, device, row_invariant):
+    def fake_engine(target, drafts, *, policy, device, row_invariant=False):
         made["engine"] = Engine(made["target"], drafts, policy=policy, device="cpu", row_invariant=row_invariant)
         return made["engine"]
 
-    monkeypatch.setattr(flashspec.engine, "engine", fake_engine)
+    monkeypatch.setattr(flashspec.engine, "engine_class", lambda backend: fake_engine)
     made["target"] = tiny_target()
     return made
 
