@@ -90,52 +90,6 @@ def speculate_steps(backend: Backend, policy: Policy, *, sampling: SamplingConfi
         observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step, step=step)
 
 
-def observe(self, arm: int, drafted: int, accepted: int, seconds: float) -> None: ...
-
-
-def speculate(
-    backend: Backend,
-    policy: Policy,
-    prompts: list[list[int]],
-    *,
-    sampling: SamplingConfig,
-    spec: SpecConfig,
-    seed=0,
-    first_offset: int = 0,
-    on_step=None,  # called with each StepRecord as it is observed (a progress bar)
-    records: list[StepRecord] | None = None,  # appended to as steps are observed (kept if interrupted)
-) -> tuple[list[list[int]], list[StepRecord]]:
-    """Generate for every prompt; returns (new tokens per row, per-step records). Raises
-    flashspec.faults.NonFiniteLogitsError when a model's logits were NaN or infinite."""
-    backend.prefill(prompts, spec.max_new_tokens)
-    records = [] if records is None else records
-    pending: tuple[int, StepHandle, float] | None = None
-    max_steps = spec.max_steps or spec.max_new_tokens
-    for step in range(max_steps):
-        arm = policy.choose()
-        start = time.perf_counter()
-        handle = speculative_step(backend, arm, spec.gamma, sampling, seed, first_offset + step)
-        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step, step=step - 1):
-            pending = None
-            break
-        pending = (arm, handle, start)
-    if pending is not None:
-        observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step, step=step)
-    return backend.outputs(), records
-
-
-def speculative_step(backend: Backend, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> StepHandle:
-    """Draft G tokens with draft ``arm``, score G+1 positions, verify, commit. A backend that runs
-    the four as one unit (a CUDA graph, one jitted function) provides them fused as ``step``."""
-    fused = getattr(backend, "step", None)
-    if fused is not None:
-        return fused(arm, gamma, sampling, seed, offset)
-    proposal = backend.draft(arm, gamma, sampling, seed, offset)
-    target_logits = backend.score(proposal)
-    result = backend.verify(target_logits, proposal, sampling, seed, offset)
-    return backend.commit(result)
-
-
 def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *,
             end: float, on_step=None, step: int = -1) -> bool:
     """Read a finished step, feed the policy, record it; True when every row is done."""
