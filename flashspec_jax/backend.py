@@ -108,6 +108,17 @@ class JaxBackend:
         tokens, lengths, prefix = batch_shapes(prompts, max_new_tokens)
         return self.prefill_jit(self.weights, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens, prefix=prefix)
 
+    def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
+        """Nothing ahead of time: each jitted step compiles on its first call (once per shape)."""
+        return 0
+
+    def step(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
+        """draft -> score -> verify -> commit, four jitted calls dispatched asynchronously."""
+        proposal = self.draft(arm, gamma, sampling, seed, offset)
+        return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset))
+
+    # -- the step's parts
+
     def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:
         proposal, self.state = self.draft_jit(arm, self.weights, self.state, gamma, sampling, self.seeds(seed), offset)
         return proposal

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from flashspec.bandits import POLICIES, BanditConfig
-from flashspec.engine import EngineBase, check_request
-from flashspec.config import SamplingConfig
-from flashspec.loop import SpecConfig, StepRecord, decode, speculate
+from flashspec.engine import EngineBase, Request
+from flashspec.loop import StepRecord
 from flashspec_torch.engine import DRAFT_HELP, parse_layers
 
 from . import whole
@@ -99,44 +98,28 @@ class Engine(EngineBase):
             raise ValueError(f"draft {spec!r} is unknown ({e}); a draft is {DRAFT_HELP}") from None
         return self.backend.model_draft(other.name, other.model)
 
-    def generate(
-        self,
-        prompt: str | Sequence[str],
-        *,
-        gamma: int = 4,
-        temperature: float = 0.7,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
-        seed: int | Sequence[int] = 0,
-        speculation: bool = True,
-        chat: bool = True,
-        on_step: Callable[[StepRecord], None] | None = None,
-    ) -> dict:
-        """Generate for one prompt (str) or a batch (list of str); returns SPEC.md's stats dict.
+    def seed_array(self, seeds: list[int]) -> np.ndarray:
+        return np.array(seeds, dtype=np.uint64)
 
-        ``seed`` is the request's own: an int for every prompt, or one per prompt. A request's
-        tokens depend on its prompt and seed only, not on its row in the batch.
-        """
-        prompts, seeds = check_request(prompt, seed, speculation, chat, on_step)
-        sampling = SamplingConfig(temperature, top_k, top_p)
-        spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
-        ids = [self.encode(p, chat) for p in prompts]
-        per_row = np.array(seeds, dtype=np.uint64)
+    def running(self):
+        return self.on_device()
+
+    def run(self, request: Request, records: list[StepRecord]) -> list[list[int]]:
+        """The core loop, or with ``loop="device"`` the whole speculative generation in one launch."""
+        if self.whole is None or not request.speculation:
+            return super().run(request, records)
+        r = request
         start = time.perf_counter()
-        with self.on_device():
-            if not speculation:
-                outs, records = decode(self.backend, ids, sampling=sampling, max_new_tokens=max_new_tokens, seed=per_row, on_step=on_step)
-            elif self.whole is not None:
-                device_policy = whole.DEVICE_POLICIES[self.policy_name]()
-                outs, records = self.whole.run(ids, max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-                                               seed=per_row, policy=device_policy, policy_seed=seeds[0] % 2**31)
-            else:
-                policy = self.policy_for(gamma, seeds[0])
-                outs, records = speculate(self.backend, policy, ids, sampling=sampling, spec=spec, seed=per_row, on_step=on_step)
+        device_policy = whole.DEVICE_POLICIES[self.policy_name]()
+        outs, steps = self.whole.run(r.ids, max_new_tokens=r.spec.max_new_tokens, gamma=r.spec.gamma,
+                                     sampling=r.sampling, seed=self.seed_array(r.seeds), policy=device_policy,
+                                     policy_seed=r.seeds[0] % 2**31)
         wall = time.perf_counter() - start
-        if self.whole is not None and speculation:  # one launch: no per-step times, their mean instead
-            records = [StepRecord(r.arm, r.drafted, r.accepted, r.emitted, r.rows, wall / max(1, len(records))) for r in records]
-            for r in records if on_step else ():
-                on_step(r)
-        return self.report(prompt, outs, records, wall, speculation, gamma, {"loop": self.loop if speculation else "host"})
+        for s in steps:  # one launch: no per-step times, their mean instead
+            records.append(StepRecord(s.arm, s.drafted, s.accepted, s.emitted, s.rows, wall / len(steps)))
+            if r.on_step:
+                r.on_step(records[-1])
+        return outs
+
+    def result_extra(self, request: Request) -> dict:
+        return {"loop": self.loop if request.speculation else "host"}

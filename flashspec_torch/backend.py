@@ -164,7 +164,6 @@ class TorchBackend:
         self.graphed = self.device.type == "cuda" if graphs is None else bool(graphs)
         self.graphs = (StepGraphs() if self.device.type == "cuda" else StaticSteps()) if self.graphed else None
         self.shape: tuple[int, int] | None = None  # (B, S) of the buffers below
-        self.warm_for: tuple[int | None, SamplingConfig] | None = None  # prefill then captures these kinds (warm_up)
 
     # -- the batch
 
@@ -194,8 +193,6 @@ class TorchBackend:
             self.target(seqs.tokens[:, : longest - 1], pos, self.cache, longest - 1, logits_last=0)
         for d in self.drafts:
             d.start(b, self.shape[1])
-        if self.warm_for is not None:
-            self.warm_up(*self.warm_for)
 
     def allocate(self, batch: int, s_needed: int) -> None:
         """Buffers for a batch; kept (and the graphs with them) while the next batch fits."""
@@ -262,11 +259,12 @@ class TorchBackend:
 
         return run
 
-    def warm_up(self, gamma: int | None, sampling: SamplingConfig) -> int:
+    def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
         """Capture now every step kind a request with these settings can run: each capturable
-        draft at ``gamma`` (None: none) and plain decoding. Call after ``prefill``. The policy may
-        pick any draft at any step, so capturing all of them here puts the graphs' memory and
-        compile time into the first call instead of a later one. Returns the graphs captured."""
+        draft at ``gamma`` (None: none) and plain decoding. Call after ``prefill`` (a batch that
+        needs new buffers drops the graphs). The policy may pick any draft at any step, so
+        capturing all of them here puts the graphs' memory and compile time into the first call
+        instead of a later one. Returns the graphs captured (0 without graphs, or when all exist)."""
         if not self.graphed:
             return 0
         captured = 0

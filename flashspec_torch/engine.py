@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from flashspec.bandits import POLICIES, BanditConfig
-from flashspec.engine import EngineBase, check_request
 from flashspec.config import SamplingConfig
-from flashspec.faults import NonFiniteLogitsError
-from flashspec.loop import SpecConfig, StepRecord, decode, speculate
+from flashspec.engine import EngineBase
+from flashspec.loop import SpecConfig
 
 from .backend import TorchBackend
 from .drafts import LAYERSKIP_DEFAULT, LookupDraft, ModelDraft, TransformersDraft, draft_from_model
@@ -143,51 +141,15 @@ class Engine(EngineBase):
             raise ValueError(f"draft {spec!r} is unknown ({e}); a draft is {DRAFT_HELP}") from None
         return draft_from_model(other, model, self.dtype, self.device)
 
-    def generate(
-        self,
-        prompt: str | Sequence[str],
-        *,
-        gamma: int = 4,
-        temperature: float = 0.7,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
-        seed: int | Sequence[int] = 0,
-        speculation: bool = True,
-        chat: bool = True,
-        on_step: Callable[[StepRecord], None] | None = None,
-    ) -> dict:
-        """Generate for one prompt (str) or a batch (list of str); returns SPEC.md's stats dict.
+    def seed_array(self, seeds: list[int]) -> torch.Tensor:
+        return torch.tensor(seeds, dtype=torch.int64, device=self.device)
 
-        ``seed`` is the request's own: an int for every prompt, or one per prompt. A request's
-        tokens depend on its prompt and seed only, not on its row in the batch.
-        """
-        prompts, seeds = check_request(prompt, seed, speculation, chat, on_step)
-        sampling = SamplingConfig(temperature, top_k, top_p)
-        spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
-        ids = [self.encode(p, chat) for p in prompts]
-        seed_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
-        records: list[StepRecord] = []
-        interrupted = False
-        start = time.perf_counter()
-        self.backend.warm_for = (gamma if speculation else None, sampling)  # every draft's graph on first sight
-        try:
-            with torch.inference_mode():
-                if speculation:
-                    policy = self.policy_for(gamma, seeds[0])
-                    speculate(self.backend, policy, ids, sampling=sampling, spec=spec, seed=seed_t, on_step=on_step,
-                              records=records)
-                else:
-                    decode(self.backend, ids, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed_t,
-                           on_step=on_step, records=records)
-        except KeyboardInterrupt:  # Ctrl-C: return what was produced; the next call starts afresh
-            interrupted = True
-        except NonFiniteLogitsError as e:
-            e.result = self.result(prompt, records, time.perf_counter() - start, speculation, gamma, interrupted=False)
-            with torch.inference_mode():
-                scrub_caches(self.caches())  # stale NaN K/V would poison the next request's attention
-            raise
-        return self.result(prompt, records, time.perf_counter() - start, speculation, gamma, interrupted)
+    def running(self):
+        return torch.inference_mode()
+
+    def after_fault(self) -> None:
+        with torch.inference_mode():
+            scrub_caches(self.caches())  # stale NaN K/V would poison the next request's attention
 
     def warm_up(self, *, batch: int = 1, gamma: int = 4, temperatures: Sequence[float] = (0.0, 0.7), top_k: int = 0,
                 top_p: float = 1.0, context: int | None = None) -> int:
@@ -195,9 +157,9 @@ class Engine(EngineBase):
         these settings can run (each draft at ``gamma``, plain decoding; one set per temperature),
         for prompt + new tokens up to ``context`` (None: 512, or the model's context if shorter).
 
-        ``generate`` captures every draft's kind for its own settings on first sight anyway; this
-        takes all the settings a server will see up front, so that GPU memory and compile time stop
-        growing after it. Returns the number of graphs captured (0 off CUDA, where nothing is)."""
+        ``generate`` captures every draft's kind for its own settings anyway (``backend.prepare``
+        after its prefill); this takes all the settings a server will see up front, so that GPU
+        memory and compile time stop growing after it. Returns the number of graphs captured (0 off CUDA, where nothing is)."""
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"{batch=} must be an integer >= 1 (the number of prompts of the requests to come)")
         samplings = [SamplingConfig(t, top_k, top_p) for t in temperatures]
@@ -208,15 +170,10 @@ class Engine(EngineBase):
         SpecConfig(gamma=gamma, max_new_tokens=context - 1)  # validates gamma
         captured = 0
         with torch.inference_mode():
-            self.backend.warm_for = None
             self.backend.prefill([[0]] * batch, context - 1)
             for sampling in samplings:
-                captured += self.backend.warm_up(gamma, sampling)
+                captured += self.backend.prepare(gamma, sampling)
         return captured
-
-    def result(self, prompt, records: list[StepRecord], wall: float, speculation: bool, gamma: int, interrupted: bool) -> dict:
-        """SPEC.md's stats dict of what the backend holds now (the whole batch, or a partial one)."""
-        return self.report(prompt, self.backend.outputs(), records, wall, speculation, gamma, {"interrupted": interrupted})
 
     def caches(self) -> list:
         """Every KV cache of the current batch (the target's and the model drafts')."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,27 +32,34 @@ class StepHandle(Protocol):
         """Block until the step's small results are on the host (called one step late)."""
 
 
+@runtime_checkable
 class Backend(Protocol):
+    """Everything ``flashspec.loop`` and the engines call on a backend; nothing else is reached.
+
+    How a backend drafts, scores, verifies and commits inside ``step`` is its own affair (the
+    fake backend and the torch backend's eager path keep them as separate methods)."""
+
     draft_names: Sequence[str]  # one name per arm
 
     def prefill(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-        """Start a batch: run the target (and drafts) over the prompts."""
+        """Start a batch: run the target (and drafts) over the prompts. Prepares nothing."""
 
-    def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed: Any, offset: int) -> Any:
-        """Draft G tokens per row with draft ``arm`` (DRAFT stream); opaque proposal."""
+    def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
+        """Make ready now, for the batch ``prefill`` started, every step kind a request with these
+        settings can run: each draft's speculative step at ``gamma`` (None: none) and plain
+        decoding (the torch backend on CUDA captures their CUDA graphs). A step kind not prepared
+        is made ready when first run. Returns how many kinds were newly prepared (0: nothing to do)."""
 
-    def score(self, proposal: Any) -> Any:
-        """Target logits at the G drafted positions and the bonus position: [B, G+1, V]."""
+    def step(self, arm: int, gamma: int, sampling: SamplingConfig, seed: Any, offset: int) -> StepHandle:
+        """One speculative step as a unit: draft G tokens with draft ``arm`` (DRAFT stream), score
+        the G+1 positions, verify (FINAL stream), append the emitted tokens, advance the caches by
+        num_accepted + 1 and roll back the rest, flag finished rows; start the asynchronous copy
+        of the step's small results."""
 
-    def verify(self, target_logits: Any, proposal: Any, sampling: SamplingConfig, seed: Any, offset: int) -> Any:
-        """The verify kernel on the device; returns a VerifyResult of device arrays."""
-
-    def commit(self, result: Any) -> StepHandle:
-        """Append the emitted tokens, advance caches by num_accepted + 1, roll back the rest,
-        flag finished rows; start the asynchronous copy of the step's small results."""
-
-    # Optional: ``step(arm, gamma, sampling, seed, offset) -> StepHandle`` runs draft, score,
-    # verify and commit as one unit (flashspec.loop.speculative_step uses it when present).
+    def decode_one(self, sampling: SamplingConfig, seed: Any, offset: int) -> StepHandle:
+        """One step of plain autoregressive decoding (one target forward, one token per live row,
+        FINAL stream at position 0), committed as ``step`` commits."""
 
     def outputs(self) -> list[list[int]]:
         """The new tokens of every row (host), after the last step."""
+

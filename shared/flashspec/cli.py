@@ -193,13 +193,19 @@ def run_bench_script(kind: str, rest: list[str]) -> int:
     import subprocess
 
     script, gpu_script, _ = BENCH_SCRIPTS[kind]
-    try:
-        import torch
+    where = benchmarks_dir()
+    if gpu_script != script and torch_sees_a_gpu():
+        script = gpu_script
+    return subprocess.call([sys.executable, str(where / script), *rest])
 
-        script = gpu_script if torch.cuda.is_available() else script
-    except ImportError:
-        pass
-    return subprocess.call([sys.executable, str(benchmarks_dir() / script), *rest])
+
+def torch_sees_a_gpu() -> bool:
+    """Whether torch is installed and sees a CUDA GPU, asked in a child process: this process
+    imports no framework."""
+    import subprocess
+
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.call([sys.executable, "-c", probe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
 
 
 def add_bench_bandit(kinds) -> None:
@@ -293,11 +299,17 @@ def check_generate_args(args) -> None:
 
 
 def run_generate(args) -> int:
-    from .engine import engine
+    from .engine import engine_class
 
     check_generate_args(args)
-    eng = engine(args.backend, args.target, tuple(args.draft or ("ngram",)), policy=args.policy, device=args.device,
-                 row_invariant=args.row_invariant)
+    options = {}  # the backend's own options: keyword arguments of its engine class
+    if args.row_invariant:
+        if args.backend != "torch":
+            raise UsageError(f"--row-invariant is an option of the torch backend (its fused products), "
+                             f"not of --backend {args.backend}; use --backend torch")
+        options["row_invariant"] = True
+    eng = engine_class(args.backend)(args.target, tuple(args.draft or ("ngram",)), policy=args.policy,
+                                     device=args.device, **options)
     show = sys.stderr.isatty()
     counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}
 

@@ -15,6 +15,7 @@ import numpy as np
 from .backend import StepView
 from .config import SamplingConfig
 from .contract import VerifyResult
+from .random import FINAL
 from .reference import sample
 from .reference import verify as reference_verify
 
@@ -60,6 +61,21 @@ class MarkovBackend:
         self.out: list[list[int]] = [[] for _ in prompts]
         self.max_new = max_new_tokens
         self.done = np.zeros(len(prompts), bool)
+
+    def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
+        return 0  # nothing is compiled or captured
+
+    def step(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> DoneHandle:
+        proposal = self.draft(arm, gamma, sampling, seed, offset)
+        return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset))
+
+    def decode_one(self, sampling: SamplingConfig, seed, offset: int) -> DoneHandle:
+        """The target's next token (FINAL stream, position 0), committed as a step with nothing accepted."""
+        y, _ = sample(self.target[self.last], sampling, seed, offset, position=0, stream=FINAL)
+        tokens = np.stack([y, np.full_like(y, -1)], 1)
+        return self.commit(VerifyResult(np.zeros(len(y), np.int64), tokens))
+
+    # -- the step's parts (this backend's own; the loop calls ``step``)
 
     def draft(self, arm, gamma, sampling: SamplingConfig, seed, offset) -> Proposal:
         d = self.drafts[arm]

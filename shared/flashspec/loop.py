@@ -1,7 +1,9 @@
 """The one speculative loop, written once for every backend.
 
-    choose a draft (the policy sees only the past) -> draft G tokens -> score G+1 positions
-    -> verify -> commit -> observe the previous step (one step late) -> stop when all rows are done
+    choose a draft (the policy sees only the past) -> ``backend.step``: draft G tokens, score G+1
+    positions, verify, commit -> observe the previous step (one step late) -> stop when all rows are done
+
+It calls only what ``flashspec.backend.Backend`` declares.
 
 Exactness holds for any draft choice made before the step's verification randomness is drawn
 (SPEC.md's theorem); reading results one step late only delays what the policy learns.
@@ -66,31 +68,26 @@ def speculate(
     flashspec.faults.NonFiniteLogitsError when a model's logits were NaN or infinite."""
     backend.prefill(prompts, spec.max_new_tokens)
     records = [] if records is None else records
+    speculate_steps(backend, policy, sampling=sampling, spec=spec, seed=seed, first_offset=first_offset,
+                    on_step=on_step, records=records)
+    return backend.outputs(), records
+
+
+def speculate_steps(backend: Backend, policy: Policy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
+                    first_offset: int, on_step, records: list[StepRecord]) -> None:
+    """``speculate``'s steps on the batch the backend holds (after ``prefill``, and ``prepare`` if wanted)."""
     pending: tuple[int, StepHandle, float] | None = None
     max_steps = spec.max_steps or spec.max_new_tokens
     for step in range(max_steps):
         arm = policy.choose()
         start = time.perf_counter()
-        handle = speculative_step(backend, arm, spec.gamma, sampling, seed, first_offset + step)
+        handle = backend.step(arm, spec.gamma, sampling, seed, first_offset + step)
         if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step, step=step - 1):
             pending = None
             break
         pending = (arm, handle, start)
     if pending is not None:
         observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step, step=step)
-    return backend.outputs(), records
-
-
-def speculative_step(backend: Backend, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> StepHandle:
-    """Draft G tokens with draft ``arm``, score G+1 positions, verify, commit. A backend that runs
-    the four as one unit (a CUDA graph, one jitted function) provides them fused as ``step``."""
-    fused = getattr(backend, "step", None)
-    if fused is not None:
-        return fused(arm, gamma, sampling, seed, offset)
-    proposal = backend.draft(arm, gamma, sampling, seed, offset)
-    target_logits = backend.score(proposal)
-    result = backend.verify(target_logits, proposal, sampling, seed, offset)
-    return backend.commit(result)
 
 
 def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *,
@@ -111,7 +108,7 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
 
 
 def decode(
-    backend,
+    backend: Backend,
     prompts: list[list[int]],
     *,
     sampling: SamplingConfig,
@@ -124,6 +121,14 @@ def decode(
     """Plain autoregressive decoding on the same backend (``backend.decode_one``): the baseline."""
     backend.prefill(prompts, max_new_tokens)
     records = [] if records is None else records
+    decode_steps(backend, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed, first_offset=first_offset,
+                 on_step=on_step, records=records)
+    return backend.outputs(), records
+
+
+def decode_steps(backend: Backend, *, sampling: SamplingConfig, max_new_tokens: int, seed, first_offset: int, on_step,
+                 records: list[StepRecord]) -> None:
+    """``decode``'s steps on the batch the backend holds (after ``prefill``, and ``prepare`` if wanted)."""
     pending = None
     for step in range(max_new_tokens):
         start = time.perf_counter()
@@ -134,7 +139,6 @@ def decode(
         pending = (handle, start)
     if pending is not None:
         _observe_plain(records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
-    return backend.outputs(), records
 
 
 def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float, on_step=None,

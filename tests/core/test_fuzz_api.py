@@ -133,7 +133,7 @@ def test_cli_generate_arguments(capsys, prompt, pairs):
 
     argv = ["generate", prompt] + [s for pair in pairs for s in pair]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(flashspec.engine, "engine", lambda *a, **k: FakeEngine())
+        mp.setattr(flashspec.engine, "engine_class", lambda backend: lambda *a, **k: FakeEngine())
         status = exit_status(argv)
     err = capsys.readouterr().err.strip()
     assert status in (0, 2), (argv, err)

@@ -69,11 +69,11 @@ def tiny_engine(monkeypatch):
     """`flashspec generate` on the tiny random model instead of the embedded one."""
     made = {}
 
-    def fake_engine(backend, target, drafts, *, policy, device, row_invariant):
+    def fake_engine(target, drafts, *, policy, device, row_invariant=False):
         made["engine"] = Engine(made["target"], drafts, policy=policy, device="cpu", row_invariant=row_invariant)
         return made["engine"]
 
-    monkeypatch.setattr(flashspec.engine, "engine", fake_engine)
+    monkeypatch.setattr(flashspec.engine, "engine_class", lambda backend: fake_engine)
     made["target"] = tiny_target()
     return made
 
@@ -112,7 +112,7 @@ def test_ctrl_c_while_loading_exits_130(capsys, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(flashspec.engine, "engine", interrupted)
+    monkeypatch.setattr(flashspec.engine, "engine_class", lambda backend: interrupted)
     assert run(["generate", "hi"]) == 130
     assert one_line(capsys)[1] == "flashspec generate: interrupted"
 
@@ -132,7 +132,7 @@ def test_an_unexpected_error_is_one_line_and_exit_1(capsys, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("something broke\nacross lines")
 
-    monkeypatch.setattr(flashspec.engine, "engine", broken)
+    monkeypatch.setattr(flashspec.engine, "engine_class", lambda backend: broken)
     assert run(["generate", "hi"]) == 1
     err = one_line(capsys)[1]
     assert "internal error: RuntimeError: something broke across lines" in err and "FLASHSPEC_TRACEBACK" in err

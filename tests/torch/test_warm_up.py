@@ -1,4 +1,4 @@
-"""Capturing every step kind up front (``TorchBackend.warm_up``, ``Engine.warm_up``): the same
+"""Capturing every step kind up front (``TorchBackend.prepare``, ``Engine.warm_up``): the same
 tokens as lazy capture and as eager steps, no capture after the first call, bounded graph count,
 and an interrupt in the middle of a capture leaves the engine usable."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flashspec.config import SamplingConfig
-from flashspec.loop import SpecConfig, decode, speculate
+from flashspec.loop import SpecConfig, decode, decode_steps, speculate, speculate_steps
 from flashspec_torch.backend import StepGraphs
 from flashspec_torch.engine import Engine
 
@@ -20,6 +20,7 @@ SPEC = SpecConfig(gamma=3, max_new_tokens=20)
 
 
 def run(b, pattern, sampling=GREEDY):
+    """Speculation then plain decoding, each captured lazily (a kind when it first runs)."""
     seed = torch.tensor([3, 1, 4, 1], device=b.device)
     with torch.inference_mode():
         spec_out, _ = speculate(b, Cycle(pattern), PROMPTS, sampling=sampling, spec=SPEC, seed=seed)
@@ -27,13 +28,26 @@ def run(b, pattern, sampling=GREEDY):
     return spec_out, plain_out
 
 
+def run_prepared(b, pattern, sampling=GREEDY):
+    """``run`` as the engine runs it: prefill, then ``prepare`` every kind of the settings, then steps."""
+    seed = torch.tensor([3, 1, 4, 1], device=b.device)
+    steps = dict(sampling=sampling, seed=seed, first_offset=0, on_step=None, records=[])
+    with torch.inference_mode():
+        b.prefill(PROMPTS, SPEC.max_new_tokens)
+        b.prepare(SPEC.gamma, sampling)
+        speculate_steps(b, Cycle(pattern), spec=SPEC, **steps)
+        spec_out = b.outputs()
+        b.prefill(PROMPTS, 20)
+        b.prepare(None, sampling)
+        decode_steps(b, max_new_tokens=20, **steps)
+    return spec_out, b.outputs()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(0.8)])
 def test_warmed_up_graphs_give_the_eager_tokens(device, sampling):
     eager = run(backends(device, False), [0, 1, 2, 2, 0], sampling)
-    b = backends(device, True)
-    b.warm_for = (SPEC.gamma, sampling)
-    assert run(b, [0, 1, 2, 2, 0], sampling) == eager
+    assert run_prepared(backends(device, True), [0, 1, 2, 2, 0], sampling) == eager
     if sampling.greedy:
         assert eager[0] == eager[1]
 
@@ -41,15 +55,26 @@ def test_warmed_up_graphs_give_the_eager_tokens(device, sampling):
 @cuda_only
 def test_the_first_prefill_captures_every_draft_and_later_steps_capture_nothing():
     b = backends("cuda", True)
-    b.warm_for = (SPEC.gamma, GREEDY)
-    first = run(b, [0])  # only draft 0 is chosen, yet all three drafts' graphs exist
+    first = run_prepared(b, [0])  # only draft 0 is chosen, yet all three drafts' graphs exist
     assert set(b.graphs.graphs) == {("spec", a, SPEC.gamma, GREEDY) for a in range(3)} | {("plain", GREEDY)}
     torch.cuda.synchronize()
     keys, allocated = list(b.graphs.graphs), torch.cuda.memory_allocated()
-    again = run(b, [1, 2, 2, 1])
+    again = run_prepared(b, [1, 2, 2, 1])
     torch.cuda.synchronize()
     assert list(b.graphs.graphs) == keys and torch.cuda.memory_allocated() == allocated
     assert first[1] == again[1] and first[0] == first[1] == again[0]  # greedy: every draft gives plain's tokens
+
+
+@cuda_only
+def test_prefill_captures_nothing_prepare_does():
+    b = backends("cuda", True)
+    with torch.inference_mode():
+        b.prefill(PROMPTS, 8)
+        assert b.graphs.graphs == {}
+        assert b.prepare(SPEC.gamma, GREEDY) == 4  # three drafts and plain decoding
+        assert b.prepare(SPEC.gamma, GREEDY) == 0
+        b.prefill(PROMPTS, 8)  # the buffers fit: the graphs stay
+    assert len(b.graphs.graphs) == 4
 
 
 @cuda_only
@@ -65,9 +90,8 @@ def test_an_interrupt_during_a_capture_leaves_the_backend_usable():
         return propose(*args, **kw)
 
     draft.propose = interrupted
-    b.warm_for = (SPEC.gamma, GREEDY)
     with pytest.raises(KeyboardInterrupt):
-        run(b, [0, 1, 2])
+        run_prepared(b, [0, 1, 2])
     assert b.graphs.graphs == {}  # the half-made graph and its pool are gone
     draft.propose = propose
     assert run(b, [0, 1, 2]) == want
@@ -80,7 +104,7 @@ def test_graph_count_is_bounded_oldest_first():
     with torch.inference_mode():
         b.prefill(PROMPTS, 8)
         for t in (0.0, 0.5, 0.9):
-            b.warm_up(None, SamplingConfig(t))
+            b.prepare(None, SamplingConfig(t))
     assert list(b.graphs.graphs) == [("plain", SamplingConfig(0.5)), ("plain", SamplingConfig(0.9))]
     assert run(b, [0]) == run(backends("cuda", False), [0])  # a dropped kind is captured again
 
