@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from flashspec_torch.model import LlamaConfig
+from flashspec.config import LlamaConfig
 
 __all__ = ["LlamaConfig", "KVCache", "Llama", "rope_frequencies", "new_cache"]
 

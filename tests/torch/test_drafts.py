@@ -141,8 +141,8 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch, target):
 
 
 def test_layerskip_without_argument_is_the_searched_default(target):
-    from flashspec_torch.drafts import LAYERSKIP_DEFAULT
-    from flashspec_torch.engine import Engine, parse_layers
+    from flashspec.drafts import LAYERSKIP_DEFAULT, parse_layers
+    from flashspec_torch.engine import Engine
 
     eng = Engine(target, ("layerskip",), policy="fixed", device="cpu")
     assert eng.drafts[0].skip == parse_layers(LAYERSKIP_DEFAULT, target.model.config.num_layers)
