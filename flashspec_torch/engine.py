@@ -14,12 +14,13 @@ from flashspec.config import SamplingConfig
 from flashspec.faults import NonFiniteLogitsError
 from flashspec.drafts import DRAFT_HELP, LAYERSKIP_DEFAULT, parse_draft, parse_layers
 from flashspec.loop import SpecConfig, StepRecord, decode, speculate
+from flashspec.weights import LLAMA_FAMILY, directory_model_type
 
 from .backend import TorchBackend
 from .drafts import LookupDraft, ModelDraft, TransformersDraft, draft_from_model
 from .faults import scrub_caches
 from .verify import IMPLS
-from .weights import LLAMA_FAMILY, LoadedModel, directory_model_type, load, load_transformers_directory
+from .weights import LoadedModel, load, load_transformers_directory
 
 def load_target(spec: str | None, dtype: torch.dtype, device) -> LoadedModel:
     """``flashspec.drafts.TARGET_HELP``: a model as ``weights.load`` reads it, or ``nf4[:PATH]``, its NF4 copy."""

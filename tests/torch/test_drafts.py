@@ -166,7 +166,7 @@ def test_model_directory_and_transformers_object_drafts_are_exact(target, tmp_pa
 def test_a_gguf_file_draft(target):
     """The embedded GGUF itself as a draft: the same weights, so greedy drafts are all accepted."""
     from flashspec_torch.engine import Engine
-    from flashspec_torch.weights import embedded_gguf
+    from flashspec.weights import embedded_gguf
 
     eng = Engine(target, (str(embedded_gguf()),), policy="fixed", device="cpu")
     assert eng.drafts[0].model is not target.model
