@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from flashspec.weights import convert_state_dict, embedded_gguf, load_gguf_cached, load_tokenizer, read_config
+from flashspec.weights import convert_state_dict, embedded_gguf, load_gguf_cached, load_tokenizer, read_config, read_shards
 
 from .model import Llama, LlamaConfig, rope_frequencies
 
@@ -58,15 +58,7 @@ def load_directory(path: str | Path, dtype=torch.float32, device="cpu") -> Loade
 
     path = Path(path)
     _, config = read_config(path)
-    shards = sorted(path.glob("*.safetensors"))
-    if not shards:
-        raise FileNotFoundError(f"{path} has no *.safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        try:
-            state.update(load_file(str(shard)))
-        except Exception as e:  # safetensors raises its own error types for truncated files
-            raise ValueError(f"cannot read {shard}: {e}; the file is corrupt or incomplete") from None
+    state: dict[str, torch.Tensor] = read_shards(path, load_file)
     if not any(k.endswith("qkv.weight") for k in state):
         state = fused(state, config)
     return LoadedModel(build(config, state, dtype, device), load_tokenizer(path), path.name)

@@ -112,22 +112,27 @@ def directory_model_type(path: str | Path) -> str | None:
         return None
 
 
-def read_directory_state(path: Path, config: LlamaConfig) -> dict[str, np.ndarray]:
-    """Every *.safetensors of a model directory as NumPy arrays, in our fused layout."""
-    from safetensors.numpy import load_file
-
+def read_shards(path: Path, load_file: Callable[[str], dict]) -> dict:
+    """Every *.safetensors of a model directory, each read by ``load_file`` (safetensors.numpy's or
+    safetensors.torch's), merged into one dict."""
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{path} has no *.safetensors weights")
-    state: dict[str, np.ndarray] = {}
+    state = {}
     for shard in shards:
         try:
             state.update(load_file(str(shard)))
         except Exception as e:  # safetensors raises its own error types for truncated files
             raise ValueError(f"cannot read {shard}: {e}; the file is corrupt or incomplete") from None
-    if not any(k.endswith("qkv.weight") for k in state):
-        state = convert_state_dict(state, config)
     return state
+
+
+def read_directory_state(path: Path, config: LlamaConfig) -> dict[str, np.ndarray]:
+    """Every *.safetensors of a model directory as NumPy arrays, in our fused layout."""
+    from safetensors.numpy import load_file
+
+    state = read_shards(path, load_file)
+    return state if any(k.endswith("qkv.weight") for k in state) else convert_state_dict(state, config)
 
 
 def load_tokenizer(path: Path):
