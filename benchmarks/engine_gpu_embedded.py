@@ -17,7 +17,7 @@ Two parts:
   acceptance, and whether each gives plain decoding's tokens. transformers ``generate`` and
   ``prompt_lookup_num_tokens`` on the same bf16 weights are timed on the same prompts.
 
-The GGUF is converted once through transformers (needs ``gguf``); $FLASHSPEC_CACHE holds the copy.
+The GGUF is converted once by ``flashspec.weights`` (needs ``gguf`` and ``transformers``); $FLASHSPEC_CACHE holds the copy.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from flashspec.bandits import POLICIES, BanditConfig
+from flashspec.drafts import DRAFT_HELP, not_implemented, parse_draft, parse_layers
 from flashspec.engine import EngineBase, Request
 from flashspec.loop import StepRecord
-from flashspec_torch.engine import DRAFT_HELP, parse_layers
 
 from . import whole
 from .backend import JaxBackend
@@ -82,16 +82,15 @@ class Engine(EngineBase):
 
     def make_draft(self, spec: str) -> ModelDraft | LookupDraft:
         model = self.target.model
-        name, _, arg = spec.partition(":")
-        if name == "ngram":
-            try:
-                return LookupDraft(spec, max_n=int(arg or 3))
-            except ValueError:
-                raise ValueError(f"draft {spec!r}: use ngram or ngram:N with N >= 1") from None
-        if name == "layerskip":
-            return self.backend.model_draft(spec, skip=parse_layers(arg, model.config.num_layers))
-        if spec == "self":
+        draft = parse_draft(spec)
+        if draft.kind == "ngram":
+            return LookupDraft(spec, max_n=draft.max_n)
+        if draft.kind == "layerskip":
+            return self.backend.model_draft(spec, skip=parse_layers(draft.layers, model.config.num_layers))
+        if draft.kind == "self":
             return self.backend.model_draft("self")
+        if draft.kind != "path":
+            raise not_implemented(draft, "jax")
         try:
             other = load(spec, self.dtype)
         except FileNotFoundError as e:

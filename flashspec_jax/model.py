@@ -11,8 +11,8 @@ The layers' weights are stacked along a leading layer axis ([L, ...]) and the fo
 KV cache is carried and written in place at each layer's index). A layer-skipping draft passes
 the skipped layers as a static set, so they cost nothing and no data-dependent branch (which XLA
 on a GPU evaluates on the host) is needed. Weights use the
-torch backend's fused layout (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the one
-converted cache on disk loads into either backend.
+fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the
+one converted cache on disk loads into either backend.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from flashspec_torch.model import LlamaConfig
+from flashspec.config import LlamaConfig
 
 __all__ = ["LlamaConfig", "KVCache", "Llama", "rope_frequencies", "new_cache"]
 

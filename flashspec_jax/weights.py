@@ -1,16 +1,14 @@
-"""Weights -> our JAX Llama: the one converted cache the torch backend writes, read into jax arrays.
+"""Weights -> our JAX Llama: the converted cache on disk (or a model directory), read into jax arrays.
 
-There is one loader and one conversion: ``flashspec_torch.weights`` turns a GGUF (or a Hugging Face
-directory in HF layout) into our fused layout and caches it as safetensors in ``$FLASHSPEC_CACHE``;
-this module reads that cache (or a model directory already in our layout) with
-``safetensors.numpy``, stacks the per-layer tensors along a layer axis and puts them on the device.
-When the cache is missing, the torch loader converts it first. ``random_model`` builds random
-weights directly on the device (no host copy), for GPU timing at Llama-3-8B sizes.
+The core (``flashspec.weights``) converts a GGUF once into our fused layout and caches it as
+safetensors in ``$FLASHSPEC_CACHE`` (the same cache the torch backend reads), and turns a Hugging
+Face directory's tensors into that layout; this module stacks the per-layer tensors along a layer
+axis and puts them on the device. ``random_model`` builds random weights directly on the device
+(no host copy), for GPU timing at Llama-3-8B sizes.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from flashspec.weights import embedded_gguf, gguf_cache_dir, load_gguf_cached, load_tokenizer, read_config, read_directory_state
 
 from .model import Layers, Llama, LlamaConfig
 
@@ -43,7 +43,7 @@ def random_model(config: LlamaConfig, dtype=jnp.bfloat16, seed: int = 0, std: fl
 
 
 def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.float32) -> Llama:
-    """Our fused layout (``flashspec_torch.weights.convert_state_dict`` names) -> Llama."""
+    """Our fused layout (``flashspec.weights.convert_state_dict`` names) -> Llama."""
     def get(name: str) -> np.ndarray:
         if name not in state:
             raise ValueError(f"weight {name!r} is missing: the converted cache is corrupt or not in our layout")
@@ -67,43 +67,18 @@ def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.floa
 
 
 def read_directory(path: Path, dtype) -> tuple[Llama, LlamaConfig]:
-    from safetensors.numpy import load_file
-
-    config = LlamaConfig.from_hf(json.loads((path / "config.json").read_text()))
-    state: dict[str, np.ndarray] = {}
-    for shard in sorted(path.glob("*.safetensors")):
-        try:
-            state.update(load_file(str(shard)))
-        except Exception as e:  # safetensors raises its own error types for truncated files
-            raise ValueError(f"cannot read {shard}: {e}; the file is corrupt or incomplete") from None
-    if not any(k.endswith("qkv.weight") for k in state):  # HF layout: the torch loader converts it
-        from flashspec_torch import weights as tw
-
-        torch_model = tw.load_directory(path).model
-        state = {k: v.float().numpy() for k, v in torch_model.state_dict().items()}
-    return from_state(config, state, dtype), config
+    _, config = read_config(path)
+    return from_state(config, read_directory_state(path, config), dtype), config
 
 
 def load(spec: str | None, dtype=jnp.float32) -> LoadedModel:
     """None: the embedded SmolLM2 (its converted cache); a .gguf file; or a model directory."""
-    from flashspec_torch import weights as tw
-
     if spec is None or Path(spec).suffix == ".gguf":
-        gguf = tw.embedded_gguf() if spec is None else Path(spec)
-        if not gguf.is_file():
-            raise FileNotFoundError(f"{gguf} does not exist")
-        directory = tw.cache_root() / f"{gguf.stem}-{gguf.stat().st_size}"
-        if not (directory / "model.safetensors").is_file():
-            tw.load_gguf(gguf)  # converts once and writes the cache both backends read
-        name = gguf.stem
-    else:
-        directory = Path(spec)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"model {spec!r} is neither a .gguf file nor a model directory (nothing is downloaded)")
-        if not (directory / "config.json").is_file():
-            raise FileNotFoundError(f"{directory} has no config.json: not a Hugging Face model directory")
-        if not any(directory.glob("*.safetensors")):
-            raise FileNotFoundError(f"{directory} has no *.safetensors weights")
-        name = directory.name
+        gguf = embedded_gguf() if spec is None else Path(spec)
+        model, _ = load_gguf_cached(gguf, lambda out: read_directory(out, dtype))
+        return LoadedModel(model, load_tokenizer(gguf_cache_dir(gguf)), gguf.stem)
+    directory = Path(spec)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"model {spec!r} is neither a .gguf file nor a model directory (nothing is downloaded)")
     model, _ = read_directory(directory, dtype)
-    return LoadedModel(model, tw.load_tokenizer(directory), name)
+    return LoadedModel(model, load_tokenizer(directory), directory.name)

@@ -24,11 +24,6 @@ from .sampling import sample
 from .verify import next_pow2
 from .weights import LoadedModel, from_transformers
 
-# layerskip's default skip set: the best estimated gain of benchmarks/drafts_layerskip_search.py (in
-# benchmarks/results/drafts_layerskip_search.json)
-LAYERSKIP_DEFAULT = "25"
-
-
 @dataclass
 class Proposal:
     tokens: torch.Tensor  # [B, G] int64

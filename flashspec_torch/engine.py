@@ -9,40 +9,19 @@ import torch
 
 from flashspec.bandits import POLICIES, BanditConfig
 from flashspec.config import SamplingConfig
+from flashspec.drafts import DRAFT_HELP, LAYERSKIP_DEFAULT, parse_draft, parse_layers
 from flashspec.engine import EngineBase
 from flashspec.loop import SpecConfig
+from flashspec.weights import LLAMA_FAMILY, directory_model_type
 
 from .backend import TorchBackend
-from .drafts import LAYERSKIP_DEFAULT, LookupDraft, ModelDraft, TransformersDraft, draft_from_model
+from .drafts import LookupDraft, ModelDraft, TransformersDraft, draft_from_model
 from .faults import scrub_caches
 from .verify import IMPLS
-from .weights import LLAMA_FAMILY, LoadedModel, directory_model_type, load, load_transformers_directory
-
-DRAFT_HELP = (
-    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | PATH (a model directory or .gguf sharing the tokenizer) "
-    "| a transformers model object (Python API)"
-)
-TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
-
-
-def parse_layers(text: str, num_layers: int) -> frozenset[int]:
-    """'20-29,5' -> {5, 20, ..., 29}."""
-    layers: set[int] = set()
-    try:
-        for part in filter(None, text.split(",")):
-            lo, _, hi = part.partition("-")
-            layers.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ValueError(f"layerskip:{text} must list layers like 20-29,5") from None
-    if not layers or min(layers) < 0 or max(layers) >= num_layers:
-        raise ValueError(f"layerskip:{text} must name layers in [0, {num_layers})")
-    if len(layers) == num_layers:
-        raise ValueError(f"layerskip:{text} skips every layer")
-    return frozenset(layers)
-
+from .weights import LoadedModel, load, load_transformers_directory
 
 def load_target(spec: str | None, dtype: torch.dtype, device) -> LoadedModel:
-    """``TARGET_HELP``: a model as ``weights.load`` reads it, or ``nf4[:PATH]``, its NF4 copy."""
+    """``flashspec.drafts.TARGET_HELP``: a model as ``weights.load`` reads it, or ``nf4[:PATH]``, its NF4 copy."""
     if spec is not None and (spec == "nf4" or spec.startswith("nf4:")):
         from .nf4 import quantize_nf4
 
@@ -117,19 +96,16 @@ class Engine(EngineBase):
         model = self.target.model
         if not isinstance(spec, str):
             return draft_from_model(spec, model, self.dtype, self.device)
-        name, _, arg = spec.partition(":")
-        if name == "ngram":
-            try:
-                return LookupDraft(spec, max_n=int(arg or 3))
-            except ValueError:
-                raise ValueError(f"draft {spec!r}: use ngram or ngram:N with N >= 1") from None
-        if name == "layerskip":
-            return ModelDraft(spec, model, parse_layers(arg or LAYERSKIP_DEFAULT, model.config.num_layers))
-        if spec == "nf4":
+        draft = parse_draft(spec)
+        if draft.kind == "ngram":
+            return LookupDraft(spec, max_n=draft.max_n)
+        if draft.kind == "layerskip":
+            return ModelDraft(spec, model, parse_layers(draft.layers or LAYERSKIP_DEFAULT, model.config.num_layers))
+        if draft.kind == "nf4":
             from .nf4 import is_nf4, quantize_nf4
 
             return ModelDraft("nf4", model if is_nf4(model) else quantize_nf4(model))
-        if spec == "self":
+        if draft.kind == "self":
             return ModelDraft("self", model)
         if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
             hf = load_transformers_directory(spec, self.dtype, self.device)

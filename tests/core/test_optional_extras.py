@@ -15,7 +15,8 @@ def run(code: str) -> subprocess.CompletedProcess:
 def test_core_imports_without_torch_or_jax():
     r = run(
         "import flashspec, flashspec.reference, flashspec.testing, flashspec.mutants, flashspec.loop, "
-        "flashspec.bandits, flashspec.simulate, flashspec.fake, flashspec.engine, flashspec.cli\n"
+        "flashspec.bandits, flashspec.simulate, flashspec.fake, flashspec.engine, flashspec.cli, flashspec.drafts, "
+        "flashspec.weights\n"
         "import numpy as np\n"
         "res = flashspec.reference.verify(np.zeros((1, 3, 4), np.float32), np.zeros((1, 2), np.int64))\n"
         "print(res.num_accepted.shape)"

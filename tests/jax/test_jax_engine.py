@@ -203,3 +203,10 @@ def test_bad_input_is_a_clear_error(jax_engine):
         jax_engine.make_draft("no-such-draft")
     with pytest.raises(ValueError, match="every prompt"):
         jax_engine.backend.prefill([[]], 4)
+
+
+def test_drafts_the_jax_backend_does_not_build_are_refused(jax_engine):
+    with pytest.raises(ValueError, match="'nf4' .* not implemented by the jax backend"):
+        jax_engine.make_draft("nf4")
+    with pytest.raises(ValueError, match=r"layerskip: must name layers in \[0, 30\)"):  # no default skip set here
+        jax_engine.make_draft("layerskip")

@@ -94,3 +94,20 @@ def test_weights_that_do_not_fit_are_a_clear_error():
     del state["layers.1.qkv.weight"]
     with pytest.raises(ValueError, match="layers.1.qkv.weight"):
         from_state(cfg, state)
+
+
+def test_a_hugging_face_directory_loads_as_the_torch_backend_reads_it(tmp_path):
+    """HF layout (q/k/v, gate/up apart) fused by the core in NumPy: the same weights as torch's loader."""
+    transformers = pytest.importorskip("transformers")
+    from flashspec_jax.weights import load as jax_load
+    from flashspec_torch.weights import load_directory
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(3)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    jm, tm = jax_load(str(tmp_path)).model, load_directory(tmp_path).model
+    for i in range(2):
+        assert np.array_equal(np.asarray(jm.qkv[...][i]), tm.layers[i].qkv.weight.numpy())
+        assert np.array_equal(np.asarray(jm.gate_up[...][i]), tm.layers[i].gate_up.weight.numpy())
+    assert np.array_equal(np.asarray(jm.lm_head[...]), tm.lm_head.weight.numpy())

@@ -117,7 +117,7 @@ def write(path, data: bytes):
 
 
 @pytest.mark.parametrize("name,data,needle", [
-    ("garbage.gguf", os.urandom(4096), "does not start with the GGUF magic"),
+    ("garbage.gguf", os.urandom(4096), "GGUF magic invalid"),
     ("empty.gguf", b"", "empty"),
     ("magic.gguf", b"GGUF" + bytes(range(256)) * 8, "corrupt, truncated"),
 ])
@@ -132,7 +132,7 @@ def test_corrupt_gguf_is_one_value_error(tmp_path, monkeypatch, name, data, need
 
 
 def test_truncated_embedded_gguf_is_one_value_error(tmp_path, monkeypatch):
-    from flashspec_torch.weights import embedded_gguf
+    from flashspec.weights import embedded_gguf
 
     monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "cache"))
     with open(embedded_gguf(), "rb") as f:

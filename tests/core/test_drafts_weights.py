@@ -1,0 +1,73 @@
+"""The core's draft names and the NumPy pieces of the weight conversion (no backend needed)."""
+
+import numpy as np
+import pytest
+
+from flashspec.config import LlamaConfig
+from flashspec.drafts import DraftSpec, not_implemented, parse_draft, parse_layers
+from flashspec.weights import convert_state_dict, unpermute_rows
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("ngram", DraftSpec("ngram", "ngram", max_n=3)),
+    ("ngram:5", DraftSpec("ngram:5", "ngram", max_n=5)),
+    ("layerskip", DraftSpec("layerskip", "layerskip", layers="")),
+    ("layerskip:20-29,5", DraftSpec("layerskip:20-29,5", "layerskip", layers="20-29,5")),
+    ("nf4", DraftSpec("nf4", "nf4")),
+    ("self", DraftSpec("self", "self")),
+    ("/models/small", DraftSpec("/models/small", "path", path="/models/small")),
+    ("draft.gguf", DraftSpec("draft.gguf", "path", path="draft.gguf")),
+])
+def test_parse_draft(spec, expected):
+    assert parse_draft(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["ngram:0", "ngram:-2", "ngram:x"])
+def test_a_bad_ngram_is_refused(spec):
+    with pytest.raises(ValueError, match="ngram:N with N >= 1"):
+        parse_draft(spec)
+
+
+def test_parse_layers():
+    assert parse_layers("20-22,5", 30) == {5, 20, 21, 22}
+    for text, needle in [("a-b", "like 20-29,5"), ("30", r"in \[0, 30\)"), ("", r"in \[0, 30\)"), ("0-29", "every layer")]:
+        with pytest.raises(ValueError, match=needle):
+            parse_layers(text, 30)
+
+
+def test_not_implemented_names_the_draft_and_the_backend():
+    assert "'nf4' (nf4) is not implemented by the jax backend" in str(not_implemented(parse_draft("nf4"), "jax"))
+
+
+def llama_cpp_permute(w, heads):  # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 9])
+def test_unpermute_rows_undoes_llama_cpp_and_matches_transformers(heads):
+    w = np.random.default_rng(heads).standard_normal((heads * 8, 5)).astype(np.float32)
+    assert np.array_equal(unpermute_rows(llama_cpp_permute(w, heads), heads), w)
+    processors = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    expected = processors.LlamaTensorProcessor()._reverse_permute_weights(w, heads, heads)
+    assert np.array_equal(unpermute_rows(w, heads), expected)
+
+
+def test_convert_state_dict_fuses_qkv_and_gate_up():
+    config = LlamaConfig(vocab_size=7, hidden_size=4, intermediate_size=6, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=2)
+    rng = np.random.default_rng(0)
+    shapes = {"q_proj": (4, 4), "k_proj": (2, 4), "v_proj": (2, 4), "o_proj": (4, 4)}
+    hf = {f"model.layers.0.self_attn.{n}.weight": rng.standard_normal(s) for n, s in shapes.items()}
+    hf |= {f"model.layers.0.mlp.{n}.weight": rng.standard_normal(s)
+           for n, s in {"gate_proj": (6, 4), "up_proj": (6, 4), "down_proj": (4, 6)}.items()}
+    hf |= {"model.embed_tokens.weight": rng.standard_normal((7, 4)), "model.norm.weight": np.ones(4),
+           "model.layers.0.input_layernorm.weight": np.ones(4), "model.layers.0.post_attention_layernorm.weight": np.ones(4)}
+    out = convert_state_dict(hf, config)
+    a = "model.layers.0.self_attn."
+    assert np.array_equal(out["layers.0.qkv.weight"], np.concatenate([hf[a + "q_proj.weight"], hf[a + "k_proj.weight"], hf[a + "v_proj.weight"]]))
+    m = "model.layers.0.mlp."
+    assert np.array_equal(out["layers.0.gate_up.weight"], np.concatenate([hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]]))
+    assert np.array_equal(out["lm_head.weight"], hf["model.embed_tokens.weight"])  # untied, no lm_head: the embedding
+    del hf[a + "v_proj.weight"]
+    with pytest.raises(ValueError, match="v_proj.weight' is missing"):
+        convert_state_dict(hf, config)
