@@ -37,9 +37,9 @@ class Engine(EngineBase):
     ``drafts``: names of DRAFT_HELP, LoadedModels or transformers causal-LM objects.
     ``row_invariant`` (CUDA): every product of the target by our fused kernels at up to 8 rows, so
     that greedy speculation gives greedy decoding's tokens in bf16 too (batch 1, gamma <= 7); the
-    default multiplies 5-row scoring passes with cuBLAS, which rounds differently. The cost, per
-    speculative step on the H200: 1.2x on the embedded model, 5.8x at TinyLlama-1.1B's width and 10x
-    at Llama-3-8B's (our 5-row products are tuned for small widths only). No effect on the CPU.
+    default multiplies 5-row scoring passes with cuBLAS, which rounds differently. It costs little on
+    the embedded model and several times a speculative step at 1B-8B widths (docs/engine_notes.md).
+    No effect on the CPU.
     """
 
     backend_name = "torch"

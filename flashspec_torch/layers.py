@@ -205,7 +205,7 @@ def linear(
     impl: str = "reference",
 ) -> torch.Tensor:  # [..., N] = x w^T
     """F.linear, or for a few rows (decode, drafting, scoring: M <= 16) the Triton product, which
-    on the H200 beat cuBLAS where cuBLAS splits K (benchmarks/engine_profile.py)."""
+    does not split K where cuBLAS does (docs/engine_notes.md)."""
     k = x.shape[-1]
     m = x.numel() // k
     if impl == "reference" or m > 16 or x.dtype == torch.float32:
@@ -214,8 +214,8 @@ def linear(
 
 
 def skinny_tiling(n: int, k: int) -> tuple[int, int, int, int]:
-    """(block_n, block_k, num_warps, num_stages): the best measured tilings on the H200 for
-    TinyLlama's projections (engine_profile_tinyllama-1.1b.txt)."""
+    """(block_n, block_k, num_warps, num_stages) of the skinny product by the projection's shape (tuned on
+    TinyLlama-1.1B's projections, docs/engine_notes.md)."""
     if k >= 4096:  # the down projection: cuBLAS splits K (two launches)
         return 64, 512, 4, 3
     if n >= 16384:  # the LM head

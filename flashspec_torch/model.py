@@ -147,14 +147,12 @@ class Llama(nn.Module):
         self.row_invariant = False
 
     def decode_settings(self, device: torch.device) -> tuple[str, bool, frozenset[str], int]:
-        """(linear_impl, pdl, fused, fused_rows): what is set, else the measured defaults. CPU:
-        cuBLAS-free torch (F.linear), no PDL. CUDA: PDL between the Triton kernels, and the fused
-        products for one row (decoding, drafting; the 5-row scoring pass measured 2-3x slower fused
-        than cuBLAS) on the projections where the H200 measured them faster in the whole step
-        (benchmarks/engine_gpu.py, gemv_sweep.py's chain, 2026-12-01): all five at hidden 576
-        (SmolLM2-135M: 0.65 against 0.95 ms per token), o and down at 2048 (TinyLlama-1.1B: 1.04
-        against 1.20 ms), none at 4096 (Llama-3-8B: cuBLAS is at 1.24x its floor already).
-        ``row_invariant`` (CUDA): all five products fused at up to 8 rows instead."""
+        """(linear_impl, pdl, fused, fused_rows): what is set, else the defaults by device and width. CPU:
+        cuBLAS-free torch (F.linear), no PDL. CUDA: PDL between the Triton kernels, and the fused one-row
+        products (decoding, drafting; scoring passes keep cuBLAS) on the projections where they beat cuBLAS
+        in the whole step: all five at hidden 576 (SmolLM2-135M), o and down at 2048 (TinyLlama-1.1B), none
+        from 4096 (docs/engine_notes.md has the figures). ``row_invariant`` (CUDA): all five products fused
+        at up to 8 rows instead."""
         explicit = self.linear_impl is not None
         if explicit and self.linear_impl not in LINEAR_IMPLS:
             raise ValueError(f"linear_impl={self.linear_impl!r} must be one of {LINEAR_IMPLS} (or None: by device)")
