@@ -53,7 +53,7 @@ def projections(hidden, heads, kv_heads, head_dim, inter, vocab):  # name -> (n,
 
 def grid(k: int, m: int, dry: bool):
     from flashspec_torch.gemv import GemvConfig
-    from flashspec_torch.verify import next_pow2
+    from flashspec_torch.device import next_pow2
 
     if dry:
         return [GemvConfig(block_n=8, block_k=64, preload=1), GemvConfig(block_n=4, block_k=32, preload=1)]

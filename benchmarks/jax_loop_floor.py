@@ -3,7 +3,7 @@
     python benchmarks/jax_loop_floor.py --out DIR      # on the H200 (about a minute)
     python benchmarks/jax_loop_floor.py --dry-run      # CPU, tiny shape (Pallas interpret mode)
 
-The loop is jax_timing.scan_over_sets (verify_variants.py's lean loop: one jitted ``lax.scan``, k input sets unrolled per iteration as
+The loop is jax_timing.scan_over_sets (one jitted ``lax.scan``, k input sets unrolled per iteration as
 separate buffers, each step's offset depends on the previous step's tokens, ``block_until_ready``
 once; time / steps). Per step, bf16 logits [B, G+1, V]:
 
@@ -44,7 +44,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="the logits' dtype")
     p.add_argument("--only", default="", help="comma-separated step names (default: all)")
     p.add_argument("--torch-first", action="store_true",
-                   help="run torch's Triton verify eagerly and as a CUDA graph replay before JAX starts (as in verify_variants.py)")
+                   help="run torch's Triton verify eagerly and as a CUDA graph replay before JAX starts")
     p.add_argument("--triton", action="store_true",
                    help="per shape, time torch's Triton default first (CUDA graph replays, verify_kernels.time_graph) in this process")
     p.add_argument("--tag", default="", help="suffix of the JSON's name")
@@ -129,7 +129,7 @@ def time_shape(b: int, g: int, v: int, t: float, on_gpu: bool, only=(), dtype: s
 
 
 def run_torch_first() -> dict:
-    """What verify_variants.py's process has done before its JAX rows: torch's CUDA context, its caching
+    """What a process that ran torch's Triton verify first has done before its JAX rows: torch's CUDA context, its caching
     allocator holding a few GB, Triton kernels launched eagerly and replayed in a CUDA graph."""
     import torch
 

@@ -1,4 +1,4 @@
-"""The JAX timing loop shared by verify_variants.py and jax_loop_floor.py.
+"""The JAX timing loop of jax_loop_floor.py.
 
 One jitted ``lax.scan`` runs ``steps`` steps over k input sets held as separate buffers (k steps per
 iteration, one per set: no step slices its inputs out of a stacked array); each step's result feeds

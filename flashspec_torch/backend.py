@@ -22,7 +22,8 @@ from .faults import discard_flagged, screen
 from .layers import default_impl
 from .model import Llama
 from .sampling import sample
-from .verify import next_pow2, verify
+from .device import next_pow2
+from .verify import verify
 
 
 @dataclass

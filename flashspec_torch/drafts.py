@@ -21,7 +21,7 @@ from flashspec.config import SamplingConfig
 from .layers import default_impl
 from .model import Llama
 from .sampling import sample
-from .verify import next_pow2
+from .device import next_pow2
 from .weights import LoadedModel, from_transformers
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .layers import add_rms_norm_reference, pdl_on, silu_mul_reference
-from .verify import interpreting, next_pow2
+from .device import interpreting, next_pow2
 
 MAX_ROWS = 8
 PROLOGUES = ("none", "add_rms_norm", "silu_mul")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .verify import interpreting, next_pow2, pdl_possible
+from .device import interpreting, next_pow2, pdl_possible
 
 IMPLS = ("triton", "reference")
 

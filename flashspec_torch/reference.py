@@ -15,7 +15,6 @@ import torch
 
 from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult
-from flashspec.random import FINAL_BLOCKS
 
 from . import random as rng
 
@@ -94,16 +93,6 @@ class Counters:
     def uniform(self, position, vocab, stream: int) -> torch.Tensor:  # position, vocab broadcast with [B, 1]
         return rng.to_uniform(self.bits(position, vocab, stream))
 
-    def final_noise(self, n: torch.Tensor, v: int, top_down: bool) -> torch.Tensor:  # [B] -> [B, V] Gumbels
-        """The FINAL draw's noise at row n: one Gumbel per entry, or the top-down noise
-        (``flashspec.random.gumbel_top_down``: block maxima first)."""
-        j = torch.arange(v, device=n.device)[None]
-        e = -torch.log(self.uniform(n[:, None], j, rng.FINAL))
-        if not top_down:
-            return -torch.log(e)
-        blk = self.bits(n[:, None], j >> 6, FINAL_BLOCKS)
-        c = -torch.log(rng.to_uniform(blk)) * (1.0 / 64)
-        return -torch.log(c + torch.where((j & 63) == (blk & 63), 0.0, e))
 
 
 def verify_reference(
@@ -114,10 +103,8 @@ def verify_reference(
     cfg: SamplingConfig,
     seed,
     offset,
-    top_down: bool = False,
 ) -> VerifyResult[torch.Tensor]:
-    """SPEC.md in plain torch ops, step by step as the NumPy oracle (float32, log space). top_down: the FINAL
-    draw's noise drawn block by block from the top (``KernelConfig(top_down=True)``'s reference)."""
+    """SPEC.md in plain torch ops, step by step as the NumPy oracle (float32, log space)."""
     z = target_logits.float()
     b, g1, v = z.shape
     x_ok = (draft_tokens >= 0) & (draft_tokens < v)  # [B, G]
@@ -137,7 +124,7 @@ def verify_reference(
     log_u = torch.log(c.uniform(positions, 0, rng.ACCEPT))  # [B, G]
     accepted = x_ok & (log_u < gather(log_p[:, :-1], x) - log_q_x)
     n = first_rejection(accepted)
-    y = sample_final(log_p, log_q, x, x_ok, n, c, top_down)
+    y = sample_final(log_p, log_q, x, x_ok, n, c)
     return emit(x, n, y)
 
 
@@ -146,12 +133,12 @@ def first_rejection(accepted: torch.Tensor) -> torch.Tensor:  # [B, G] bool -> [
     return torch.where(accepted.all(-1), g, (~accepted).to(torch.int32).argmax(-1))
 
 
-def sample_final(log_p, log_q, x, x_ok, n, c: Counters, top_down: bool = False) -> torch.Tensor:  # -> y [B]
+def sample_final(log_p, log_q, x, x_ok, n, c: Counters) -> torch.Tensor:  # -> y [B]
     """y ~ normalise(max(0, p_n - q_n)) if n < G, else y ~ p_G; Gumbel-max over row n only."""
     b, g1, v = log_p.shape
     rows = torch.arange(b, device=log_p.device)
     lp_n = log_p[rows, n]  # [B, V]
-    g = c.final_noise(n, v, top_down)  # [B, V]
+    g = -torch.log(-torch.log(c.uniform(n[:, None], torch.arange(v, device=n.device)[None], rng.FINAL)))  # [B, V]
     i = n.clamp(max=g1 - 2)  # the draft row n (clamped for the bonus rows, unused there)
     if log_q is None:
         q_n = (torch.arange(v, device=log_p.device)[None] == x[rows, i][:, None]).float()

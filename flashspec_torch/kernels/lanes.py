@@ -1,5 +1,5 @@
-"""Per-lane streaming device functions for the verify kernels (``KernelConfig(stream="lanes",
-sweep="lanes")``; the instruction counts behind them are in docs/kernel_notes.md).
+"""Per-lane streaming device functions of the verify kernels (``@triton.jit`` code only; the kernels are in
+``verify.py``, the slot vote of the row-n sweep in ``slots.py``; docs/kernel_notes.md has the design).
 
 Both loops keep their running state per thread (per vector of VEC logits, or per logit) and reduce
 across threads once, after the loop: no shuffles or barriers per tile, no padding of the G+1 rows
@@ -14,25 +14,14 @@ import triton
 import triton.language as tl
 
 from .random import mix, mix_body
-from .tile import NEG_INF
+
+NEG_INF = tl.constexpr(float("-inf"))
+BIG_INDEX = tl.constexpr(2147483647)  # above any vocabulary index: "no candidate" in argmin reductions
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 PRUNE_SLACK = tl.constexpr(0.01)  # log2 units; both sides' rounding is below 1e-5
-ORDERED_NEG_INF = tl.constexpr(-2139095041)  # ordered(-inf): the reset value of the shared floors
 A_BITS = tl.constexpr(0x4B00FFFF)  # hi ^ A_BITS: the bits of 2**23 + 65535 - hi (hi < 2**16)
-INT_BITS = tl.constexpr(0x4B000000)  # c | INT_BITS: the bits of 2**23 + c (0 <= c < 2**23)
-
-
-@triton.jit
-def ordered(f):  # float32 -> int32 of the same order (an involution on the bits of negative floats)
-    u = f.to(tl.int32, bitcast=True)
-    return tl.where(u >= 0, u, u ^ 0x7FFFFFFF)
-
-
-@triton.jit
-def from_ordered(o):  # int32 from ``ordered`` -> float32
-    return tl.where(o >= 0, o, o ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -83,43 +72,23 @@ def hash_gap(key_n, j_t, s):  # j_t: multiples of the vector size, s < it (broad
 
 
 @triton.jit
-def noise_bound(x, j_t, s, k, key_n):  # x [BB, NT, VEC] raw logits j_t + s; j_t [1, NT, 1] multiples of VEC, s [1, 1, VEC]
-    """An upper bound of both Gumbel keys of logits j if this row is row n, without its normaliser: key_p and
-    key_r are at most lp2 + 16 - log2(a) <= x k - lse log2(e) + c, a = 65535 - (mix(key_n ^ j) >> 16),
-    c = min(16 - floor(log2 a), 24) (a = 0: 24; the slot vote's bound, ``slots.py``, with log2 a rounded
-    down to its float exponent: no MUFU op, no conversion)."""
-    a = hash_gap(key_n, j_t, s)
-    c = tl.minimum(143 - (a.to(tl.int32, bitcast=True) >> 23), 24)  # 16 - floor(log2 a); a = 0 -> 143 -> 24
-    return x * k + ((c | INT_BITS).to(tl.float32, bitcast=True) - 8388608.0)
-
-
-@triton.jit
 def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows, row_mask, thr, thr_id: [BB]
                   BLOCK_B: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr, VEC: tl.constexpr,
-                  FAST: tl.constexpr, ARGMAX: tl.constexpr, key_n=0, bnd=0, BOUNDS: tl.constexpr = False):
-    """(max s, sum exp(s - max s), argmax) over [v_lo, v_hi) of BLOCK_B rows, s = filter(z / T): three [BB]
-    (the argmax, an index of a maximal logit, only with ARGMAX: one compare and select per logit; else v_lo).
+                  FAST: tl.constexpr):
+    """(max s, sum exp(s - max s)) over [v_lo, v_hi) of BLOCK_B rows, s = filter(z / T): two [BB].
 
     rows: pointers to each row's first logit, sv the stride along V (1 in practice: the JIT
     specialises it). Each thread owns vectors of VEC logits (one 16-byte load each, the next tile's
-    issued before this tile's arithmetic) and keeps a running max and sum per vector: one exp2 per logit plus one per vector, FFMA-folded scale, no
-    cross-thread reduction until the end. Without FILTER the max is taken on raw z (T > 0) and
-    z / T is never formed: exp((z - m) / T) = exp2(z k - m k), k = log2(e) / T.
-
-    BOUNDS (no FILTER): 1 (True): also the tile bound of every tile of NT VEC logits, max ``noise_bound`` over it,
-    stored at bnd[v0 // (NT VEC)] (bnd: [BB] pointers to the row's bounds; key_n: [BB] uint32, the row's FINAL
-    key); 2: the largest logit of every block t of 64 at bnd[t] (NT VEC a multiple of 64; the top-down draw's
-    bounds, ``topdown.py``).
+    issued before this tile's arithmetic) and keeps a running max and sum per vector: one exp2 per logit
+    plus one per vector, FFMA-folded scale, no cross-thread reduction until the end. Without FILTER the
+    max is taken on raw z (T > 0) and z / T is never formed: exp((z - m) / T) = exp2(z k - m k), k = log2(e) / T.
     """
-    t_vec = (tl.arange(0, NT) * VEC)[None, :, None]  # [1, NT, 1]: each vector's first logit
-    t_lane = tl.arange(0, VEC)[None, None, :]  # [1, 1, VEC]
-    t = t_vec + t_lane  # [1, NT, VEC]
+    t = (tl.arange(0, NT) * VEC)[None, :, None] + tl.arange(0, VEC)[None, None, :]  # [1, NT, VEC]
     ptrs = rows[:, None, None]
     live = row_mask[:, None, None]
     k = exp2_scale(inv_T, FILTER)
     m = tl.full((BLOCK_B, NT), NEG_INF, tl.float32)
     l = tl.zeros((BLOCK_B, NT), tl.float32)
-    a = tl.zeros((BLOCK_B, NT), tl.int32) + v_lo
     j = v_lo + t
     a_next = tl.load(ptrs + j.to(tl.int64) * sv, mask=live & (j < v_hi), other=NEG_INF)
     for v0 in range(v_lo, v_hi, NT * VEC):
@@ -130,35 +99,16 @@ def row_lse_lanes(rows, row_mask, sv, v_lo, v_hi, T, inv_T, thr, thr_id,  # rows
         if FILTER:
             x = div_t(x, T, inv_T, FAST)
             x = tl.where((x > thr[:, None, None]) | ((x == thr[:, None, None]) & (j <= thr_id[:, None, None])), x, NEG_INF)
-        if BOUNDS == 1:
-            bound = noise_bound(x, v0 + t_vec, t_lane, k, key_n[:, None, None])
-            tl.store(bnd + v0 // (NT * VEC), tl.max(tl.max(bound, axis=2), axis=1), mask=row_mask)
-        x_max = tl.max(x, axis=2)  # [BB, NT]: each vector's largest logit
-        if BOUNDS == 2:  # each block of 64's largest logit (the top-down draw's bounds, topdown.py)
-            blk = (v0 // 64 + tl.arange(0, NT * VEC // 64))[None, :]
-            top = tl.max(tl.reshape(x_max, (BLOCK_B, NT * VEC // 64, 64 // VEC)), axis=2)
-            tl.store(bnd[:, None] + blk, top, mask=row_mask[:, None] & (blk * 64 < v_hi))
-        m_new = tl.maximum(m, x_max)
-        if ARGMAX:
-            a = tl.where(m_new > m, tl.min(tl.where(x == m_new[:, :, None], j, 2147483647), axis=2), a)
+        m_new = tl.maximum(m, tl.max(x, axis=2))  # [BB, NT]: each vector's largest logit so far
         mk = tl.where(m_new == NEG_INF, 0.0, m_new) * k
         l = l * tl.math.exp2(m * k - mk) + tl.sum(tl.math.exp2(x * k - mk[:, :, None]), axis=2)
         m = m_new
     m_all = tl.max(m, axis=1)
     mk = tl.where(m_all == NEG_INF, 0.0, m_all) * k
     l_all = tl.sum(l * tl.math.exp2(m * k - mk[:, None]), axis=1)
-    if ARGMAX:
-        a_all = tl.min(tl.where(m == m_all[:, None], a, 2147483647), axis=1)
-    else:
-        a_all = tl.zeros((BLOCK_B,), tl.int32) + v_lo
     if not FILTER:
         m_all = tl.math.div_rn(m_all, T)  # max z / T, the scale of s
-    return m_all, l_all, a_all
-
-
-@triton.jit
-def lse_of(m, l):  # from row_lse_lanes -> log-sum-exp (-inf for an empty range)
-    return m + tl.where(l > 0, tl.log(tl.where(l > 0, l, 1.0)), NEG_INF)
+    return m_all, l_all
 
 
 @triton.jit
@@ -263,38 +213,11 @@ def draw_keys(lp2, bits, w, j, k, lse_q2, T, inv_T, thr_q, tid_q, x_n,
 
 
 @triton.jit
-def hint_floor(z_row, w_row, sv_z, sv_w, cand, cand_mask, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
-               k_final, HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr):
-    """A pruning floor from a few logits of row n (cand [BB, NC]: the stats launch's per-chunk argmax
-    of the row, masked by cand_mask; the rest [BB]): min(max key_p, max key_r) over them, the keys
-    being ``draw_keys``' (-inf if none has residual mass). Exact as a floor: real logits of the row reach
-    these keys, so a logit whose bound is below them wins neither draw."""
-    k = exp2_scale(inv_T, FILTER)
-    j = tl.where(cand_mask, cand, 0)
-    thr_pc, tid_pc, thr_qc, tid_qc = thr_p, tid_p, thr_q, tid_q  # scalars 0 without FILTER
-    if FILTER:
-        thr_pc, tid_pc = thr_p[:, None], tid_p[:, None]
-        if HAS_W:
-            thr_qc, tid_qc = thr_q[:, None], tid_q[:, None]
-    z = tl.load(z_row[:, None] + j.to(tl.int64) * sv_z, mask=cand_mask, other=NEG_INF)
-    lp2 = log2_scaled(z, j, k, (lse_p * LOG2E)[:, None], T, inv_T, thr_pc, tid_pc, FILTER, FAST)
-    w = z
-    if HAS_W:
-        w = tl.load(w_row[:, None] + j.to(tl.int64) * sv_w, mask=cand_mask, other=NEG_INF)
-    bits = mix(k_final[:, None] ^ j.to(tl.uint32))
-    key_p, key_r, _ = draw_keys(lp2, bits, w, j, k, (lse_q * LOG2E)[:, None], T, inv_T, thr_qc, tid_qc,
-                                x_n[:, None], HAS_W, FILTER, FAST)
-    key_p = tl.where(cand_mask, key_p, NEG_INF)
-    key_r = tl.where(cand_mask, key_r, NEG_INF)
-    return tl.minimum(tl.max(key_p, axis=1), tl.max(key_r, axis=1))
-
-
-@triton.jit
 def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
-                    k_final, b_mask, kb_row, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
-                    FILTER: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr, SHARE_K: tl.constexpr):
-    """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the keys
-    of ``sweep_row`` scaled by log2(e) (the same argmax), every logit slot keeping its own running
+                    k_final, b_mask, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr,
+                    FILTER: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr):
+    """Gumbel-max over [v_lo, v_hi) of row n (z_row, w_row: [BB] pointers; the rest [BB]): the Gumbel-max
+    keys of SPEC.md scaled by log2(e) (the same argmax), every logit slot keeping its own running
     best (no reduction per tile), the next tile's logits loaded before this tile's arithmetic.
 
     key_p = lp2 + g2 (bonus and fallback), key_r = log2 max(0, p - q) + g2 (residual), where lp2 =
@@ -307,15 +230,6 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     above the rounding of either side) is passed over. K stays -inf until some residual mass was
     seen, so the mass flag is exact too. Exact by construction; it saves work once K is high
     (after a few tiles on flat rows, almost at once on peaked ones).
-
-    SHARE_K (with PRUNE; several programs per row): the programs of a row share K. kb_row ([BB]
-    pointers to two int32 per row, ``ordered`` keys reset to -inf by the stats launch) holds the
-    largest key_p and key_r any program of the row has reached (atomic max after each evaluated
-    tile); each tile reads them back, and K = min(max key_p, max key_r) over the row so far. A
-    passed-over logit's keys are then below a key another logit of the row reached, so it wins
-    neither draw: still exact, and K is high after the row's first tiles rather than each chunk's.
-
-    floor0 ([BB], -inf for none): a starting K that real logits of the row reach (``hint_floor``).
     """
     j0 = tl.arange(0, SWEEP_V)[None, :]
     z_rows = z_row[:, None]
@@ -330,13 +244,10 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     idx_p = tl.zeros((BLOCK_B, SWEEP_V), tl.int32) + v_lo
     mass = tl.zeros((BLOCK_B, SWEEP_V), tl.float32)
     z_next, w_next = load_tile(z_rows, w_rows, v_lo + j0, sv_z, sv_w, live, v_hi, HAS_W)
-    floor = column(floor0, BLOCK_B)  # K: a key some logit of the row reaches (-inf: none known yet)
+    floor = column(tl.full((BLOCK_B,), NEG_INF, tl.float32), BLOCK_B)  # K: a key some logit reaches (-inf: none yet)
     top_p = tl.max(best_p, axis=1)  # [BB] this program's best keys so far (-inf)
     top_r = tl.max(best_r, axis=1)
     for v0 in range(v_lo, v_hi, SWEEP_V):
-        if SHARE_K:  # the row's best keys so far; used after this tile's arithmetic (latency hidden)
-            g_p = tl.load(kb_row, mask=b_mask, other=ORDERED_NEG_INF, volatile=True)
-            g_r = tl.load(kb_row + 1, mask=b_mask, other=ORDERED_NEG_INF, volatile=True)
         j = v0 + j0
         z, w = z_next, w_next  # (w: z again for a one-hot draft, unused)
         z_next, w_next = load_tile(z_rows, w_rows, j + SWEEP_V, sv_z, sv_w, live, v_hi, HAS_W)  # the next tile
@@ -360,12 +271,6 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
                 top_p = tl.max(best_p, axis=1)
                 top_r = tl.max(best_r, axis=1)
                 floor = tl.maximum(floor, column(tl.minimum(top_p, top_r), BLOCK_B))
-                if SHARE_K:
-                    tl.atomic_max(kb_row, ordered(top_p), mask=b_mask, sem="relaxed")
-                    tl.atomic_max(kb_row + 1, ordered(top_r), mask=b_mask, sem="relaxed")
-        if SHARE_K:
-            shared = tl.minimum(tl.maximum(from_ordered(g_p), top_p), tl.maximum(from_ordered(g_r), top_r))
-            floor = tl.maximum(floor, column(shared, BLOCK_B))
     k_r = tl.max(best_r, axis=1)
     k_p = tl.max(best_p, axis=1)
     i_r = tl.min(tl.where(best_r == k_r[:, None], idx_r, 2147483647), axis=1)
@@ -376,17 +281,12 @@ def sweep_row_lanes(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
 @triton.jit
 def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_lo, v_hi, T, inv_T,
                      BLOCK_B: tl.constexpr, ROWS: tl.constexpr, FILTER: tl.constexpr, NT: tl.constexpr,
-                     VEC: tl.constexpr, FAST: tl.constexpr, ARGMAX: tl.constexpr, k_base=0, bnd_ptr=0, n_tiles=0,
-                     BOUNDS: tl.constexpr = False):
+                     VEC: tl.constexpr, FAST: tl.constexpr):
     """row_lse_lanes over the n_rows rows of each batch row, one row after the other (no padding
-    rows are streamed): (max, sum-exp, argmax) as three [BB, ROWS], -inf / 0 / v_lo in rows >= n_rows.
-    BOUNDS: row k's tile bounds go to bnd_ptr[(b n_rows + k) n_tiles + tile] with row k's FINAL key
-    mix(k_base ^ k) (k_base [BB] uint32: ``random.key`` before its position); 2: the largest logit of each of
-    its n_tiles blocks of 64."""
+    rows are streamed): (max, sum-exp) as two [BB, ROWS], -inf / 0 in rows >= n_rows."""
     i = tl.arange(0, ROWS)[None, :]
     m_all = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
     l_all = tl.zeros((BLOCK_B, ROWS), tl.float32)
-    a_all = tl.zeros((BLOCK_B, ROWS), tl.int32) + v_lo
     for k in range(n_rows):
         if FILTER:
             thr = tl.load(thr_ptr + b64 * n_rows + k, mask=b_mask, other=NEG_INF)
@@ -394,14 +294,39 @@ def rows_stats_lanes(src, sb, sr, sv, thr_ptr, tid_ptr, b64, b_mask, n_rows, v_l
         else:
             thr = tl.zeros((BLOCK_B,), tl.float32)
             tid = tl.zeros((BLOCK_B,), tl.int32)
-        key_n, bnd = 0, 0
-        if BOUNDS == 1:
-            key_n, bnd = mix(k_base ^ (tl.zeros_like(k_base) + k)), bnd_ptr + (b64 * n_rows + k) * n_tiles
-        if BOUNDS == 2:
-            bnd = bnd_ptr + (b64 * n_rows + k) * n_tiles
-        m, l, a = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
-                                BLOCK_B, FILTER, NT, VEC, FAST, ARGMAX, key_n, bnd, BOUNDS)
+        m, l = row_lse_lanes(src + b64 * sb + k * sr, b_mask, sv, v_lo, v_hi, T, inv_T, thr, tid,
+                             BLOCK_B, FILTER, NT, VEC, FAST)
         m_all = tl.where(i == k, m[:, None], m_all)
         l_all = tl.where(i == k, l[:, None], l_all)
-        a_all = tl.where(i == k, a[:, None], a_all)
-    return m_all, l_all, a_all
+    return m_all, l_all
+
+
+@triton.jit
+def row_argmax(rows, row_mask, v_lo, v_hi, sv,  # rows: [BB, R, 1] pointers
+               BLOCK_B: tl.constexpr, ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(max z, lowest index of the max) over [v_lo, v_hi) of each row, raw logits: [BB, R] (T = 0)."""
+    best = tl.full((BLOCK_B, ROWS), NEG_INF, tl.float32)
+    arg = tl.zeros((BLOCK_B, ROWS), tl.int32) + v_lo
+    for v0 in range(v_lo, v_hi, BLOCK_V):
+        j = v0 + tl.arange(0, BLOCK_V)[None, None, :]
+        z = load_scaled(rows + j.to(tl.int64) * sv, row_mask & (j < v_hi), 1.0, False)
+        z_max = tl.max(z, axis=2)
+        z_arg = tl.min(tl.where(z == z_max[:, :, None], j, BIG_INDEX), axis=2)
+        better = z_max > best  # strict: an earlier block keeps its (lower) index on ties
+        best = tl.where(better, z_max, best)
+        arg = tl.where(better, z_arg, arg)
+    return best, arg
+
+
+@triton.jit
+def load_scaled(ptrs, mask, T, SCALE: tl.constexpr):  # -> float32 z / T, -inf where masked
+    z = tl.load(ptrs, mask=mask, other=NEG_INF).to(tl.float32)
+    if SCALE:
+        if T != 1.0:  # a uniform branch: z / 1 is z, and the correctly rounded division is not cheap
+            z = tl.math.div_rn(z, T)
+    return z
+
+
+@triton.jit
+def safe_log(x):  # log(x) for x > 0, -inf for x == 0 (no log(0) is evaluated)
+    return tl.where(x > 0, tl.log(tl.where(x > 0, x, 1.0)), NEG_INF)

@@ -47,9 +47,3 @@ def key_base(seed_lo, seed_hi, offset, row, stream):  # uint32, broadcast -> uin
 def uniform_from_bits(b):  # uint32 -> float32 in [2**-24, 1 - 2**-24], exactly
     m = (b >> 9).to(tl.int32)  # < 2**23
     return (2 * m + 1).to(tl.float32) * 5.9604644775390625e-08  # 2**-24
-
-
-@triton.jit
-def gumbel_from_bits(b):  # uint32 -> float32 standard Gumbel, -log(-log(u))
-    u = uniform_from_bits(b)
-    return -tl.log(-tl.log(u))

@@ -6,7 +6,7 @@ above the pruning floor and every logit of the tile pays the keys (on the benchm
 V = 128256, T = 0.7). Here a tile is a [BB, N, S] block in which each thread holds S consecutive
 logits (one 16-byte load for bf16, S = 8), and the vote is taken per *slot*: slot s is the s-th
 logit of every thread, N logits spread over the tile, and only the slots that hold a logit above
-the floor are evaluated (7.8% of the 32-logit slots in the same simulation).
+the floor are evaluated (docs/kernel_notes.md has the fractions on the benchmark's rows).
 
 The test every logit pays is cheaper than ``sweep_row_lanes``' as well (the same bound, rearranged):
 both keys are at most lp2 + 24 - log2(2**24 (1 - u)) <= lp2 + 23 - log2(t'), with t' = 2**23 - 1 - m
@@ -71,13 +71,11 @@ def or_votes(vote, FAST: tl.constexpr):  # [BB, N, S] from slot_votes -> the OR 
 
 
 @triton.jit
-def evaluate_slots(x, w, votes, loaded, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+def evaluate_slots(x, w, votes, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
                    best_r, idx_r, best_p, idx_p, mass, SLOTS: tl.constexpr, HAS_W: tl.constexpr, FILTER: tl.constexpr,
-                   FAST: tl.constexpr, LAZY: tl.constexpr, PAIRS: tl.constexpr = False):
+                   FAST: tl.constexpr, PAIRS: tl.constexpr):
     """The keys of the slots of one tile whose bit is set in votes, folded into each slot's running best
-    (x, w: [BB, N, S] raw logits of z and w; the state: [BB, N, S]). LAZY: w holds the draft only where
-    ``loaded`` ([BB, N, 1]) is set; elsewhere key_r = -inf and r = 0 (such a thread's logits cannot reach
-    the floor: they win neither draw, as a passed-over tile's). PAIRS: w is ``load_slot_tile``'s packed pairs,
+    (x, w: [BB, N, S] raw logits of z and w; the state: [BB, N, S]). PAIRS: w is ``load_slot_tile``'s packed pairs,
     unpacked here, where a slot voted, not on every tile."""
     x_b = x.to(tl.int32, bitcast=True)
     w_b = tile_floats(w, PAIRS, x.shape[0], x.shape[1], SLOTS).to(tl.int32, bitcast=True)
@@ -89,9 +87,6 @@ def evaluate_slots(x, w, votes, loaded, j_t, col, k, lse_p2, lse_q2, key_n, x_n,
             key_p, key_r, r = draw_keys(lp2, mix(key_n ^ j_s.to(tl.uint32)),
                                         pick(w_b, col, s).to(tl.float32, bitcast=True), j_s, k, lse_q2, T,
                                         inv_T, thr_q, tid_q, x_n, HAS_W, FILTER, FAST)
-            if LAZY:
-                key_r = tl.where(loaded, key_r, NEG_INF)
-                r = tl.where(loaded, r, 0.0)
             here = col == s
             better = here & (key_p > best_p)  # strict: a slot keeps its earlier (lower) index on ties
             best_p = tl.where(better, key_p, best_p)
@@ -104,7 +99,7 @@ def evaluate_slots(x, w, votes, loaded, j_t, col, k, lse_p2, lse_q2, key_n, x_n,
 
 
 @triton.jit
-def slot_state(v_lo, floor0, BLOCK_B: tl.constexpr, N: tl.constexpr, SLOTS: tl.constexpr):
+def slot_state(v_lo, BLOCK_B: tl.constexpr, N: tl.constexpr, SLOTS: tl.constexpr):
     """A slot sweep's running state: per slot the best key_r, its index, the best key_p, its index and the
     residual mass seen ([BB, N, S]), and the floor K ([BB, 1, 1]: a key some logit of the row reaches; -inf
     while none is known)."""
@@ -113,22 +108,18 @@ def slot_state(v_lo, floor0, BLOCK_B: tl.constexpr, N: tl.constexpr, SLOTS: tl.c
     idx_r = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
     idx_p = tl.zeros((BLOCK_B, N, SLOTS), tl.int32) + v_lo
     mass = tl.zeros((BLOCK_B, N, SLOTS), tl.float32)
-    return best_r, idx_r, best_p, idx_p, mass, plane(floor0, BLOCK_B)
+    return best_r, idx_r, best_p, idx_p, mass, plane(tl.full((BLOCK_B,), NEG_INF, tl.float32), BLOCK_B)
 
 
 @triton.jit
 def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
-                    k_final, b_mask, floor0, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
-                    HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, AHEAD: tl.constexpr = 1,
-                    STAGES: tl.constexpr = 3, PAIRS: tl.constexpr = False):
+                    k_final, b_mask, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr, SLOTS: tl.constexpr,
+                    HAS_W: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr, PAIRS: tl.constexpr):
     """Gumbel-max over [v_lo, v_hi) of row n, as ``lanes.sweep_row_lanes(PRUNE=True)`` (the same keys
     and floor; z_row, w_row: [BB] pointers, the rest [BB]; v_lo a multiple of SLOTS) with the vote per
     slot: returns (best_r, idx_r, best_p, idx_p, residual mass > 0), each [BB]. The floor K rises once
-    per tile, after the tile's evaluated slots. AHEAD (1, 2 or 3): tiles loaded ahead of the one being
-    evaluated, held in registers (the keys, hence the tokens, do not depend on it; 1 and 2: the whole tiles
-    loaded without bounds, the loop unrolled AHEAD times, then the partial tile); 0: each tile loaded in
-    its own iteration and the loop software-pipelined by Triton with STAGES stages (asynchronous copies
-    through shared memory: the registers of a tile loaded ahead are not read at the loop's back edge).
+    per tile, after the tile's evaluated slots. One tile is loaded ahead of the one evaluated, held in
+    registers: the whole tiles by loads without bounds, then the partial tile, if any.
     PAIRS: bfloat16 rows of unit stride, loaded as int32 pairs (``load_slot_tile``): z is widened by one
     shift or one mask per logit, w only in the slots that voted."""
     N: tl.constexpr = SWEEP_V // SLOTS
@@ -140,58 +131,25 @@ def sweep_row_slots(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q
     k = exp2_scale(inv_T, FILTER)
     lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q = sweep_scalars(
         lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q, BLOCK_B, 3, HAS_W, FILTER)
-    best_r, idx_r, best_p, idx_p, mass, floor = slot_state(v_lo, floor0, BLOCK_B, N, SLOTS)
-    if AHEAD == 0:
-        for v0 in tl.range(v_lo, v_hi, SWEEP_V, num_stages=STAGES):
-            j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
-            z, w = load_slot_tile(z_rows, w_rows, j_t, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
-            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
-                tile_floats(z, PAIRS, BLOCK_B, N, SLOTS), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T,
-                thr_p, tid_p, thr_q, tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST,
-                PAIRS)
-    elif AHEAD <= 2:  # whole tiles by loads without bounds (nothing to fill), then the partial tile, if any
-        v_whole = v_lo + (v_hi - v_lo) // SWEEP_V * SWEEP_V
-        z_next, w_next = load_slot_tile(z_rows, w_rows, v_lo + row, col, sv_z, sv_w, live & (v_lo < v_whole), v_hi,
-                                        SLOTS, HAS_W, PAIRS, True)
-        if AHEAD == 2:
-            z_next2, w_next2 = load_slot_tile(z_rows, w_rows, v_lo + SWEEP_V + row, col, sv_z, sv_w,
-                                              live & (v_lo + SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
-        # unrolled as often as tiles are in flight: the rotation of the tiles ahead becomes a renaming
-        for v0 in tl.range(v_lo, v_whole, SWEEP_V, loop_unroll_factor=AHEAD):
-            j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
-            x, w = tile_floats(z_next, PAIRS, BLOCK_B, N, SLOTS), w_next  # (w: z again for a one-hot draft, unused)
-            if AHEAD == 1:
-                z_next, w_next = load_slot_tile(z_rows, w_rows, j_t + SWEEP_V, col, sv_z, sv_w,
-                                                live & (v0 + SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
-            else:
-                z_next, w_next = z_next2, w_next2
-                z_next2, w_next2 = load_slot_tile(z_rows, w_rows, j_t + 2 * SWEEP_V, col, sv_z, sv_w,
-                                                  live & (v0 + 2 * SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
-            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
-                x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
-                best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST, PAIRS)
-        if v_whole < v_hi:
-            j_t = v_whole + row
-            z, w = load_slot_tile(z_rows, w_rows, j_t, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
-            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
-                tile_floats(z, PAIRS, BLOCK_B, N, SLOTS), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T,
-                thr_p, tid_p, thr_q, tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST,
-                PAIRS)
-    else:  # three tiles ahead, each load bounded
-        z_next, w_next = load_slot_tile(z_rows, w_rows, v_lo + row, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
-        z_next2, w_next2 = load_slot_tile(z_rows, w_rows, v_lo + SWEEP_V + row, col, sv_z, sv_w, live, v_hi, SLOTS,
-                                          HAS_W, PAIRS)
-        z_next3, w_next3 = load_slot_tile(z_rows, w_rows, v_lo + 2 * SWEEP_V + row, col, sv_z, sv_w, live, v_hi,
-                                          SLOTS, HAS_W, PAIRS)
-        for v0 in range(v_lo, v_hi, SWEEP_V):
-            j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
-            x, w = tile_floats(z_next, PAIRS, BLOCK_B, N, SLOTS), w_next  # (w: z again for a one-hot draft, unused)
-            z_next, w_next, z_next2, w_next2 = z_next2, w_next2, z_next3, w_next3
-            z_next3, w_next3 = load_slot_tile(z_rows, w_rows, j_t + 3 * SWEEP_V, col, sv_z, sv_w, live, v_hi, SLOTS,
-                                              HAS_W, PAIRS)
-            best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
-                x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
-                best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST, PAIRS)
+    best_r, idx_r, best_p, idx_p, mass, floor = slot_state(v_lo, BLOCK_B, N, SLOTS)
+    v_whole = v_lo + (v_hi - v_lo) // SWEEP_V * SWEEP_V
+    z_next, w_next = load_slot_tile(z_rows, w_rows, v_lo + row, col, sv_z, sv_w, live & (v_lo < v_whole), v_hi,
+                                    SLOTS, HAS_W, PAIRS, True)
+    for v0 in tl.range(v_lo, v_whole, SWEEP_V, loop_unroll_factor=1):
+        j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
+        x, w = tile_floats(z_next, PAIRS, BLOCK_B, N, SLOTS), w_next  # (w: z again for a one-hot draft, unused)
+        z_next, w_next = load_slot_tile(z_rows, w_rows, j_t + SWEEP_V, col, sv_z, sv_w,
+                                        live & (v0 + SWEEP_V < v_whole), v_hi, SLOTS, HAS_W, PAIRS, True)
+        best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
+            x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+            best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST, PAIRS)
+    if v_whole < v_hi:
+        j_t = v_whole + row
+        z, w = load_slot_tile(z_rows, w_rows, j_t, col, sv_z, sv_w, live, v_hi, SLOTS, HAS_W, PAIRS)
+        best_r, idx_r, best_p, idx_p, mass, floor = slot_tile(
+            tile_floats(z, PAIRS, BLOCK_B, N, SLOTS), w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T,
+            thr_p, tid_p, thr_q, tid_q, best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SLOTS, HAS_W, FILTER, FAST,
+            PAIRS)
     return slot_winners(best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SWEEP_V)
 
 
@@ -235,79 +193,18 @@ def tile_floats(t, PAIRS: tl.constexpr, BLOCK_B: tl.constexpr, N: tl.constexpr, 
 @triton.jit
 def slot_tile(x, w, j_t, col, k, lse_p2, lse_q2, floor, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
               best_r, idx_r, best_p, idx_p, mass, BLOCK_B: tl.constexpr, SLOTS: tl.constexpr, HAS_W: tl.constexpr,
-              FILTER: tl.constexpr, FAST: tl.constexpr, PAIRS: tl.constexpr = False):
+              FILTER: tl.constexpr, FAST: tl.constexpr, PAIRS: tl.constexpr):
     """One tile of the slot-vote sweep (x, w: [BB, N, S] raw logits of z as float32 and of w): the vote at
     the floor, the voted slots' keys folded into the running bests, and the floor raised after them."""
     votes = or_votes(slot_votes(x, j_t, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p, FILTER, FAST), FAST)
     if votes != 0:
         best_r, idx_r, best_p, idx_p, mass = evaluate_slots(
-            x, w, votes, True, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
-            best_r, idx_r, best_p, idx_p, mass, SLOTS, HAS_W, FILTER, FAST, False, PAIRS)
+            x, w, votes, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
+            best_r, idx_r, best_p, idx_p, mass, SLOTS, HAS_W, FILTER, FAST, PAIRS)
         top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
         top_r = tl.max(tl.max(best_r, axis=2), axis=1)
         floor = tl.maximum(floor, plane(tl.minimum(top_p, top_r), BLOCK_B))
     return best_r, idx_r, best_p, idx_p, mass, floor
-
-
-@triton.jit
-def sweep_row_slots_lazy(z_row, w_row, sv_z, sv_w, v_lo, v_hi, T, inv_T, lse_p, lse_q, x_n, thr_p, tid_p, thr_q, tid_q,
-                         k_final, b_mask, floor0, use_p, BLOCK_B: tl.constexpr, SWEEP_V: tl.constexpr,
-                         SLOTS: tl.constexpr, FILTER: tl.constexpr, FAST: tl.constexpr):
-    """``sweep_row_slots`` for draft logits (HAS_W) that reads the draft row only where a thread's logits can
-    reach the floor (``KernelConfig(lazy_draft=True)``; use_p [BB]: the row's draw is from p, the bonus or a
-    masked draft id). z is loaded two tiles ahead; each iteration votes on the next tile at the current floor
-    and loads that tile's draft logits for the threads that voted (for none in a row whose draw is from p,
-    whose floor is then its best key_p alone). The next iteration evaluates the slots of those votes: the floor
-    they were taken at is at most the current one (it only rises), so they cover every logit the current
-    floor would, and a winner is never among the logits left out (``evaluate_slots(LAZY=True)``)."""
-    N: tl.constexpr = SWEEP_V // SLOTS
-    col = tl.arange(0, SLOTS)[None, None, :]  # [1, 1, S]
-    row = tl.arange(0, N)[None, :, None] * SLOTS  # [1, N, 1]
-    z_rows = z_row[:, None, None]
-    w_rows = w_row[:, None, None]
-    live = b_mask[:, None, None]
-    need = need_w_row(use_p, b_mask)  # [BB] the residual draw: the draft row is read
-    need_w = plane(need.to(tl.int32), BLOCK_B) != 0
-    k = exp2_scale(inv_T, FILTER)
-    lse_p2, lse_q2, key_n, x_n, thr_p, tid_p, thr_q, tid_q = sweep_scalars(
-        lse_p, lse_q, k_final, x_n, thr_p, tid_p, thr_q, tid_q, BLOCK_B, 3, True, FILTER)
-    best_r, idx_r, best_p, idx_p, mass, floor = slot_state(v_lo, floor0, BLOCK_B, N, SLOTS)
-    j = v_lo + row + col
-    z_cur = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
-    j = j + SWEEP_V
-    z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
-    vote = slot_votes(z_cur.to(tl.float32), v_lo + row, col, k, lse_p2, floor, key_n, T, inv_T, thr_p, tid_p,
-                      FILTER, FAST)
-    loaded = (tl.max(vote, axis=2, keep_dims=True) != 0) & need_w  # [BB, N, 1]
-    j = v_lo + row + col
-    w_cur = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi) & loaded, other=NEG_INF)
-    votes = or_votes(vote, FAST)
-    for v0 in range(v_lo, v_hi, SWEEP_V):
-        j_t = v0 + row  # [1, N, 1]: each thread's first logit (a multiple of S)
-        x, w, votes_t, loaded_t = z_cur.to(tl.float32), w_cur, votes, loaded
-        z_cur = z_next
-        j = j_t + col + 2 * SWEEP_V
-        z_next = tl.load(z_rows + j.to(tl.int64) * sv_z, mask=live & (j < v_hi), other=NEG_INF)
-        # the next tile's votes at the current floor, and its draft logits where a thread voted
-        vote = slot_votes(z_cur.to(tl.float32), j_t + SWEEP_V, col, k, lse_p2, floor, key_n, T, inv_T, thr_p,
-                          tid_p, FILTER, FAST)
-        loaded = (tl.max(vote, axis=2, keep_dims=True) != 0) & need_w
-        j = j_t + col + SWEEP_V
-        w_cur = tl.load(w_rows + j.to(tl.int64) * sv_w, mask=live & (j < v_hi) & loaded, other=NEG_INF)
-        votes = or_votes(vote, FAST)
-        if votes_t != 0:
-            best_r, idx_r, best_p, idx_p, mass = evaluate_slots(
-                x, w, votes_t, loaded_t, j_t, col, k, lse_p2, lse_q2, key_n, x_n, T, inv_T, thr_p, tid_p, thr_q, tid_q,
-                best_r, idx_r, best_p, idx_p, mass, SLOTS, True, FILTER, FAST, True)
-            top_p = tl.max(tl.max(best_p, axis=2), axis=1)  # [BB]
-            top_r = tl.max(tl.max(best_r, axis=2), axis=1)
-            floor = tl.maximum(floor, plane(tl.where(need, tl.minimum(top_p, top_r), top_p), BLOCK_B))
-    return slot_winners(best_r, idx_r, best_p, idx_p, mass, BLOCK_B, SWEEP_V)
-
-
-@triton.jit
-def need_w_row(use_p, b_mask):  # [BB] -> [BB] bool: the row's draw is the residual's (its floor: both keys)
-    return (use_p == 0) & b_mask
 
 
 @triton.jit

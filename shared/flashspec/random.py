@@ -40,8 +40,6 @@ Streams are disjoint by construction (``stream`` enters the key):
   ``(position=n, vocab=j)``.
 * ``DRAFT`` (2): a draft sampling its i-th token uses a Gumbel variate per vocabulary entry j,
   ``(position=i, vocab=j)``.
-* ``FINAL_BLOCKS`` (3): the top-down FINAL noise (``gumbel_top_down``, an opt-in of the Triton kernel,
-  ``KernelConfig(top_down=True)``): per block t of 64 vocabulary entries ``(position=n, vocab=t)``.
 
 ``row`` is the batch row when one seed serves the whole batch, and 0 when every row carries its
 own seed (a request's randomness is then keyed to its seed, not to its place in the batch).
@@ -69,8 +67,6 @@ import numpy as np
 ACCEPT = 0
 FINAL = 1
 DRAFT = 2
-FINAL_BLOCKS = 3
-BLOCK = 64  # vocabulary entries per block of the top-down FINAL noise
 
 _M1 = np.uint32(0x7FEB352D)
 _M2 = np.uint32(0x846CA68B)
@@ -129,25 +125,6 @@ def gumbel(seed, offset, row, position, vocab, stream) -> np.ndarray:
     """float32 standard Gumbel variate, -log(-log(u)) computed in float32."""
     u = uniform(seed, offset, row, position, vocab, stream)
     return -np.log(-np.log(u))
-
-
-def gumbel_top_down(seed, offset, row, position, vocab) -> np.ndarray:
-    """float32 standard Gumbel variates for the FINAL draw, drawn block by block from the top.
-
-    The 64 entries of block t = vocab >> 6 (entries past the vocabulary included, so every block is whole)
-    are 64 independent Gumbels drawn in another order: first their maximum M_t = ln 64 - ln E_t (E_t = -ln u of
-    ``(position, vocab=t, FINAL_BLOCKS)``), at entry I_t = that draw's bits & 63 (bits the uniform does not
-    use), then the others below it, -ln(E_j + e^-M_t) with E_j = -ln u of ``(position, vocab=j, FINAL)``
-    (the Gumbel conditioned below M_t). With c_t = e^-M_t = E_t / 64 every entry is -ln(c_t + E'_j), E'_j = E_j
-    and E'_{I_t} = 0. The joint law is that of independent Gumbels, so a Gumbel-max over them is exact; and
-    M_t bounds every variate of the block from one draw, which lets a sweep skip whole blocks
-    (docs/kernel_notes.md, "Top-down noise")."""
-    vocab = np.asarray(vocab)
-    b = bits(seed, offset, row, position, vocab >> 6, FINAL_BLOCKS)
-    c = -np.log(to_uniform(b)) * np.float32(1.0 / BLOCK)
-    e = -np.log(uniform(seed, offset, row, position, vocab, FINAL))
-    e = np.where((vocab & (BLOCK - 1)) == (b & np.uint32(BLOCK - 1)), np.float32(0.0), e)
-    return -np.log(c + e)
 
 
 # (seed, offset, row, position, vocab, stream) -> bits; the docstring's table.

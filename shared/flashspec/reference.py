@@ -214,9 +214,6 @@ class ReferenceVerifier:
     def first_rejection(self, accepted):  # [B, G] -> [B]
         return np.where(accepted.all(-1), accepted.shape[-1], (~accepted).argmax(-1))
 
-    def final_noise(self, c: Counters, n, vocab: int) -> np.ndarray:  # [B, V]
-        return rng.gumbel(c.seed[:, None], c.offset[:, None], c.row[:, None], n[:, None], np.arange(vocab)[None], rng.FINAL)
-
     def residual(self, p_n, q_n):  # [B, V] each -> [B, V], unnormalised
         return np.maximum(p_n - q_n, np.float32(0))
 
@@ -225,7 +222,7 @@ class ReferenceVerifier:
         b, g1, v = log_p.shape
         rows = np.arange(b)
         lp_n = log_p[rows, n]  # [B, V]
-        g = self.final_noise(c, n, v)  # [B, V]
+        g = rng.gumbel(c.seed[:, None], c.offset[:, None], c.row[:, None], n[:, None], np.arange(v)[None], rng.FINAL)
         i = np.minimum(n, g1 - 2)  # the draft row n (clamped for the bonus rows, unused there)
         if log_q is None:
             q_n = (np.arange(v)[None] == x[rows, i][:, None]).astype(np.float32)
@@ -255,15 +252,6 @@ class ReferenceVerifier:
         return self.emit(x, n, y)
 
 
-class TopDownVerifier(ReferenceVerifier):
-    """The same verification with the FINAL draw's noise drawn block by block from the top
-    (``flashspec.random.gumbel_top_down``): the oracle of ``KernelConfig(top_down=True)``. Same law, other
-    tokens for a given seed than ``verify``."""
-
-    def final_noise(self, c: Counters, n, vocab: int) -> np.ndarray:  # [B, V]
-        return rng.gumbel_top_down(c.seed[:, None], c.offset[:, None], c.row[:, None], n[:, None], np.arange(vocab)[None])
-
-
 def _check_logits(name: str, a: np.ndarray) -> None:
     if np.isnan(a).any() or np.isposinf(a).any():
         idx = tuple(int(i) for i in np.argwhere(np.isnan(a) | np.isposinf(a))[0])
@@ -275,4 +263,3 @@ def _check_logits(name: str, a: np.ndarray) -> None:
 
 
 verify = ReferenceVerifier()
-verify_top_down = TopDownVerifier()

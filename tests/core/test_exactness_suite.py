@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from flashspec import mutants
-from flashspec.reference import log_probs, verify, verify_top_down
+from flashspec.reference import log_probs, verify
 from flashspec.config import SamplingConfig
 from flashspec.testing import (
     assert_exact,
@@ -23,12 +23,6 @@ from flashspec.testing import (
 def test_reference_passes_the_whole_suite():
     report = assert_exact(verify)
     assert len(report.checks) > 50
-
-
-def test_top_down_noise_passes_the_whole_suite():
-    """The FINAL draw with its noise drawn block by block from the top (KernelConfig(top_down=True)'s oracle):
-    the same law, so the same suite."""
-    assert_exact(verify_top_down)
 
 
 def test_inverse_cdf_positive_control_passes():

@@ -75,8 +75,12 @@ def test_kernel_config_is_validated():
         KernelConfig(block_v=100)
     with pytest.raises(ValueError, match="num_warps"):
         KernelConfig(num_warps=3)
-    with pytest.raises(ValueError, match="sweep_ahead"):
-        KernelConfig(sweep_ahead=4)
+    with pytest.raises(ValueError, match="sweep_slots"):
+        KernelConfig(sweep_slots=3)
+    with pytest.raises(ValueError, match="bf16_pairs"):
+        KernelConfig(bf16_pairs=1)
+    with pytest.raises(TypeError):  # a deleted option is refused, not ignored
+        KernelConfig(schedule="persistent")
 
 
 def test_gpu_default_takes_the_slot_vote_from_b32(monkeypatch):
@@ -86,16 +90,16 @@ def test_gpu_default_takes_the_slot_vote_from_b32(monkeypatch):
     import dataclasses
     import importlib
 
-    fv = importlib.import_module("flashspec_torch.verify")  # the module (the package exports a function)
+    fv = importlib.import_module("flashspec_torch.kernel_config")
     monkeypatch.setattr(fv, "interpreting", lambda: False)
-    monkeypatch.setattr(fv, "sm_count", lambda index: 132)
+    monkeypatch.setattr(fv, "device_sms", lambda device: 132)
     gpu = torch.device("cuda", 0)
     for b in (1, 8, 32, 128, 256):
         for v in (32000, 128256):
             for itemsize in (2, 4):
                 cfg = fv.choose_config(b, 4, v, gpu, itemsize)
                 assert dataclasses.replace(cfg) == cfg  # __post_init__ accepts it
-                assert cfg.sweep == "lanes" and cfg.pdl
+                assert cfg.pdl
                 assert cfg.sweep_slots == (4 if cfg.prune else 0), (b, v, itemsize)
                 if b >= 32 or v == 128256:
                     assert cfg.prune == (b >= 32), (b, v, itemsize)

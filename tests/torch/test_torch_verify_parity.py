@@ -1,5 +1,5 @@
-"""Parity: NumPy oracle == torch reference == Triton (fused, split-V two launches, split-V persistent),
-token for token."""
+"""Parity: NumPy oracle == torch reference == Triton (fused, split-V two launches with each sweep the GPU's
+default takes), token for token."""
 
 import importlib
 
@@ -15,24 +15,19 @@ from flashspec_torch import KernelConfig, verify, verify_triton
 fv = importlib.import_module("flashspec_torch.verify")  # the module (the package exports its verify function)
 SPLIT = KernelConfig(block_b=2, block_v=256, sweep_v=128, num_chunks=4,  # V over 4 programs: two launches,
                      sweep_chunks=7, sweep_warps=2, pdl=True,  # the final launch's own split of row n (PDL: GPU only)
-                     shared_floor=True,  # its programs share the pruning floor of row n,
-                     prune_hint=True,  # which starts from the keys of row n's chunk maxima
-                     batch_group=2,  # a launch pair per 2 rows (the last group shorter where B is odd)
-                     reverse_final=True)  # the final launch's programs in the reverse order of its grid
-TILE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3, stream="tile", sweep="tile")  # the tile loops
-MIXED = KernelConfig(block_b=8, block_v=512, sweep_v=64, stream="tile", sweep="lanes")  # fused, tile normaliser
-# One persistent launch of ticketed work items (kernels/persistent.py; not the default: slower on the H200): the
-# split arithmetic, another schedule. test_torch_verify_persistent.py covers more of its configurations.
-PERSISTENT_1 = KernelConfig(block_b=1, block_v=128, sweep_v=64, num_chunks=3, schedule="persistent",  # the GPU's
-                            programs_per_sm=3, lookahead=1)  # one row per program; phase 2 right after phase 1
+                     prune=False)  # no pruning (the GPU's default under ~8 sweep tiles a program, B < 32)
+# the slot vote with the sweep split finer, one warp a program, bf16 pairs (the GPU's default from B = 128)
+SLOTS_SPLIT = KernelConfig(block_b=1, block_v=128, sweep_v=64, num_chunks=3, sweep_chunks=5, sweep_warps=1,
+                           sweep_slots=4, pdl=True, bf16_pairs=True)
+TILE_VOTE = KernelConfig(block_b=4, block_v=128, sweep_v=256, num_chunks=3)  # one pruning vote per sweep tile
 
 
 def as_torch(a):
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
 
-def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT, persistent=True):
-    """(oracle, torch reference, triton fused, triton split, tile variants) results as numpy (n, tokens) pairs."""
+def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT):
+    """(oracle, torch reference, triton fused, triton split, its sweeps) results as numpy (n, tokens) pairs."""
     z, w = as_torch(inp.z).to(dtype), as_torch(inp.w)
     w = None if w is None else w.to(dtype)
     zf = z.float().numpy()  # the oracle sees the same upcast values
@@ -45,8 +40,7 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     x, lq_t = as_torch(inp.x), as_torch(lq)
     got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
     got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
-    more = (TILE, MIXED, PERSISTENT_1) if persistent else (TILE, MIXED)
-    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in more)
+    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in (SLOTS_SPLIT, TILE_VOTE))
     return want, [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
@@ -58,8 +52,8 @@ def oracle_result(z, x, w, lq, cfg, *, seed=7, offset=3):
 
 
 def assert_parity(want, got):
-    names = ("torch reference", "triton fused", "triton split-V", "triton tile split-V", "triton tile/lanes fused",
-             "triton persistent one row per program")
+    names = ("torch reference", "triton fused", "triton split-V", "triton split-V slot vote",
+             "triton split-V tile vote")
     for name, (n, t) in zip(names, got):
         assert n.dtype == np.int32 and t.dtype == np.int32, name
         np.testing.assert_array_equal(n, want[0], err_msg=f"{name}: num_accepted")
@@ -160,15 +154,13 @@ def test_non_contiguous_inputs():
 
 
 def test_many_rows_many_samples_match():
-    """A larger batch (tile of rows per program) over several offsets: every row identical. Without the
-    persistent schedule's one row per program (90 s a call in the interpreter at B = 300; it has larger
-    batches of its own in test_torch_verify_persistent.py)."""
+    """A larger batch (tile of rows per program) over several offsets: every row identical."""
     rng = np.random.default_rng(99)
     cfg = SamplingConfig(temperature=1.0)
     inp = make_inputs(rng, 300, 3, 40, cfg, spread=1.0, noise=0.5)
     split = KernelConfig(block_b=128, block_v=16, sweep_v=16, num_chunks=3)
     for offset in range(3):
-        want, got = run_all(inp, cfg, offset=offset, split=split, persistent=False)
+        want, got = run_all(inp, cfg, offset=offset, split=split)
         assert len(got) == 5
         assert_parity(want, got)
 
@@ -183,105 +175,16 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
     z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
     w = None if inp.w is None else torch.from_numpy(inp.w)
-    shared = dict(sweep_chunks=9, shared_floor=True)  # 9 sweep programs per row share the pruning floor
-    hint = dict(sweep_chunks=9, prune_hint=True)  # the floor starts from the keys of row n's chunk maxima
     slots = dict(sweep_slots=8)  # one vote per slot of 4 logits (kernels/slots.py)
-    slots_hint = dict(sweep_chunks=9, prune_hint=True, sweep_slots=4)
-    for prune, chunks, block_b, schedule, more in (
-            (True, 1, 2, "two_launch", {}), (True, 3, 1, "two_launch", {}),  # block_b=1: the GPU's scalar path
-            (False, 3, 2, "two_launch", {}), (True, 3, 1, "persistent", {}),
-            (True, 3, 1, "two_launch", shared), (True, 2, 2, "two_launch", shared),
-            (True, 3, 1, "two_launch", hint), (True, 2, 2, "two_launch", hint),
-            (True, 3, 1, "two_launch", slots), (True, 1, 2, "two_launch", slots), (True, 2, 2, "two_launch", slots_hint)):
-        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune, schedule=schedule,
-                          **more)
+    split_slots = dict(sweep_chunks=9, sweep_slots=4)
+    for prune, chunks, block_b, more in (
+            (True, 1, 2, {}), (True, 3, 1, {}),  # block_b=1: the GPU's scalar path
+            (False, 3, 2, {}), (True, 3, 1, slots), (True, 1, 2, slots), (True, 2, 2, split_slots),
+            (True, 2, 1, dict(sweep_chunks=30, sweep_slots=4))):  # 1-2 tiles a program
+        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune, **more)
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
         np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
         np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
-
-
-@pytest.mark.parametrize("spread", [1.0, 6.0])
-def test_lazy_draft_matches_the_oracle(spread):
-    """KernelConfig(lazy_draft=True): the slot-vote sweep reads row n of the draft only for the threads whose
-    logits can reach the floor (votes one tile ahead), and not at all for a bonus row: the same tokens, with
-    bonus and residual rows in the batch, fused and split, 1-2 tiles a program, the persistent schedule,
-    and the floor started from row n's chunk maxima."""
-    rng = np.random.default_rng({1.0: 1, 6.0: 8}[spread])  # seeds whose batch holds both kinds of row
-    cfg = SamplingConfig(temperature=0.9)
-    inp = make_inputs(rng, 6, 3, 1543, cfg, spread=spread)
-    want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
-    assert 0 < int((want[0] == 3).sum()) < 6, want[0]  # bonus rows (no draft read) and residual rows
-    z, x, w = torch.from_numpy(inp.z), torch.from_numpy(inp.x), torch.from_numpy(inp.w)
-    for chunks, block_b, schedule, more in (
-            (3, 1, "two_launch", dict(sweep_slots=8)), (1, 2, "two_launch", dict(sweep_slots=8)),
-            (2, 2, "two_launch", dict(sweep_chunks=9, prune_hint=True, sweep_slots=4)),
-            (2, 1, "two_launch", dict(sweep_chunks=30, sweep_slots=4)),  # 1-2 tiles a program
-            (3, 1, "persistent", dict(sweep_slots=4))):
-        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, schedule=schedule,
-                          lazy_draft=True, **more)
-        got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
-        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
-        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
-
-
-def test_lazy_draft_needs_one_tile_ahead():
-    with pytest.raises(ValueError, match="lazy_draft"):
-        KernelConfig(sweep_slots=4, lazy_draft=True, sweep_ahead=2)
-    with pytest.raises(ValueError, match="lazy_draft"):
-        KernelConfig(lazy_draft=1)
-
-
-@pytest.mark.parametrize("spread", [1.0, 6.0])
-def test_sweep_ahead_matches_the_oracle(spread):
-    """KernelConfig(sweep_ahead=2 or 3): the slot-vote sweep loads 2 or 3 tiles of row n ahead of the one
-    it evaluates; 0: each tile in its own iteration, pipelined by Triton (sweep_stages; the interpreter
-    runs the plain loop, the sm_90 compile its asynchronous copies); the same tokens, also where a program
-    holds fewer tiles than it loads ahead."""
-    rng = np.random.default_rng(40 + int(spread))
-    cfg = SamplingConfig(temperature=0.9)
-    inp = make_inputs(rng, 4, 3, 1501, cfg, spread=spread)
-    want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
-    z, x, w = torch.from_numpy(inp.z), torch.from_numpy(inp.x), torch.from_numpy(inp.w)
-    for chunks, block_b, more in ((3, 1, dict(sweep_slots=8, sweep_ahead=2)), (2, 2, dict(sweep_slots=4, sweep_ahead=3)),
-                                  (2, 1, dict(sweep_chunks=24, sweep_slots=4, sweep_ahead=3)),  # 1-2 tiles a program
-                                  (2, 2, dict(sweep_slots=4, sweep_ahead=0)),
-                                  (2, 1, dict(sweep_chunks=24, sweep_slots=8, sweep_ahead=0, sweep_stages=4))):
-        kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, **more)
-        got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
-        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
-        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
-
-
-@pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_batch_groups_match_the_oracle(temperature):
-    """KernelConfig(batch_group=k): a stats + final launch pair per k rows (several batch tiles a group,
-    the last group shorter), and reverse_final (the final programs in reverse order); the random
-    counters are those of the row's place in the whole batch, so per-row seeds and offsets give the
-    one-pair tokens."""
-    rng = np.random.default_rng(61 + int(temperature * 10))
-    cfg = SamplingConfig(temperature=temperature)
-    b = 7
-    inp = make_inputs(rng, b, 3, 700, cfg)
-    seed = torch.arange(11, 11 + b, dtype=torch.int64)
-    offset = torch.arange(b, dtype=torch.int64) * 5
-    want = oracle_result(inp.z, inp.x, inp.w, inp.lq, cfg, seed=seed.numpy().astype(np.uint64),
-                         offset=offset.numpy().astype(np.uint64))
-    z, x, w, lq = (as_torch(a) for a in (inp.z, inp.x, inp.w, inp.lq))
-    for block_b, group, reverse in ((1, 3, False), (2, 4, True), (1, 1, False), (1, 0, True)):
-        kc = KernelConfig(block_b=block_b, block_v=128, sweep_v=64, num_chunks=3, sweep_chunks=4, sweep_slots=4,
-                          batch_group=group, reverse_final=reverse)
-        got = verify_triton(z, x, w, lq, cfg, seed, offset, config=kc)
-        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
-        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{kc}")
-
-
-def test_batch_group_must_be_a_multiple_of_block_b():
-    with pytest.raises(ValueError, match="batch_group"):
-        KernelConfig(block_b=2, batch_group=3)
-    with pytest.raises(ValueError, match="batch_group"):
-        KernelConfig(batch_group=-1)
-    with pytest.raises(ValueError, match="block_b"):  # checked before batch_group % block_b
-        KernelConfig(block_b=0, batch_group=4)
 
 
 def test_pruning_floor_is_the_lower_of_the_two_keys():
@@ -300,8 +203,7 @@ def test_pruning_floor_is_the_lower_of_the_two_keys():
     zt, xt, wt = torch.from_numpy(z), torch.from_numpy(x), torch.from_numpy(w)
     configs = [KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2),
                KernelConfig(block_b=2, block_v=256, sweep_v=32, num_chunks=1),  # fused
-               KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2, sweep_slots=8),
-               KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2, sweep_slots=8, lazy_draft=True)]
+               KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=2, sweep_slots=8)]
     rejected = 0
     for offset in range(4):
         want = oracle.verify(z, x, w, None, seed=7, offset=offset, temperature=1.0)
@@ -323,19 +225,16 @@ def padded(a):  # [B, R, V] -> the same values in rows of V + 64, the 64 past V 
 def test_bf16_pairs_match_the_oracle(onehot):
     """bfloat16 rows of unit stride and even V: the slot-vote sweep reads them as int32 pairs, widened by hand
     (KernelConfig.bf16_pairs, slots.load_slot_tile / tile_floats): whole tiles without bounds, then the partial
-    one; 1-3 tiles ahead or pipelined, fused, split, persistent, a dead row in the last batch tile, 2-8 slots;
+    one; fused, split, a sweep split finer, a dead row in the last batch tile, 2-8 slots;
     rows strided past V, with logits there that would win if read; bonus tokens forced at 12 places along the
     row, the last in the partial tile (a tile left out fails it). The oracle's tokens on the upcast values,
     as with plain loads (an odd V, which cannot be read in pairs)."""
     rng = np.random.default_rng(77 + onehot)
     cfg = SamplingConfig(temperature=0.9)
     configs = (dict(block_b=2, sweep_v=64, num_chunks=2, sweep_slots=4),
-               dict(block_b=1, sweep_v=32, num_chunks=2, sweep_chunks=12, sweep_slots=8, sweep_ahead=2),
-               dict(block_b=2, sweep_v=32, num_chunks=2, sweep_slots=4, sweep_ahead=2),
-               dict(block_b=2, sweep_v=32, num_chunks=2, sweep_slots=4, sweep_ahead=3),
-               dict(block_b=1, sweep_v=64, num_chunks=2, sweep_slots=4, sweep_ahead=0),
-               dict(block_b=2, sweep_v=64, num_chunks=1, sweep_slots=2),  # fused: one pair per thread and row
-               dict(block_b=1, sweep_v=64, num_chunks=2, sweep_slots=4, schedule="persistent", lookahead=1))
+               dict(block_b=1, sweep_v=32, num_chunks=2, sweep_chunks=12, sweep_slots=8),
+               dict(block_b=2, sweep_v=32, num_chunks=2, sweep_slots=4),
+               dict(block_b=2, sweep_v=64, num_chunks=1, sweep_slots=2))  # fused: one pair per thread and row
     for b, v, pairs, forced in ((3, 700, True, False), (3, 701, False, False), (12, 700, True, True)):
         inp = make_inputs(rng, b, 3, v, cfg, onehot=onehot, spread=4.0)
         bonus = v - 1 - ((b - 1 - np.arange(b)) * v) // b  # spread along the row, the last in the partial tile
@@ -352,40 +251,3 @@ def test_bf16_pairs_match_the_oracle(onehot):
             got = verify_triton(z, torch.from_numpy(inp.x), w, None, cfg, 7, 3, config=kc)
             np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{v=} {kc}")
             np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=f"{v=} {kc}")
-
-
-@pytest.mark.parametrize("spread", [1.0, 6.0])
-def test_tile_bounds_match_the_oracle(spread):
-    """KernelConfig(tile_bounds=True): the stats launch bounds both Gumbel keys of every block_v tile of every
-    target row, and one final program per row sweeps row n's tiles in decreasing order of bound while a tile can
-    reach the floor (kernels/bounds.py): the same tokens with flat and peaked rows, bonus and residual rows, draft
-    logits, draft log-probs and one-hot drafts, scalar and per-row seeds and offsets (the stats launch derives
-    each row's FINAL key as the final launch does), and with top-k, which the bounds leave to the slot sweep.
-    A bound 4 too low (lanes.noise_bound) and a floor taken as max(best key_p, best key_r) both fail it."""
-    rng = np.random.default_rng({1.0: 1, 6.0: 8}[spread])
-    cfg = SamplingConfig(temperature=0.9)
-    inp = make_inputs(rng, 6, 3, 1543, cfg, spread=spread)
-    seeds = torch.tensor([11, 2**40 + 5, 3, 7, 2**33, 9])
-    offsets = torch.tensor([3, 0, 2**31 + 1, 5, 8, 1])
-    kc = KernelConfig(block_b=1, block_v=256, sweep_v=32, num_chunks=3, sweep_slots=8, tile_bounds=True)
-    cases = [(inp, True, False, 7, 3, cfg), (inp, True, True, seeds, offsets, cfg)]
-    if spread == 1.0:
-        cfg_k = SamplingConfig(temperature=0.9, top_k=50)
-        cases += [(inp, False, False, 7, 3, cfg), (make_inputs(rng, 6, 3, 1543, cfg_k, spread=spread), True, False, 7, 3, cfg_k)]
-    for k, (case, logits, logprobs, seed, offset, c) in enumerate(cases):
-        np_seed = seed.numpy().astype(np.uint64) if isinstance(seed, torch.Tensor) else seed
-        np_offset = offset.numpy().astype(np.uint64) if isinstance(offset, torch.Tensor) else offset
-        w_np, lq_np = case.w if logits else None, case.lq if logprobs else None
-        want = oracle_result(case.z, case.x, w_np, lq_np, c, seed=np_seed, offset=np_offset)
-        w_arg, lq = (None if a is None else torch.from_numpy(a) for a in (w_np, lq_np))
-        got = verify_triton(torch.from_numpy(case.z), torch.from_numpy(case.x), w_arg, lq, c, seed, offset, config=kc)
-        label = f"draft={'none' if w_arg is None else 'logits'} lq={lq is not None} seeds={type(seed).__name__} {c}"
-        np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=label)
-        np.testing.assert_array_equal(got.tokens.numpy(), want[1], err_msg=label)
-        if k == 0:
-            assert 0 < int((want[0] == 3).sum()) < 6  # bonus rows and residual rows in the batch
-
-
-def test_tile_bounds_is_a_bool():
-    with pytest.raises(ValueError, match="tile_bounds"):
-        KernelConfig(tile_bounds=1)
