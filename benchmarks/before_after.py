@@ -15,7 +15,7 @@ trees round by round, so that drift of the card's clocks falls on both. Parts:
   backend with its defaults (CUDA graphs on a GPU), plain decoding and n-gram speculation (G = 4), greedy and
   T = 0.7, batch 1 and 4: the tokens.
 
-Writes ``before_after.json``: per shape each tree's times (the faster of its rounds) and whether the tokens of
+Writes ``before_after[_TAG].json``: per shape each tree's times (the faster of its rounds) and whether the tokens of
 every tree are equal.
 """
 
@@ -280,6 +280,7 @@ def main(argv=None) -> None:
     p.add_argument("--parts", default="torch,jax,engine")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    p.add_argument("--tag", default="", help="the JSON is before_after[_TAG].json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -303,7 +304,7 @@ def main(argv=None) -> None:
     except ImportError:
         pass
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "before_after.json").write_text(json.dumps(dict(environment=env, summary=summary, raw=results),
+    (args.out / f"before_after{'_' + args.tag if args.tag else ''}.json").write_text(json.dumps(dict(environment=env, summary=summary, raw=results),
                                                            indent=1))
     for part, table in summary.items():
         for row in table:
