@@ -152,7 +152,7 @@ def run_jax() -> list[dict]:
 
         first = jax.jit(one)(*sets[0], 3)
         tokens = np.asarray(first.tokens)
-        steps = max(32, count)
+        steps = max(256, 4 * count)
 
         def run(sets):
             def body(acc, _):
@@ -165,7 +165,7 @@ def run_jax() -> list[dict]:
         fn = jax.jit(run)
         jax.block_until_ready(fn(sets))
         times = []
-        for _ in range(15):
+        for _ in range(20):
             t0 = time.perf_counter()
             jax.block_until_ready(fn(sets))
             times.append((time.perf_counter() - t0) / (max(1, steps // count) * count))
