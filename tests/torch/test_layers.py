@@ -109,17 +109,14 @@ def test_skinny_linear_matches_f_linear(m, n, k):
 def test_pdl_only_where_the_gpu_has_it(monkeypatch):
     """pdl=True launches with programmatic dependent launch only on compute capability 9.0+ (an
     older GPU would fail to compile it), never on the CPU or in the interpreter."""
-    import importlib
     from types import SimpleNamespace
 
-    from flashspec_torch import layers
-
-    verify = importlib.import_module("flashspec_torch.verify")  # the module (the package exports a function)
+    from flashspec_torch import device, layers
 
     gpu = SimpleNamespace(device=torch.device("cuda", 0))
-    monkeypatch.setattr(verify, "interpreting", lambda: False)
+    monkeypatch.setattr(device, "interpreting", lambda: False)
     for capable in (True, False):
-        monkeypatch.setattr(verify, "has_pdl", lambda index, capable=capable: capable)
+        monkeypatch.setattr(device, "has_pdl", lambda index, capable=capable: capable)
         assert layers.pdl_on(True, gpu) is capable
         assert layers.pdl_on(False, gpu) is False
     assert layers.pdl_on(True, torch.zeros(1)) is False  # a CPU tensor
