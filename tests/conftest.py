@@ -54,18 +54,3 @@ def pytest_configure(config):
             skip_nested_language_patches()
         except ImportError:  # no triton: the torch extra is not installed
             pass
-
-
-# The files whose tests run longest on the CPU (minutes each under -n 2), started first so that the two xdist
-# workers do not end on them one after the other.
-HEAVY_FIRST = ("tests/torch/test_torch_verify_parity.py", "tests/jax/test_jax_engine.py", "tests/torch/test_engine.py",
-               "tests/torch/test_torch_verify_exactness.py", "tests/jax/test_jax_exactness.py",
-               "tests/jax/test_jax_verify_parity.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        path = item.nodeid.split("::")[0]
-        return HEAVY_FIRST.index(path) if path in HEAVY_FIRST else len(HEAVY_FIRST)
-
-    items.sort(key=rank)  # stable: the order within a file is kept
