@@ -20,7 +20,7 @@ CASES = {  # model_type -> the config fields of its tiny case beyond TINY
     "llama": dict(rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
     "mistral": dict(sliding_window=16),
-    "qwen2": dict(tie_word_embeddings=True),
+    "qwen2": dict(),
     "qwen3": dict(),
     "gemma2": dict(sliding_window=16, query_pre_attn_scalar=32, attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
     "gemma3_text": dict(sliding_window=16, query_pre_attn_scalar=32, layer_types=["sliding_attention", "full_attention"],
