@@ -91,3 +91,42 @@ def hf_greedy(model, ids: list[int], new: int = 64) -> list[int]:
         out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=new, min_new_tokens=new,
                              pad_token_id=0)
     return out[0, len(ids):].tolist()
+
+
+def engine_logits(engine, ids: list[int]) -> "np.ndarray":  # [T, V] float32: the engine's target on ids
+    import numpy as np
+
+    model, t = engine.target.model, len(ids)
+    if engine.backend_name == "torch":
+        import torch
+
+        with torch.inference_mode():
+            z = model(torch.tensor([ids]), torch.arange(t)[None], model.new_cache(1, t), t)
+        return z[0].cpu().numpy()
+    z, _ = model(np.asarray([ids]), np.arange(t)[None], model.new_cache(1, t))
+    return np.asarray(z[0])
+
+
+def parity(model_type: str, backend: str, path: Path, hf, new: int = 64) -> dict:
+    """FlashSpec (``backend``, the model directory ``path``) against transformers' ``hf`` of the same
+    weights: max |logits difference| over the prompt + ``new`` tokens of transformers' greedy
+    continuation, and whether greedy decoding, and greedy speculation with the n-gram draft (and,
+    for torch, a layer-skipping draft), give transformers' ``new`` tokens."""
+    import numpy as np
+    import torch
+
+    from .engine import engine_class
+
+    drafts = ("ngram", "layerskip:1") if backend == "torch" else ("ngram",)
+    engine = engine_class(backend)(str(path), drafts, policy="thompson-token", device="cpu")
+    ids = engine.encode(PROMPT, chat=False)
+    want = hf_greedy(hf, ids, new)
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids + want])).logits[0].numpy()
+    err = float(np.abs(engine_logits(engine, ids + want) - ref).max())
+    common = dict(temperature=0.0, max_new_tokens=new, chat=False)
+    plain = engine.generate(PROMPT, speculation=False, **common)
+    spec = engine.generate(PROMPT, speculation=True, gamma=4, **common)
+    return {"family": model_type, "backend": backend, "logits_max_error": err, "greedy_identical": plain["tokens"] == want,
+            "speculation_identical": spec["tokens"] == want, "drafts": list(drafts),
+            "accepted_per_step": spec["steps"] and (new - spec["steps"]) / spec["steps"]}
