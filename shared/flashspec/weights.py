@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -345,7 +346,12 @@ def conversion_lock(out_dir: Path):
         return
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.with_name(out_dir.name + ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process holds it: say why this one waits, then wait
+            print(f"flashspec: waiting for another process to finish converting into {out_dir} ...", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:

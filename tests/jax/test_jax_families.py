@@ -23,3 +23,13 @@ def test_family_matches_transformers(saved, model_type):
     row = parity(model_type, "jax", path, hf)
     assert row["logits_max_error"] < 1e-4, row
     assert row["greedy_identical"] and row["speculation_identical"], row
+
+
+def test_the_same_draft_names_as_torch(saved):
+    """layerskip without layers works on JAX too; nf4 is refused with a message true for JAX."""
+    from flashspec_jax.engine import Engine
+
+    path, _ = saved["qwen3"]
+    assert Engine(str(path), ("layerskip",), device="cpu").backend.draft_names == ["layerskip"]
+    with pytest.raises(ValueError, match="builds ngram, layerskip, self, path drafts; use --backend torch"):
+        Engine(str(path), ("nf4",), device="cpu")

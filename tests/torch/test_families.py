@@ -47,3 +47,20 @@ def test_speculative_sampling_follows_a_qwen3_target(saved):
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)
     assert p_value > 1e-3, note
     assert out["acceptance"] > 0  # the draft really took part
+
+
+def test_cli_no_speculation_json_is_valid_and_a_batch_has_per_request_stats(saved, capsys):
+    import json
+
+    from flashspec.cli import main
+    from flashspec_torch.engine import Engine
+
+    path, _ = saved["qwen2"]
+    assert main(["generate", "ab", "--target", str(path), "--no-speculation", "--json", "--no-chat",
+                 "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert result["acceptance"] is None and result["new_tokens"] == 4
+    eng = Engine(str(path), ("ngram",), device="cpu")
+    out = eng.generate(["abab abab", "xy"], temperature=0.0, max_new_tokens=6, chat=False)
+    assert [r["new_tokens"] for r in out["per_request"]] == [len(t) for t in out["tokens"]]
+    assert sum(r["accepted"] for r in out["per_request"]) == round(out["acceptance"] * sum(r["drafted"] for r in out["per_request"]))
