@@ -13,7 +13,7 @@ them, and ``--rescore`` recomputes the gains of a saved search without running t
 
 Candidates: contiguous blocks (odd starts, lengths 2, 4, 6, 8, 12), every-other layers over ranges, and
 greedy removal (remove, one at a time, the layer whose removal keeps the agreement highest).
-The best by estimated gain is shipped as ``layerskip``'s default (flashspec.drafts.LAYERSKIP_DEFAULT).
+The best by estimated gain is shipped as ``layerskip``'s default (flashspec.drafts.layerskip_layers: the layer at 5/6 of the depth).
 
     python benchmarks/drafts_layerskip_search.py --per-domain 2 --new-tokens 32 --greedy-steps 6
 """

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flashspec.bandits import POLICIES, BanditConfig
-from flashspec.drafts import DRAFT_HELP, not_implemented, parse_draft, parse_layers
+from flashspec.drafts import DRAFT_HELP, layerskip_layers, not_implemented, parse_draft
 from flashspec.engine import EngineBase, Request
 from flashspec.loop import StepRecord
 
@@ -86,7 +86,7 @@ class Engine(EngineBase):
         if draft.kind == "ngram":
             return LookupDraft(spec, max_n=draft.max_n)
         if draft.kind == "layerskip":
-            return self.backend.model_draft(spec, skip=parse_layers(draft.layers, model.config.num_layers))
+            return self.backend.model_draft(spec, skip=layerskip_layers(draft, model.config.num_layers))
         if draft.kind == "self":
             return self.backend.model_draft("self")
         if draft.kind != "path":

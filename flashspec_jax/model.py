@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 2/3, SmolLM2, TinyLlama, ...) in Flax NNX with a static KV cache.
+"""The decoder of every supported family (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3,
+Phi-3) in Flax NNX with a static KV cache; the family differences are ``LlamaConfig`` fields.
 
 The same semantics as ``flashspec_torch.model``: every row has its own positions; a forward writes
 K/V at ``positions`` and lets each query attend to cache slots ``s <= its position``, so stale
@@ -28,7 +29,7 @@ from jax import lax
 
 from flashspec.config import LlamaConfig
 
-__all__ = ["LlamaConfig", "KVCache", "Llama", "rope_frequencies", "new_cache"]
+__all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 
 class KVCache(NamedTuple):
@@ -47,25 +48,21 @@ def new_cache(config: LlamaConfig, batch: int, max_len: int, dtype) -> KVCache:
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 
-def rope_frequencies(config: LlamaConfig) -> np.ndarray:  # [D/2] float32
-    """Inverse frequencies, llama3 scaling included (float64 maths as in the torch backend)."""
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    if config.rope_scaling:
-        s = dict(config.rope_scaling)
-        original = s["original_max_position_embeddings"]
-        low_wavelen, high_wavelen = original / s["low_freq_factor"], original / s["high_freq_factor"]
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (original / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
-        scaled = np.where(wavelen > low_wavelen, inv_freq / s["factor"], inv_freq)
-        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-        inv_freq = np.where(mid, (1 - smooth) * scaled / s["factor"] + smooth * scaled, scaled)
-    return inv_freq.astype(np.float32)
-
-
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:  # [..., C], [C]
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:  # [..., C], [C]
+    """RMSNorm; with ``offset`` (Gemma) the product by (offset + weight) in float32, then rounded."""
     xf = x.astype(jnp.float32)
-    return (xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)).astype(x.dtype) * weight
+    xf = xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if offset:
+        return (xf * (offset + weight.astype(jnp.float32))).astype(x.dtype)
+    return xf.astype(x.dtype) * weight
+
+
+def rope_table(c: LlamaConfig, positions: jax.Array, dtype, local: bool = False):  # ([B, T, 1, D], [B, T, 1, D])
+    """cos and sin at ``positions`` [B, T] of the config's RoPE (``local``: Gemma 3's sliding layers')."""
+    inv_freq, scaling = c.rope(local)
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)  # [B, T, D/2]
+    return tuple((jnp.concatenate([f(angles)] * 2, -1) * np.float32(scaling))[:, :, None].astype(dtype)
+                 for f in (jnp.cos, jnp.sin))
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -84,12 +81,17 @@ def write_cache(cache: jax.Array, new: jax.Array, layer, positions: jax.Array) -
     return cache.at[layer, rows, :, positions].set(new.astype(cache.dtype), mode="drop")
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """q [B, T, H, D]; k, v [B, H_kv, S, D]; mask [B, T, S] -> [B, T, H, D] (GQA, float32 softmax)."""
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 0.0,
+              softcap: float = 0.0) -> jax.Array:
+    """q [B, T, H, D]; k, v [B, H_kv, S, D]; mask [B, T, S] -> [B, T, H, D] (GQA, float32 softmax).
+    Scores times ``scale`` (0: 1 / sqrt(D)), then ``softcap * tanh(scores / softcap)`` when set."""
     b, t, h, d = q.shape
     h_kv = k.shape[1]
     q = q.reshape(b, t, h_kv, h // h_kv, d)
-    s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) / np.float32(math.sqrt(d))
+    s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+    s = s * np.float32(scale) if scale else s / np.float32(math.sqrt(d))
+    if softcap:
+        s = jnp.tanh(s / np.float32(softcap)) * np.float32(softcap)
     s = jnp.where(mask[:, None, None], s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", p, v, preferred_element_type=jnp.float32)
@@ -97,7 +99,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
 
 
 class Layers(NamedTuple):
-    """One block's weights; in ``Llama`` each field is stacked over layers ([L, ...])."""
+    """One block's weights; in ``Llama`` each field is stacked over layers ([L, ...]). The fields
+    after ``mlp_norm`` exist only where the config has the feature (None otherwise)."""
 
     qkv: jax.Array  # [(H + 2 H_kv) D, C]
     o: jax.Array  # [C, H D]
@@ -105,21 +108,59 @@ class Layers(NamedTuple):
     down: jax.Array  # [C, F]
     attn_norm: jax.Array  # [C]
     mlp_norm: jax.Array  # [C]
+    qkv_bias: jax.Array | None = None  # [(H + 2 H_kv) D]: attention_bias
+    o_bias: jax.Array | None = None  # [C]: o_bias
+    gate_up_bias: jax.Array | None = None  # [2 F]: mlp_bias
+    down_bias: jax.Array | None = None  # [C]: mlp_bias
+    q_norm: jax.Array | None = None  # [D]: qk_norm
+    k_norm: jax.Array | None = None  # [D]: qk_norm
+    post_attn_norm: jax.Array | None = None  # [C]: sandwich_norms
+    post_mlp_norm: jax.Array | None = None  # [C]: sandwich_norms
+
+
+def layer_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """The per-layer shape of each Layers field this config has."""
+    nqkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    shapes = {"qkv": (nqkv, c.hidden_size), "o": (c.hidden_size, c.num_heads * c.head_dim),
+              "gate_up": (2 * c.intermediate_size, c.hidden_size), "down": (c.hidden_size, c.intermediate_size),
+              "attn_norm": (c.hidden_size,), "mlp_norm": (c.hidden_size,)}
+    if c.attention_bias:
+        shapes["qkv_bias"] = (nqkv,)
+    if c.o_bias:
+        shapes["o_bias"] = (c.hidden_size,)
+    if c.mlp_bias:
+        shapes["gate_up_bias"], shapes["down_bias"] = (2 * c.intermediate_size,), (c.hidden_size,)
+    if c.qk_norm:
+        shapes["q_norm"] = shapes["k_norm"] = (c.head_dim,)
+    if c.sandwich_norms:
+        shapes["post_attn_norm"] = shapes["post_mlp_norm"] = (c.hidden_size,)
+    return shapes
+
+
+def dense(x: jax.Array, w: jax.Array, bias: jax.Array | None) -> jax.Array:  # [..., in] -> [..., out]
+    y = linear(x, w)
+    return y if bias is None else y + bias
+
+
+def norm(c: LlamaConfig, x: jax.Array, weight: jax.Array | None) -> jax.Array:
+    return x if weight is None else rms_norm(x, weight, c.rms_norm_eps, c.norm_offset)
 
 
 def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask):
     """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]."""
     b, t, _ = h.shape
-    qkv = linear(rms_norm(h, w.attn_norm, c.rms_norm_eps), w.qkv)
+    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
     nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    q = apply_rope(qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), cos, sin)
-    k = apply_rope(qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
+    q = norm(c, qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), w.q_norm)
+    k = norm(c, qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), w.k_norm)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
     cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
-    attn = attention(q, cache.k[layer], cache.v[layer], mask)
-    h = h + linear(attn.reshape(b, t, nq), w.o)
-    gate, up = jnp.split(linear(rms_norm(h, w.mlp_norm, c.rms_norm_eps), w.gate_up), 2, axis=-1)
-    return h + linear(jax.nn.silu(gate) * up, w.down), cache
+    attn = attention(q, cache.k[layer], cache.v[layer], mask, c.query_scale, c.attn_softcap)
+    h = h + norm(c, dense(attn.reshape(b, t, nq), w.o, w.o_bias), w.post_attn_norm)
+    gate, up = jnp.split(dense(norm(c, h, w.mlp_norm), w.gate_up, w.gate_up_bias), 2, axis=-1)
+    act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
+    return h + norm(c, dense(act * up, w.down, w.down_bias), w.post_mlp_norm), cache
 
 
 class Llama(nnx.Module):
@@ -129,21 +170,16 @@ class Llama(nnx.Module):
         self.config = config
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
-        nq = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
 
         def normal(*shape):
             return nnx.Param((std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype))
 
-        def ones(*shape):
-            return nnx.Param(jnp.ones(shape, dtype))
+        def ones(*shape):  # a norm's weight: the identity (zeros where the norm adds norm_offset)
+            return nnx.Param(jnp.full(shape, 1.0 - c.norm_offset, dtype))
 
         self.embed = normal(c.vocab_size, c.hidden_size)
-        self.qkv = normal(L, nq, c.hidden_size)
-        self.o = normal(L, c.hidden_size, c.num_heads * c.head_dim)
-        self.gate_up = normal(L, 2 * c.intermediate_size, c.hidden_size)
-        self.down = normal(L, c.hidden_size, c.intermediate_size)
-        self.attn_norm = ones(L, c.hidden_size)
-        self.mlp_norm = ones(L, c.hidden_size)
+        for name, shape in layer_shapes(c).items():
+            setattr(self, name, ones(L, *shape) if "norm" in name else normal(L, *shape))
         self.norm = ones(c.hidden_size)
         self.lm_head = None if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
 
@@ -155,7 +191,7 @@ class Llama(nnx.Module):
         return new_cache(self.config, batch, max_len, self.dtype)
 
     def layers(self) -> Layers:
-        return Layers(*(getattr(self, n).value for n in Layers._fields))
+        return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
 
     def __call__(
         self,
@@ -169,22 +205,30 @@ class Llama(nnx.Module):
     ) -> tuple[jax.Array | None, KVCache]:  # ([B, T or 1, V] float32 or None, the updated cache)
         c = self.config
         h = jnp.take(self.embed.value, tokens, axis=0)
-        angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_frequencies(c))  # [B, T, D/2]
-        cos = jnp.concatenate([jnp.cos(angles)] * 2, -1)[:, :, None].astype(h.dtype)
-        sin = jnp.concatenate([jnp.sin(angles)] * 2, -1)[:, :, None].astype(h.dtype)
-        mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        if c.embed_scale != 1.0:
+            h = h * jnp.asarray(c.embed_scale, h.dtype)
+        cos, sin = rope_table(c, positions, h.dtype)
+        local = rope_table(c, positions, h.dtype, local=True) if c.local_rope_theta is not None else (cos, sin)
+        slots = jnp.arange(cache.max_len)[None, None, :]
+        mask = slots <= positions[:, :, None]  # [B, T, S]
         kept = np.array([i for i in range(c.num_layers) if i not in set(skip)], np.int32)
+        windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
+        uses_local = jnp.asarray([c.local_rope(i) for i in kept])
         layers = self.layers()
 
-        def layer(carry, i):
+        def layer(carry, xs):
             h, cache = carry
-            w = Layers(*(lax.dynamic_index_in_dim(a, i, keepdims=False) for a in layers))
-            return block(c, w, h, cos, sin, cache, i, positions, mask), None
+            i, window, is_local = xs
+            w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
+            seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
+            cs = (jnp.where(is_local, local[0], cos), jnp.where(is_local, local[1], sin))
+            return block(c, w, h, *cs, cache, i, positions, seen), None
 
-        (h, cache), _ = lax.scan(layer, (h, cache), jnp.asarray(kept))
+        (h, cache), _ = lax.scan(layer, (h, cache), (jnp.asarray(kept), windows, uses_local))
         if not logits:
             return None, cache
         if select is not None:
             h = jnp.take_along_axis(h, select[:, None, None], axis=1)
         head = self.embed.value if self.lm_head is None else self.lm_head.value
-        return linear(rms_norm(h, self.norm.value, c.rms_norm_eps), head).astype(jnp.float32), cache
+        z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
+        return (jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z), cache

@@ -20,7 +20,7 @@ from flax import nnx
 
 from flashspec.weights import embedded_gguf, gguf_cache_dir, load_gguf_cached, load_tokenizer, read_config, read_directory_state
 
-from .model import Layers, Llama, LlamaConfig
+from .model import Llama, LlamaConfig, layer_shapes
 
 
 @dataclass
@@ -50,16 +50,17 @@ def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.floa
         return np.asarray(state[name])
 
     names = {"qkv": "qkv.weight", "o": "o.weight", "gate_up": "gate_up.weight", "down": "down.weight",
-             "attn_norm": "attn_norm", "mlp_norm": "mlp_norm"}
+             "qkv_bias": "qkv.bias", "o_bias": "o.bias", "gate_up_bias": "gate_up.bias", "down_bias": "down.bias"}
     model = nnx.eval_shape(lambda: Llama(config, dtype=dtype))
     put = lambda a: jnp.asarray(a, dtype=dtype)  # noqa: E731
     model.embed = nnx.Param(put(get("embed.weight")))
     model.norm = nnx.Param(put(get("norm")))
-    for field in Layers._fields:
-        stacked = np.stack([get(f"layers.{i}.{names[field]}") for i in range(config.num_layers)])
+    for field in layer_shapes(config):
+        name = names.get(field, field)
+        stacked = np.stack([get(f"layers.{i}.{name}") for i in range(config.num_layers)])
         expected = getattr(model, field).value.shape
         if stacked.shape != expected:
-            raise ValueError(f"layers.*.{names[field]} has shape {stacked.shape[1:]}, the config needs {expected[1:]}")
+            raise ValueError(f"layers.*.{name} has shape {stacked.shape[1:]}, the config needs {expected[1:]}")
         setattr(model, field, nnx.Param(put(stacked)))
     if not config.tie_word_embeddings:
         model.lm_head = nnx.Param(put(get("lm_head.weight")))

@@ -9,7 +9,7 @@ import torch
 
 from flashspec.bandits import POLICIES, BanditConfig
 from flashspec.config import SamplingConfig
-from flashspec.drafts import DRAFT_HELP, LAYERSKIP_DEFAULT, parse_draft, parse_layers
+from flashspec.drafts import DRAFT_HELP, layerskip_layers, parse_draft
 from flashspec.engine import EngineBase
 from flashspec.loop import SpecConfig
 from flashspec.weights import LLAMA_FAMILY, directory_model_type
@@ -100,7 +100,7 @@ class Engine(EngineBase):
         if draft.kind == "ngram":
             return LookupDraft(spec, max_n=draft.max_n)
         if draft.kind == "layerskip":
-            return ModelDraft(spec, model, parse_layers(draft.layers or LAYERSKIP_DEFAULT, model.config.num_layers))
+            return ModelDraft(spec, model, layerskip_layers(draft, model.config.num_layers))
         if draft.kind == "nf4":
             from .nf4 import is_nf4, quantize_nf4
 

@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 2/3, SmolLM2, TinyLlama, ...) with a static KV cache.
+"""The decoder of every supported family (Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3,
+Phi-3) with a static KV cache; the family differences are ``LlamaConfig`` fields.
 
 Every row of a batch has its own positions, so rows that accepted different numbers of drafted
 tokens simply continue from different places: scoring writes K/V at ``positions`` and lets each
@@ -8,14 +9,13 @@ attended before they are overwritten, so "rolling back" rejected tokens costs no
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from flashspec.config import LlamaConfig
 
 from . import gemv as fused
+from .family import family_block, family_logits, family_settings, local_tables, window_masks
 from .layers import add_rms_norm, attention, default_impl, kernel_attends, linear, rope_kv, silu_mul
 
 
@@ -31,23 +31,6 @@ class KVCache(nn.Module):
     @property
     def max_len(self) -> int:
         return self.k.shape[3]
-
-
-def rope_frequencies(config: LlamaConfig) -> torch.Tensor:  # [D/2] float32
-    d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    if config.rope_scaling:
-        s = dict(config.rope_scaling)
-        low_wavelen = s["original_max_position_embeddings"] / s["low_freq_factor"]
-        high_wavelen = s["original_max_position_embeddings"] / s["high_freq_factor"]
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (s["original_max_position_embeddings"] / wavelen - s["low_freq_factor"]) / (
-            s["high_freq_factor"] - s["low_freq_factor"]
-        )
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / s["factor"], inv_freq)
-        mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-        inv_freq = torch.where(mid, (1 - smooth) * scaled / s["factor"] + smooth * scaled, scaled)
-    return inv_freq.float()
 
 
 def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x [..., K] -> [..., N]
@@ -80,12 +63,18 @@ class Block(nn.Module):
     def __init__(self, c: LlamaConfig):
         super().__init__()
         self.c = c
-        self.qkv = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=False)
-        self.o = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.gate_up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
-        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.qkv = nn.Linear(c.hidden_size, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=c.attention_bias)
+        self.o = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias)
+        self.gate_up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=c.mlp_bias)
+        self.down = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias)
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size))
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
+        if c.qk_norm:
+            self.q_norm, self.k_norm = nn.Parameter(torch.ones(c.head_dim)), nn.Parameter(torch.ones(c.head_dim))
+        if c.sandwich_norms:
+            self.post_attn_norm = nn.Parameter(torch.ones(c.hidden_size))
+            self.post_mlp_norm = nn.Parameter(torch.ones(c.hidden_size))
+        self.family = bool(c.kernel_blockers)  # a feature the layer kernels lack: flashspec_torch.family runs it
 
     def forward(self, h, d, cos, sin, k_cache, v_cache, positions, mask, attend_len: int, impl: str, linear_impl: str,
                 pdl: bool = False, fused_projs: frozenset[str] = FUSABLE, fused_rows: int = fused.MAX_ROWS):
@@ -99,6 +88,8 @@ class Block(nn.Module):
         run by cuBLAS after the separate add_rms_norm / silu_mul kernels. ``pdl`` goes to every
         Triton kernel of the layer."""
         c = self.c
+        if self.family:
+            return family_block(self, h, d, cos, sin, k_cache, v_cache, positions, mask)
         on = frozenset()  # the cheap test first: this runs per layer and per token on the CPU too
         if linear_impl == "fused" and fused_projs:
             names = tuple(n for n in ("qkv", "o", "gate_up", "down") if n in fused_projs)
@@ -131,7 +122,6 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
         self.skip: frozenset[int] = frozenset()  # layers a layer-skipping draft leaves out
         self.impl: str | None = None  # layer kernels: "triton" (fused) or "reference"; None: by device
         # projections of a few rows: "reference" (cuBLAS), "triton" (layers.skinny_linear), or "fused"
@@ -153,6 +143,8 @@ class Llama(nn.Module):
         in the whole step: all five at hidden 576 (SmolLM2-135M), o and down at 2048 (TinyLlama-1.1B), none
         from 4096 (docs/engine_notes.md has the figures). ``row_invariant`` (CUDA): all five products fused
         at up to 8 rows instead."""
+        if self.config.kernel_blockers:
+            return family_settings(self)
         explicit = self.linear_impl is not None
         if explicit and self.linear_impl not in LINEAR_IMPLS:
             raise ValueError(f"linear_impl={self.linear_impl!r} must be one of {LINEAR_IMPLS} (or None: by device)")
@@ -172,17 +164,20 @@ class Llama(nn.Module):
         rows = self.fused_rows or (fused.MAX_ROWS if explicit else 1)
         return linear_impl, True if self.pdl is None else self.pdl, subset, rows
 
-    def rope_tables(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [P, D] cos, sin in like's dtype
-        """cos and sin of every position up to max_position_embeddings, built on first use (per
-        device and dtype) and then only gathered: two launches per forward instead of eight. Each
-        entry is what ``cat([cos(p f)] * 2).to(dtype)`` of the position alone gives (elementwise)."""
-        tables = getattr(self, "_rope", None)
+    def rope_tables(self, like: torch.Tensor, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # [P, D] cos, sin
+        """cos and sin (in like's dtype) of every position up to max_position_embeddings, built on
+        first use (per device and dtype) and then only gathered: two launches per forward instead of
+        eight. Each entry is what ``(cat([cos(p f)] * 2) * scaling).to(dtype)`` of the position alone
+        gives (elementwise; ``f, scaling = config.rope(local)``, the scaling 1 but for yarn / longrope)."""
+        attr = "_rope_local" if local else "_rope"
+        tables = getattr(self, attr, None)
         if tables is None or tables[0].device != like.device or tables[0].dtype != like.dtype:
+            inv_freq, scaling = self.config.rope(local)
             # past the context too: finished rows and graphed steps may index a few slots beyond it
             p = torch.arange(max(512, self.config.max_position_embeddings) + 512, device=like.device)
-            angles = p[:, None].float() * self.inv_freq.to(like.device)  # [P, D/2]
-            tables = tuple(torch.cat([f(angles)] * 2, -1).to(like.dtype) for f in (torch.cos, torch.sin))
-            self._rope = tables  # graphs captured with these keep reading them: never replaced on one device
+            angles = p[:, None].float() * torch.from_numpy(inv_freq).to(like.device)  # [P, D/2]
+            tables = tuple((torch.cat([f(angles)] * 2, -1) * scaling).to(like.dtype) for f in (torch.cos, torch.sin))
+            setattr(self, attr, tables)  # graphs captured with these keep reading them: never replaced on one device
         return tables
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
@@ -200,21 +195,31 @@ class Llama(nn.Module):
         skip: frozenset[int] | None = None,
     ) -> torch.Tensor | None:  # [B, logits_last or T or 1, V] float32
         skip = self.skip if skip is None else skip
+        c = self.config
         h = self.embed(tokens)
+        if c.embed_scale != 1.0:
+            h = h * torch.tensor(c.embed_scale, dtype=h.dtype)
         cos_table, sin_table = self.rope_tables(h)
         cos, sin = cos_table[positions], sin_table[positions]  # [B, T, D]
+        local = local_tables(self, h, positions)  # Gemma 3's sliding layers: (cos, sin) of their own RoPE, or None
         impl = self.impl or default_impl(h.device)
-        c = self.config
+        if c.kernel_blockers:
+            if self.impl == "triton":
+                raise ValueError(f"impl='triton': the layer kernels do not implement {c.kernel_blockers}; leave "
+                                 "model.impl None (the plain torch layers run this model)")
+            impl = "reference"
         mask = None  # the attention kernel needs none: skip its two launches
         if not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
             slots = torch.arange(attend_len, device=tokens.device)
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
+        masks = window_masks(c, mask, positions)  # per sliding window: its mask
         linear_impl, pdl, fused_projs, fused_rows = self.decode_settings(h.device)
         d = None
         for i, layer in enumerate(self.layers):
             if i not in skip:
-                h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, attend_len, impl, linear_impl,
-                             pdl, fused_projs, fused_rows)
+                cs = local if c.local_rope(i) else (cos, sin)
+                h, d = layer(h, d, *cs, cache.k[i], cache.v[i], positions, masks.get(c.window(i), mask), attend_len,
+                             impl, linear_impl, pdl, fused_projs, fused_rows)
         if logits_last == 0:
             return None
         if select is not None:
@@ -222,6 +227,8 @@ class Llama(nn.Module):
             d = None if d is None else d.gather(1, select[:, None, None].expand(-1, 1, d.shape[-1]))
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
+        if c.kernel_blockers:
+            return family_logits(self, h, d)
         if "lm_head" in fused_projs and fusable(h, linear_impl, fused_rows, self.lm_head):
             return fused.gemv_add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, self.lm_head.weight, pdl=pdl)[0].float()
         _, x = add_rms_norm(h, d, self.norm, self.config.rms_norm_eps, impl, pdl)

@@ -60,7 +60,8 @@ def quantize_block(src: Block, blocksize: int) -> Block:
         blk = Block(src.c)
     for name in PROJECTIONS:
         setattr(blk, name, NF4Linear(getattr(src, name), blocksize))
-    blk.attn_norm, blk.mlp_norm = src.attn_norm, src.mlp_norm
+    for name, param in src.named_parameters(recurse=False):  # the norms
+        setattr(blk, name, param)
     return blk
 
 
@@ -73,7 +74,6 @@ def quantize_nf4(model: Llama, blocksize: int = 64) -> Llama:
         q = Llama(model.config)
     q.embed, q.norm, q.lm_head = model.embed, model.norm, model.lm_head
     q.layers = nn.ModuleList(quantize_block(b, blocksize) for b in model.layers)
-    q.inv_freq = model.inv_freq
     q._rope = model.rope_tables(model.embed.weight)  # shared, not rebuilt (bf16, head_dim 128: 4.5 MB at an 8K context, 67 MB at 128K)
     left = [n for n, t in [*q.named_parameters(), *q.named_buffers()] if t.is_meta]
     if left:
@@ -89,7 +89,7 @@ def dequantize_nf4(model: Llama) -> Llama:
     """The plain reference: the same model with each NF4 weight expanded back into an nn.Linear."""
     with torch.device("meta"):
         ref = Llama(model.config)
-    ref.embed, ref.norm, ref.lm_head, ref.inv_freq = model.embed, model.norm, model.lm_head, model.inv_freq
+    ref.embed, ref.norm, ref.lm_head = model.embed, model.norm, model.lm_head
     layers = []
     for src in model.layers:
         with torch.device("meta"):
@@ -99,7 +99,8 @@ def dequantize_nf4(model: Llama) -> Llama:
             lin = nn.Linear(layer.in_features, layer.out_features, bias=False, device=layer.packed.device)
             lin.weight = nn.Parameter(layer.dequantized(), requires_grad=False)
             setattr(blk, name, lin)
-        blk.attn_norm, blk.mlp_norm = src.attn_norm, src.mlp_norm
+        for name, param in src.named_parameters(recurse=False):  # the norms
+            setattr(blk, name, param)
         layers.append(blk)
     ref.layers = nn.ModuleList(layers)
     return ref.eval()

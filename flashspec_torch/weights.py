@@ -14,7 +14,7 @@ import torch
 
 from flashspec.weights import convert_state_dict, embedded_gguf, load_gguf_cached, load_tokenizer, read_config, read_shards
 
-from .model import Llama, LlamaConfig, rope_frequencies
+from .model import Llama, LlamaConfig
 
 
 @dataclass
@@ -40,13 +40,11 @@ def build(config: LlamaConfig, state: dict[str, torch.Tensor], dtype: torch.dtyp
         raise ValueError(f"weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
-    model = model.to(dtype=dtype).eval().requires_grad_(False)
-    model.inv_freq = rope_frequencies(config).to(device)  # buffers made on "meta" hold no values
-    return model
+    return model.to(dtype=dtype).eval().requires_grad_(False)
 
 
 def from_transformers(hf_model, dtype=torch.float32, device="cpu", tokenizer=None, name="transformers") -> LoadedModel:
-    """Wrap the weights of a transformers Llama-family model object (copied to our layout)."""
+    """Wrap the weights of a transformers model object of a supported family (copied to our layout)."""
     config = LlamaConfig.from_hf(hf_model.config)
     state = {k: v.detach() for k, v in hf_model.state_dict().items()}
     return LoadedModel(build(config, fused(state, config), dtype, device), tokenizer, name)

@@ -259,20 +259,21 @@ def add_generate(sub) -> None:
     from .bandits import POLICIES
 
     p = sub.add_parser("generate", help="generate text with speculative decoding",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Generate with the embedded SmolLM2-135M-Instruct (or --target) and adaptive drafts.")
-    p.add_argument("prompt")
-    p.add_argument("--backend", choices=("torch", "jax"), default="torch")
+    p.add_argument("prompt", help="the prompt; - reads it from standard input")
+    p.add_argument("--backend", choices=("torch", "jax"), default="torch", help="the engine")
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | PATH; repeat for several (default ngram)")
-    p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token")
-    p.add_argument("--gamma", type=positive_int, default=4)
-    p.add_argument("--temperature", type=non_negative_float, default=0.7)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=probability, default=1.0)
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--seed", type=seed_int, default=0)
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | PATH; repeat for several (None: ngram)")
+    p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token", help="how a draft is chosen per step")
+    p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step")
+    p.add_argument("--temperature", type=non_negative_float, default=0.7, help="sampling temperature; 0 is greedy")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling's mass; 1.0 is off")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most")
+    p.add_argument("--seed", type=seed_int, default=0, help="the request's seed")
     p.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding (the baseline)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
@@ -294,8 +295,10 @@ def check_generate_args(args) -> None:
         SpecConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens)
     except ValueError as e:
         raise UsageError(str(e).replace("self.", "--").replace("_", "-")) from None
+    if args.prompt == "-":
+        args.prompt = sys.stdin.read()
     if not args.prompt.strip():
-        raise UsageError("the prompt must be a non-empty string")
+        raise UsageError("the prompt must be a non-empty string" + (" (standard input was empty)" if args.prompt == "" else ""))
 
 
 def run_generate(args) -> int:
@@ -344,19 +347,23 @@ def run_generate(args) -> int:
         print(f"flashspec generate: interrupted after {result['new_tokens']} tokens", file=sys.stderr)
         return 130
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, allow_nan=False))  # valid JSON: no statistic is NaN (null where undefined)
         return 0
     print(result["text"])
     lat = result["step_latency_ms"]
-    acc = result["acceptance"]
-    print(f"\n-- {result['new_tokens']} tokens in {result['wall_s']:.2f} s ({result['tokens_per_s']:.1f} tok/s), "
-          f"{result['steps']} steps, acceptance {acc:.2f}, step p50 {lat['p50']:.1f} ms / p90 {lat['p90']:.1f} ms, "
+    acc = "none drafted" if result["acceptance"] is None else f"{result['acceptance']:.2f}"
+    rate = "-" if result["tokens_per_s"] is None else f"{result['tokens_per_s']:.1f}"
+    print(f"\n-- {result['new_tokens']} tokens in {result['wall_s']:.2f} s ({rate} tok/s), "
+          f"{result['steps']} steps, acceptance {acc}, step p50 {lat['p50']:.1f} ms / p90 {lat['p90']:.1f} ms, "
           f"pulls {result['arm_pulls']}", file=sys.stderr)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = Parser(prog="flashspec", description="Exact, adaptive speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"flashspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     add_generate(sub)

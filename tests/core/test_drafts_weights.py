@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from flashspec.config import LlamaConfig
-from flashspec.drafts import DraftSpec, not_implemented, parse_draft, parse_layers
+from flashspec.drafts import (BACKEND_DRAFTS, DRAFT_KINDS, DraftSpec, layerskip_layers, not_implemented,
+                              parse_draft, parse_layers)
 from flashspec.weights import convert_state_dict, unpermute_rows
 
 
@@ -36,7 +37,18 @@ def test_parse_layers():
 
 
 def test_not_implemented_names_the_draft_and_the_backend():
-    assert "'nf4' (nf4) is not implemented by the jax backend" in str(not_implemented(parse_draft("nf4"), "jax"))
+    text = str(not_implemented(parse_draft("nf4"), "jax"))
+    assert "'nf4' is not implemented by the jax backend" in text and "use --backend torch" in text
+    assert "nf4" not in text.split("builds")[1].split(";")[0]  # the list it gives is true for jax
+
+
+def test_both_backends_take_the_same_draft_names():
+    """One list: every draft kind is built by some backend, and layerskip needs no layers on either."""
+    assert set(DRAFT_KINDS) == {k for kinds in BACKEND_DRAFTS.values() for k in kinds}
+    assert set(BACKEND_DRAFTS) == {"torch", "jax"}
+    assert layerskip_layers(parse_draft("layerskip"), 30) == {25}  # the embedded model's searched default
+    assert layerskip_layers(parse_draft("layerskip"), 2) == {1}
+    assert layerskip_layers(parse_draft("layerskip:0"), 2) == {0}
 
 
 def llama_cpp_permute(w, heads):  # llama.cpp's convert_hf_to_gguf.py LlamaModel.permute

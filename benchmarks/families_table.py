@@ -1,0 +1,64 @@
+"""README's family table and guard list (issue #38): each supported family as a tiny random model
+saved by transformers (flashspec.family_cases), run by FlashSpec's torch and JAX engines on the CPU
+in float32 and compared with transformers; then flashspec.families.GUARDS.
+
+    python benchmarks/families_table.py [--out results.json]
+
+Prints two Markdown tables; --out also writes the rows as JSON (with versions and the date).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import tempfile
+from pathlib import Path
+
+from flashspec.families import GUARDS
+from flashspec.family_cases import CASES, parity, save_case
+
+
+def rows(backends: tuple[str, ...]) -> list[dict]:
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_type in CASES:
+            hf = save_case(model_type, Path(tmp) / model_type)
+            out += [parity(model_type, b, Path(tmp) / model_type, hf) for b in backends]
+    return out
+
+
+def markdown(found: list[dict]) -> str:
+    lines = ["| family | source | backend | logits max error vs transformers | greedy 64 identical | "
+             "speculation identical (drafts) |", "|---|---|---|---|---|---|"]
+    for r in found:
+        lines.append(f"| {r['family']} | HF dir | {r['backend']} | {r['logits_max_error']:.1e} | "
+                     f"{'yes' if r['greedy_identical'] else 'NO'} | "
+                     f"{'yes' if r['speculation_identical'] else 'NO'} ({', '.join(r['drafts'])}) |")
+    lines += ["", "| family | config field | value tested | outcome |", "|---|---|---|---|"]
+    for model_type, field, value, outcome in GUARDS:
+        lines.append(f"| {model_type} | `{field}` | `{json.dumps(value)[:60]}` | {outcome} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    p.add_argument("--backends", default="torch,jax", help="comma-separated (default torch,jax)")
+    args = p.parse_args()
+    found = rows(tuple(args.backends.split(",")))
+    print(markdown(found))
+    if args.out:
+        import torch
+        import transformers
+
+        doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),
+               "torch": torch.__version__, "transformers": transformers.__version__, "dtype": "float32",
+               "device": "cpu", "rows": found,
+               "guards": [dict(zip(("family", "field", "value", "outcome"), g)) for g in GUARDS]}
+        args.out.write_text(json.dumps(doc, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
