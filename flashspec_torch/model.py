@@ -198,7 +198,8 @@ class Llama(nn.Module):
         logits_last: int | None = None,  # compute logits for the last `logits_last` tokens only (0: none)
         select: torch.Tensor | None = None,  # [B]: compute logits at this token index of each row only
         skip: frozenset[int] | None = None,
-    ) -> torch.Tensor | None:  # [B, logits_last or T or 1, V] float32
+        hidden: tuple[int, ...] = (),  # also return the residual stream after these layers (a draft head's input)
+    ):  # [B, logits_last or T or 1, V] float32 or None; with ``hidden``: (that, [B, T, len(hidden) * C])
         skip = self.skip if skip is None else skip
         h = self.embed(tokens)
         cos_table, sin_table = self.rope_tables(h)
@@ -210,11 +211,21 @@ class Llama(nn.Module):
             slots = torch.arange(attend_len, device=tokens.device)
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         linear_impl, pdl, fused_projs, fused_rows = self.decode_settings(h.device)
-        d = None
+        d, states = None, {}
         for i, layer in enumerate(self.layers):
             if i not in skip:
                 h, d = layer(h, d, cos, sin, cache.k[i], cache.v[i], positions, mask, attend_len, impl, linear_impl,
                              pdl, fused_projs, fused_rows)
+            if i in hidden:
+                states[i] = h if d is None else h + d
+        if hidden:
+            return self.forward_logits(h, d, logits_last, select), torch.cat([states[i] for i in hidden], -1)
+        return self.forward_logits(h, d, logits_last, select)
+
+    def forward_logits(self, h, d, logits_last: int | None, select: torch.Tensor | None):
+        """``forward``'s last part: the final norm and the LM head over the residual stream h + d [B, T, C]."""
+        impl = self.impl or default_impl(h.device)
+        linear_impl, pdl, fused_projs, fused_rows = self.decode_settings(h.device)
         if logits_last == 0:
             return None
         if select is not None:
