@@ -16,6 +16,7 @@ of tokens outside ``token_ids`` are OUTSIDE (exp underflows to 0 in float32 at a
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -226,3 +227,24 @@ def load_head(path: str | Path, target: LlamaConfig) -> tuple[DraftHead, dict]:
     head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), state["token_ids"])
     head.load_state_dict({k: v.float() if k != "token_ids" else v for k, v in state.items()})
     return head, meta
+
+
+def fingerprint(target: Llama) -> float:
+    """mean |embedding|: tells two targets of the same shape apart."""
+    return float(target.embed.weight.detach().double().abs().mean())
+
+
+def load_draft_head(name: str, directory: str, target: Llama) -> HeadDraft:
+    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``."""
+    from flashspec.drafts import SHIPPED_HEAD
+
+    path = Path(directory) if directory else SHIPPED_HEAD
+    if not directory and not SHIPPED_HEAD.is_file():
+        raise ValueError(f"draft 'head': no trained head ships with this install ({SHIPPED_HEAD} is missing); "
+                         "train one with `flashspec train-head --out DIR` and use --draft head:DIR")
+    head, meta = load_head(path, target.config)
+    trained = json.loads(meta.get("extra", "{}")).get("fingerprint")
+    if trained is not None and not math.isclose(trained, fingerprint(target), rel_tol=0.02):
+        raise ValueError(f"draft {name!r}: the head at {path} was trained for {meta.get('target_name')!r}, whose weights "
+                         "differ from this target's: train a head for it with `flashspec train-head --target MODEL --out DIR`")
+    return HeadDraft(name, head, target)
