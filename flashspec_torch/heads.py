@@ -25,7 +25,7 @@ from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
 
-from .drafts import Proposal, Sequences
+from .drafts import ModelDraft, Proposal, Sequences
 from .layers import default_impl, kernel_attends, rms_norm
 from .model import Block, KVCache, Llama, project
 from .sampling import sample
@@ -134,13 +134,8 @@ class HeadDraft:
         self.valid.zero_()  # positions < valid hold K/V made from the target's features
         self.used_at: int | None = None
 
-    def catch_up_bound(self, seqs: Sequences, gamma: int) -> int:
-        if self.used_at is None:
-            return seqs.max_len_bound
-        return (seqs.step - self.used_at) * (gamma + 1) + 2
-
-    def lagging(self, seqs: Sequences) -> bool:
-        return self.used_at is None or self.used_at != seqs.step - 1
+    # the same lazy catch-up bookkeeping as a model draft (used_at, one step behind at most)
+    catch_up_bound, lagging, mark_used = ModelDraft.catch_up_bound, ModelDraft.lagging, ModelDraft.mark_used
 
     def feed(self, seqs: Sequences, start: torch.Tensor, chunk: int, attend: int, select=None):
         """Head positions start .. start + chunk - 1 from the tokens and the target's features."""
@@ -180,9 +175,6 @@ class HeadDraft:
                 s, w = s[:, 0], w[:, 0]
         self.valid.copy_(length)
         return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
-
-    def mark_used(self, seqs: Sequences) -> None:
-        self.used_at = seqs.step
 
 
 # -- files
