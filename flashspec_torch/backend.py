@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashspec.backend import StepView
+from flashspec.backend import FeatureDraft, StepView
 from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult
 from flashspec.random import FINAL
@@ -158,6 +158,7 @@ class TorchBackend:
                 )
         self.target, self.drafts = target, list(drafts)
         self.draft_names = [d.name for d in self.drafts]
+        self.hidden = feature_layers(self.drafts)  # target layers whose residual stream the drafts read
         self.device = target.embed.weight.device
         self.eos = torch.tensor(sorted(set(eos_ids)) or [-1], dtype=torch.int64, device=self.device)
         self.verify_impl = verify_impl
@@ -191,7 +192,7 @@ class TorchBackend:
         self.bad.zero_()
         if longest > 1:  # K/V of every prompt token but the last (the first step feeds the last)
             pos = torch.arange(longest - 1, device=dev)[None].expand(b, -1)
-            self.target(seqs.tokens[:, : longest - 1], pos, self.cache, longest - 1, logits_last=0)
+            self.run_target(seqs.tokens[:, : longest - 1], pos, longest - 1, logits_last=0)
         for d in self.drafts:
             d.start(b, self.shape[1])
 
@@ -203,6 +204,9 @@ class TorchBackend:
         dev = self.device
         i64 = dict(dtype=torch.int64, device=dev)
         self.seqs = Sequences(torch.zeros((batch, s_max), **i64), torch.zeros(batch, **i64), 0)
+        if self.hidden:
+            width = len(self.hidden) * self.target.config.hidden_size
+            self.seqs.features = torch.zeros((batch, s_max, width), dtype=self.target.embed.weight.dtype, device=dev)
         self.prompt_len = torch.zeros(batch, **i64)
         self.max_new = torch.zeros((), **i64)
         self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
@@ -218,7 +222,7 @@ class TorchBackend:
 
     def state(self) -> list[torch.Tensor]:
         """What a step writes besides the KV caches (whose rewrites are idempotent)."""
-        valid = [d.valid for d in self.drafts if isinstance(d, ModelDraft)]
+        valid = [d.valid for d in self.drafts if isinstance(d, (ModelDraft, FeatureDraft))]
         return [self.seqs.tokens, self.seqs.length, self.done, self.active, self.bad, *valid]
 
     def attend(self, extra: int) -> int:  # a host bound on the slots any query may see
@@ -295,7 +299,18 @@ class TorchBackend:
         g = proposal.tokens.shape[1]
         last = self.seqs.tokens.gather(1, (length - 1)[:, None])
         pos = (length - 1)[:, None] + torch.arange(g + 1, device=self.device)
-        return self.target(torch.cat([last, proposal.tokens], 1), pos, self.cache, self.attend(g))
+        return self.run_target(torch.cat([last, proposal.tokens], 1), pos, self.attend(g))
+
+    def run_target(self, tokens, pos, attend: int, logits_last: int | None = None):
+        """The target over tokens [B, T] at pos [B, T]; with feature drafts, its hidden states at
+        ``self.hidden`` go into ``seqs.features`` at pos (clamped into the buffer: rows past the end are
+        finished)."""
+        if not self.hidden:
+            return self.target(tokens, pos, self.cache, attend, logits_last=logits_last)
+        z, feats = self.target(tokens, pos, self.cache, attend, logits_last=logits_last, hidden=self.hidden)
+        f = self.seqs.features
+        f.scatter_(1, pos.clamp(max=f.shape[1] - 1)[..., None].expand(-1, -1, f.shape[-1]), feats.to(f.dtype))
+        return z
 
     def verify(self, target_logits, proposal: Proposal, sampling: SamplingConfig, seed, offset) -> VerifyResult:
         target_logits, logits, logprobs = screen(self.bad, target_logits, proposal.logits, proposal.logprobs)
@@ -318,7 +333,7 @@ class TorchBackend:
     def sample_next(self, sampling: SamplingConfig, seed, offset) -> VerifyResult:
         length = self.seqs.length
         last = self.seqs.tokens.gather(1, (length - 1)[:, None])
-        z = self.target(last, (length - 1)[:, None], self.cache, self.attend(0))[:, 0]
+        z = self.run_target(last, (length - 1)[:, None], self.attend(0))[:, 0]
         if sampling.greedy:  # screen + argmax: one launch on a GPU instead of about ten
             triton = (self.commit_impl or default_impl(self.device)) == "triton"
             return (greedy_next_triton if triton else greedy_next_reference)(z, self.bad)
@@ -354,6 +369,14 @@ class TorchBackend:
         tokens = self.seqs.tokens.cpu().numpy()
         start, end = self.prompt_len.cpu().numpy(), self.seqs.length.cpu().numpy()
         return [tokens[b, start[b] : end[b]].tolist() for b in range(len(start))]
+
+
+def feature_layers(drafts) -> tuple[int, ...]:
+    """The target layers every FeatureDraft among ``drafts`` reads (they must agree: one buffer serves all)."""
+    wanted = {tuple(d.feature_layers) for d in drafts if isinstance(d, FeatureDraft)}
+    if len(wanted) > 1:
+        raise ValueError(f"draft heads reading different target layers {sorted(wanted)} cannot share one engine")
+    return wanted.pop() if wanted else ()
 
 
 def commit_reference(

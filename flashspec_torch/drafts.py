@@ -39,6 +39,9 @@ class Sequences:
     length: torch.Tensor  # [B] int64: tokens held per row; the last one is not yet in any cache
     max_len_bound: int  # host-side upper bound of length over rows (no device read needed)
     step: int = 0
+    # [B, S, F]: the target's residual stream after the layers its FeatureDrafts read (flashspec.backend),
+    # per position it has fed; None when no draft reads them
+    features: torch.Tensor | None = None
 
 
 class Stateless:

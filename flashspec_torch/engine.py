@@ -107,6 +107,10 @@ class Engine(EngineBase):
             return ModelDraft("nf4", model if is_nf4(model) else quantize_nf4(model))
         if draft.kind == "self":
             return ModelDraft("self", model)
+        if draft.kind == "head":
+            from .heads import load_draft_head
+
+            return load_draft_head(spec, draft.path, model)
         if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
             hf = load_transformers_directory(spec, self.dtype, self.device)
             hf.config.name_or_path = Path(spec).name

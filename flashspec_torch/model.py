@@ -193,7 +193,8 @@ class Llama(nn.Module):
         logits_last: int | None = None,  # compute logits for the last `logits_last` tokens only (0: none)
         select: torch.Tensor | None = None,  # [B]: compute logits at this token index of each row only
         skip: frozenset[int] | None = None,
-    ) -> torch.Tensor | None:  # [B, logits_last or T or 1, V] float32
+        hidden: tuple[int, ...] = (),  # also return the residual stream after these layers (a draft head's input)
+    ):  # [B, logits_last or T or 1, V] float32 or None; with ``hidden``: (that, [B, T, len(hidden) * C])
         skip = self.skip if skip is None else skip
         c = self.config
         h = self.embed(tokens)
@@ -214,12 +215,23 @@ class Llama(nn.Module):
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         masks = window_masks(c, mask, positions)  # per sliding window: its mask
         linear_impl, pdl, fused_projs, fused_rows = self.decode_settings(h.device)
-        d = None
+        d, states = None, {}
         for i, layer in enumerate(self.layers):
             if i not in skip:
                 cs = local if c.local_rope(i) else (cos, sin)
                 h, d = layer(h, d, *cs, cache.k[i], cache.v[i], positions, masks.get(c.window(i), mask), attend_len,
                              impl, linear_impl, pdl, fused_projs, fused_rows)
+            if i in hidden:
+                states[i] = h if d is None else h + d
+        if hidden:
+            return self.forward_logits(h, d, logits_last, select), torch.cat([states[i] for i in hidden], -1)
+        return self.forward_logits(h, d, logits_last, select)
+
+    def forward_logits(self, h, d, logits_last: int | None, select: torch.Tensor | None):
+        """``forward``'s last part: the final norm and the LM head over the residual stream h + d [B, T, C]."""
+        c = self.config
+        impl = self.impl or default_impl(h.device)
+        linear_impl, pdl, fused_projs, fused_rows = self.decode_settings(h.device)
         if logits_last == 0:
             return None
         if select is not None:

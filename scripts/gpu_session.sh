@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax stash embedded flashinfer
+#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax stash embedded head flashinfer
 #   (default: tests engine profile kernels jax checks).
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB): `stash` keeps
 #   .carry_a/gguf.part_a in /tmp/fs on the device; the next call (back to back, while the machine
 #   is warm) carries .carry_b/ (gguf.part_b, gguf.sha256, the gguf and accelerate wheels) and its
-#   `embedded` step reassembles the file, checks its hash and runs engine_gpu_embedded.py.
+#   `embedded` step reassembles the file, checks its hash and runs engine_gpu_embedded.py; `head` does the
+#   same and trains the draft head (benchmarks/train_head_gpu.py, about 8 min; $OUT/head/).
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
 # `flashspec` is the tree's shared/flashspec/ folder: shared/ goes on PYTHONPATH.
 # TREE=path runs another checkout's code (e.g. a branch exported with git archive).
@@ -38,6 +39,12 @@ for step in $steps; do
            && PYTHONPATH=$PYTHONPATH:/tmp/site2 FLASHSPEC_CACHE=/tmp/fscache timeout ${EMBEDDED_TIMEOUT:-420} \
               python3 benchmarks/engine_gpu_embedded.py --gguf /tmp/fs/model.gguf ${EMBEDDED_ARGS:-} > "$OUT/engine_gpu_embedded.log" 2>&1; \
            tail -14 "$OUT/engine_gpu_embedded.log" ;;
+    head) cat /tmp/fs/gguf.part_a .carry_b/gguf.part_b > /tmp/fs/model.gguf \
+           && echo "$(cat .carry_b/gguf.sha256)  /tmp/fs/model.gguf" | sha256sum -c \
+           && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 .carry_b/*.whl \
+           && PYTHONPATH=$PYTHONPATH:/tmp/site2 FLASHSPEC_CACHE=/tmp/fscache timeout ${HEAD_TIMEOUT:-530} \
+              python3 benchmarks/train_head_gpu.py --gguf /tmp/fs/model.gguf --out "$OUT/head" ${HEAD_ARGS:-} > "$OUT/train_head_gpu.log" 2>&1; \
+           tail -8 "$OUT/train_head_gpu.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -27,6 +27,20 @@ class StepView:
     bad: np.ndarray | None = None  # [B] uint8: flashspec.faults bits, the model(s) whose logits were not finite
 
 
+@runtime_checkable
+class FeatureDraft(Protocol):
+    """A draft that drafts from the target's hidden states (an EAGLE-style head).
+
+    A backend given such a draft keeps, for every position it has fed to the target (prefill,
+    every scoring pass, every plain decoding step), the target's residual stream after each layer
+    of ``feature_layers`` (concatenated in that order), in the token history it hands its drafts
+    (the torch backend: ``Sequences.features``, [B, S, len(feature_layers) * C]). Entries past a
+    row's committed tokens are stale and rewritten before they are read, as K/V are. A backend
+    without such drafts computes and keeps nothing more."""
+
+    feature_layers: tuple[int, ...]  # target layers, each in [0, num_layers)
+
+
 class StepHandle(Protocol):
     def fetch(self) -> StepView:
         """Block until the step's small results are on the host (called one step late)."""

@@ -266,7 +266,7 @@ def add_generate(sub) -> None:
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | PATH; repeat for several (None: ngram)")
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR] | PATH; repeat for several (None: ngram)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token", help="how a draft is chosen per step")
     p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step")
     p.add_argument("--temperature", type=non_negative_float, default=0.7, help="sampling temperature; 0 is greedy")
@@ -302,6 +302,7 @@ def check_generate_args(args) -> None:
 
 
 def run_generate(args) -> int:
+    from .drafts import default_drafts
     from .engine import engine_class
 
     check_generate_args(args)
@@ -311,7 +312,7 @@ def run_generate(args) -> int:
             raise UsageError(f"--row-invariant is an option of the torch backend (its fused products), "
                              f"not of --backend {args.backend}; use --backend torch")
         options["row_invariant"] = True
-    eng = engine_class(args.backend)(args.target, tuple(args.draft or ("ngram",)), policy=args.policy,
+    eng = engine_class(args.backend)(args.target, tuple(args.draft or default_drafts(args.backend)), policy=args.policy,
                                      device=args.device, **options)
     show = sys.stderr.isatty()
     counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}
@@ -369,7 +370,42 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_bandit_sim(sub)
     add_bench(sub)
+    add_train_head(sub)
     return parser
+
+
+def add_train_head(sub) -> None:
+    p = sub.add_parser("train-head", help="train an EAGLE-style draft head for a target by self-distillation",
+                       description="The target continues an offline prompt corpus (stdlib code, pydoc topics, chat "
+                                   "instructions); a one-layer head learns its next-token law. docs/draft_head.md.")
+    p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True, help="directory for head.safetensors, history.json, report.json, loss.png")
+    p.add_argument("--steps", type=positive_int, default=2000)
+    p.add_argument("--seconds", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
+    p.add_argument("--vocab", type=int, default=8192, help="the head's vocabulary: most frequent tokens (0: all)")
+    p.add_argument("--feature-layers", type=ints, default=None, help="target layers the head reads (default: low,mid,top)")
+    p.add_argument("--train-prompts", type=positive_int, default=600, help="training prompts per domain")
+    p.add_argument("--eval-prompts", type=positive_int, default=40, help="held-out prompts per domain")
+    p.add_argument("--new-tokens", type=positive_int, default=128, help="tokens the target generates per prompt")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--passes", type=positive_int, default=3, help="training-time-test depth")
+    p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.set_defaults(run=run_train_head)
+
+
+def run_train_head(args) -> int:
+    try:
+        from flashspec_torch.head_job import run_train_head as job
+        from flashspec_torch.head_train import TrainConfig
+    except ImportError as e:
+        raise ImportError(f"train-head needs the torch backend: pip install 'flashspec[torch]' ({e})") from None
+    cfg = TrainConfig(feature_layers=args.feature_layers, vocab=args.vocab, new_tokens=args.new_tokens, batch=args.batch,
+                      steps=args.steps, seconds=args.seconds, lr=args.lr, passes=args.passes, seed=args.seed)
+    job(args.out, cfg, target=args.target, train_per_domain=args.train_prompts, eval_per_domain=args.eval_prompts,
+        device=args.device, log=lambda line: print(line, file=sys.stderr, flush=True))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

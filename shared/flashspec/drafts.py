@@ -7,15 +7,26 @@ Each backend builds the drafts it implements from a ``DraftSpec`` and refuses th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 DRAFT_HELP = (
-    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | PATH (a model directory or .gguf sharing the tokenizer) "
+    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | head[:DIR] (a trained draft head) | PATH (a model directory or .gguf sharing the tokenizer) "
     "| a transformers model object (Python API)"
 )
 TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
 
-DRAFT_KINDS = ("ngram", "layerskip", "nf4", "self", "path")
+DRAFT_KINDS = ("ngram", "layerskip", "nf4", "self", "head", "path")
 BACKEND_DRAFTS = {"torch": DRAFT_KINDS, "jax": ("ngram", "layerskip", "self", "path")}  # what each backend builds
+
+# The draft head trained for the embedded model ships here (``flashspec train-head``; docs/draft_head.md).
+SHIPPED_HEAD = Path(__file__).parent / "heads" / "smollm2-135m" / "head.safetensors"
+# The switch: True once SHIPPED_HEAD is committed, so that `flashspec generate` drafts with it by default.
+HEAD_IN_DEFAULTS = False
+
+
+def default_drafts(backend: str) -> tuple[str, ...]:
+    """The CLI's drafts when none is named: the shipped head (torch, once HEAD_IN_DEFAULTS) and ngram."""
+    return ("head", "ngram") if HEAD_IN_DEFAULTS and backend == "torch" else ("ngram",)
 
 
 @dataclass(frozen=True)
@@ -27,7 +38,7 @@ class DraftSpec:
     kind: str
     max_n: int = 3
     layers: str = ""
-    path: str = ""
+    path: str = ""  # a PATH draft's file or directory; head:DIR's directory ('' for the shipped head)
 
 
 def parse_draft(spec: str) -> DraftSpec:
@@ -45,6 +56,8 @@ def parse_draft(spec: str) -> DraftSpec:
         return DraftSpec(spec, "layerskip", layers=arg)
     if spec in ("nf4", "self"):
         return DraftSpec(spec, spec)
+    if name == "head":
+        return DraftSpec(spec, "head", path=arg)
     return DraftSpec(spec, "path", path=spec)
 
 

@@ -16,6 +16,8 @@ from flashspec.weights import convert_state_dict, unpermute_rows
     ("layerskip:20-29,5", DraftSpec("layerskip:20-29,5", "layerskip", layers="20-29,5")),
     ("nf4", DraftSpec("nf4", "nf4")),
     ("self", DraftSpec("self", "self")),
+    ("head", DraftSpec("head", "head", path="")),
+    ("head:/heads/mine", DraftSpec("head:/heads/mine", "head", path="/heads/mine")),
     ("/models/small", DraftSpec("/models/small", "path", path="/models/small")),
     ("draft.gguf", DraftSpec("draft.gguf", "path", path="draft.gguf")),
 ])

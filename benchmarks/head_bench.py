@@ -1,0 +1,159 @@
+"""The draft head against plain decoding and the other drafts, on held-out prompts by domain, batch 1.
+
+Prompts: the held-out groups of ``flashspec.head_corpus`` (files, topics, subjects the head never saw),
+the first ``--prompts`` per domain; chat through the chat template. For each domain and temperature
+(0 and 0.7): plain decoding; the head at every G of ``--gammas`` (tokens emitted per step, acceptance
+of each draft position = P(position k accepted | positions < k accepted), tok/s); ngram, layerskip at
+G = 4; transformers' assisted generation with prompt lookup (greedy only). Every method runs the same
+prompts and token counts one after another in this process, so the machine's load weighs on all.
+At T = 0 each speculative run's tokens are checked against plain decoding's (``greedy_equal``).
+
+    python benchmarks/head_bench.py --head DIR [--prompts 4] [--new-tokens 64] [--out results/head_bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+class Steps:
+    """Counts per step (batch 1): emitted tokens and accepted drafted tokens."""
+
+    def __init__(self):
+        self.accepted: list[int] = []
+        self.emitted = 0
+
+    def __call__(self, record) -> None:
+        self.accepted.append(record.accepted)
+        self.emitted += record.emitted
+
+
+def per_position(accepted: list[int], gamma: int) -> list[float]:
+    """P(draft position k accepted | the ones before were), k = 1..gamma."""
+    out = []
+    for k in range(1, gamma + 1):
+        reached = sum(1 for n in accepted if n >= k - 1)
+        out.append(sum(1 for n in accepted if n >= k) / reached if reached else 0.0)
+    return out
+
+
+def run(engine, ids_list, *, temperature, gamma, new_tokens, speculation=True) -> tuple[dict, list]:
+    """Each prompt (ids) in turn, after one short untimed warm-up (CUDA graphs are captured there)."""
+    texts = [engine.tokenizer.decode(ids) for ids in ids_list]
+    kw = dict(temperature=temperature, gamma=gamma, seed=0, speculation=speculation, chat=False)
+    engine.generate(texts[0], max_new_tokens=4, **kw)
+    steps, tokens, seconds = Steps(), [], 0.0
+    for text in texts:
+        start = time.perf_counter()
+        tokens.append(engine.generate(text, max_new_tokens=new_tokens, on_step=steps, **kw)["tokens"])
+        seconds += time.perf_counter() - start
+    n = sum(len(t) for t in tokens)
+    cell = {"tokens": n, "seconds": seconds, "tok_s": n / seconds, "steps": len(steps.accepted)}
+    if speculation:
+        cell.update(emitted_per_step=steps.emitted / max(1, len(steps.accepted)),
+                    acceptance_by_position=per_position(steps.accepted, gamma))
+    return cell, tokens
+
+
+def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:
+    n, seconds = 0, 0.0
+    for ids in ids_list:
+        x = torch.tensor([ids], device=hf.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                              pad_token_id=0, prompt_lookup_num_tokens=gamma, eos_token_id=list(eos) or None)
+        if hf.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - start
+        n += out.shape[1] - len(ids)
+    return {"tokens": n, "seconds": seconds, "tok_s": n / seconds}
+
+
+def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int, ...], others=("ngram", "layerskip"),
+          temperatures=(0.0, 0.7), device=None, hf=True, log=print) -> dict:
+    from flashspec.engine import encode
+    from flashspec.head_corpus import DOMAINS, corpus, split
+    from flashspec_torch.engine import Engine
+
+    held = split(corpus())[1]
+    engines = {name: Engine(loaded, (name,), policy="fixed", device=device) for name in (head, *others)}
+    plain_engine = engines[head]
+    hf_model = to_hf(loaded) if hf else None
+    results = {}
+    for d in DOMAINS:
+        ids_list = [encode(loaded.tokenizer, p.text, d == "chat") for p in [p for p in held if p.domain == d][:prompts]]
+        for t in temperatures:
+            cells = {}
+            cells["plain"], plain = run(plain_engine, ids_list, temperature=t, gamma=1, new_tokens=new_tokens, speculation=False)
+            for g in gammas:
+                cells[f"head G={g}"], got = run(engines[head], ids_list, temperature=t, gamma=g, new_tokens=new_tokens)
+                cells[f"head G={g}"]["greedy_equal"] = got == plain if t == 0 else None
+            for name in others:
+                cells[f"{name} G=4"], got = run(engines[name], ids_list, temperature=t, gamma=4, new_tokens=new_tokens)
+                cells[f"{name} G=4"]["greedy_equal"] = got == plain if t == 0 else None
+            if hf_model is not None and t == 0:
+                cells["transformers prompt lookup G=4"] = hf_prompt_lookup(hf_model, ids_list, new_tokens, 4,
+                                                                           loaded.model.config.eos_token_ids)
+            for c in cells.values():
+                c["speedup"] = c["tok_s"] / cells["plain"]["tok_s"]
+            best = max((k for k in cells if k.startswith("head")), key=lambda k: cells[k]["tok_s"])
+            results[f"{d} T={t}"] = {"cells": cells, "best_head": best}
+            log(f"{d} T={t}: " + ", ".join(f"{k} {c['tok_s']:.1f} tok/s ({c['speedup']:.2f}x"
+                                           + (f", {c['emitted_per_step']:.2f}/step" if "emitted_per_step" in c else "")
+                                           + ")" for k, c in cells.items()))
+    return results
+
+
+def to_hf(loaded):
+    from generate_cpu import to_transformers
+
+    return to_transformers(loaded).to(loaded.model.embed.weight.device)
+
+
+def machine(device) -> dict:
+    import transformers
+
+    info = {"machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads", "date": str(date.today()),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}}
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--head", default="head", help="head (the shipped one) or head:DIR")
+    ap.add_argument("--target", default=None, help="a model directory or .gguf (default: the embedded model)")
+    ap.add_argument("--prompts", type=int, default=4, help="held-out prompts per domain")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--gammas", default="2,3,4,5,6")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "head_bench.json"))
+    args = ap.parse_args()
+    from flashspec_torch.engine import check_device, load_target
+
+    dev = check_device(args.device)
+    loaded = load_target(args.target, torch.bfloat16 if dev.type == "cuda" else torch.float32, dev)
+    gammas = tuple(int(g) for g in args.gammas.split(","))
+    results = bench(loaded, args.head, prompts=args.prompts, new_tokens=args.new_tokens, gammas=gammas, device=str(dev),
+                    hf=not args.no_hf)
+    doc = {"command": "python benchmarks/head_bench.py " + " ".join(sys.argv[1:]), **machine(dev), "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

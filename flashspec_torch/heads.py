@@ -1,0 +1,242 @@
+"""An EAGLE-style draft head: one Llama decoder layer over the target's own hidden states.
+
+At head position p the input is the target's residual stream at position p - 1 after the layers
+``feature_layers`` (concatenated, fused to the width C by ``fc_feat``) and the target's embedding of
+token p; ``fc_in`` maps the two (each RMS-normed) to C, one decoder layer (``model.Block``, with the
+head's own one-layer KV cache) gives the head's state s_p, and the final norm and the target's LM
+head (rows ``token_ids`` only: a reduced vocabulary) give the logits of token p + 1. Drafting
+further, the head feeds its own s_p where the target's fused features were (EAGLE-3).
+
+The head owns only the fusion, the layer and two norms; the embedding and LM head are the target's
+(``attach``), so a head file holds a few MiB. q is exactly what the draft samples from: the logits
+of tokens outside ``token_ids`` are OUTSIDE (exp underflows to 0 in float32 at any temperature
+>= 1e-8), so their q is 0 and they are never drafted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from flashspec.config import LlamaConfig, SamplingConfig
+
+from .drafts import ModelDraft, Proposal, Sequences
+from .layers import default_impl, kernel_attends, rms_norm
+from .model import Block, KVCache, Llama, project
+from .sampling import sample
+
+OUTSIDE = -1e30  # the logit of a token outside the head's vocabulary
+FORMAT = "flashspec-draft-head-1"
+
+
+class DraftHead(nn.Module):
+    """The head's own weights (saved); ``attach`` lends it the target's embedding and LM head."""
+
+    def __init__(self, target: LlamaConfig, feature_layers: tuple[int, ...], token_ids: torch.Tensor | None = None):
+        super().__init__()
+        c = target.hidden_size
+        bad = [i for i in feature_layers if not 0 <= i < target.num_layers]
+        if not feature_layers or bad or len(set(feature_layers)) != len(feature_layers):
+            raise ValueError(f"feature_layers={feature_layers!r} must be distinct target layers in [0, {target.num_layers})")
+        self.target_config, self.feature_layers = target, tuple(int(i) for i in feature_layers)
+        self.config = replace(target, num_layers=1)
+        self.fc_feat = nn.Linear(len(feature_layers) * c, c, bias=False)
+        self.fc_in = nn.Linear(2 * c, c, bias=False)
+        self.embed_norm = nn.Parameter(torch.ones(c))
+        self.feat_norm = nn.Parameter(torch.ones(c))
+        self.layer = Block(self.config)
+        self.norm = nn.Parameter(torch.ones(c))
+        ids = torch.arange(target.vocab_size) if token_ids is None else torch.as_tensor(token_ids, dtype=torch.int64)
+        if ids.ndim != 1 or not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= target.vocab_size or \
+                len(ids.unique()) != len(ids):
+            raise ValueError(f"token_ids must be distinct token ids in [0, {target.vocab_size})")
+        self.register_buffer("token_ids", ids.sort().values)
+        self.full_vocab = len(ids) == target.vocab_size
+        self.lent: tuple[torch.Tensor, torch.Tensor] | None = None  # (embedding [V, C], LM head rows [V_d, C])
+
+    def attach(self, target: Llama) -> "DraftHead":
+        """Borrow the target's embedding and the LM head rows of ``token_ids`` (not saved with the head)."""
+        check_fits(self.target_config, target.config)
+        w = target.lm_head.weight
+        self.lent = (target.embed.weight, w if self.full_vocab else w[self.token_ids.to(w.device)].detach().clone())
+        return self
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [..., k C] target features -> [..., C]
+        return self.fc_feat(features)
+
+    def run(self, target: Llama, tokens, feats, positions, cache: KVCache, attend_len: int, select=None):
+        """tokens [B, T] int64, feats [B, T, C] (fused target features or the head's own states at the
+        previous positions), positions [B, T]; K/V written into ``cache`` at positions. Returns the
+        head's states and logits over its vocabulary ([B, T, C], [B, T, V_d]; at ``select`` [B] only:
+        [B, C], [B, V_d])."""
+        embed, _ = self.lent
+        c = self.config
+        e = nn.functional.embedding(tokens, embed)
+        x = torch.cat([rms_norm(e, self.embed_norm, c.rms_norm_eps), rms_norm(feats, self.feat_norm, c.rms_norm_eps)], -1)
+        impl = target.impl or default_impl(x.device)
+        linear_impl, pdl, fused_projs, fused_rows = target.decode_settings(x.device)
+        x = project(self.fc_in, x, linear_impl)
+        cos_table, sin_table = target.rope_tables(x)
+        mask = None
+        if not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
+            slots = torch.arange(attend_len, device=tokens.device)
+            mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool
+        h, d = self.layer(x, None, cos_table[positions], sin_table[positions], cache.k[0], cache.v[0], positions, mask,
+                          attend_len, impl, linear_impl, pdl, fused_projs, fused_rows)
+        s = h + d
+        if select is not None:
+            s = s.gather(1, select[:, None, None].expand(-1, 1, s.shape[-1]))[:, 0]
+        return s, self.logits(s)
+
+    def logits(self, s: torch.Tensor) -> torch.Tensor:  # [..., C] head states -> [..., V_d] float32
+        return nn.functional.linear(rms_norm(s, self.norm, self.config.rms_norm_eps), self.lent[1]).float()
+
+    def full_logits(self, w: torch.Tensor) -> torch.Tensor:  # [B, V_d] -> [B, V]: OUTSIDE off the head's vocabulary
+        if self.full_vocab:
+            return w
+        full = torch.full((w.shape[0], self.target_config.vocab_size), OUTSIDE, dtype=w.dtype, device=w.device)
+        return full.index_copy_(1, self.token_ids, w)
+
+
+def check_fits(trained_for: LlamaConfig, target: LlamaConfig) -> None:
+    for field in ("hidden_size", "num_layers", "vocab_size", "num_heads", "num_kv_heads", "head_dim"):
+        a, b = getattr(trained_for, field), getattr(target, field)
+        if a != b:
+            raise ValueError(f"the draft head was trained for a target with {field}={a}, but this target has {b}: "
+                             "train a head for it with `flashspec train-head --target MODEL --out DIR`")
+
+
+class HeadDraft:
+    """The head as a draft of the torch backend (a ``flashspec.backend.FeatureDraft``): the backend
+    keeps the target's features in ``Sequences.features``; the head keeps its own KV cache and
+    catches up lazily like ``drafts.ModelDraft``, re-feeding every position from the first one it
+    drafted with its own states (those entries are rewritten from the target's features)."""
+
+    capturable = True
+
+    def __init__(self, name: str, head: DraftHead, target: Llama):
+        self.name, self.target = name, target
+        self.head = head.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval().requires_grad_(False)
+        self.head.attach(target)
+        self.feature_layers = head.feature_layers
+
+    def start(self, batch: int, max_len: int) -> None:
+        c = getattr(self, "cache", None)
+        if c is None or c.k.shape[1] != batch or c.max_len != max_len:
+            p = self.target.embed.weight
+            self.cache = KVCache(self.head.config, batch, max_len, p.dtype, p.device)
+            self.valid = torch.zeros(batch, dtype=torch.int64, device=p.device)
+        self.valid.zero_()  # positions < valid hold K/V made from the target's features
+        self.used_at: int | None = None
+
+    # the same lazy catch-up bookkeeping as a model draft (used_at, one step behind at most)
+    catch_up_bound, lagging, mark_used = ModelDraft.catch_up_bound, ModelDraft.lagging, ModelDraft.mark_used
+
+    def feed(self, seqs: Sequences, start: torch.Tensor, chunk: int, attend: int, select=None):
+        """Head positions start .. start + chunk - 1 from the tokens and the target's features."""
+        s_max = self.cache.max_len
+        pos = (start[:, None] + torch.arange(chunk, device=start.device)).clamp(max=s_max - 1)  # [B, C]
+        prev = (pos - 1).clamp(min=0)
+        feats = seqs.features.gather(1, prev[..., None].expand(-1, -1, seqs.features.shape[-1]))
+        feats = self.head.fuse(feats) * (pos > 0)[..., None]  # position 0 has no previous feature
+        return self.head.run(self.target, seqs.tokens.gather(1, pos), feats, pos, self.cache, attend, select)
+
+    def catch_up(self, seqs: Sequences, gamma: int) -> None:
+        """Feed every position but the last eagerly, so that ``propose(graphed=True)`` feeds at most G + 1."""
+        start = torch.minimum(self.valid, seqs.length - 1)
+        s_max = self.cache.max_len
+        chunk = min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
+        self.feed(seqs, start, chunk, min(seqs.max_len_bound, s_max))
+        self.valid.copy_(torch.maximum(self.valid, seqs.length - 1))
+
+    def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
+        s_max = self.cache.max_len
+        length = seqs.length  # [B]
+        start = torch.minimum(self.valid, length - 1)
+        chunk = gamma + 1 if graphed else min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
+        attend = s_max if graphed else min(seqs.max_len_bound + gamma, s_max)
+        last = (length - 1 - start).clamp(max=chunk - 1)
+        s, w = self.feed(seqs, start, chunk, attend, select=last)
+        xs, ws, lqs = [], [], []
+        for i in range(gamma):
+            w = self.head.full_logits(w)
+            x_i, lq_i = sample(w, sampling, seed, offset, position=i)
+            xs.append(x_i)
+            ws.append(w)
+            lqs.append(lq_i)
+            if i + 1 < gamma:
+                p_i = (length + i).clamp(max=s_max - 1)[:, None]
+                s, w = self.head.run(self.target, x_i[:, None], s[:, None], p_i, self.cache, attend)
+                s, w = s[:, 0], w[:, 0]
+        self.valid.copy_(length)
+        return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
+
+
+# -- files
+
+
+def save_head(head: DraftHead, path: str | Path, *, target_name: str, dtype: torch.dtype = torch.bfloat16,
+              extra: dict | None = None) -> Path:
+    """One safetensors file: the head's weights in ``dtype``, ``token_ids`` in int64, and metadata
+    (format, feature_layers, the target's config and name, ``extra`` as JSON)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: (v if k == "token_ids" else v.to(dtype)).detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    meta = {"format": FORMAT, "feature_layers": json.dumps(head.feature_layers), "target_name": target_name,
+            "target_config": json.dumps(config_fields(head.target_config)), "extra": json.dumps(extra or {})}
+    save_file(state, str(path), metadata=meta)
+    return path
+
+
+def config_fields(c: LlamaConfig) -> dict:
+    return {f: getattr(c, f) for f in ("hidden_size", "num_layers", "vocab_size", "num_heads", "num_kv_heads", "head_dim")}
+
+
+def load_head(path: str | Path, target: LlamaConfig) -> tuple[DraftHead, dict]:
+    """A head file (or a directory holding ``head.safetensors``) for ``target``: (the head in float32, metadata)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "head.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no draft head at {path}: train one with `flashspec train-head --target MODEL --out DIR`")
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a FlashSpec draft head (metadata format {meta.get('format')!r}, want {FORMAT!r})")
+    trained = json.loads(meta["target_config"])
+    check_fits(replace(target, **trained), target)
+    state = load_file(str(path))
+    head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), state["token_ids"])
+    head.load_state_dict({k: v.float() if k != "token_ids" else v for k, v in state.items()})
+    return head, meta
+
+
+def fingerprint(target: Llama) -> float:
+    """mean |embedding|: tells two targets of the same shape apart."""
+    return float(target.embed.weight.detach().double().abs().mean())
+
+
+def load_draft_head(name: str, directory: str, target: Llama) -> HeadDraft:
+    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``."""
+    from flashspec.drafts import SHIPPED_HEAD
+
+    path = Path(directory) if directory else SHIPPED_HEAD
+    if not directory and not SHIPPED_HEAD.is_file():
+        raise ValueError(f"draft 'head': no trained head ships with this install ({SHIPPED_HEAD} is missing); "
+                         "train one with `flashspec train-head --out DIR` and use --draft head:DIR")
+    head, meta = load_head(path, target.config)
+    trained = json.loads(meta.get("extra", "{}")).get("fingerprint")
+    if trained is not None and not math.isclose(trained, fingerprint(target), rel_tol=0.02):
+        raise ValueError(f"draft {name!r}: the head at {path} was trained for {meta.get('target_name')!r}, whose weights "
+                         "differ from this target's: train a head for it with `flashspec train-head --target MODEL --out DIR`")
+    return HeadDraft(name, head, target)

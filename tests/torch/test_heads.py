@@ -1,0 +1,164 @@
+"""The EAGLE-style draft head (flashspec_torch.heads) and its training (head_train) on a tiny random
+target: exact greedy speculation, the law of sampled tokens, training-time test == drafting, loss
+falls, files and refusals."""
+
+import numpy as np
+import pytest
+import torch
+
+from flashspec.config import LlamaConfig, SamplingConfig
+from flashspec.loop import SpecConfig, decode, speculate
+from flashspec.testing import chi_square_test
+
+CFG = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4, num_kv_heads=2,
+                  head_dim=16, max_position_embeddings=512)
+
+
+class Arms:
+    """A fixed schedule of arms (the head, then ngram, ...): the head lags and catches up."""
+
+    def __init__(self, schedule):
+        self.schedule, self.i = schedule, 0
+
+    def choose(self):
+        self.i += 1
+        return self.schedule[(self.i - 1) % len(self.schedule)]
+
+    def observe(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def target():
+    from flashspec_torch.model import Llama
+
+    torch.manual_seed(0)
+    m = Llama(CFG).eval().requires_grad_(False)
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m
+
+
+def random_head(target, layers=(0, 2), token_ids=None, scale=0.3, seed=1):
+    from flashspec_torch.heads import DraftHead
+
+    torch.manual_seed(seed)
+    head = DraftHead(target.config, layers, token_ids)
+    for p in head.parameters():
+        p.data.normal_(0, scale)
+    return head
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("vocab", ["full", "reduced"])
+def test_greedy_speculation_with_the_head_equals_greedy_decoding(target, graphs, vocab):
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.drafts import LookupDraft
+    from flashspec_torch.heads import HeadDraft
+
+    head = random_head(target, token_ids=None if vocab == "full" else torch.arange(0, 97, 2))
+    backend = TorchBackend(target, [HeadDraft("head", head, target), LookupDraft("ngram")], graphs=graphs)
+    prompts, greedy = [[1, 2, 3, 4, 5], [7, 8, 9]], SamplingConfig(0.0)
+    with torch.inference_mode():
+        plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=24)
+        spec, records = speculate(backend, Arms([0, 0, 1, 0, 1, 1, 0]), prompts, sampling=greedy,
+                                  spec=SpecConfig(gamma=3, max_new_tokens=24))
+    assert spec == plain
+    assert sum(r.accepted for r in records if r.arm == 0) > 0  # the head's drafts were used
+
+
+def test_training_time_test_states_are_what_drafting_computes(target):
+    """Pass k of ``ttt_states`` at position p == the head fed the target's features up to p - k,
+    then k of its own states (what drafting the (k+1)-th token computes)."""
+    from flashspec_torch.head_train import target_pass, ttt_states
+    from flashspec_torch.model import KVCache
+
+    head = random_head(target).attach(target)
+    tokens = torch.randint(0, 97, (2, 10), generator=torch.Generator().manual_seed(3))
+    _, feats = target_pass(target, tokens, head.feature_layers)
+    states = ttt_states(head, target, tokens, feats, 3)
+    with torch.no_grad():
+        for k in range(3):
+            for p in (k, 5, 9):
+                cache, n = KVCache(head.config, 2, 16, torch.float32, "cpu"), p - k + 1
+                f = torch.cat([torch.zeros_like(feats[:, :1, :64]), head.fuse(feats[:, : n - 1])], 1)
+                s, _ = head.run(target, tokens[:, :n], f, torch.arange(n)[None].expand(2, -1), cache, 16)
+                s = s[:, -1]
+                for j in range(1, k + 1):
+                    q = p - k + j
+                    s = head.run(target, tokens[:, q : q + 1], s[:, None], torch.full((2, 1), q), cache, 16)[0][:, 0]
+                torch.testing.assert_close(s, states[k][:, p], rtol=1e-4, atol=1e-4)
+
+
+def test_sampled_tokens_follow_the_target_with_the_head(target):
+    """T = 0.7, top-p 0.9: the first two emitted tokens' joint law is the target's own."""
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.heads import HeadDraft
+    from flashspec_torch.reference import log_probs
+
+    sampling, prompt, n = SamplingConfig(0.7, 0, 0.9), [5, 6, 7], 3000
+    head = random_head(target, token_ids=torch.arange(0, 97, 3), scale=0.1)
+    backend = TorchBackend(target, [HeadDraft("head", head, target)])
+    with torch.inference_mode():
+        out, records = speculate(backend, Arms([0]), [prompt] * n, sampling=sampling,
+                                 spec=SpecConfig(gamma=2, max_new_tokens=2), seed=torch.arange(n))
+        cache = target.new_cache(1, 8)
+        z1 = target(torch.tensor([prompt]), torch.arange(3)[None], cache, 3, logits_last=1)[0, 0]
+        p1 = log_probs(z1, sampling).exp().double()
+        seqs = torch.tensor([prompt + [t] for t in range(97)])
+        z2 = target(seqs, torch.arange(4)[None].expand(97, -1), target.new_cache(97, 8), 4, logits_last=1)[:, 0]
+        p2 = log_probs(z2, sampling).exp().double()
+    joint = (p1[:, None] * p2).numpy()  # [first, second]
+    counts = np.zeros_like(joint)
+    for row in out:
+        counts[row[0], row[1]] += 1
+    _, p_value, note = chi_square_test(counts, joint)
+    assert p_value > 1e-3, note
+    assert sum(r.accepted for r in records) > 0.05 * sum(r.drafted for r in records)
+
+
+def test_training_lowers_the_loss_and_the_file_round_trips(target, tmp_path):
+    from flashspec.head_corpus import Prompt
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.head_train import TrainConfig, frequent_tokens, generate_sequences, train_head
+    from flashspec_torch.heads import HeadDraft, load_head, save_head
+
+    prompts = [Prompt("code", "f", bytes([i % 90 + 1, i % 7 + 1]).decode()) for i in range(24)]
+    cfg = TrainConfig(new_tokens=16, gen_batch=24, batch=8, steps=16, lr=3e-3, warmup=2, vocab=64, passes=2)
+    seqs = generate_sequences(target, prompts, lambda p: list(p.text.encode()), cfg)
+    ids = frequent_tokens(seqs, 64, 97)
+    head, hist = train_head(target, seqs, cfg, ids, log_every=1)
+    assert np.mean(hist.loss[-4:]) < np.mean(hist.loss[:2]) - 0.15  # nats; the floor is the target's entropy
+    path = save_head(head, tmp_path / "h" / "head.safetensors", target_name="tiny", dtype=torch.float32)
+    again, meta = load_head(tmp_path / "h", target.config)
+    assert meta["target_name"] == "tiny" and again.feature_layers == head.feature_layers
+    for (k, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=k)
+    assert path.stat().st_size < 2**20
+    TorchBackend(target, [HeadDraft("head", again, target)])  # loads as a draft
+    with pytest.raises(ValueError, match="held-out"):
+        train_head(target, [type(seqs[0])("code", True, [1, 2, 3], 1)], cfg)
+
+
+def test_bad_heads_are_refused(target, tmp_path):
+    from dataclasses import replace
+
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.heads import DraftHead, HeadDraft, load_draft_head, load_head, save_head
+
+    with pytest.raises(ValueError, match="feature_layers"):
+        DraftHead(CFG, (0, 3))
+    with pytest.raises(ValueError, match="token_ids"):
+        DraftHead(CFG, (2,), torch.tensor([1, 1]))
+    save_head(random_head(target), tmp_path / "head.safetensors", target_name="tiny")
+    with pytest.raises(ValueError, match="hidden_size=64, but this target has 32"):
+        load_head(tmp_path, replace(CFG, hidden_size=32, head_dim=8))
+    with pytest.raises(FileNotFoundError, match="train-head"):
+        load_head(tmp_path / "nothing", CFG)
+    with pytest.raises(ValueError, match="different target layers"):
+        TorchBackend(target, [HeadDraft("a", random_head(target, (0,)), target), HeadDraft("b", random_head(target, (1,)), target)])
+    from flashspec.drafts import SHIPPED_HEAD
+
+    if not SHIPPED_HEAD.is_file():
+        with pytest.raises(ValueError, match="no trained head ships"):
+            load_draft_head("head", "", target)
