@@ -115,3 +115,25 @@ def test_model_at_an_odd_shape_fused_equals_reference():
             out[impl] = (first, model(tokens[:, 4:], positions[:, 4:], cache, 6), cache.k.clone())
     for got, want in zip(out["triton"], out["reference"]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_odd_shape_launches_compile_for_sm90():
+    """compile_odd_shapes_sm90.py (its ci set): what the launchers launch on an H100 at the odd shapes compiles
+    for sm_90 within its shared memory; every kernel family and every odd size is among the launches."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("compile_odd_shapes_sm90.py")
+    out = subprocess.run([sys.executable, str(script), "ci"], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("ok ")]
+    names = {line.split()[1] for line in lines}
+    assert names == {"gemv_kernel", "add_rms_norm_kernel", "rope_kv_kernel", "decode_attention_kernel",
+                     "silu_mul_kernel", "verify_stats_kernel", "verify_final_kernel", "greedy_next_kernel"}, names
+    for d in HEAD_DIMS:
+        assert any(line.startswith("ok decode_attention_kernel") and f"'D': {d}," in line for line in lines), d
+    for k in WIDTHS:
+        assert any(line.startswith("ok gemv_kernel") and f"'K': {k}," in line for line in lines), k
