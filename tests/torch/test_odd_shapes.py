@@ -137,3 +137,18 @@ def test_odd_shape_launches_compile_for_sm90():
         assert any(line.startswith("ok decode_attention_kernel") and f"'D': {d}," in line for line in lines), d
     for k in WIDTHS:
         assert any(line.startswith("ok gemv_kernel") and f"'K': {k}," in line for line in lines), k
+
+
+@pytest.mark.parametrize("field,value,limit", [("hidden_size", 65537, "hidden_size <= 65536"),
+                                               ("vocab_size", 2**30 + 1, "vocab_size <= 1073741824")])
+def test_unsupported_sizes_are_refused_when_the_model_is_built(field, value, limit):
+    """The bounds the kernels keep: a ValueError naming the field, its value and the supported range, raised by
+    Llama() (a load builds one), not a compiler traceback at the first step. The largest supported sizes pass."""
+    sizes = dict(vocab_size=131, hidden_size=64, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                 head_dim=32)
+    with torch.device("meta"):
+        Llama(LlamaConfig(**{**sizes, field: value - 1}))
+        with pytest.raises(ValueError, match=f"{field}={value} is not supported.*{limit}"):
+            Llama(LlamaConfig(**{**sizes, field: value}))
+    with pytest.raises(ValueError, match="V .* is not supported"):
+        verify(torch.empty((1, 2, 2**30 + 1), device="meta"), torch.zeros((1, 1), dtype=torch.int64, device="meta"))
