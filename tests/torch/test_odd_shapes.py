@@ -5,6 +5,7 @@ widths 960 and 2560 (add + RMSNorm, SiLU * mul, the skinny and the fused product
 
 import pytest
 import torch
+from benchmark_modules import load_benchmark
 
 from flashspec_torch import gemv as G
 from flashspec_torch import layers
@@ -152,3 +153,12 @@ def test_unsupported_sizes_are_refused_when_the_model_is_built(field, value, lim
             Llama(LlamaConfig(**{**sizes, field: value}))
     with pytest.raises(ValueError, match="V .* is not supported"):
         verify(torch.empty((1, 2, 2**30 + 1), device="meta"), torch.zeros((1, 1), dtype=torch.int64, device="meta"))
+
+
+def test_the_gpu_script_reports_the_first_mismatch():
+    """benchmarks/odd_shapes_gpu.py's comparison (its GPU run is the lead's; its CPU run only checks plumbing)."""
+    compare = load_benchmark("odd_shapes_gpu").compare
+    assert compare([[1, 2], [3, 4]], [[1, 2], [3, 4]]) == dict(equal=True, first_mismatch=None)
+    got = compare([[1, 2], [3, 5, 6]], [[1, 2], [3, 4, 6]], [[0.5, 0.5], [0.1, 2e-7, 0.3]])
+    assert got == dict(equal=False, first_mismatch=dict(prompt=1, index=1, got=5, want=4, reference_top2_gap=2e-7))
+    assert not compare([[1, 2]], [[1, 2, 3]])["equal"]
