@@ -151,8 +151,9 @@ def kernel_attends(impl: str, heads: int, kv_heads: int, tokens: int, head_dim: 
 
 def attention_tiling(head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_S, num_warps) of the attention kernel: head_dim padded to a power of two >= 16 (tl.dot's
-    least K), and cache slots per step so that a K or V tile stays at most 64 x 128 entries (the shared memory
-    of the two tiles, double-buffered, in float32: 128 KB), 128 slots at BLOCK_D <= 64."""
+    least K); cache slots per step so that a K or V tile holds at most 64 x 128 entries, the tiles of head_dim 128
+    (128 slots up to BLOCK_D 64, as head_dim 64 had); 8 warps at BLOCK_D 256. The shared memory of the largest
+    case fits sm_90's (tests/torch/compile_odd_shapes_sm90.py checks it)."""
     block_d = max(16, next_pow2(head_dim))
     block_s = 128 if block_d <= 64 else 64 * 128 // block_d
     return block_d, block_s, 4 if block_d <= 128 else 8

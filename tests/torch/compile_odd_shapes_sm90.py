@@ -39,6 +39,7 @@ H100_SMS = 132
 MAX_SHARED = 232448  # bytes per block on sm_90 (227 KB)
 META = torch.device("meta")
 torch_verify = importlib.import_module("flashspec_torch.verify")  # the module (the package exports the function)
+LLAMA_SETTINGS = Llama.decode_settings  # the real one, called with a CUDA device inside compile_launches
 
 
 @contextlib.contextmanager
@@ -89,9 +90,6 @@ def compile_launches():
         yield compiled
 
 
-LLAMA_SETTINGS = Llama.decode_settings
-
-
 def meta_model(config: LlamaConfig, dtype: torch.dtype, row_invariant: bool) -> Llama:
     with torch.device("meta"):
         model = Llama(config).to(dtype)
@@ -140,10 +138,11 @@ WIDTH_2560 = llama(151936, 2560, 10240, 32, 32, 80)
 
 
 def ci() -> None:
-    """Each kernel once per distinct shape that matters (about 30 compiles): both models' decoding and scoring
+    """Each kernel once per distinct shape that matters (49 compiles): both models' decoding and scoring
     passes in bf16 with the H100 defaults (the 960 one's fused products at K = 960 and 2560, the 2560 one's
     add + RMSNorm at 4096 columns), decoding in float32 (the dtype of benchmarks/odd_shapes_gpu.py); RoPE and
-    attention at head_dim 24, 96, 112 (bf16, and float32 at 24 and 112); verify at V = 49153 (B = 1: 97 chunks,
+    attention at head_dim 24, 96, 112 (bf16, and float32 at 24 and 112) and the largest tiles the attention kernel
+    takes (float32, head_dim 256, 64 query rows); verify at V = 49153 (B = 1: 97 chunks,
     one-hot q) and 151936 (B = 256: the slot-vote sweep of bfloat16 pairs, draft logits); greedy_next."""
     for config in (WIDTH_960, WIDTH_2560):
         print(f"# {config}", flush=True)
@@ -156,6 +155,8 @@ def ci() -> None:
         head_kernels(head_dim, torch.bfloat16)
         if head_dim != 96:
             head_kernels(head_dim, torch.float32)
+    print("# head_dim 256, 8 query heads per KV head, 5 new tokens: the attention kernel's largest tiles", flush=True)
+    head_kernels(256, torch.float32, heads=8, kv_heads=1, tokens=5)
     print("# verify", flush=True)
     verify_launch(1, WIDTH_960.vocab_size, 0.7, draft=False)
     verify_launch(256, WIDTH_2560.vocab_size, 0.7, draft=True)
@@ -164,8 +165,9 @@ def ci() -> None:
 
 
 def everything() -> None:
-    """Every odd shape x (bf16 defaults, bf16 row-invariant, float32) x (decoding, scoring); verify at both
-    vocabularies, B = 1 and 256, one-hot / draft logits / greedy (about 150 compiles, minutes)."""
+    """The ci set, then every odd shape x (bf16 defaults, bf16 row-invariant, float32) x (decoding, scoring);
+    verify at both vocabularies, B = 1 and 256, one-hot / draft logits / greedy (about 150 compiles, minutes)."""
+    ci()
     configs = [WIDTH_960, WIDTH_2560, llama(32000, 96, 256, 4, 2, 24), llama(32000, 3072, 8192, 32, 32, 96),
                llama(32000, 896, 4864, 8, 2, 112)]
     for config in configs:

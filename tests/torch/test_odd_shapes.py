@@ -23,7 +23,7 @@ def rand(*shape, seed, dtype=torch.float32):
     return torch.randn(*shape, generator=g).to(dtype)
 
 
-@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("d", HEAD_DIMS + (256,))  # 256: the attention kernel's largest, 32-slot tiles
 def test_rope_kv_and_attention_at_odd_head_dims(d):
     b, t, heads, kv_heads, s = 2, 3, 4, 2, 70  # 70 slots: two of the attention kernel's slot tiles at d > 64
     qkv = rand(b, t, (heads + 2 * kv_heads) * d, seed=d)
