@@ -12,7 +12,7 @@ and a longer one that repeats it around its continuation, prefilled by SDPA) of:
 * ``torch_graphs``: the torch engine in fp32 with CUDA graphs and speculation on (n-gram draft, G = 4);
 * ``torch_eager``: the same without CUDA graphs (every launch through Triton's launcher: counted, ``kernels_ran``);
 * ``torch_plain``: plain greedy decoding, CUDA graphs;
-* ``jax``: the JAX engine in fp32, speculation on (n-gram draft), its host loop.
+* ``jax``: the JAX engine in fp32 (matmul precision "highest"), speculation on (n-gram draft), its host loop.
 
 Each comparison records ``equal`` and the first mismatch (prompt, index, both tokens, and transformers' gap
 between its two largest logits there: a gap near float32 rounding is a near-tie, not a bug). A shape passes when
@@ -164,6 +164,7 @@ def jax_run(directory: Path, ps: list[list[int]], new_tokens: int) -> tuple[list
     from flashspec_jax.drafts import LookupDraft
     from flashspec_jax.weights import load
 
+    jax.config.update("jax_default_matmul_precision", "highest")  # fp32 products in fp32 (the GPU default is TF32)
     model = load(str(directory)).model
     backend = JaxBackend(model)
     backend.set_drafts([LookupDraft("ngram")])
@@ -243,7 +244,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--no-jax", action="store_true", help="leave the JAX engine out")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="start no new shape after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=360.0, help="start no new shape after this many seconds")
     args = ap.parse_args()
     names = args.shapes.split(",")
     unknown = [n for n in names if n not in SHAPES]
