@@ -28,6 +28,7 @@ from flax import nnx
 from jax import lax
 
 from flashspec.config import LlamaConfig
+from flashspec.contract import check_vocab
 
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
@@ -167,6 +168,7 @@ class Llama(nnx.Module):
     """Embedding, a stack of blocks (weights [L, ...]), final norm, LM head (tied or not)."""
 
     def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02):
+        check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)

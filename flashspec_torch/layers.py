@@ -124,7 +124,7 @@ def rope_kv(
     on = pdl_on(pdl, qkv)
     kernels().rope_kv_kernel[(b * t, heads + 2 * kv_heads)](
         qkv, cos, sin, positions, q, k_cache, v_cache, t, k_cache.shape[2],
-        H=heads, H_KV=kv_heads, D=d, USE_PDL=on, num_warps=1, launch_pdl=on,
+        H=heads, H_KV=kv_heads, D=d, BLOCK_D=next_pow2(d), USE_PDL=on, num_warps=1, launch_pdl=on,
     )
     return q
 
@@ -140,9 +140,23 @@ def attention_reference(q, k_cache, v_cache, mask, kv_heads: int):
     return attn.transpose(1, 2).reshape(b, t, h * d)
 
 
+MAX_KERNEL_HEAD_DIM = 256  # the attention kernel's largest head_dim; above it SDPA serves
+
+
 def kernel_attends(impl: str, heads: int, kv_heads: int, tokens: int, head_dim: int) -> bool:
-    """Whether ``attention`` runs the kernel (which needs no mask) rather than SDPA."""
-    return impl != "reference" and (heads // kv_heads) * tokens <= 64 and head_dim in (64, 128)
+    """Whether ``attention`` runs the kernel (which needs no mask) rather than SDPA: a few new tokens per
+    row (at most 64 query rows per KV head) and head_dim <= 256 (any, padded to a power of two inside)."""
+    return impl != "reference" and (heads // kv_heads) * tokens <= 64 and head_dim <= MAX_KERNEL_HEAD_DIM
+
+
+def attention_tiling(head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_D, BLOCK_S, num_warps) of the attention kernel: head_dim padded to a power of two >= 16 (tl.dot's
+    least K); cache slots per step so that a K or V tile holds at most 64 x 128 entries, the tiles of head_dim 128
+    (128 slots up to BLOCK_D 64, as head_dim 64 had); 8 warps at BLOCK_D 256. The shared memory of the largest
+    case fits sm_90's (tests/torch/compile_odd_shapes_sm90.py checks it)."""
+    block_d = max(16, next_pow2(head_dim))
+    block_s = 128 if block_d <= 64 else 64 * 128 // block_d
+    return block_d, block_s, 4 if block_d <= 128 else 8
 
 
 def attention(
@@ -163,11 +177,12 @@ def attention(
         return attention_reference(q, k_cache, v_cache, mask, kv_heads)
     out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
     on = pdl_on(pdl, q)
+    block_d, block_s, warps = attention_tiling(d)
     kernels().decode_attention_kernel[(b * kv_heads,)](
         q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2],
         mask.shape[-1] if attend_len is None else attend_len, d ** -0.5,
-        H=h, H_KV=kv_heads, D=d, BLOCK_Q=max(16, next_pow2(h // kv_heads * t)), BLOCK_S=128 if d == 64 else 64,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=on, num_warps=4, num_stages=2,
+        H=h, H_KV=kv_heads, D=d, BLOCK_D=block_d, BLOCK_Q=max(16, next_pow2(h // kv_heads * t)), BLOCK_S=block_s,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=on, num_warps=warps, num_stages=2,
         launch_pdl=on,
     )
     return out

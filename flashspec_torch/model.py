@@ -17,6 +17,7 @@ from flashspec.config import LlamaConfig
 from . import gemv as fused
 from .family import family_block, family_logits, family_settings, local_tables, window_masks
 from .layers import add_rms_norm, attention, default_impl, kernel_attends, linear, rope_kv, silu_mul
+from .shapes import check_shapes
 
 
 class KVCache(nn.Module):
@@ -115,6 +116,7 @@ class Block(nn.Module):
 class Llama(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
+        check_shapes(config)
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))

@@ -56,33 +56,47 @@ def add_rms_norm_kernel(
 
 
 @triton.jit
+def lanes_below(j, D: tl.constexpr, BLOCK_D: tl.constexpr):  # j [BLOCK_D] -> j < D (all true, folded, when D == BLOCK_D)
+    if D == BLOCK_D:
+        ok = tl.full(j.shape, 1, tl.int1)
+    else:
+        ok = j < D
+    return ok
+
+
+@triton.jit
 def rope_kv_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr,  # qkv [B, T, (H + 2 H_kv) D]; cos, sin [B, T, D]; pos [B, T]
     q_ptr, k_ptr, v_ptr,  # q [B, H, T, D]; k, v caches [B, H_kv, S, D]
     T, S,
-    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, USE_PDL: tl.constexpr = False,
+    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    """BLOCK_D: D rounded up to a power of two; the lanes j >= D are masked off."""
     pdl_wait(USE_PDL)
     bt = tl.program_id(0)  # one token
     head = tl.program_id(1)  # one of the H + 2 H_kv head vectors of that token
     b, t = bt // T, bt % T
-    j = tl.arange(0, D)
-    x = tl.load(qkv_ptr + bt * (H + 2 * H_KV) * D + head * D + j).to(tl.float32)
+    j = tl.arange(0, BLOCK_D)
+    j_ok = lanes_below(j, D, BLOCK_D)
+    row = qkv_ptr + bt * (H + 2 * H_KV) * D + head * D
+    x = tl.load(row + j, mask=j_ok, other=0.0).to(tl.float32)
     dtype = q_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + bt)
     if head < H + H_KV:  # q or k: rotate
         half = D // 2
-        partner = tl.load(qkv_ptr + bt * (H + 2 * H_KV) * D + head * D + (j + half) % D).to(tl.float32)
+        partner = tl.load(row + (j + half) % D, mask=j_ok, other=0.0).to(tl.float32)
         rot = tl.where(j < half, -partner, partner)
-        cos = tl.load(cos_ptr + bt * D + j).to(tl.float32)
-        sin = tl.load(sin_ptr + bt * D + j).to(tl.float32)
+        cos = tl.load(cos_ptr + bt * D + j, mask=j_ok, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + bt * D + j, mask=j_ok, other=0.0).to(tl.float32)
         x = rounded(rounded(x * cos, dtype) + rounded(rot * sin, dtype), dtype)
         if head < H:
-            tl.store(q_ptr + ((b * H + head) * T + t) * D + j, x.to(dtype))
+            tl.store(q_ptr + ((b * H + head) * T + t) * D + j, x.to(dtype), mask=j_ok)
         else:
-            tl.store(k_ptr + ((b * H_KV + head - H) * S + pos) * D + j, x.to(k_ptr.dtype.element_ty), mask=pos < S)
+            tl.store(k_ptr + ((b * H_KV + head - H) * S + pos) * D + j, x.to(k_ptr.dtype.element_ty),
+                     mask=j_ok & (pos < S))
     else:
-        tl.store(v_ptr + ((b * H_KV + head - H - H_KV) * S + pos) * D + j, x.to(v_ptr.dtype.element_ty), mask=pos < S)
+        tl.store(v_ptr + ((b * H_KV + head - H - H_KV) * S + pos) * D + j, x.to(v_ptr.dtype.element_ty),
+                 mask=j_ok & (pos < S))
 
 
 @triton.jit
@@ -105,13 +119,15 @@ def silu_mul_kernel(
 def decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr,  # q [B, H, T, D]; k, v [B, H_kv, S, D]; pos [B, T]; out [B, T, H D]
     T, S, attend, scale,
-    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr,
+    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     """Attention of a few new tokens (T <= BLOCK_Q / group) over the cache: one program per
     (row, KV head) holds that head's group of query heads times T tokens, streams the slots
     [0, attend) once with an online softmax, and writes [B, T, H D] (the o-projection's layout).
-    A query at position p sees slots s <= p, so the loop stops after the row's last position."""
+    A query at position p sees slots s <= p, so the loop stops after the row's last position.
+    BLOCK_D: D rounded up to a power of two (>= 16, for tl.dot); q, k and v load zeros in the lanes
+    d >= D, which add nothing to the scores and are not stored."""
     pdl_wait(USE_PDL)
     b = tl.program_id(0) // H_KV
     kv = tl.program_id(0) % H_KV
@@ -119,19 +135,22 @@ def decode_attention_kernel(
     r = tl.arange(0, BLOCK_Q)  # query rows: head-in-group major, token minor
     head, t = kv * GROUP + r // T, r % T
     row_ok = r < GROUP * T
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + ((b * H + head[:, None]) * T + t[:, None]) * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q = tl.load(q_ptr + ((b * H + head[:, None]) * T + t[:, None]) * D + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
+                other=0.0)
     pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=-1)
     m = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_Q,), tl.float32)
-    acc = tl.zeros((BLOCK_Q, D), tl.float32)
+    acc = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
     base = (b * H_KV + kv) * S * D
     hi = tl.minimum(tl.max(pos, axis=0) + 1, attend)  # no query of this program sees a later slot
     for lo in range(0, hi, BLOCK_S):
         s = lo + tl.arange(0, BLOCK_S)
         s_ok = s < hi
-        k = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+        kv_ok = s_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=kv_ok, other=0.0)
+        v = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=kv_ok, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BQ, BS]
         visible = (s[None, :] <= pos[:, None]) & s_ok[None, :]
         scores = tl.where(visible, scores, float("-inf"))
@@ -144,7 +163,7 @@ def decode_attention_kernel(
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + ((b * T + t[:, None]) * H + head[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+             mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit

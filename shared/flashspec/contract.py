@@ -15,6 +15,7 @@ from .random import MAX_OFFSET, MAX_SEED
 
 Array = TypeVar("Array")
 
+MAX_VOCAB = 1 << 30  # tokens are int32 and the kernels index the vocabulary in int32, with a tile of headroom
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
 
@@ -60,6 +61,12 @@ def check_counter(name: str, value: Any, batch: int, limit: int) -> None:
         raise ValueError(f"{name} has dtype {dtype_name(value)}; expected an integer dtype")
 
 
+def check_vocab(vocab_size: int, name: str = "vocab_size") -> None:
+    if vocab_size > MAX_VOCAB:
+        raise ValueError(f"{name}={vocab_size} is not supported: token ids and the verify kernels' vocabulary indices "
+                         f"are int32, {name} <= {MAX_VOCAB}")
+
+
 def check_verify_args(
     target_logits: Any,  # [B, G+1, V]
     draft_tokens: Any,  # [B, G]
@@ -79,6 +86,7 @@ def check_verify_args(
     b, g1, v = ts
     if b < 1 or v < 1:
         raise ValueError(f"target_logits has shape {list(ts)}; B and V must be >= 1")
+    check_vocab(v, "V (target_logits' last dimension)")
     if g1 < 2:
         raise ValueError(
             f"target_logits has shape {list(ts)}: G+1={g1} positions means G={g1 - 1} drafted tokens; "
