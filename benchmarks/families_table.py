@@ -1,8 +1,9 @@
 """README's family table and guard list (issue #38): each supported family as a tiny random model
-saved by transformers (flashspec.family_cases), run by FlashSpec's torch and JAX engines on the CPU
-in float32 and compared with transformers; then flashspec.families.GUARDS.
+saved by transformers (flashspec.family_cases), run by FlashSpec's torch and JAX engines in float32
+(on the CPU, or with --device cuda on a GPU) and compared with transformers on the CPU; then
+flashspec.families.GUARDS.
 
-    python benchmarks/families_table.py [--out results.json]
+    python benchmarks/families_table.py [--out results.json] [--device cuda]
 
 Prints two Markdown tables; --out also writes the rows as JSON (with versions and the date).
 """
@@ -20,12 +21,12 @@ from flashspec.families import GUARDS
 from flashspec.family_cases import CASES, parity, save_case
 
 
-def rows(backends: tuple[str, ...]) -> list[dict]:
+def rows(backends: tuple[str, ...], device: str = "cpu") -> list[dict]:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in CASES:
             hf = save_case(model_type, Path(tmp) / model_type)
-            out += [parity(model_type, b, Path(tmp) / model_type, hf) for b in backends]
+            out += [parity(model_type, b, Path(tmp) / model_type, hf, device=device) for b in backends]
     return out
 
 
@@ -46,8 +47,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
     p.add_argument("--backends", default="torch,jax", help="comma-separated (default torch,jax)")
+    p.add_argument("--device", default="cpu", help="the engines' device: cpu, or cuda (transformers stays on the CPU)")
     args = p.parse_args()
-    found = rows(tuple(args.backends.split(",")))
+    found = rows(tuple(args.backends.split(",")), args.device)
     print(markdown(found))
     if args.out:
         import torch
@@ -55,7 +57,8 @@ def main() -> None:
 
         doc = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.platform(),
                "torch": torch.__version__, "transformers": transformers.__version__, "dtype": "float32",
-               "device": "cpu", "rows": found,
+               "device": args.device, "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
+               "rows": found,
                "guards": [dict(zip(("family", "field", "value", "outcome"), g)) for g in GUARDS]}
         args.out.write_text(json.dumps(doc, indent=1, default=str))
 

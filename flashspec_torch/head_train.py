@@ -126,8 +126,9 @@ def ttt_states(head: DraftHead, target: Llama, tokens: torch.Tensor, feats: torc
     b, t = tokens.shape
     embed = nn.functional.embedding(tokens, target.embed.weight)
     e = rms_norm(embed, head.embed_norm, c.rms_norm_eps)
-    angles = torch.arange(t, device=e.device)[:, None].float() * target.inv_freq.to(e.device)  # as Llama.rope_tables
-    cos, sin = (torch.cat([f(angles)] * 2, -1)[None, None] for f in (torch.cos, torch.sin))  # [1, 1, T, D] float32
+    inv_freq, scaling = target.config.rope(False)
+    angles = torch.arange(t, device=e.device)[:, None].float() * torch.from_numpy(inv_freq).to(e.device)  # as Llama.rope_tables
+    cos, sin = (torch.cat([f(angles)] * 2, -1)[None, None] * scaling for f in (torch.cos, torch.sin))  # [1, 1, T, D] float32
     feat = shift(head.fuse(feats))
     keys, states = [], []
     causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()

@@ -100,25 +100,28 @@ def engine_logits(engine, ids: list[int]) -> "np.ndarray":  # [T, V] float32: th
     if engine.backend_name == "torch":
         import torch
 
+        dev = model.embed.weight.device
         with torch.inference_mode():
-            z = model(torch.tensor([ids]), torch.arange(t)[None], model.new_cache(1, t), t)
+            z = model(torch.tensor([ids], device=dev), torch.arange(t, device=dev)[None], model.new_cache(1, t), t)
         return z[0].cpu().numpy()
     z, _ = model(np.asarray([ids]), np.arange(t)[None], model.new_cache(1, t))
     return np.asarray(z[0])
 
 
-def parity(model_type: str, backend: str, path: Path, hf, new: int = 64) -> dict:
+def parity(model_type: str, backend: str, path: Path, hf, new: int = 64, device: str = "cpu") -> dict:
     """FlashSpec (``backend``, the model directory ``path``) against transformers' ``hf`` of the same
     weights: max |logits difference| over the prompt + ``new`` tokens of transformers' greedy
     continuation, and whether greedy decoding, and greedy speculation with the n-gram draft (and,
-    for torch, a layer-skipping draft), give transformers' ``new`` tokens."""
+    for torch, a layer-skipping draft), give transformers' ``new`` tokens. The engine runs in float32 on
+    ``device`` (on a GPU: its default path, CUDA graphs included); transformers on the CPU."""
     import numpy as np
     import torch
 
     from .engine import engine_class
 
     drafts = ("ngram", "layerskip:1") if backend == "torch" else ("ngram",)
-    engine = engine_class(backend)(str(path), drafts, policy="thompson-token", device="cpu")
+    dtype = torch.float32 if backend == "torch" else "float32"  # jnp.dtype accepts the name
+    engine = engine_class(backend)(str(path), drafts, policy="thompson-token", device=device, dtype=dtype)
     ids = engine.encode(PROMPT, chat=False)
     want = hf_greedy(hf, ids, new)
     with torch.no_grad():
