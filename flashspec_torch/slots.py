@@ -12,7 +12,9 @@ that the scheduler reads one step late.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,9 +23,24 @@ from flashspec.backend import StepView
 from flashspec.config import SamplingConfig
 
 from .backend import TorchBackend
-from .drafts import ModelDraft
+from .device import next_pow2
+from .drafts import ModelDraft, Sequences
 
 MARGIN = 66  # slots past a row's budget that a step may write (gamma <= 64, plus the bonus token)
+# per-row buffers that a step over the first k rows sees as their [:k] views
+ROW_BUFFERS = ("done", "active", "bad", "seed", "offset", "hold", "done_before", "length_before", "prompt_len", "max_new")
+
+
+@dataclass
+class CacheView:
+    """The first rows of a KVCache, as the model reads one (each layer's [k, H_kv, S, D] is contiguous)."""
+
+    k: torch.Tensor  # [layers, k, H_kv, S, D]
+    v: torch.Tensor
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
 
 
 class SlotHandle:
@@ -49,10 +66,10 @@ class SlotMirror:
     def start(self, *tensors: torch.Tensor) -> SlotHandle:
         if self.device.type != "cuda":
             return SlotHandle([t.clone() for t in tensors], None)
-        width = tensors[-1].shape[1]
-        pair = self.buffers.get(width)
+        shape = tuple(tensors[-1].shape)  # (rows of the bucket, emitted width)
+        pair = self.buffers.get(shape)
         if pair is None:
-            pair = self.buffers[width] = [[torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+            pair = self.buffers[shape] = [[torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
                                           for _ in range(2)]
         slot = pair[self.turn]
         self.turn ^= 1
@@ -65,7 +82,11 @@ class SlotMirror:
 
 class TorchSlotBackend(TorchBackend):
     """``TorchBackend`` with slots: ``generate`` (``prefill``) and serving (``open_slots``) use
-    the same buffers and kernels; whichever was called last owns the batch."""
+    the same buffers and kernels; whichever was called last owns the batch.
+
+    A slot step runs over the first k rows only, k the power of two (at most the slot count)
+    above the highest slot in use: requests fill the lowest free slots, so a lightly loaded
+    server computes few rows. Each bucket is its own CUDA graph, over views of the same buffers."""
 
     slot_mode = False
 
@@ -95,6 +116,7 @@ class TorchSlotBackend(TorchBackend):
         self.bound = np.zeros(slots, np.int64)  # host upper bound of each row's length
         self.seqs.max_len_bound, self.seqs.step = 1, 0
         self.slot_mirror = SlotMirror(slots, dev)
+        self.whole = self.seqs  # the whole batch's Sequences (steps see views of the first rows)
         for d in self.drafts:
             d.start(slots, self.shape[1])
         self.slot_mode = True
@@ -165,25 +187,57 @@ class TorchSlotBackend(TorchBackend):
         self.hold.copy_(host, non_blocking=True)
         self.hold_rows = hold
 
+    def bucket(self) -> int:
+        """The rows a step computes: a power of two above the highest slot in use."""
+        used = np.flatnonzero(self.bound > 0)
+        return min(next_pow2(int(used[-1]) + 1 if len(used) else 1), self.shape[0])
+
+    @contextlib.contextmanager
+    def first_rows(self, k: int):
+        """Inside, every per-row buffer (the caches, the drafts' too) is its view of the first k rows."""
+        if k == self.shape[0]:
+            yield
+            return
+        saved = {name: getattr(self, name) for name in ROW_BUFFERS}
+        seqs, cache = self.seqs, self.cache
+        drafts = [(d, d.cache, d.valid) for d in self.drafts if isinstance(d, ModelDraft)]
+        try:
+            for name, t in saved.items():
+                setattr(self, name, t[:k])
+            self.seqs = Sequences(seqs.tokens[:k], seqs.length[:k], seqs.max_len_bound, seqs.step)
+            self.cache = CacheView(cache.k[:, :k], cache.v[:, :k])
+            for d, c, valid in drafts:
+                d.cache, d.valid = CacheView(c.k[:, :k], c.v[:, :k]), valid[:k]
+            yield
+        finally:
+            for name, t in saved.items():
+                setattr(self, name, t)
+            self.seqs, self.cache = seqs, cache
+            for d, c, valid in drafts:
+                d.cache, d.valid = c, valid
+
     def step_slots(self, arm: int, gamma: int, sampling: SamplingConfig, rows) -> SlotHandle:
         self.check_slots([])
         self.set_rows(rows)
-        draft = self.drafts[arm]
+        draft, k = self.drafts[arm], self.bucket()
         graphed = self.graphed and draft.capturable
-        if graphed and draft.lagging(self.seqs):
-            draft.catch_up(self.seqs, gamma)
-        run = self.slot_run(lambda: draft.propose(self.seqs, gamma, sampling, self.seed, self.offset, graphed=graphed),
-                            sampling)
-        out = self.graphs.replay(("slots", arm, gamma, sampling), run, self.state()) if graphed else run()
-        draft.mark_used(self.seqs)
-        return self.slot_host(out, rows, gamma + 1)
+        with self.first_rows(k):
+            if graphed and draft.lagging(self.seqs):
+                draft.catch_up(self.seqs, gamma)
+            run = self.slot_run(lambda: draft.propose(self.seqs, gamma, sampling, self.seed, self.offset,
+                                                      graphed=graphed), sampling)
+            out = self.graphs.replay(("slots", k, arm, gamma, sampling), run, self.state()) if graphed else run()
+            draft.mark_used(self.seqs)
+            return self.slot_host(out, rows, gamma + 1)
 
     def decode_slots(self, sampling: SamplingConfig, rows) -> SlotHandle:
         self.check_slots([])
         self.set_rows(rows)
-        run = self.slot_run(None, sampling)
-        out = self.graphs.replay(("slots-plain", sampling), run, self.state()) if self.graphed else run()
-        return self.slot_host(out, rows, 2)
+        k = self.bucket()
+        with self.first_rows(k):
+            run = self.slot_run(None, sampling)
+            out = self.graphs.replay(("slots-plain", k, sampling), run, self.state()) if self.graphed else run()
+            return self.slot_host(out, rows, 2)
 
     def slot_run(self, propose, sampling: SamplingConfig):
         """The device work of one slot step (``propose`` None: plain decoding); returns
@@ -208,11 +262,14 @@ class TorchSlotBackend(TorchBackend):
         return run
 
     def slot_host(self, out, rows, width: int) -> SlotHandle:
+        """Host bookkeeping of a slot step (inside ``first_rows``): the length bounds, the step
+        count (of the whole batch's Sequences too), the asynchronous copy of the results."""
         num_accepted, emitted = out
         live = np.asarray(rows, bool) & (self.bound > 0)
         self.bound[live] += width
-        self.seqs.max_len_bound = min(int(self.bound.max(initial=1)), self.shape[1])
-        self.seqs.step += 1
+        for seqs in {id(s): s for s in (self.seqs, self.whole)}.values():
+            seqs.max_len_bound = min(int(self.bound.max(initial=1)), self.shape[1])
+            seqs.step += 1
         return self.slot_mirror.start(num_accepted.to(torch.int32), self.active, self.done, self.bad, emitted)
 
     def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
@@ -220,11 +277,16 @@ class TorchSlotBackend(TorchBackend):
             return super().prepare(gamma, sampling)
         if not self.graphed:
             return 0
-        captured = 0
-        if gamma is not None:
-            for arm, d in enumerate(self.drafts):
-                if d.capturable:
-                    run = self.slot_run(lambda d=d: d.propose(self.seqs, gamma, sampling, self.seed, self.offset,
-                                                              graphed=True), sampling)
-                    captured += self.graphs.capture(("slots", arm, gamma, sampling), run, self.state())
-        return captured + self.graphs.capture(("slots-plain", sampling), self.slot_run(None, sampling), self.state())
+        captured, k = 0, 1
+        while True:  # every bucket: 1, 2, 4, ... and the slot count
+            with self.first_rows(k):
+                for arm, d in enumerate(self.drafts if gamma is not None else []):
+                    if d.capturable:
+                        run = self.slot_run(lambda d=d: d.propose(self.seqs, gamma, sampling, self.seed, self.offset,
+                                                                  graphed=True), sampling)
+                        captured += self.graphs.capture(("slots", k, arm, gamma, sampling), run, self.state())
+                captured += self.graphs.capture(("slots-plain", k, sampling), self.slot_run(None, sampling),
+                                                self.state())
+            if k == self.shape[0]:
+                return captured
+            k = min(2 * k, self.shape[0])

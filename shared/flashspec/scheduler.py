@@ -256,7 +256,7 @@ class Scheduler:
         seconds = end - launched.start
         accepted = []
         names = self.backend.draft_names
-        for slot, t in enumerate(launched.owners):
+        for slot, t in enumerate(launched.owners[: len(view.active)]):  # the step computed the first rows only
             if t is None or not view.active[slot] or t.finish_reason is not None:
                 continue
             if view.bad is not None and view.bad[slot]:

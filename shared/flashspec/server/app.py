@@ -99,12 +99,11 @@ def check_fields(body: dict, model: str, chat: bool) -> None:
     unknown = sorted(set(body) - KNOWN)
     if unknown:
         raise ApiError(400, f"unknown field {unknown[0]!r}", unknown[0])
-    need = "messages" if chat else "prompt"
+    need, other = ("messages", "prompt") if chat else ("prompt", "messages")
+    if other in body:
+        raise ApiError(400, f"{other} belongs to /v1/{'completions' if chat else 'chat/completions'}", other)
     if need not in body:
         raise ApiError(400, f"{need} is required", need)
-    if ("prompt" if chat else "messages") in body:
-        other = "prompt" if chat else "messages"
-        raise ApiError(400, f"{other} belongs to /v1/{'completions' if chat else 'chat/completions'}", other)
     if body.get("model") not in (None, model):
         raise ApiError(404, f"the model {body.get('model')!r} does not exist; this server serves {model!r}", "model",
                        code="model_not_found")
