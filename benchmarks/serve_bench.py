@@ -128,8 +128,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, proc: subprocess.Popen | None, limit: float) -> str:
-    """The served model's id, once /v1/models answers (within ``limit`` seconds)."""
+def wait_ready(url: str, proc: subprocess.Popen | None, limit: float, model: str | None = None) -> str:
+    """The served model's id, once /v1/models answers (within ``limit`` seconds); with ``model``
+    given, once /health answers (transformers serve's /v1/models needs a Hugging Face cache)."""
     import httpx
 
     deadline = time.monotonic() + limit
@@ -137,9 +138,9 @@ def wait_ready(url: str, proc: subprocess.Popen | None, limit: float) -> str:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the server exited with status {proc.returncode}")
         try:
-            r = httpx.get(url + "/v1/models", timeout=5)
+            r = httpx.get(url + ("/health" if model else "/v1/models"), timeout=5)
             if r.status_code == 200:
-                return r.json()["data"][0]["id"]
+                return model or r.json()["data"][0]["id"]
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
