@@ -96,11 +96,12 @@ def serve_runs(args, deadline: float) -> dict:
             port = serve_bench.free_port()
             argv = [sys.executable, str(HERE / "serve_gpu.py"), "--child", shape, "--mode", mode, "--port", str(port),
                     "--max-batch", str(max(args.concurrency)), "--context", str(args.context)]
-            runs[name] = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / f"{name}.log")
+            runs[name] = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / f"{name}.log",
+                                 deadline=deadline)
     return runs
 
 
-def load_on(argv: list[str], url: str, levels, args, log: Path, model: str | None = None) -> dict:
+def load_on(argv: list[str], url: str, levels, args, log: Path, model: str | None = None, *, deadline: float) -> dict:
     """Start a server (argv), run every load level against it, stop it (``model``: its name, if
     /v1/models cannot tell)."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -113,9 +114,16 @@ def load_on(argv: list[str], url: str, levels, args, log: Path, model: str | Non
                                  timeout=args.start_limit, model=model)["levels"][0]  # e.g. a lazy model load
         out = []
         for lv in levels:
+            left = deadline - time.monotonic()
+            if left < 10:
+                out.append({**lv, "error": "skipped: the script's time budget was spent", "ok": 0, "requests": 0})
+                continue
             requests = max(args.min_requests, 2 * lv["concurrency"])
-            out.append(serve_bench.bench(url, [lv], requests=requests, max_tokens=args.max_tokens, temperature=0.0,
-                                         timeout=args.level_limit, model=model)["levels"][0])
+            try:
+                out.append(serve_bench.bench(url, [lv], requests=requests, max_tokens=args.max_tokens, temperature=0.0,
+                                             timeout=min(args.level_limit, left), model=model)["levels"][0])
+            except Exception as e:  # noqa: BLE001 - e.g. the level's time limit: recorded, the next level runs
+                out.append({**lv, "error": f"{type(e).__name__}: {e}", "ok": 0, "requests": requests})
         run = {"model": model, "server_ready_s": ready_s, "warm_up_request_s": warm["wall_s"], "levels": out,
                "checks": {"every_request_ok": all(lv["ok"] == lv["requests"] for lv in out)}}
     except Exception as e:  # noqa: BLE001 - recorded, the next part runs
@@ -165,7 +173,7 @@ def transformers_run(args, deadline: float) -> dict:
         argv = [str(exe), "serve", str(model_dir), "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
                 "--device", device, "--dtype", "bfloat16" if device == "cuda" else "float32"]
         run = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / "transformers serve.log",
-                      model=str(model_dir))
+                      model=str(model_dir), deadline=deadline)
     return run | {"command": "transformers serve MODEL_DIR --continuous-batching"}
 
 
@@ -198,8 +206,8 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.budget
     doc = {"what": __doc__.split("\n\n")[0], "command": " ".join(sys.argv), "environment": serve_bench.environment(),
            "settings": {k: str(v) for k, v in vars(args).items()}, "runs": {}}
-    doc["runs"] = serve_runs(args, deadline)
-    doc["runs"]["transformers serve embedded"] = transformers_run(args, deadline)
+    doc["runs"] = serve_runs(args, deadline - 150)  # keep time for the breakdown and transformers serve
+    write(doc, args.out)
     from step_breakdown import breakdown
 
     try:
@@ -207,18 +215,26 @@ def main(argv=None) -> int:
                                           [int(b) for b in args.breakdown_batches.split(",")], args.context)
     except Exception as e:  # noqa: BLE001
         doc["step_breakdown"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-    doc["summary"] = summary(doc)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
+    write(doc, args.out)
+    doc["runs"]["transformers serve embedded"] = transformers_run(args, deadline)
+    write(doc, args.out)
     why = serve_bench.plot({"runs": {k: v for k, v in doc["runs"].items() if "levels" in v}}, args.out.with_suffix(".png"))
     print(json.dumps(doc["summary"], indent=1))
     print(f"wrote {args.out.with_suffix('.json')}" + (f" ({why})" if why else ""))
     return 0
 
 
+def write(doc: dict, out: Path) -> None:
+    """The JSON as it stands (written after every part: a run cut short keeps what it measured)."""
+    doc["summary"] = summary(doc)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
+
+
 def summary(doc: dict) -> dict:
     """Output tokens/s per run and concurrency, speculation / plain, flashspec / transformers serve."""
-    table = {name: {lv["concurrency"]: round(lv["output_tokens_per_s"], 1) for lv in run.get("levels", [])}
+    table = {name: {lv["concurrency"]: round(lv["output_tokens_per_s"], 1) for lv in run.get("levels", [])
+                    if "output_tokens_per_s" in lv}
              for name, run in doc["runs"].items()}
     out = {"output_tokens_per_s": table}
     hf = table.get("transformers serve embedded", {})
