@@ -56,12 +56,13 @@ async def one_request(client, url: str, model: str, prompt: str, max_tokens: int
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "seed": seed,
             "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    arrivals, tokens, error = [], None, None
+    arrivals, tokens, error, done = [], None, None, False
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
                 return {"error": f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"}
             async for line in r.aiter_lines():
+                done = done or line == "data: [DONE]"
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
@@ -72,8 +73,10 @@ async def one_request(client, url: str, model: str, prompt: str, max_tokens: int
     except Exception as e:  # noqa: BLE001 - reported per request
         error = f"{type(e).__name__}: {e}"
     end = time.perf_counter()
-    if error or not arrivals:
-        return {"error": error or "no text came back"}
+    if error or not (arrivals or done):
+        return {"error": error or "the stream ended without [DONE]"}
+    if not arrivals:  # e.g. EOS first: a finished request without text
+        return {"ttft": None, "itl": [], "tokens": tokens or 0, "e2e": end - start, "tpot": None}
     tokens = tokens if tokens is not None else len(arrivals)
     return {"ttft": arrivals[0] - start, "itl": [b - a for a, b in zip(arrivals, arrivals[1:])],
             "tokens": tokens, "e2e": end - start,
@@ -111,7 +114,7 @@ async def run_level(url: str, model: str, texts: list[str], *, concurrency: int 
 def summarize(results: list[dict], wall: float, concurrency, rate) -> dict:
     ok = [r for r in results if "error" not in r]
     ms = lambda xs, q: None if percentile(xs, q) is None else percentile(xs, q) * 1e3  # noqa: E731
-    ttft = [r["ttft"] for r in ok]
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     itl = [x for r in ok for x in r["itl"]]
     tpot = [r["tpot"] for r in ok if r["tpot"] is not None]
     tokens = sum(r["tokens"] for r in ok)
