@@ -297,12 +297,19 @@ class Scheduler:
         t.on_event(t, [])
 
     def fail_all(self, message: str) -> None:
-        """After a failed step: every request ends with the error; the slots are freed."""
+        """After a failed step: every request ends with the error; the slots are freed (the
+        backend's rows too, unless that fails as well: then the slots are reopened)."""
         self.pending = None
         with self.lock:
             waiting, self.waiting = list(self.waiting), deque()
+        broken = False
         for t in [*waiting, *(t for t in self.owner if t is not None)]:
-            if t.finish_reason is None:
+            try:
                 self.finish(t, "error", message)
-            else:
-                self.owner[t.slot] = None
+            except Exception:  # noqa: BLE001 - the listener is told below; the rows are reset
+                broken = True
+                t.finish_reason, t.error = "error", message
+                t.on_event(t, [])
+        self.owner = [None] * self.slots
+        if broken:
+            self.backend.open_slots(self.slots, self.context)

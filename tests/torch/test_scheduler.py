@@ -93,3 +93,20 @@ def test_stop_strings_end_the_request_and_are_cut(tiny):
         stop = full[5:7]
         cut = svc.complete("hello", max_tokens=20, temperature=0.0, stop=[stop, "never"])
     assert cut["text"] == full[: full.index(stop)] and cut["finish_reason"] == "stop"
+
+
+def test_a_failed_step_fails_its_requests_and_the_next_ones_are_served(tiny):
+    eng = engine(tiny, "ngram")
+    step, calls = eng.backend.step_slots, []
+
+    def broken_once(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("device lost")
+        return step(*args)
+
+    eng.backend.step_slots = broken_once
+    with Service(eng, max_batch=2, context=64, gamma=3) as svc:
+        failed = svc.complete("abc", max_tokens=20, temperature=0.0)
+        ok = svc.complete("abc", max_tokens=4, temperature=0.0)
+    assert failed["finish_reason"] == "error" and ok["finish_reason"] in ("length", "stop")
