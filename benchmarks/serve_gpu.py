@@ -56,7 +56,6 @@ def child(args) -> int:
     import torch
     import uvicorn
 
-    from flashspec.config import SamplingConfig
     from flashspec.server.app import create_app
     from flashspec.server.metrics import Metrics
     from flashspec.serving import Service
@@ -77,8 +76,7 @@ def child(args) -> int:
     service = Service(eng, max_batch=args.max_batch, context=args.context, gamma=4,
                       speculation=args.mode != "plain", observer=metrics)
     t = time.perf_counter()
-    with torch.inference_mode():
-        captured = eng.backend.prepare(4 if args.mode != "plain" else None, SamplingConfig(0.0))
+    captured = service.prepare([0.0])
     print(f"captured {captured} graphs in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     uvicorn.run(create_app(service, metrics, drain_timeout=5), host="127.0.0.1", port=args.port, log_level="warning")
     return 0

@@ -29,6 +29,9 @@ def add_serve(sub, positive_int) -> None:
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds SIGTERM / Ctrl-C waits for requests in flight before cancelling them")
+    p.add_argument("--warm-up", default="0,1", metavar="T1,T2",
+                   help="temperatures whose steps are captured (CUDA graphs) before serving (default %(default)s; "
+                        "'' for none; others are captured on first use)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(run=run_serve)
 
@@ -54,9 +57,14 @@ def run_serve(args: argparse.Namespace) -> int:
     metrics = Metrics(eng.target.name, list(eng.backend.draft_names), args.max_batch)
     service = Service(eng, max_batch=args.max_batch, max_queue=args.max_queue, context=args.context,
                       gamma=args.gamma, speculation=not args.no_speculation, observer=metrics)
+    try:
+        temperatures = [float(t) for t in args.warm_up.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--warm-up {args.warm_up!r} must be comma-separated temperatures") from None
+    captured = service.prepare(temperatures)
     app = create_app(service, metrics, drain_timeout=args.drain_timeout)
     print(f"flashspec serve: {service.model_name} on http://{args.host}:{args.port} ({args.max_batch} slots of "
-          f"{service.context} tokens)", file=sys.stderr, flush=True)
+          f"{service.context} tokens; {captured} CUDA graphs captured)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.drain_timeout + 5)
     return 0
