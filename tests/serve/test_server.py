@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -128,9 +129,10 @@ def test_sixteen_concurrent_streams_equal_each_alone(client, model, server):
 def test_a_client_that_disconnects_frees_its_slot(server, client, model):
     base = server[0]
     before = metric(base, "vllm:request_success_total", finished_reason="cancelled")
-    body = {"model": model, "prompt": "Tell me a long story.", "max_tokens": 200, "stream": True, "temperature": 0.7}
+    body = {"model": model, "prompt": "1, 2, 3, 4, 5,", "max_tokens": 200, "stream": True, "temperature": 0}
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=TIMEOUT) as r:
         for line in r.iter_lines():
+            assert line != "data: [DONE]", "the request ended before the client left"
             if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["text"]:
                 break  # one token group arrived; leaving the block closes the connection
     deadline = time.monotonic() + 60
@@ -172,3 +174,20 @@ def test_metrics_and_models(server, model):
         assert name in text, name
     assert metric(server[0], "vllm:spec_decode_num_draft_tokens_total") > 0
     assert httpx.get(server[0] + "/v1/models", timeout=10).json()["data"][0]["id"] == model
+
+
+def test_sigterm_drains_a_stream_in_flight(server, model):
+    """Last in the file: it stops the server. SIGTERM mid-stream: the stream still ends with its
+    finish_reason and [DONE], then the process exits (uvicorn re-raises the signal once shut down)."""
+    base, proc = server
+    body = {"model": model, "prompt": "Count to twenty:", "max_tokens": 12, "stream": True, "temperature": 0}
+    lines = []
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=TIMEOUT) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                lines.append(line)
+                if len(lines) == 1:
+                    proc.send_signal(signal.SIGTERM)
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its clean shutdown
