@@ -131,6 +131,31 @@ def load_on(argv: list[str], url: str, levels, args, log: Path, model: str | Non
     return run
 
 
+def generate_baseline(args) -> dict:
+    """The engine's own batch-1 ``generate`` on the embedded model (greedy, no chat template, the load's
+    first prompts): ms per new token, plain and n-gram, for the concurrency-1 comparison."""
+    import torch
+
+    from flashspec_torch.engine import Engine
+
+    eng = Engine(None, ("ngram",), policy="fixed", device="cuda" if torch.cuda.is_available() else "cpu")
+    out = {}
+    for mode in ("plain", "ngram"):
+        run = lambda p: eng.generate(p, chat=False, temperature=0.0, max_new_tokens=args.max_tokens,  # noqa: E731
+                                     speculation=mode == "ngram")
+        run("warm up")
+        times, tokens = [], 0
+        for p in serve_bench.prompts()[:4]:
+            r = run(p)
+            times.append(r["wall_s"])
+            tokens += r["new_tokens"]
+        out[mode] = {"ms_per_token": sum(times) * 1e3 / max(tokens, 1), "tokens": tokens, "prompts": 4}
+    del eng
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out
+
+
 def transformers_dir(tmp: Path) -> Path:
     """The embedded GGUF as a transformers directory (bf16), for ``transformers serve``."""
     import torch
@@ -206,6 +231,11 @@ def main(argv=None) -> int:
            "settings": {k: str(v) for k, v in vars(args).items()}, "runs": {}}
     doc["runs"] = serve_runs(args, deadline - 150)  # keep time for the breakdown and transformers serve
     write(doc, args.out)
+    try:
+        doc["generate_batch1"] = generate_baseline(args)
+    except Exception as e:  # noqa: BLE001
+        doc["generate_batch1"] = {"error": f"{type(e).__name__}: {e}"}
+    write(doc, args.out)
     from step_breakdown import breakdown
 
     try:
@@ -236,6 +266,12 @@ def summary(doc: dict) -> dict:
              for name, run in doc["runs"].items()}
     out = {"output_tokens_per_s": table}
     hf = table.get("transformers serve embedded", {})
+    for mode, base in (doc.get("generate_batch1") or {}).items():
+        one = [lv for lv in doc["runs"].get(f"flashspec embedded {mode}", {}).get("levels", [])
+               if lv.get("concurrency") == 1 and (lv.get("tpot_ms") or {}).get("mean")]
+        if isinstance(base, dict) and one:  # the issue asks for at most 1.15
+            out[f"embedded {mode}: served ms per token at concurrency 1 / generate batch 1"] = round(
+                one[0]["tpot_ms"]["mean"] / base["ms_per_token"], 3)
     for name, row in table.items():
         if name.endswith(" ngram"):
             plain = table.get(name[: -len(" ngram")] + " plain", {})
