@@ -209,6 +209,7 @@ def main(argv=None) -> int:
     p.add_argument("--min-requests", type=int, default=8)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--breakdown-batches", default="64,256")
+    p.add_argument("--breakdown-context", type=int, default=640, help="tokens per slot in the breakdown (128 of prompt)")
     p.add_argument("--budget", type=float, default=440.0, help="seconds after which remaining parts are skipped")
     p.add_argument("--start-limit", type=float, default=180.0)
     p.add_argument("--level-limit", type=float, default=120.0)
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     if args.quick:
         args.shapes, args.concurrency, args.max_tokens, args.min_requests, args.context = ["tiny"], [1, 2], 4, 2, 256
-        args.breakdown_batches = "2,4"
+        args.breakdown_batches, args.breakdown_context = "2,4", 256
     args.out = args.out.with_suffix("")
     deadline = time.monotonic() + args.budget
     doc = {"what": __doc__.split("\n\n")[0], "command": " ".join(sys.argv), "environment": serve_bench.environment(),
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
 
     try:
         doc["step_breakdown"] = breakdown("llama3-8b" if not args.quick else "tiny",
-                                          [int(b) for b in args.breakdown_batches.split(",")], args.context)
+                                          [int(b) for b in args.breakdown_batches.split(",")], args.breakdown_context)
     except Exception as e:  # noqa: BLE001
         doc["step_breakdown"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
     write(doc, args.out)

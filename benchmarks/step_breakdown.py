@@ -66,42 +66,51 @@ def model_for(shape: str):
 
 
 def breakdown(shape: str, batches: list[int], context: int) -> dict:
-    from flashspec.config import SamplingConfig
-    from flashspec_torch.backend import commit_reference, greedy_next_reference, greedy_next_triton, commit_triton
     from flashspec_torch.drafts import LookupDraft
     from flashspec_torch.slots import TorchSlotBackend
 
     model = model_for(shape)
     cuda = torch.cuda.is_available()
     backend = TorchSlotBackend(model, [LookupDraft()], eos_ids=[])
-    greedy = SamplingConfig(0.0)
     out = {"shape": shape, "context": context, "prompt_tokens": PROMPT, "gamma": 4, "sampling": "greedy",
            "graphs": backend.graphed, "rows": []}
     with torch.inference_mode():
         backend.open_slots(max(batches), context)
         admitted = 0
         for b in sorted(batches):
-            prompts = torch.randint(0, model.config.vocab_size, (b - admitted, PROMPT)).tolist()
-            backend.admit(list(range(admitted, b)), prompts, [context - PROMPT] * (b - admitted), list(range(admitted, b)))
+            try:
+                out["rows"].append(measure(backend, model, b, admitted, max(batches), context, cuda))
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory at the largest batch: the others stay
+                out["rows"].append({"batch": b, "error": f"{type(e).__name__}: {e}"[:500]})
             admitted = b
-            rows = torch.zeros(max(batches), dtype=torch.bool).numpy()
-            rows[:b] = True
-            for _ in range(3):  # compiles and captures
-                backend.step_slots(0, 4, greedy, rows).fetch()
-                backend.decode_slots(greedy, rows).fetch()
-            row = {"batch": b, "bucket": backend.bucket(), "cache_slots": backend.shape[1],
-                   "plain_step_ms": steps_ms(lambda: backend.decode_slots(greedy, rows)),
-                   "ngram_step_ms": steps_ms(lambda: backend.step_slots(0, 4, greedy, rows))}
-            with backend.first_rows(backend.bucket()):
-                row.update(parts(backend, model, greedy, cuda, greedy_next_triton if cuda else greedy_next_reference,
-                                 commit_triton if cuda else commit_reference))
-            fwd1, fwd5 = row["forward_1_token_whole_cache_ms"], row["forward_5_tokens_whole_cache_ms"]
-            row["plain_share_outside_forward"] = 1 - fwd1 / row["plain_step_ms"]
-            row["ngram_share_outside_forward"] = 1 - fwd5 / row["ngram_step_ms"]
-            row["plain_share_attention_on_empty_slots"] = (fwd1 - row["forward_1_token_used_slots_ms"]) / row["plain_step_ms"]
-            out["rows"].append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps(out["rows"][-1]), flush=True)
     return out
+
+
+def measure(backend, model, b: int, admitted: int, slots: int, context: int, cuda: bool) -> dict:
+    """One batch size: admit rows up to ``b``, then time the steps and their parts."""
+    from flashspec.config import SamplingConfig
+    from flashspec_torch.backend import commit_reference, commit_triton, greedy_next_reference, greedy_next_triton
+
+    greedy = SamplingConfig(0.0)
+    prompts = torch.randint(0, model.config.vocab_size, (b - admitted, PROMPT)).tolist()
+    backend.admit(list(range(admitted, b)), prompts, [context - PROMPT] * (b - admitted), list(range(admitted, b)))
+    rows = torch.zeros(slots, dtype=torch.bool).numpy()
+    rows[:b] = True
+    for _ in range(3):  # compiles and captures
+        backend.step_slots(0, 4, greedy, rows).fetch()
+        backend.decode_slots(greedy, rows).fetch()
+    row = {"batch": b, "bucket": backend.bucket(), "cache_slots": backend.shape[1],
+           "plain_step_ms": steps_ms(lambda: backend.decode_slots(greedy, rows)),
+           "ngram_step_ms": steps_ms(lambda: backend.step_slots(0, 4, greedy, rows))}
+    with backend.first_rows(backend.bucket()):
+        row.update(parts(backend, model, greedy, cuda, greedy_next_triton if cuda else greedy_next_reference,
+                         commit_triton if cuda else commit_reference))
+    fwd1, fwd5 = row["forward_1_token_whole_cache_ms"], row["forward_5_tokens_whole_cache_ms"]
+    row["plain_share_outside_forward"] = 1 - fwd1 / row["plain_step_ms"]
+    row["ngram_share_outside_forward"] = 1 - fwd5 / row["ngram_step_ms"]
+    row["plain_share_attention_on_empty_slots"] = (fwd1 - row["forward_1_token_used_slots_ms"]) / row["plain_step_ms"]
+    return row
 
 
 def parts(backend, model, greedy, cuda: bool, greedy_next, commit) -> dict:
@@ -126,6 +135,8 @@ def parts(backend, model, greedy, cuda: bool, greedy_next, commit) -> dict:
         "forward_5_tokens_whole_cache_ms": timed(lambda: model(tok5, pos5, cache, s)),
         "forward_5_tokens_used_slots_ms": timed(lambda: model(tok5, pos5, cache, used)),
         "used_slots": used,
+        "mean_row_length": float(length.float().mean()),
+        "live_rows": int((~backend.done).sum()),
         "lookup_draft_ms": timed(lambda: draft.propose(seqs, 4, greedy, backend.seed, backend.offset, graphed=True)),
         "verify_ms": timed(lambda: backend.verify(z5, proposal, greedy, backend.seed, backend.offset)),
         "greedy_next_ms": timed(lambda: greedy_next(z1, backend.bad)),
@@ -138,7 +149,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="llama3-8b", help="a shape of benchmarks/engine_gpu.py, or tiny (CPU)")
     p.add_argument("--batches", default="64,256")
-    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--context", type=int, default=640)
     args = p.parse_args()
     print(json.dumps(breakdown(args.shape, [int(b) for b in args.batches.split(",")], args.context), indent=1))
     return 0
