@@ -111,8 +111,6 @@ class TorchSlotBackend(TorchBackend):
         self.seqs.length.fill_(1)
         self.prompt_len.fill_(1)
         self.hold_rows = np.zeros(slots, bool)
-        self.hold_host = [torch.zeros(slots, dtype=torch.bool, pin_memory=dev.type == "cuda") for _ in range(2)]
-        self.hold_turn = 0
         self.bound = np.zeros(slots, np.int64)  # host upper bound of each row's length
         self.seqs.max_len_bound, self.seqs.step = 1, 0
         self.slot_mirror = SlotMirror(slots, dev)
@@ -127,7 +125,12 @@ class TorchSlotBackend(TorchBackend):
         b = self.shape[0]
         if not all(isinstance(s, (int, np.integer)) and 0 <= s < b for s in slots) or len(set(slots)) != len(slots):
             raise ValueError(f"slots={list(slots)} must be distinct integers in [0, {b})")
-        return torch.tensor([int(s) for s in slots], dtype=torch.int64, device=self.device)
+        return self.upload(torch.tensor([int(s) for s in slots], dtype=torch.int64))
+
+    def upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device without a host wait: through pinned memory, whose caching
+        allocator keeps the block until the copy has run."""
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
     def admit(self, slots, prompts, max_new_tokens, seeds) -> None:
         idx = self.check_slots(slots)
@@ -142,18 +145,20 @@ class TorchSlotBackend(TorchBackend):
         for i, p in enumerate(prompts):
             host[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.int64)
         lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
-        ints = lambda xs: torch.tensor([int(x) for x in xs], dtype=torch.int64, device=self.device)  # noqa: E731
-        self.seqs.tokens[idx, :longest] = host.to(self.device)
+        per_row = self.upload(torch.stack([lens, torch.tensor([int(m) for m in max_new_tokens]),
+                                           torch.tensor([int(s) for s in seeds])]))  # [3, n]
+        tokens = self.upload(host)
+        self.seqs.tokens[idx, :longest] = tokens
         for buf in (self.seqs.length, self.prompt_len):
-            buf[idx] = lens.to(self.device)
-        self.max_new[idx] = ints(max_new_tokens)
-        self.seed[idx] = ints(seeds)
+            buf[idx] = per_row[0]
+        self.max_new[idx] = per_row[1]
+        self.seed[idx] = per_row[2]
         self.offset[idx] = 0
         self.bad[idx] = 0
         if longest > 1:  # K/V of every prompt token but the last, in a cache of these rows only
             cache = self.target.new_cache(n, longest - 1)
             pos = torch.arange(longest - 1, device=self.device)[None].expand(n, -1)
-            self.target(host[:, : longest - 1].to(self.device), pos, cache, longest - 1, logits_last=0)
+            self.target(tokens[:, : longest - 1], pos, cache, longest - 1, logits_last=0)
             self.cache.k[:, idx, :, : longest - 1] = cache.k
             self.cache.v[:, idx, :, : longest - 1] = cache.v
         for d in self.drafts:
@@ -165,26 +170,26 @@ class TorchSlotBackend(TorchBackend):
         self.seqs.max_len_bound = min(int(self.bound.max()), self.shape[1])
 
     def release(self, slots) -> None:
+        """Host bookkeeping only: a released row is held in every later step (``set_rows``), so it
+        emits nothing and its state stays, until ``admit`` gives the slot a new request."""
         if not slots:
             return
-        self.done[self.check_slots(slots)] = True
+        self.check_slots(slots)
         self.bound[list(slots)] = 0
 
     def state(self) -> list[torch.Tensor]:
         return super().state() + ([self.offset] if self.slot_mode else [])
 
     def set_rows(self, rows: np.ndarray) -> None:
-        """The held rows (not in ``rows``) into the device buffer, copied only when they change."""
+        """The held rows (not in ``rows``, or released) into the device buffer, copied (without a
+        host wait) only when they change."""
         rows = np.asarray(rows, bool)
         if rows.shape != (self.shape[0],):
             raise ValueError(f"rows must be a [{self.shape[0]}] bool mask, got shape {rows.shape}")
-        hold = ~rows
+        hold = ~(rows & (self.bound > 0))
         if np.array_equal(hold, self.hold_rows):
             return
-        host = self.hold_host[self.hold_turn]  # rewritten two changes later, after this copy ran
-        self.hold_turn ^= 1
-        host.copy_(torch.from_numpy(hold))
-        self.hold.copy_(host, non_blocking=True)
+        self.hold.copy_(self.upload(torch.from_numpy(hold)))
         self.hold_rows = hold
 
     def bucket(self) -> int:
