@@ -94,7 +94,7 @@ def serve_runs(args, deadline: float) -> dict:
             port = serve_bench.free_port()
             argv = [sys.executable, str(HERE / "serve_gpu.py"), "--child", shape, "--mode", mode, "--port", str(port),
                     "--max-batch", str(max(args.concurrency)), "--context", str(args.context)]
-            runs[name] = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / f"{name}.log",
+            runs[name] = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / f"{name.replace(' ', '_')}.log",
                                  deadline=deadline)
     return runs
 
@@ -192,14 +192,14 @@ def transformers_run(args, deadline: float) -> dict:
         device = "cuda" if not args.quick else "cpu"
         argv = [str(exe), "serve", str(model_dir), "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
                 "--device", device, "--dtype", "bfloat16" if device == "cuda" else "float32"]
-        run = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / "transformers serve.log",
+        run = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / "transformers_serve.log",
                       model=str(model_dir), deadline=deadline)
     return run | {"command": "transformers serve MODEL_DIR --continuous-batching"}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("serve_gpu"), help="writes OUT.json, OUT.png, OUT/*.log")
+    p.add_argument("--out", type=Path, default=Path("serve_gpu"), help="writes OUT.json, OUT.png and each server's log beside them")
     p.add_argument("--shapes", default=",".join(SHAPES), help="embedded,tinyllama-1.1b,llama3-8b")
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--max-tokens", type=int, default=128)
