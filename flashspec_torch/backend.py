@@ -208,7 +208,7 @@ class TorchBackend:
             width = len(self.hidden) * self.target.config.hidden_size
             self.seqs.features = torch.zeros((batch, s_max, width), dtype=self.target.embed.weight.dtype, device=dev)
         self.prompt_len = torch.zeros(batch, **i64)
-        self.max_new = torch.zeros((), **i64)
+        self.max_new = torch.zeros(batch, **i64)  # per row: slot requests have their own
         self.done = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.active = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.bad = torch.zeros(batch, dtype=torch.uint8, device=dev)  # flashspec.faults bits of the step
@@ -386,7 +386,7 @@ def commit_reference(
     tokens: torch.Tensor,  # [B, S] int64, appended to in place
     length: torch.Tensor,  # [B] int64, advanced in place
     prompt_len: torch.Tensor,  # [B] int64
-    max_new: torch.Tensor,  # [] int64
+    max_new: torch.Tensor,  # [B] int64
     done: torch.Tensor,  # [B] bool, updated in place
     active: torch.Tensor,  # [B] bool, written: the row was live during this step
 ) -> None:

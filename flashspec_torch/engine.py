@@ -14,7 +14,7 @@ from flashspec.engine import EngineBase
 from flashspec.loop import SpecConfig
 from flashspec.weights import LLAMA_FAMILY, directory_model_type
 
-from .backend import TorchBackend
+from .slots import TorchSlotBackend
 from .drafts import LookupDraft, ModelDraft, TransformersDraft, draft_from_model
 from .faults import scrub_caches
 from .verify import IMPLS
@@ -89,7 +89,7 @@ class Engine(EngineBase):
         self.drafts = [self.make_draft(d) for d in drafts]
         config = self.target.model.config
         eos = set(config.eos_token_ids)
-        self.backend = TorchBackend(self.target.model, self.drafts, sorted(eos), verify_impl)
+        self.backend = TorchSlotBackend(self.target.model, self.drafts, sorted(eos), verify_impl)
 
     def make_draft(self, spec) -> ModelDraft | LookupDraft | TransformersDraft:
         """A draft from its name (see DRAFT_HELP), a LoadedModel or a transformers model object."""

@@ -21,7 +21,7 @@ BIG = tl.constexpr(2147483647)
 @triton.jit
 def commit_kernel(
     n_ptr, emitted_ptr, eos_ptr,  # n [B] int32; emitted [B, W] int32; eos [E] int64
-    tokens_ptr, length_ptr, prompt_ptr, max_new_ptr, done_ptr, active_ptr,  # [B, S], [B], [B], [], [B], [B]
+    tokens_ptr, length_ptr, prompt_ptr, max_new_ptr, done_ptr, active_ptr,  # [B, S], [B], [B], [B], [B], [B]
     W, E, S,
     BLOCK_W: tl.constexpr,
 ):
@@ -38,7 +38,7 @@ def commit_kernel(
     count = tl.where(hit_eos, first + 1, count)
     length = tl.load(length_ptr + b)
     generated = length - tl.load(prompt_ptr + b)
-    max_new = tl.load(max_new_ptr)
+    max_new = tl.load(max_new_ptr + b)
     count = tl.minimum(count, max_new - generated)
     active = tl.load(done_ptr + b) == 0
     count = tl.where(active, count, 0)

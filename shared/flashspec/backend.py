@@ -25,6 +25,7 @@ class StepView:
     active: np.ndarray  # [B] bool: the row was still generating during this step
     done: np.ndarray  # [B] bool: the row has finished (EOS or length) after this step
     bad: np.ndarray | None = None  # [B] uint8: flashspec.faults bits, the model(s) whose logits were not finite
+    emitted: np.ndarray | None = None  # [B, W] int: the tokens appended to each row by this step, then -1 (slot steps)
 
 
 @runtime_checkable
@@ -77,3 +78,31 @@ class Backend(Protocol):
     def outputs(self) -> list[list[int]]:
         """The new tokens of every row (host), after the last step."""
 
+
+
+@runtime_checkable
+class SlotBackend(Backend, Protocol):
+    """What ``flashspec.scheduler`` calls besides ``Backend``: a fixed set of rows (slots) that
+    requests enter and leave between steps (continuous batching).
+
+    After ``open_slots`` each row carries its own seed, step counter (the generator's offset,
+    counted from its admission) and token budget, so a request's tokens do not depend on the rows
+    around it (with a fixed draft choice). Slot steps read the emitted tokens back with the
+    step's other small results (``StepView.emitted``), one step late, like every step."""
+
+    def open_slots(self, slots: int, context: int) -> None:
+        """Make ``slots`` empty rows, each holding up to ``context`` tokens (prompt + new)."""
+
+    def admit(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
+              seeds: Sequence[int]) -> None:
+        """Put one request into each (free) slot: its prompt's K/V (prefill), its budget, its seed."""
+
+    def release(self, slots: Sequence[int]) -> None:
+        """Finish these rows now (a cancelled or completed request): they take part in no later step."""
+
+    def step_slots(self, arm: int, gamma: int, sampling: SamplingConfig, rows: np.ndarray) -> StepHandle:
+        """``step`` over the rows where ``rows`` ([B] bool) is set; the others are held (nothing
+        emitted, their step counters unchanged). Seeds and offsets are the rows' own."""
+
+    def decode_slots(self, sampling: SamplingConfig, rows: np.ndarray) -> StepHandle:
+        """``decode_one`` over the rows where ``rows`` is set, as ``step_slots``."""

@@ -164,7 +164,7 @@ def format_table(doc: dict) -> str:
 
 def add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks that write JSON and PNG plots")
-    kinds = p.add_subparsers(dest="kind", metavar="{bandit,generate,kernels}", parser_class=Parser)
+    kinds = p.add_subparsers(dest="kind", metavar="{bandit,generate,kernels,serve}", parser_class=Parser)
     kinds.required = True
     add_bench_bandit(kinds)
     for kind, (_, _, text) in BENCH_SCRIPTS.items():  # parsed by the script itself (main passes the rest on)
@@ -176,6 +176,7 @@ def add_bench(sub) -> None:
 BENCH_SCRIPTS = {
     "generate": ("generate_cpu.py", "engine_gpu.py", "tokens/s of the engines (CPU: next to transformers; GPU: ms per step)"),
     "kernels": ("verify_kernels.py", "verify_kernels.py", "verify kernel timings against the memory floor (GPU)"),
+    "serve": ("serve_bench.py", "serve_bench.py", "load on a server: TTFT, inter-token latency, req/s, tok/s"),
 }
 
 
@@ -371,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_bandit_sim(sub)
     add_bench(sub)
     add_train_head(sub)
+    from .server.command import add_serve
+
+    add_serve(sub, positive_int)
     return parser
 
 

@@ -6,7 +6,7 @@ import inspect
 import numpy as np
 import pytest
 
-from flashspec.backend import Backend
+from flashspec.backend import Backend, SlotBackend
 from flashspec.config import SamplingConfig
 from flashspec.fake import LookupDraft, MarkovBackend
 from flashspec.loop import SpecConfig, decode, speculate
@@ -36,6 +36,31 @@ def test_each_backend_class_has_every_protocol_method(where):
         got = getattr(cls, method, None)
         assert callable(got), f"{name} lacks {method}"
         assert list(inspect.signature(got).parameters)[: len(want)] == want, f"{name}.{method}'s parameters"
+
+
+SLOT_METHODS = sorted(n for n, v in vars(SlotBackend).items() if inspect.isfunction(v) and not n.startswith("_"))
+
+
+def test_the_slot_protocol_lists_what_the_scheduler_calls():
+    assert SLOT_METHODS == ["admit", "decode_slots", "open_slots", "release", "step_slots"]
+
+
+def test_the_torch_backend_serves_slots_and_the_jax_backend_does_not():
+    """The JAX backend does not implement slots: ``flashspec serve --backend jax`` is refused."""
+    cls = pytest.importorskip("flashspec_torch.slots").TorchSlotBackend
+    for method in METHODS + SLOT_METHODS:
+        want = list(inspect.signature(getattr(SlotBackend, method, None) or getattr(Backend, method)).parameters)
+        assert list(inspect.signature(getattr(cls, method)).parameters)[: len(want)] == want, method
+    jax_backend = pytest.importorskip("flashspec_jax.backend").JaxBackend
+    assert not all(hasattr(jax_backend, m) for m in SLOT_METHODS)
+
+
+def test_the_scheduler_refuses_a_backend_without_slots():
+    from flashspec.scheduler import Scheduler
+
+    backend = MarkovBackend(np.zeros((4, 4), np.float32), [LookupDraft("x", np.arange(4))])
+    with pytest.raises(TypeError, match="SlotBackend"):
+        Scheduler(backend, Fixed(), slots=2, context=16)
 
 
 def test_a_class_missing_a_method_fails_the_check():

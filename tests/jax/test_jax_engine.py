@@ -78,7 +78,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
 def fixed_arm_run(engine, arm: int, prompts, sampling, seeds, **spec):
     ids = [engine.encode(p, chat=False) for p in prompts]
     policy = FixedArm(2, BanditConfig(fixed_arm=arm))
-    seed = torch.tensor(seeds) if engine.backend.__class__.__name__ == "TorchBackend" else np.array(seeds, np.uint64)
+    seed = torch.tensor(seeds) if engine.backend_name == "torch" else np.array(seeds, np.uint64)
     with torch.inference_mode():
         return speculate(engine.backend, policy, ids, sampling=sampling, spec=SpecConfig(**spec), seed=seed)
 

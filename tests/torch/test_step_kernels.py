@@ -31,7 +31,7 @@ def commit_state(gen, b, s, w):
     prompt = torch.randint(1, 5, (b,), generator=gen)
     length = prompt + torch.randint(0, 8, (b,), generator=gen)
     state = dict(tokens=torch.randint(0, 6, (b, s), generator=gen), length=length, prompt_len=prompt,
-                 max_new=torch.tensor(9), done=torch.rand(b, generator=gen) < 0.3, active=torch.zeros(b, dtype=torch.bool))
+                 max_new=torch.randint(5, 10, (b,), generator=gen), done=torch.rand(b, generator=gen) < 0.3, active=torch.zeros(b, dtype=torch.bool))
     return n, emitted, state
 
 

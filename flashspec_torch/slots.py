@@ -1,0 +1,297 @@
+"""Continuous batching on the torch backend: ``flashspec.backend.SlotBackend`` over ``TorchBackend``.
+
+``open_slots`` allocates a fixed batch of rows; requests enter a free row (``admit``: its prompt's
+K/V computed in a small cache of its own, then copied into the row) and leave it (``release``)
+between steps. Each row keeps its own seed, step counter and token budget on the device, so a
+request's tokens depend on its prompt and seed only (with a fixed draft). A slot step runs over the
+whole batch; rows outside ``rows`` (another sampling setting's requests) are held: marked finished
+for the commit, then restored, so they emit nothing and their counters stay. Graphed, a slot step is
+one CUDA-graph replay like a ``generate`` step, and emits its appended tokens with the small results
+that the scheduler reads one step late.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from flashspec.backend import StepView
+from flashspec.config import SamplingConfig
+
+from .backend import TorchBackend
+from .device import next_pow2
+from .drafts import ModelDraft, Sequences
+
+MARGIN = 66  # slots past a row's budget that a step may write (gamma <= 64, plus the bonus token)
+# per-row buffers that a step over the first k rows sees as their [:k] views
+ROW_BUFFERS = ("done", "active", "bad", "seed", "offset", "hold", "done_before", "length_before", "prompt_len", "max_new")
+
+
+@dataclass
+class CacheView:
+    """The first rows of a KVCache, as the model reads one (each layer's [k, H_kv, S, D] is contiguous)."""
+
+    k: torch.Tensor  # [layers, k, H_kv, S, D]
+    v: torch.Tensor
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+class SlotHandle:
+    """A slot step's small results (with the emitted tokens), copied to the host without blocking."""
+
+    def __init__(self, tensors: list[torch.Tensor], event):
+        self.tensors, self.event = tensors, event
+
+    def fetch(self) -> StepView:
+        if self.event is not None:
+            self.event.synchronize()
+        n, active, done, bad, emitted = (t.numpy().copy() for t in self.tensors)
+        return StepView(n, active, done, bad, emitted)
+
+
+class SlotMirror:
+    """Pinned host buffers for the slot steps' results, two per emitted width used in turn (as
+    ``backend.HostMirror``: a buffer is rewritten two steps after its copy, when it was read)."""
+
+    def __init__(self, batch: int, device: torch.device):
+        self.batch, self.device, self.turn, self.buffers = batch, device, 0, {}
+
+    def start(self, *tensors: torch.Tensor) -> SlotHandle:
+        if self.device.type != "cuda":
+            return SlotHandle([t.clone() for t in tensors], None)
+        shape = tuple(tensors[-1].shape)  # (rows of the bucket, emitted width)
+        pair = self.buffers.get(shape)
+        if pair is None:
+            pair = self.buffers[shape] = [[torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+                                          for _ in range(2)]
+        slot = pair[self.turn]
+        self.turn ^= 1
+        for h, t in zip(slot, tensors):
+            h.copy_(t, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return SlotHandle(slot, event)
+
+
+class TorchSlotBackend(TorchBackend):
+    """``TorchBackend`` with slots: ``generate`` (``prefill``) and serving (``open_slots``) use
+    the same buffers and kernels; whichever was called last owns the batch.
+
+    A slot step runs over the first k rows only, k the power of two (at most the slot count)
+    above the highest slot in use: requests fill the lowest free slots, so a lightly loaded
+    server computes few rows. Each bucket is its own CUDA graph, over views of the same buffers."""
+
+    slot_mode = False
+
+    def prefill(self, prompts, max_new_tokens, margin: int = MARGIN) -> None:
+        self.slot_mode = False
+        super().prefill(prompts, max_new_tokens, margin)
+
+    def open_slots(self, slots: int, context: int) -> None:
+        limit = self.target.config.max_position_embeddings
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots={slots!r} must be an integer >= 1 (the most requests served at once)")
+        if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= limit:
+            raise ValueError(f"context={context!r} must be an integer in [2, {limit}] (the model's context)")
+        self.allocate(slots, context + MARGIN)
+        dev = self.device
+        self.context = context
+        self.offset = torch.zeros(slots, dtype=torch.int64, device=dev)  # each row's own step counter
+        self.hold = torch.zeros(slots, dtype=torch.bool, device=dev)  # rows sitting this step out
+        self.done_before = torch.zeros(slots, dtype=torch.bool, device=dev)
+        self.length_before = torch.zeros(slots, dtype=torch.int64, device=dev)
+        self.done.fill_(True)  # every slot is free
+        self.seqs.length.fill_(1)
+        self.prompt_len.fill_(1)
+        self.hold_rows = np.zeros(slots, bool)
+        self.bound = np.zeros(slots, np.int64)  # host upper bound of each row's length
+        self.seqs.max_len_bound, self.seqs.step = 1, 0
+        self.slot_mirror = SlotMirror(slots, dev)
+        self.whole = self.seqs  # the whole batch's Sequences (steps see views of the first rows)
+        for d in self.drafts:
+            d.start(slots, self.shape[1])
+        self.slot_mode = True
+
+    def check_slots(self, slots: Sequence[int]) -> torch.Tensor:
+        if not self.slot_mode:
+            raise RuntimeError("no slots are open: call open_slots first (a generate call since closed them)")
+        b = self.shape[0]
+        if not all(isinstance(s, (int, np.integer)) and 0 <= s < b for s in slots) or len(set(slots)) != len(slots):
+            raise ValueError(f"slots={list(slots)} must be distinct integers in [0, {b})")
+        return self.upload(torch.tensor([int(s) for s in slots], dtype=torch.int64))
+
+    def upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device without a host wait: through pinned memory, whose caching
+        allocator keeps the block until the copy has run."""
+        return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
+
+    def admit(self, slots, prompts, max_new_tokens, seeds) -> None:
+        idx = self.check_slots(slots)
+        if not (len(slots) == len(prompts) == len(max_new_tokens) == len(seeds)) or not slots:
+            raise ValueError("admit takes one prompt, max_new_tokens and seed per slot, for at least one slot")
+        for p, m in zip(prompts, max_new_tokens):
+            if len(p) == 0 or m < 1 or len(p) + m > self.context:
+                raise ValueError(f"a prompt of {len(p)} tokens with max_new_tokens={m} does not fit a slot of "
+                                 f"{self.context} tokens (each needs >= 1)")
+        n, longest = len(slots), max(len(p) for p in prompts)
+        host = torch.zeros((n, longest), dtype=torch.int64)
+        for i, p in enumerate(prompts):
+            host[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.int64)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64)
+        per_row = self.upload(torch.stack([lens, torch.tensor([int(m) for m in max_new_tokens]),
+                                           torch.tensor([int(s) for s in seeds])]))  # [3, n]
+        tokens = self.upload(host)
+        self.seqs.tokens[idx, :longest] = tokens
+        for buf in (self.seqs.length, self.prompt_len):
+            buf[idx] = per_row[0]
+        self.max_new[idx] = per_row[1]
+        self.seed[idx] = per_row[2]
+        self.offset[idx] = 0
+        self.bad[idx] = 0
+        if longest > 1:  # K/V of every prompt token but the last, in a cache of these rows only
+            cache = self.target.new_cache(n, longest - 1)
+            pos = torch.arange(longest - 1, device=self.device)[None].expand(n, -1)
+            self.target(tokens[:, : longest - 1], pos, cache, longest - 1, logits_last=0)
+            self.cache.k[:, idx, :, : longest - 1] = cache.k
+            self.cache.v[:, idx, :, : longest - 1] = cache.v
+        for d in self.drafts:
+            if isinstance(d, ModelDraft):
+                d.valid[idx] = 0
+                d.used_at = None  # its next use catches every row up
+        self.done[idx] = False
+        self.bound[list(slots)] = lens.numpy()
+        self.seqs.max_len_bound = min(int(self.bound.max()), self.shape[1])
+
+    def release(self, slots) -> None:
+        """Host bookkeeping only: a released row is held in every later step (``set_rows``), so it
+        emits nothing and its state stays, until ``admit`` gives the slot a new request."""
+        if not slots:
+            return
+        self.check_slots(slots)
+        self.bound[list(slots)] = 0
+
+    def state(self) -> list[torch.Tensor]:
+        return super().state() + ([self.offset] if self.slot_mode else [])
+
+    def set_rows(self, rows: np.ndarray) -> None:
+        """The held rows (not in ``rows``, or released) into the device buffer, copied (without a
+        host wait) only when they change."""
+        rows = np.asarray(rows, bool)
+        if rows.shape != (self.shape[0],):
+            raise ValueError(f"rows must be a [{self.shape[0]}] bool mask, got shape {rows.shape}")
+        hold = ~(rows & (self.bound > 0))
+        if np.array_equal(hold, self.hold_rows):
+            return
+        self.hold.copy_(self.upload(torch.from_numpy(hold)))
+        self.hold_rows = hold
+
+    def bucket(self) -> int:
+        """The rows a step computes: a power of two above the highest slot in use."""
+        used = np.flatnonzero(self.bound > 0)
+        return min(next_pow2(int(used[-1]) + 1 if len(used) else 1), self.shape[0])
+
+    @contextlib.contextmanager
+    def first_rows(self, k: int):
+        """Inside, every per-row buffer (the caches, the drafts' too) is its view of the first k rows."""
+        if k == self.shape[0]:
+            yield
+            return
+        saved = {name: getattr(self, name) for name in ROW_BUFFERS}
+        seqs, cache = self.seqs, self.cache
+        drafts = [(d, d.cache, d.valid) for d in self.drafts if isinstance(d, ModelDraft)]
+        try:
+            for name, t in saved.items():
+                setattr(self, name, t[:k])
+            self.seqs = Sequences(seqs.tokens[:k], seqs.length[:k], seqs.max_len_bound, seqs.step)
+            self.cache = CacheView(cache.k[:, :k], cache.v[:, :k])
+            for d, c, valid in drafts:
+                d.cache, d.valid = CacheView(c.k[:, :k], c.v[:, :k]), valid[:k]
+            yield
+        finally:
+            for name, t in saved.items():
+                setattr(self, name, t)
+            self.seqs, self.cache = seqs, cache
+            for d, c, valid in drafts:
+                d.cache, d.valid = c, valid
+
+    def step_slots(self, arm: int, gamma: int, sampling: SamplingConfig, rows) -> SlotHandle:
+        self.check_slots([])
+        self.set_rows(rows)
+        draft, k = self.drafts[arm], self.bucket()
+        graphed = self.graphed and draft.capturable
+        with self.first_rows(k):
+            if graphed and draft.lagging(self.seqs):
+                draft.catch_up(self.seqs, gamma)
+            run = self.slot_run(lambda: draft.propose(self.seqs, gamma, sampling, self.seed, self.offset,
+                                                      graphed=graphed), sampling)
+            out = self.graphs.replay(("slots", k, arm, gamma, sampling), run, self.state()) if graphed else run()
+            draft.mark_used(self.seqs)
+            return self.slot_host(out, rows, gamma + 1)
+
+    def decode_slots(self, sampling: SamplingConfig, rows) -> SlotHandle:
+        self.check_slots([])
+        self.set_rows(rows)
+        k = self.bucket()
+        with self.first_rows(k):
+            run = self.slot_run(None, sampling)
+            out = self.graphs.replay(("slots-plain", k, sampling), run, self.state()) if self.graphed else run()
+            return self.slot_host(out, rows, 2)
+
+    def slot_run(self, propose, sampling: SamplingConfig):
+        """The device work of one slot step (``propose`` None: plain decoding); returns
+        (num_accepted [B], emitted [B, W]: the appended tokens, then -1)."""
+
+        def run():
+            self.done_before.copy_(self.done)
+            self.done.logical_or_(self.hold)
+            self.length_before.copy_(self.seqs.length)
+            if propose is None:
+                r = self.sample_next(sampling, self.seed, self.offset)
+            else:
+                p = propose()
+                r = self.verify(self.score(p), p, sampling, self.seed, self.offset)
+            self.commit_device(r)
+            self.done.copy_(torch.where(self.hold, self.done_before, self.done))
+            self.offset.add_(self.active.to(torch.int64))
+            count = self.seqs.length - self.length_before
+            j = torch.arange(r.tokens.shape[1], device=self.device)
+            return r.num_accepted, torch.where(j[None] < count[:, None], r.tokens, -1)
+
+        return run
+
+    def slot_host(self, out, rows, width: int) -> SlotHandle:
+        """Host bookkeeping of a slot step (inside ``first_rows``): the length bounds, the step
+        count (of the whole batch's Sequences too), the asynchronous copy of the results."""
+        num_accepted, emitted = out
+        live = np.asarray(rows, bool) & (self.bound > 0)
+        self.bound[live] += width
+        for seqs in {id(s): s for s in (self.seqs, self.whole)}.values():
+            seqs.max_len_bound = min(int(self.bound.max(initial=1)), self.shape[1])
+            seqs.step += 1
+        return self.slot_mirror.start(num_accepted.to(torch.int32), self.active, self.done, self.bad, emitted)
+
+    def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
+        if not self.slot_mode:
+            return super().prepare(gamma, sampling)
+        if not self.graphed:
+            return 0
+        captured, k = 0, 1
+        while True:  # every bucket: 1, 2, 4, ... and the slot count
+            with self.first_rows(k):
+                for arm, d in enumerate(self.drafts if gamma is not None else []):
+                    if d.capturable:
+                        run = self.slot_run(lambda d=d: d.propose(self.seqs, gamma, sampling, self.seed, self.offset,
+                                                                  graphed=True), sampling)
+                        captured += self.graphs.capture(("slots", k, arm, gamma, sampling), run, self.state())
+                captured += self.graphs.capture(("slots-plain", k, sampling), self.slot_run(None, sampling),
+                                                self.state())
+            if k == self.shape[0]:
+                return captured
+            k = min(2 * k, self.shape[0])

@@ -1,0 +1,315 @@
+"""Continuous batching: requests wait in a queue, enter free slots of the backend's batch between
+steps, speculate (or decode) together with ragged acceptance, and leave when finished (EOS, their
+token budget) or cancelled, freeing their slot at once.
+
+The scheduler drives a ``flashspec.backend.SlotBackend`` only. Like the loop, it reads each step's
+results one step late: step t+1 is launched before step t is read, so the host never waits for the
+device inside a step. A slot may change hands in between, so every launched step remembers which
+request owned each row. Requests with different sampling settings cannot share a step (the verify
+kernel is specialised on them): each step serves one group, chosen for the request that has waited
+longest, and the other rows are held. Tokens reach each request through its ``on_event`` callback,
+called on the scheduler's thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .backend import SlotBackend, StepHandle
+from .config import SamplingConfig
+
+
+class QueueFull(RuntimeError):
+    """The waiting queue holds ``max_queue`` requests already: try again later."""
+
+
+class Closed(RuntimeError):
+    """The scheduler is shutting down and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One request, in tokens."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingConfig
+    seed: int = 0
+
+
+@dataclass
+class Ticket:
+    """A request in flight: its tokens so far, how it ended, its statistics (times from
+    ``time.perf_counter``). ``on_event(ticket, new_tokens)`` is called on the scheduler's thread
+    for every token group and once more when ``finish_reason`` is set (new_tokens then empty)."""
+
+    id: int
+    submission: Submission
+    on_event: Callable[[Ticket, list[int]], None]
+    tokens: list[int] = field(default_factory=list)
+    slot: int | None = None
+    finish_reason: str | None = None  # "stop" (EOS), "length", "cancelled", "error"
+    error: str | None = None
+    steps: int = 0  # steps this request took part in
+    drafted: int = 0
+    accepted: int = 0
+    pulls: dict[str, int] = field(default_factory=dict)
+    submitted: float = 0.0
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    last_step: int = -1  # the scheduler's step count when this request last took part
+    cancel_requested: bool = False
+
+    def stats(self) -> dict:
+        """The request's speculation figures and timings (seconds)."""
+        ttft = None if self.first_token is None else self.first_token - self.submitted
+        total = None if self.finished is None else self.finished - self.submitted
+        return {"new_tokens": len(self.tokens), "steps": self.steps, "drafted": self.drafted,
+                "accepted": self.accepted, "acceptance": self.accepted / self.drafted if self.drafted else None,
+                "arm_pulls": dict(self.pulls), "time_to_first_token_s": ttft, "total_s": total,
+                "queue_s": None if self.admitted is None else self.admitted - self.submitted}
+
+
+class Observer:
+    """What the scheduler reports as it goes (a metrics exporter overrides these; all no-ops)."""
+
+    def step(self, arm: int, accepted: Sequence[int], gamma: int, seconds: float, slots_used: int) -> None:
+        """A step was read: the draft arm (-1: plain decoding), accepted tokens per live row."""
+
+    def first_token(self, ticket: Ticket) -> None: ...
+
+    def finished(self, ticket: Ticket) -> None: ...
+
+
+@dataclass
+class Launched:
+    handle: StepHandle
+    owners: list[Ticket | None]  # the request in each slot when the step was launched
+    arm: int
+    start: float
+
+
+class Scheduler:
+    """``slots`` rows of ``context`` tokens each; ``gamma`` drafted tokens per step with the
+    ``policy``'s draft (``speculation=False``: plain decoding); at most ``max_queue`` waiting.
+    ``running`` is the context every backend call runs in (the scheduler thread enters it)."""
+
+    def __init__(self, backend: SlotBackend, policy, *, slots: int, context: int, gamma: int = 4,
+                 speculation: bool = True, max_queue: int = 256, observer: Observer | None = None,
+                 running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        if not isinstance(backend, SlotBackend):
+            raise TypeError(f"{type(backend).__name__} does not implement flashspec.backend.SlotBackend "
+                            "(slots that requests enter and leave): it cannot serve")
+        for name, value, low in (("slots", slots, 1), ("max_queue", max_queue, 0), ("gamma", gamma, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+        self.backend, self.policy, self.gamma, self.speculation = backend, policy, gamma, speculation
+        self.slots, self.context, self.max_queue = slots, context, max_queue
+        self.observer, self.running = observer or Observer(), running
+        self.owner: list[Ticket | None] = [None] * slots
+        self.waiting: deque[Ticket] = deque()
+        self.pending: Launched | None = None
+        self.count = itertools.count()
+        self.step_count = 0
+        self.lock = threading.Condition()
+        self.closing = False
+        self.thread: threading.Thread | None = None
+        with self.running():
+            backend.open_slots(slots, context)
+
+    # -- any thread
+
+    def submit(self, submission: Submission, on_event: Callable[[Ticket, list[int]], None]) -> Ticket:
+        """Queue a request; raises QueueFull, Closed, or ValueError for one that can never fit."""
+        n = len(submission.prompt)
+        if n == 0:
+            raise ValueError("the prompt has no tokens")
+        if n + submission.max_tokens > self.context:
+            raise ValueError(f"the prompt has {n} tokens and max_tokens is {submission.max_tokens}: together more "
+                             f"than the context of {self.context} tokens; shorten the prompt or lower max_tokens")
+        with self.lock:
+            if self.closing:
+                raise Closed("the server is shutting down")
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self.waiting)} requests are waiting already (max_queue={self.max_queue}); "
+                                "retry later")
+            ticket = Ticket(next(self.count), submission, on_event, submitted=time.perf_counter())
+            self.waiting.append(ticket)
+            self.lock.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop a request (a client gone): its slot is freed before the next step."""
+        with self.lock:
+            ticket.cancel_requested = True
+            self.lock.notify()
+
+    def counts(self) -> dict:
+        with self.lock:
+            running = sum(t is not None for t in self.owner)
+            return {"running": running, "waiting": len(self.waiting), "slots": self.slots}
+
+    def start(self) -> None:
+        """Run the scheduler on a thread of its own (a daemon: it never keeps the process alive)."""
+        self.thread = threading.Thread(target=self.serve_forever, name="flashspec-scheduler", daemon=True)
+        self.thread.start()
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        """Take no new requests; finish those admitted or waiting (``drain``) within ``timeout``
+        seconds, then cancel what is left, and end the thread."""
+        with self.lock:
+            self.closing = True
+            self.lock.notify()
+        deadline = time.monotonic() + (timeout if drain else 0.0)
+        while drain and time.monotonic() < deadline and (self.busy() or self.pending):
+            time.sleep(0.01)
+        with self.lock:
+            for t in [*self.waiting, *(t for t in self.owner if t is not None)]:
+                t.cancel_requested = True
+            self.lock.notify()
+        if self.thread is not None:
+            self.thread.join(timeout=max(1.0, timeout))
+
+    # -- the scheduler's thread
+
+    def serve_forever(self) -> None:
+        with self.running():
+            while True:
+                with self.lock:
+                    if self.closing and not self.busy() and self.pending is None:
+                        return
+                    if not self.busy() and self.pending is None:
+                        self.lock.wait(timeout=0.05)
+                        continue
+                try:
+                    self.iterate()
+                except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
+                    self.fail_all(f"{type(e).__name__}: {e}")
+
+    def busy(self) -> bool:
+        return bool(self.waiting) or any(t is not None for t in self.owner)
+
+    def iterate(self) -> None:
+        """One round: drop cancelled requests, admit waiting ones, launch a step, read the one before."""
+        self.drop_cancelled()
+        self.admit()
+        launched = self.launch() if any(t is not None and t.finish_reason is None for t in self.owner) else None
+        if self.pending is not None:
+            self.observe(self.pending, end=launched.start if launched else time.perf_counter())
+        self.pending = launched
+
+    def drop_cancelled(self) -> None:
+        with self.lock:
+            gone = [t for t in self.waiting if t.cancel_requested]
+            for t in gone:
+                self.waiting.remove(t)
+        for t in gone:
+            self.finish(t, "cancelled")
+        for t in list(self.owner):
+            if t is not None and t.cancel_requested and t.finish_reason is None:
+                self.finish(t, "cancelled")
+
+    def admit(self) -> None:
+        free = [i for i, t in enumerate(self.owner) if t is None]
+        with self.lock:
+            chosen = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        if not chosen:
+            return
+        slots = free[: len(chosen)]
+        subs = [t.submission for t in chosen]
+        self.backend.admit(slots, [list(s.prompt) for s in subs], [s.max_tokens for s in subs],
+                           [s.seed for s in subs])
+        now = time.perf_counter()
+        for slot, t in zip(slots, chosen):
+            t.slot, t.admitted = slot, now
+            self.owner[slot] = t
+
+    def launch(self) -> Launched:
+        live = [t for t in self.owner if t is not None and t.finish_reason is None]
+        first = min(live, key=lambda t: (t.last_step, t.id))  # the one that has waited longest
+        sampling = first.submission.sampling
+        rows = np.array([t is not None and t.finish_reason is None and t.submission.sampling == sampling
+                         for t in self.owner])
+        for t in live:
+            if rows[t.slot]:
+                t.last_step = self.step_count
+        self.step_count += 1
+        arm = self.policy.choose() if self.speculation else -1
+        start = time.perf_counter()
+        if arm >= 0:
+            handle = self.backend.step_slots(arm, self.gamma, sampling, rows)
+        else:
+            handle = self.backend.decode_slots(sampling, rows)
+        return Launched(handle, list(self.owner), arm, start)
+
+    def observe(self, launched: Launched, end: float) -> None:
+        view = launched.handle.fetch()
+        seconds = end - launched.start
+        accepted = []
+        names = self.backend.draft_names
+        for slot, t in enumerate(launched.owners[: len(view.active)]):  # the step computed the first rows only
+            if t is None or not view.active[slot] or t.finish_reason is not None:
+                continue
+            if view.bad is not None and view.bad[slot]:
+                self.finish(t, "error", "the model produced NaN or infinite logits; the request was stopped")
+                continue
+            n = int(view.num_accepted[slot])
+            t.steps += 1
+            if launched.arm >= 0:
+                accepted.append(n)
+                t.drafted += self.gamma
+                t.accepted += n
+                t.pulls[names[launched.arm]] = t.pulls.get(names[launched.arm], 0) + 1
+            new = [int(x) for x in view.emitted[slot] if x >= 0]
+            self.emit(t, new)
+            if view.done[slot] and t.finish_reason is None:
+                self.finish(t, "length" if len(t.tokens) >= t.submission.max_tokens else "stop")
+        rows = max(len(accepted), 1)
+        for n in accepted:  # each row is one trial; it bears its share of the time
+            self.policy.observe(launched.arm, self.gamma, n, seconds / rows)
+        self.observer.step(launched.arm, accepted, self.gamma, seconds, sum(t is not None for t in self.owner))
+
+    def emit(self, t: Ticket, new: list[int]) -> None:
+        if not new:
+            return
+        t.tokens.extend(new)
+        if t.first_token is None:
+            t.first_token = time.perf_counter()
+            self.observer.first_token(t)
+        t.on_event(t, new)
+
+    def finish(self, t: Ticket, reason: str, error: str | None = None) -> None:
+        """End a request: free its slot now, tell its listener."""
+        t.finish_reason, t.error, t.finished = reason, error, time.perf_counter()
+        if t.slot is not None and self.owner[t.slot] is t:
+            self.owner[t.slot] = None
+            self.backend.release([t.slot])
+        self.observer.finished(t)
+        t.on_event(t, [])
+
+    def fail_all(self, message: str) -> None:
+        """After a failed step: every request ends with the error; the slots are freed (the
+        backend's rows too, unless that fails as well: then the slots are reopened)."""
+        self.pending = None
+        with self.lock:
+            waiting, self.waiting = list(self.waiting), deque()
+        broken = False
+        for t in [*waiting, *(t for t in self.owner if t is not None)]:
+            try:
+                self.finish(t, "error", message)
+            except Exception:  # noqa: BLE001 - the listener is told below; the rows are reset
+                broken = True
+                t.finish_reason, t.error = "error", message
+                t.on_event(t, [])
+        self.owner = [None] * self.slots
+        if broken:
+            self.backend.open_slots(self.slots, self.context)
