@@ -1,5 +1,7 @@
 """Parity: NumPy oracle == torch reference == Triton (fused, split-V two launches with each sweep the GPU's
-default takes), token for token."""
+default takes), token for token. Every case runs the reference, the default kernel and the split launches; the
+slot-vote and tile-vote configurations (the interpreter's slowest) run on one shape of each parametrized test,
+so each sees every sampling mode, and on the edge-case tests below (pruning, bf16 pairs)."""
 
 import importlib
 
@@ -26,8 +28,9 @@ def as_torch(a):
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
 
-def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT):
-    """(oracle, torch reference, triton fused, triton split, its sweeps) results as numpy (n, tokens) pairs."""
+def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT, variants=True):
+    """(oracle, [torch reference, triton fused, triton split, and with ``variants`` the slot and tile votes])
+    results as numpy (n, tokens) pairs."""
     z, w = as_torch(inp.z).to(dtype), as_torch(inp.w)
     w = None if w is None else w.to(dtype)
     zf = z.float().numpy()  # the oracle sees the same upcast values
@@ -40,7 +43,8 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     x, lq_t = as_torch(inp.x), as_torch(lq)
     got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
     got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
-    got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in (SLOTS_SPLIT, TILE_VOTE))
+    if variants:
+        got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in (SLOTS_SPLIT, TILE_VOTE))
     return want, [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
@@ -51,7 +55,8 @@ def oracle_result(z, x, w, lq, cfg, *, seed=7, offset=3):
     return want.num_accepted, want.tokens
 
 
-def assert_parity(want, got):
+def assert_parity(want, got, variants=True):
+    assert len(got) == (5 if variants else 3)
     names = ("torch reference", "triton fused", "triton split-V", "triton split-V slot vote",
              "triton split-V tile vote")
     for name, (n, t) in zip(names, got):
@@ -69,8 +74,9 @@ def test_parity_sampled_drafts(b, g, v, temperature):
     rng = np.random.default_rng(b * 1000 + g * 10 + v + int(temperature * 100))
     cfg = SamplingConfig(temperature=temperature)
     inp = make_inputs(rng, b, g, v, cfg)
-    want, got = run_all(inp, cfg)
-    assert_parity(want, got)
+    variants = (b, g, v) == SHAPES[1]
+    want, got = run_all(inp, cfg, variants=variants)
+    assert_parity(want, got, variants)
 
 
 @pytest.mark.parametrize("b,g,v", [(3, 4, 1000), (8, 8, 258), (1, 1, 4099)])
@@ -79,8 +85,9 @@ def test_parity_top_k_top_p(b, g, v, top_k, top_p):
     rng = np.random.default_rng(top_k + int(100 * top_p) + v)
     cfg = SamplingConfig(temperature=0.8, top_k=top_k, top_p=top_p)
     inp = make_inputs(rng, b, g, v, cfg, noise=0.3)
-    want, got = run_all(inp, cfg)
-    assert_parity(want, got)
+    variants = v == 1000
+    want, got = run_all(inp, cfg, variants=variants)
+    assert_parity(want, got, variants)
 
 
 @pytest.mark.parametrize("b,g,v", [(3, 4, 1000), (8, 8, 257), (1, 1, 4099)])
@@ -89,8 +96,9 @@ def test_parity_one_hot_drafts(b, g, v, temperature, top_p):
     rng = np.random.default_rng(v + g)
     cfg = SamplingConfig(temperature=temperature, top_p=top_p)
     inp = make_inputs(rng, b, g, v, cfg, onehot=True, spread=3.0)
-    want, got = run_all(inp, cfg)
-    assert_parity(want, got)
+    variants = v == 257
+    want, got = run_all(inp, cfg, variants=variants)
+    assert_parity(want, got, variants)
 
 
 @pytest.mark.parametrize("b,g,v", [(3, 4, 1000), (8, 8, 4099), (1, 1, 33)])
@@ -99,8 +107,9 @@ def test_parity_draft_logprobs_given(b, g, v, temperature, top_k):
     rng = np.random.default_rng(v * 3 + g)
     cfg = SamplingConfig(temperature=temperature, top_k=top_k)
     inp = make_inputs(rng, b, g, v, cfg)
-    want, got = run_all(inp, cfg, logprobs=True)
-    assert_parity(want, got)
+    variants = v == 1000
+    want, got = run_all(inp, cfg, logprobs=True, variants=variants)
+    assert_parity(want, got, variants)
 
 
 @pytest.mark.parametrize("kind", ["per-row", "scalar-tensor", "big-int", "big-tensor"])
@@ -115,8 +124,9 @@ def test_parity_seed_and_offset_forms(kind):
         "big-int": (2**64 - 3, 2**32 - 1),
         "big-tensor": (torch.tensor([2**63 + 5 - 2**64] * b), torch.tensor(2**31 + 3)),
     }[kind]
-    want, got = run_all(inp, cfg, seed=seed, offset=offset)
-    assert_parity(want, got)
+    variants = kind == "per-row"
+    want, got = run_all(inp, cfg, seed=seed, offset=offset, variants=variants)
+    assert_parity(want, got, variants)
 
 
 def test_per_row_seed_follows_the_request_not_the_row():
@@ -154,15 +164,15 @@ def test_non_contiguous_inputs():
 
 
 def test_many_rows_many_samples_match():
-    """A larger batch (tile of rows per program) over several offsets: every row identical."""
+    """A larger batch (tiles of 128 rows a program, a partial last one) over several offsets: every row
+    identical. The one-row-a-program variants add nothing at this size."""
     rng = np.random.default_rng(99)
     cfg = SamplingConfig(temperature=1.0)
     inp = make_inputs(rng, 300, 3, 40, cfg, spread=1.0, noise=0.5)
     split = KernelConfig(block_b=128, block_v=16, sweep_v=16, num_chunks=3)
     for offset in range(3):
-        want, got = run_all(inp, cfg, offset=offset, split=split)
-        assert len(got) == 5
-        assert_parity(want, got)
+        want, got = run_all(inp, cfg, offset=offset, split=split, variants=False)
+        assert_parity(want, got, variants=False)
 
 
 @pytest.mark.parametrize("spread", [1.0, 6.0])  # flat rows, and peaked ones where most tiles are passed over
@@ -171,7 +181,7 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     """KernelConfig(prune=True) skips the keys of tiles that cannot hold the winner: same tokens."""
     rng = np.random.default_rng(int(spread) + 10 * onehot)
     cfg = SamplingConfig(temperature=0.9)
-    inp = make_inputs(rng, 6, 3, 1543, cfg, spread=spread, onehot=onehot)  # 49 sweep tiles, a ragged last one
+    inp = make_inputs(rng, 4, 3, 775, cfg, spread=spread, onehot=onehot)  # 25 sweep tiles, a ragged last one
     want = oracle_result(inp.z, inp.x, inp.w, None, cfg)
     z, x = torch.from_numpy(inp.z), torch.from_numpy(inp.x)
     w = None if inp.w is None else torch.from_numpy(inp.w)
@@ -180,7 +190,7 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     for prune, chunks, block_b, more in (
             (True, 1, 2, {}), (True, 3, 1, {}),  # block_b=1: the GPU's scalar path
             (False, 3, 2, {}), (True, 3, 1, slots), (True, 1, 2, slots), (True, 2, 2, split_slots),
-            (True, 2, 1, dict(sweep_chunks=30, sweep_slots=4))):  # 1-2 tiles a program
+            (True, 2, 1, dict(sweep_chunks=15, sweep_slots=4))):  # 1-2 tiles a program
         kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune, **more)
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
         np.testing.assert_array_equal(got.num_accepted.numpy(), want[0], err_msg=f"{kc}")
@@ -193,7 +203,7 @@ def test_pruning_floor_is_the_lower_of_the_two_keys():
     has q = 0.99 against p = 0.5 (rejected half the time, no residual mass there), and it sits in the
     first tile with a key_p as high as the flat rest's, where the residual's winner is."""
     rng = np.random.default_rng(5)
-    b, v = 8, 2000
+    b, v = 6, 1000
     z = (rng.normal(size=(b, 2, v)) * 0.5).astype(np.float32)
     w = z[:, :1].copy()
     z[:, :, 7] = np.log(v)  # p(7) ~ 1/2
@@ -226,7 +236,7 @@ def test_bf16_pairs_match_the_oracle(onehot):
     """bfloat16 rows of unit stride and even V: the slot-vote sweep reads them as int32 pairs, widened by hand
     (KernelConfig.bf16_pairs, slots.load_slot_tile / tile_floats): whole tiles without bounds, then the partial
     one; fused, split, a sweep split finer, a dead row in the last batch tile, 2-8 slots;
-    rows strided past V, with logits there that would win if read; bonus tokens forced at 12 places along the
+    rows strided past V, with logits there that would win if read; bonus tokens forced at 7 places along the
     row, the last in the partial tile (a tile left out fails it). The oracle's tokens on the upcast values,
     as with plain loads (an odd V, which cannot be read in pairs)."""
     rng = np.random.default_rng(77 + onehot)
@@ -235,7 +245,7 @@ def test_bf16_pairs_match_the_oracle(onehot):
                dict(block_b=1, sweep_v=32, num_chunks=2, sweep_chunks=12, sweep_slots=8),
                dict(block_b=2, sweep_v=32, num_chunks=2, sweep_slots=4),
                dict(block_b=2, sweep_v=64, num_chunks=1, sweep_slots=2))  # fused: one pair per thread and row
-    for b, v, pairs, forced in ((3, 700, True, False), (3, 701, False, False), (12, 700, True, True)):
+    for b, v, pairs, forced in ((3, 380, True, False), (3, 381, False, False), (7, 380, True, True)):
         inp = make_inputs(rng, b, 3, v, cfg, onehot=onehot, spread=4.0)
         bonus = v - 1 - ((b - 1 - np.arange(b)) * v) // b  # spread along the row, the last in the partial tile
         if forced:  # drafts of p ~ 1 (all accepted) and a bonus token of p ~ 1: every program's tiles must be swept
