@@ -54,11 +54,12 @@ def test_logits_match_the_torch_model(torch_engine, jax_engine):
 
 
 def test_greedy_tokens_equal_the_torch_backend(torch_engine, jax_engine):
-    """20 prompts of mixed kinds in batches of 5: JAX speculative (adaptive policy, n-gram and
-    layer-skip drafts) and JAX plain decoding == torch plain decoding, token for token."""
+    """10 prompts of mixed kinds (every other one) in batches of 5: JAX speculative (adaptive policy,
+    n-gram and layer-skip drafts) and JAX plain decoding == torch plain decoding, token for token."""
     common = dict(temperature=0.0, max_new_tokens=16, chat=False)
-    for i in range(0, len(PROMPTS), 5):
-        group = PROMPTS[i : i + 5]
+    prompts = PROMPTS[::2]
+    for i in range(0, len(prompts), 5):
+        group = prompts[i : i + 5]
         want = torch_engine.generate(group, speculation=False, **common)["tokens"]
         spec = jax_engine.generate(group, speculation=True, gamma=4, **common)
         plain = jax_engine.generate(group, speculation=False, **common)["tokens"]
@@ -85,16 +86,17 @@ def fixed_arm_run(engine, arm: int, prompts, sampling, seeds, **spec):
 
 @pytest.mark.parametrize("arm", [0, 1], ids=["ngram", "layerskip"])
 def test_sampled_tokens_agree_with_the_torch_backend(torch_engine, jax_engine, arm, capsys):
-    """Same seeds, same fixed draft, T = 0.8, top-p 0.95, 20 prompts x 16 tokens: the shared
-    generator makes the tokens identical unless float32 rounding of the two models' logits flips
-    a near-tie of a Gumbel argmax or an accept test. Measured on this CPU: 20 of 20 sequences
-    identical with either draft; the bound asserted leaves room for two flips."""
+    """Same seeds, same fixed draft, T = 0.8, top-p 0.95, 10 prompts (every other one) x 16 tokens: the
+    shared generator makes the tokens identical unless float32 rounding of the two models' logits flips
+    a near-tie of a Gumbel argmax or an accept test. Measured on this CPU: 20 of 20 sequences identical
+    with either draft over all 20 prompts; the bound asserted leaves room for one flip."""
     sampling = SamplingConfig(0.8, top_p=0.95)
     a, b = [], []
-    for i in range(0, len(PROMPTS), 5):
+    prompts = PROMPTS[::2]
+    for i in range(0, len(prompts), 5):
         seeds = list(range(100 + i, 105 + i))
-        a += fixed_arm_run(torch_engine, arm, PROMPTS[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
-        b += fixed_arm_run(jax_engine, arm, PROMPTS[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
+        a += fixed_arm_run(torch_engine, arm, prompts[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
+        b += fixed_arm_run(jax_engine, arm, prompts[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
     same, prefix = agreement(a, b)
     with capsys.disabled():
         print(f"\n[arm {arm}] sampled agreement with torch: {same:.3f} of sequences identical, "
@@ -106,7 +108,7 @@ def test_sampled_first_tokens_follow_the_target(jax_engine):
     """With a draft in the loop, the first emitted token ~ the target's next-token distribution."""
     from flashspec_jax.kernels.verify import log_probs
 
-    prompt, n = "The capital of France is", 400
+    prompt, n = "The capital of France is", 300
     ids = jax_engine.encode(prompt, chat=False)
     m = jax_engine.target.model
     z, _ = m(jnp.asarray([ids]), jnp.arange(len(ids))[None], m.new_cache(1, len(ids)))
