@@ -80,7 +80,7 @@ def rope_parameters(f: dict, arch: str, rope_freqs: np.ndarray | None) -> dict:
     if kind not in ("none", "linear"):
         raise refuse(arch, "rope.scaling.type", kind, "none or linear (Llama 3 scaling comes as rope_freqs)")
     theta = float(f.get("rope.freq_base", 1e6 if arch == "gemma3" else 10000.0))
-    rope: dict = {"rope_type": "default", "rope_theta": theta}
+    rope: dict = {"rope_theta": theta, "rope_type": "default"}
     if kind == "linear":
         rope.update(rope_type="linear", factor=float(f["rope.scaling.factor"]))
     elif f.get("rope.scaling.factor", 1.0) != 1.0:
@@ -118,19 +118,20 @@ def config_dict(fields: dict, tensor_names: set[str], rope_freqs: np.ndarray | N
     """The GGUF's metadata (``{key: value}``) -> the Hugging Face config dict of the same model."""
     arch = architecture(fields)
     f = arch_fields(fields, arch)
-    c = {ours: f[key] for key, ours in {**CONFIG_KEYS, **GEMMA2_KEYS}.items() if key in f}
+    model_type = "mistral" if arch == "llama" and f.get("attention.sliding_window") else ARCHITECTURES[arch]
+    c = {"model_type": model_type}  # first, then the name: the key order of transformers' GGUF configs
+    if "general.name" in fields:
+        c["_model_name_or_path"] = fields["general.name"]
+    c.update({ours: f[key] for key, ours in {**CONFIG_KEYS, **GEMMA2_KEYS}.items() if key in f})
     heads = c["num_attention_heads"]
     head_dim = c.setdefault("head_dim", c["hidden_size"] // heads)
     for key in ("attention.value_length", "rope.dimension_count"):
         if f.get(key, head_dim) != head_dim:
             raise refuse(arch, key, f[key], f"equal to the head dimension {head_dim} (partial RoPE and value heads of "
                          "another width are not implemented)")
-    model_type = ARCHITECTURES[arch]
-    if arch == "llama" and c.get("sliding_window"):
-        model_type = "mistral"
     if arch in ("qwen2", "qwen3") and c.get("sliding_window"):
         c["use_sliding_window"] = True
-    c.update(model_type=model_type, rope_parameters=rope_parameters(f, arch, rope_freqs),
+    c.update(rope_parameters=rope_parameters(f, arch, rope_freqs),
              tie_word_embeddings="output.weight" not in tensor_names)
     types = layer_types(f, arch, c["num_hidden_layers"])
     if types is not None:
@@ -142,7 +143,8 @@ def config_dict(fields: dict, tensor_names: set[str], rope_freqs: np.ndarray | N
         c.setdefault("final_logit_softcapping", None)
     c["attention_bias"] = "blk.0.attn_q.bias" in tensor_names and arch != "qwen2"
     c["mlp_bias"] = "blk.0.ffn_down.bias" in tensor_names
-    for key, ours in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
+    for key, ours in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                      ("unknown_token_id", "unk_token_id"), ("padding_token_id", "pad_token_id")):
         if f"tokenizer.ggml.{key}" in fields:
             c[ours] = fields[f"tokenizer.ggml.{key}"]
     return c
