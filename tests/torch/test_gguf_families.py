@@ -81,7 +81,8 @@ def test_unknown_metadata_and_tensors_are_refused():
             "qwen2.attention.head_count": 4, "qwen2.context_length": 64}
     assert gguf_read.config_dict(base, set(), None)["model_type"] == "qwen2"
     for key, value in (("qwen2.attn_logit_softcapping", 5.0), ("qwen2.rope.dimension_count", 8),
-                       ("qwen2.rope.scaling.type", "yarn"), ("qwen2.expert_count", 8), ("qwen2.new_feature", 1)):
+                       ("qwen2.rope.scaling.type", "yarn"), ("qwen2.expert_count", 8), ("qwen2.new_feature", 1),
+                       ("qwen2.attention.sliding_window", 16)):
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             gguf_read.config_dict({**base, key: value}, set(), None)
     with pytest.raises(ValueError, match="general.architecture='gpt2'"):
