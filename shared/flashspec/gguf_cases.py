@@ -12,13 +12,16 @@ The converter's conventions reproduced here (F32 tensors only):
 * Gemma: every ``*norm.weight`` stored plus one (the file holds the multiplier, not the offset), the
   soft-capping keys (Gemma 2), the window, a per-layer ``attention.sliding_window_pattern`` where the
   layer types are not llama.cpp's default, linear RoPE scaling as ``rope.scaling.type`` / ``.factor``;
-* Phi-3: the fused ``attn_qkv`` and ``ffn_up`` (gate and up rows) tensors.
+* Phi-3: the fused ``attn_qkv`` and ``ffn_up`` (gate and up rows) tensors; longrope as the
+  ``rope_factors_short`` / ``rope_factors_long`` tensors, ``rope.scaling.original_context_length`` and
+  ``rope.scaling.attn_factor`` (sqrt(1 + ln(context / original) / ln(original))).
 
 The tokenizer is a ``gpt2`` (byte-level BPE) one: 255 byte tokens and one merge (two spaces).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -28,9 +31,12 @@ from .family_cases import CASES, hf_model
 ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
         "gemma3_text": "gemma3", "phi3": "phi3"}
 # fields of a family's case llama.cpp cannot write: Gemma's query scale is 1/sqrt(key_length) there
-# and Qwen3's head_dim is transformers' default (its GGUF reader does not read attention.key_length for qwen3)
+# and Qwen3's head_dim is transformers' default (its GGUF reader does not read attention.key_length for
+# qwen3); Phi-3 with its longrope (an original context of 128: prompt + 64 tokens stay on the short factors)
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 128,
+                 "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8], "long_factor": [1.0, 2.0, 4.0, 6.0, 8.0, 9.0, 9.5, 10.0]}
 GGUF_FIELDS = {"gemma2": dict(query_pre_attn_scalar=16), "gemma3_text": dict(query_pre_attn_scalar=16),
-               "qwen3": dict(head_dim=128)}
+               "qwen3": dict(head_dim=128), "phi3": dict(rope_parameters=PHI3_LONGROPE)}
 LAYER_NAMES = {  # Hugging Face names under model.layers.N. -> GGUF names under blk.N.
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "self_attn.qkv_proj": "attn_qkv", "mlp.gate_proj": "ffn_gate",
@@ -132,6 +138,13 @@ def save_gguf_case(model_type: str, path: Path, seed: int = 0):
     rope = c.rope_parameters
     if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope, c.head_dim))
+    if rope.get("rope_type") == "longrope":
+        original = rope["original_max_position_embeddings"]
+        scale = c.max_position_embeddings / original
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
     for name, t in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue

@@ -12,7 +12,9 @@ every tensor. Reversed here, where llama.cpp's converter applies them:
   or 1/sqrt(hidden / heads) for the 27B models (llama.cpp's rule, by block count); Gemma 3's
   local RoPE base ``rope.freq_base_swa`` (default 10000) and ``attention.sliding_window_pattern``
   (llama.cpp's default: every sixth layer full);
-* Phi-3: ``attn_qkv`` and ``ffn_up`` (gate and up rows) kept fused, as transformers' Phi-3 holds them.
+* Phi-3: ``attn_qkv`` and ``ffn_up`` (gate and up rows) kept fused, as transformers' Phi-3 holds them;
+  longrope as ``rope_factors_short`` / ``rope_factors_long`` tensors with ``rope.scaling.attn_factor``
+  and ``rope.scaling.original_context_length``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ CONFIG_KEYS = {  # {arch}.<key> -> Hugging Face config field
 GEMMA2_KEYS = {"attn_logit_softcapping": "attn_logit_softcapping", "final_logit_softcapping": "final_logit_softcapping"}
 # read below, beside CONFIG_KEYS; at these values they change nothing
 OTHER_KEYS = ("attention.value_length", "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
-              "rope.freq_base_swa", "attention.sliding_window_pattern", "expert_count", "expert_used_count")
+              "rope.freq_base_swa", "attention.sliding_window_pattern", "expert_count", "expert_used_count",
+              "rope.scaling.attn_factor", "rope.scaling.original_context_length")
+# RoPE tensors read into the config's rope_parameters, per architecture
+ROPE_TENSORS = {"llama": ("rope_freqs.weight",), "phi3": ("rope_factors_short.weight", "rope_factors_long.weight")}
 NEUTRAL = {"expert_count": (0,), "expert_used_count": (0,)}
 GEMMA_27B_BLOCKS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's LLM_TYPE_27B: query scale from hidden / heads
 LAYER_NAMES = {  # blk.N.<name> -> model.layers.N.<name>, every architecture
@@ -74,8 +79,13 @@ def arch_fields(fields: dict, arch: str) -> dict:
     return out
 
 
-def rope_parameters(f: dict, arch: str, rope_freqs: np.ndarray | None) -> dict:
-    """rope_parameters of the HF config: the scaling keys, Llama 3's rope_freqs, Gemma 3's two bases."""
+def factors(rope: np.ndarray) -> list[float]:  # [head_dim / 2]
+    return [float(x) for x in rope]
+
+
+def rope_parameters(f: dict, arch: str, tensors: dict[str, np.ndarray]) -> dict:
+    """rope_parameters of the HF config: the scaling keys, Llama 3's rope_freqs, Phi-3's longrope
+    factors, Gemma 3's two bases."""
     kind = f.get("rope.scaling.type", "none")
     if kind not in ("none", "linear"):
         raise refuse(arch, "rope.scaling.type", kind, "none or linear (Llama 3 scaling comes as rope_freqs)")
@@ -85,12 +95,25 @@ def rope_parameters(f: dict, arch: str, rope_freqs: np.ndarray | None) -> dict:
         rope.update(rope_type="linear", factor=float(f["rope.scaling.factor"]))
     elif f.get("rope.scaling.factor", 1.0) != 1.0:
         raise refuse(arch, "rope.scaling.factor", f["rope.scaling.factor"], "with rope.scaling.type linear only")
-    if rope_freqs is not None:
-        if kind != "none":
-            raise refuse(arch, "rope.scaling.type", kind, "none beside a rope_freqs tensor")
-        factors = [float(x) for x in rope_freqs]
-        rope.update(rope_type="longrope", short_factor=factors, long_factor=factors, factor=1.0, attention_factor=1.0,
+    if tensors and kind != "none":
+        raise refuse(arch, "rope.scaling.type", kind, f"none beside {sorted(tensors)}")
+    if "rope_freqs.weight" in tensors:
+        freqs = factors(tensors["rope_freqs.weight"])
+        rope.update(rope_type="longrope", short_factor=freqs, long_factor=freqs, factor=1.0, attention_factor=1.0,
                     original_max_position_embeddings=int(f["context_length"]))
+    elif tensors:  # Phi-3's longrope
+        if set(tensors) != set(ROPE_TENSORS["phi3"]) or "rope.scaling.original_context_length" not in f:
+            raise ValueError(f"GGUF holds {sorted(tensors)}: longrope needs both {ROPE_TENSORS['phi3']} and "
+                             "phi3.rope.scaling.original_context_length")
+        rope.update(rope_type="longrope", short_factor=factors(tensors["rope_factors_short.weight"]),
+                    long_factor=factors(tensors["rope_factors_long.weight"]),
+                    original_max_position_embeddings=int(f["rope.scaling.original_context_length"]))
+        if "rope.scaling.attn_factor" in f:
+            rope["attention_factor"] = float(f["rope.scaling.attn_factor"])
+    else:
+        for key in ("rope.scaling.attn_factor", "rope.scaling.original_context_length"):
+            if key in f:
+                raise refuse(arch, key, f[key], "with Phi-3's rope_factors tensors only")
     if arch == "gemma3":
         local = {"rope_type": "default", "rope_theta": float(f.get("rope.freq_base_swa", 10000.0))}
         return {"full_attention": rope, "sliding_attention": local}
@@ -114,8 +137,9 @@ def layer_types(f: dict, arch: str, layers: int) -> list[str] | None:
     return ["sliding_attention" if s else "full_attention" for s in sliding]
 
 
-def config_dict(fields: dict, tensor_names: set[str], rope_freqs: np.ndarray | None) -> dict:
-    """The GGUF's metadata (``{key: value}``) -> the Hugging Face config dict of the same model."""
+def config_dict(fields: dict, tensor_names: set[str], rope_tensors: dict[str, np.ndarray]) -> dict:
+    """The GGUF's metadata (``{key: value}``), tensor names and RoPE tensors (those of ROPE_TENSORS
+    the file holds) -> the Hugging Face config dict of the same model."""
     arch = architecture(fields)
     f = arch_fields(fields, arch)
     model_type = "mistral" if arch == "llama" and f.get("attention.sliding_window") else ARCHITECTURES[arch]
@@ -131,7 +155,7 @@ def config_dict(fields: dict, tensor_names: set[str], rope_freqs: np.ndarray | N
                          "another width are not implemented)")
     if arch in ("qwen2", "qwen3") and c.get("sliding_window"):  # which layers slide is not in the file
         raise refuse(arch, "attention.sliding_window", c["sliding_window"], "no window for qwen2 / qwen3, as llama.cpp")
-    c.update(rope_parameters=rope_parameters(f, arch, rope_freqs),
+    c.update(rope_parameters=rope_parameters(f, arch, rope_tensors),
              tie_word_embeddings="output.weight" not in tensor_names)
     types = layer_types(f, arch, c["num_hidden_layers"])
     if types is not None:
@@ -158,8 +182,8 @@ def hf_name(tensor: str, arch: str) -> str:
     names = {**LAYER_NAMES, **ARCH_LAYER_NAMES.get("gemma" if arch.startswith("gemma") else arch, {})}
     parts = base.split(".", 2)
     if len(parts) != 3 or parts[0] != "blk" or parts[2] not in names:
-        raise ValueError(f"GGUF tensor {tensor!r} is not read by FlashSpec (it reads {sorted(TOP_NAMES)}, rope_freqs "
-                         f"(llama) and blk.N.{sorted(names)} for {arch}): refused rather than run without it")
+        raise ValueError(f"GGUF tensor {tensor!r} is not read by FlashSpec (it reads {sorted(TOP_NAMES)}, "
+                         f"{ROPE_TENSORS.get(arch, ())} and blk.N.{sorted(names)} for {arch}): refused rather than run without it")
     return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
 
 
@@ -176,7 +200,7 @@ def state_dict(tensors: list, arch: str, config: dict, dequantize: Callable) -> 
     kv_heads = config.get("num_key_value_heads") or heads
     state: dict[str, np.ndarray] = {}
     for tensor in tensors:
-        if tensor.name == "rope_freqs.weight" and arch == "llama":
+        if tensor.name in ROPE_TENSORS.get(arch, ()):
             continue  # read into the config (rope_parameters)
         name = hf_name(tensor.name, arch)
         w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)

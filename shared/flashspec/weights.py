@@ -199,8 +199,9 @@ def gguf_metadata(reader) -> dict[str, dict]:
 
     fields = {k: value(f) for k, f in reader.fields.items()}
     names = {t.name for t in reader.tensors}
-    rope_freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    config = gguf_read.config_dict(fields, names, None if rope_freqs is None else np.asarray(rope_freqs.data))
+    rope = {t.name: np.asarray(t.data) for t in reader.tensors
+            if t.name in gguf_read.ROPE_TENSORS.get(fields.get("general.architecture"), ())}
+    config = gguf_read.config_dict(fields, names, rope)
     parsed: dict[str, dict] = {"config": config, "architecture": fields["general.architecture"]}
     for section in ("tokenizer", "tokenizer_config"):
         renames = GGUF_TO_TRANSFORMERS_MAPPING[section]["tokenizer"]

@@ -28,6 +28,7 @@ TRANSFORMERS_DROPS = {
     "mistral": dict(sliding_window=None),  # llama.attention.sliding_window
     "gemma2": dict(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256),
     "gemma3_text": dict(query_pre_attn_scalar=256, layer_types=None, rope_parameters=None),  # pattern, scaling
+    "phi3": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),  # rope_factors_*
 }
 JAX_FAMILIES = ("llama", "gemma3_text")
 
@@ -79,17 +80,19 @@ def test_unknown_metadata_and_tensors_are_refused():
 
     base = {"general.architecture": "qwen2", "qwen2.block_count": 2, "qwen2.embedding_length": 64,
             "qwen2.attention.head_count": 4, "qwen2.context_length": 64}
-    assert gguf_read.config_dict(base, set(), None)["model_type"] == "qwen2"
+    assert gguf_read.config_dict(base, set(), {})["model_type"] == "qwen2"
     for key, value in (("qwen2.attn_logit_softcapping", 5.0), ("qwen2.rope.dimension_count", 8),
                        ("qwen2.rope.scaling.type", "yarn"), ("qwen2.expert_count", 8), ("qwen2.new_feature", 1),
                        ("qwen2.attention.sliding_window", 16)):
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            gguf_read.config_dict({**base, key: value}, set(), None)
+            gguf_read.config_dict({**base, key: value}, set(), {})
     with pytest.raises(ValueError, match="general.architecture='gpt2'"):
-        gguf_read.config_dict({**base, "general.architecture": "gpt2"}, set(), None)
+        gguf_read.config_dict({**base, "general.architecture": "gpt2"}, set(), {})
     with pytest.raises(ValueError, match=r"blk\.0\.attn_qkv\.weight"):
         gguf_read.hf_name("blk.0.attn_qkv.weight", "qwen2")  # fused qkv is Phi-3's
     with pytest.raises(ValueError, match="rope_factors_long"):
-        gguf_read.hf_name("rope_factors_long.weight", "phi3")
+        gguf_read.hf_name("rope_factors_long.weight", "llama")
+    with pytest.raises(ValueError, match="rope_freqs"):
+        gguf_read.hf_name("rope_freqs.weight", "qwen2")
     assert gguf_read.hf_name("blk.1.ffn_norm.weight", "gemma2") == "model.layers.1.pre_feedforward_layernorm.weight"
     assert gguf_read.hf_name("blk.1.ffn_up.weight", "phi3") == "model.layers.1.mlp.gate_up_proj.weight"
