@@ -8,7 +8,8 @@ every tensor. Reversed here, where llama.cpp's converter applies them:
 * ``llama``: ``attn_q`` / ``attn_k`` rows un-permuted; ``rope_freqs`` (Llama 3's per-frequency
   divisors of the inverse frequencies) read as RoPE with those factors (``longrope`` with equal short
   and long factors, attention factor 1: inv_freq = default / factor); a window makes it Mistral;
-* Gemma: ``*norm.weight`` minus one (the file holds 1 + w); the query scale 1/sqrt(key_length),
+* Gemma: ``*norm.weight`` minus one (the file holds 1 + w); Gemma 2's soft-capping keys (llama.cpp's
+  defaults 50 and 30 where absent); the query scale 1/sqrt(key_length),
   or 1/sqrt(hidden / heads) for the 27B models (llama.cpp's rule, by block count); Gemma 3's
   local RoPE base ``rope.freq_base_swa`` (default 10000) and ``attention.sliding_window_pattern``
   (llama.cpp's default: every sixth layer full);
@@ -163,8 +164,9 @@ def config_dict(fields: dict, tensor_names: set[str], rope_tensors: dict[str, np
     if arch in GEMMA_27B_BLOCKS:
         big = c["num_hidden_layers"] == GEMMA_27B_BLOCKS[arch]
         c["query_pre_attn_scalar"] = c["hidden_size"] // heads if big else head_dim
-        c.setdefault("attn_logit_softcapping", None)
-        c.setdefault("final_logit_softcapping", None)
+        gemma2 = arch == "gemma2"  # llama.cpp's defaults where a Gemma 2 file lacks the keys: 50 and 30
+        c.setdefault("attn_logit_softcapping", 50.0 if gemma2 else None)
+        c.setdefault("final_logit_softcapping", 30.0 if gemma2 else None)
     c["attention_bias"] = "blk.0.attn_q.bias" in tensor_names and arch != "qwen2"
     c["mlp_bias"] = "blk.0.ffn_down.bias" in tensor_names
     for key, ours in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),

@@ -94,5 +94,10 @@ def test_unknown_metadata_and_tensors_are_refused():
         gguf_read.hf_name("rope_factors_long.weight", "llama")
     with pytest.raises(ValueError, match="rope_freqs"):
         gguf_read.hf_name("rope_freqs.weight", "qwen2")
+    gemma = {"general.architecture": "gemma2", "gemma2.block_count": 46, "gemma2.embedding_length": 4608,
+             "gemma2.attention.head_count": 32, "gemma2.attention.key_length": 128}
+    c = gguf_read.config_dict(gemma, set(), {})  # llama.cpp's 27B rule and soft-capping defaults
+    assert (c["query_pre_attn_scalar"], c["attn_logit_softcapping"], c["final_logit_softcapping"]) == (144, 50.0, 30.0)
+    assert gguf_read.config_dict({**gemma, "gemma2.block_count": 42}, set(), {})["query_pre_attn_scalar"] == 128
     assert gguf_read.hf_name("blk.1.ffn_norm.weight", "gemma2") == "model.layers.1.pre_feedforward_layernorm.weight"
     assert gguf_read.hf_name("blk.1.ffn_up.weight", "phi3") == "model.layers.1.mlp.gate_up_proj.weight"
