@@ -7,7 +7,8 @@ every tensor. Reversed here, where llama.cpp's converter applies them:
 
 * ``llama``: ``attn_q`` / ``attn_k`` rows un-permuted; ``rope_freqs`` (Llama 3's per-frequency
   divisors of the inverse frequencies) read as RoPE with those factors (``longrope`` with equal short
-  and long factors, attention factor 1: inv_freq = default / factor); a window makes it Mistral;
+  and long factors, attention factor 1: inv_freq = default / factor); ``llama.attention.sliding_window``
+  makes it Mistral (a Mistral file without it runs with full attention, as llama.cpp runs it);
 * Gemma: ``*norm.weight`` minus one (the file holds 1 + w); Gemma 2's soft-capping keys (llama.cpp's
   defaults 50 and 30 where absent); the query scale 1/sqrt(key_length),
   or 1/sqrt(hidden / heads) for the 27B models (llama.cpp's rule, by block count); Gemma 3's
