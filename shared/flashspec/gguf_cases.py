@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .family_cases import CASES, hf_model
+from .family_cases import hf_model
 
 ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
         "gemma3_text": "gemma3", "phi3": "phi3"}
@@ -34,7 +34,8 @@ ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"
 # and Qwen3's head_dim is transformers' default (its GGUF reader does not read attention.key_length for
 # qwen3); Phi-3 with its longrope (an original context of 128: prompt + 64 tokens stay on the short factors)
 PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 128,
-                 "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8], "long_factor": [1.0, 2.0, 4.0, 6.0, 8.0, 9.0, 9.5, 10.0]}
+                 "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                 "long_factor": [1.0, 2.0, 4.0, 6.0, 8.0, 9.0, 9.5, 10.0]}
 GGUF_FIELDS = {"gemma2": dict(query_pre_attn_scalar=16), "gemma3_text": dict(query_pre_attn_scalar=16),
                "qwen3": dict(head_dim=128), "phi3": dict(rope_parameters=PHI3_LONGROPE)}
 LAYER_NAMES = {  # Hugging Face names under model.layers.N. -> GGUF names under blk.N.
@@ -159,6 +160,3 @@ def save_gguf_case(model_type: str, path: Path, seed: int = 0):
     w.write_tensors_to_file()
     w.close()
     return hf
-
-
-__all__ = ["CASES", "save_gguf_case"]

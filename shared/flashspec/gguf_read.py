@@ -186,7 +186,8 @@ def hf_name(tensor: str, arch: str) -> str:
     parts = base.split(".", 2)
     if len(parts) != 3 or parts[0] != "blk" or parts[2] not in names:
         raise ValueError(f"GGUF tensor {tensor!r} is not read by FlashSpec (it reads {sorted(TOP_NAMES)}, "
-                         f"{ROPE_TENSORS.get(arch, ())} and blk.N.{sorted(names)} for {arch}): refused rather than run without it")
+                         f"{ROPE_TENSORS.get(arch, ())} and blk.N.{sorted(names)} for {arch}): refused rather than "
+                         "run without it")
     return f"model.layers.{parts[1]}.{names[parts[2]]}.{suffix}"
 
 
