@@ -28,7 +28,7 @@ from flashspec.config import LlamaConfig, SamplingConfig
 from .drafts import ModelDraft, Proposal, Sequences
 from .layers import default_impl, kernel_attends, rms_norm
 from .model import Block, KVCache, Llama, project
-from .sampling import sample
+from .sampling import draft_gumbel, sample_gumbel
 
 OUTSIDE = -1e30  # the logit of a token outside the head's vocabulary
 FORMAT = "flashspec-draft-head-1"
@@ -96,11 +96,11 @@ class DraftHead(nn.Module):
     def logits(self, s: torch.Tensor) -> torch.Tensor:  # [..., C] head states -> [..., V_d] float32
         return nn.functional.linear(rms_norm(s, self.norm, self.config.rms_norm_eps), self.lent[1]).float()
 
-    def full_logits(self, w: torch.Tensor) -> torch.Tensor:  # [B, V_d] -> [B, V]: OUTSIDE off the head's vocabulary
+    def full_logits(self, w: torch.Tensor) -> torch.Tensor:  # [..., V_d] -> [..., V]: OUTSIDE off the head's vocabulary
         if self.full_vocab:
             return w
-        full = torch.full((w.shape[0], self.target_config.vocab_size), OUTSIDE, dtype=w.dtype, device=w.device)
-        return full.index_copy_(1, self.token_ids, w)
+        full = torch.full((*w.shape[:-1], self.target_config.vocab_size), OUTSIDE, dtype=w.dtype, device=w.device)
+        return full.index_copy_(-1, self.token_ids, w)
 
 
 def check_fits(trained_for: LlamaConfig, target: LlamaConfig) -> None:
@@ -162,10 +162,15 @@ class HeadDraft:
         attend = s_max if graphed else min(seqs.max_len_bound + gamma, s_max)
         last = (length - 1 - start).clamp(max=chunk - 1)
         s, w = self.feed(seqs, start, chunk, attend, select=last)
+        ids = self.head.token_ids  # [V_d]
+        noise = None if sampling.greedy else draft_gumbel(seed, offset, length.shape[0], gamma, ids)  # [B, G, V_d]
         xs, ws, lqs = [], [], []
         for i in range(gamma):
-            w = self.head.full_logits(w)
-            x_i, lq_i = sample(w, sampling, seed, offset, position=i)
+            if noise is None:
+                j, lq_i = w.argmax(-1), torch.zeros(w.shape[0], dtype=torch.float32, device=w.device)
+            else:
+                j, lq_i = sample_gumbel(w, sampling, noise[:, i])
+            x_i = ids[j]
             xs.append(x_i)
             ws.append(w)
             lqs.append(lq_i)
@@ -174,7 +179,7 @@ class HeadDraft:
                 s, w = self.head.run(self.target, x_i[:, None], s[:, None], p_i, self.cache, attend)
                 s, w = s[:, 0], w[:, 0]
         self.valid.copy_(length)
-        return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
+        return Proposal(torch.stack(xs, 1), self.head.full_logits(torch.stack(ws, 1)), torch.stack(lqs, 1))
 
 
 # -- files
