@@ -10,7 +10,10 @@ further, the head feeds its own s_p where the target's fused features were (EAGL
 The head owns only the fusion, the layer and two norms; the embedding and LM head are the target's
 (``attach``), so a head file holds a few MiB. q is exactly what the draft samples from: the logits
 of tokens outside ``token_ids`` are OUTSIDE (exp underflows to 0 in float32 at any temperature
->= 1e-8), so their q is 0 and they are never drafted.
+>= 1e-8), so their q is 0 and they are never drafted. Drafting therefore samples over the V_d
+columns only, with the DRAFT stream's Gumbel noise taken at the real token ids for all G positions in
+one pass (``sampling.draft_gumbel``): the same token and log q as sampling the full row; the full row
+(``full_logits``) is built once per step for the verifier.
 """
 
 from __future__ import annotations
