@@ -138,6 +138,18 @@ def test_drafting_over_the_head_vocabulary_draws_what_the_full_row_draws(target,
         torch.testing.assert_close(lq, want_lq, rtol=1e-5, atol=1e-5)
 
 
+def test_the_learning_rate_anneals_over_steps_or_seconds_whichever_ends_first():
+    from flashspec_torch.head_train import TrainConfig, lr_scale
+
+    by_steps = TrainConfig(steps=100, warmup=10)
+    by_time = TrainConfig(steps=100, warmup=10, seconds=10.0)
+    assert lr_scale(0, 0.0, by_steps) == pytest.approx(0.1)
+    assert lr_scale(50, 9.0, by_steps) == pytest.approx(0.5)  # no time budget: steps alone
+    assert lr_scale(20, 5.0, by_time) == pytest.approx(0.5)  # half the seconds spent, a fifth of the steps
+    assert lr_scale(20, 10.0, by_time) == pytest.approx(0.0, abs=1e-12)  # the time budget is the run's end
+    assert lr_scale(99, 1.0, by_time) == pytest.approx(0.5 * (1 + np.cos(np.pi * 0.99)))
+
+
 def test_training_lowers_the_loss_and_the_file_round_trips(target, tmp_path):
     from flashspec.head_corpus import Prompt
     from flashspec_torch.backend import TorchBackend
