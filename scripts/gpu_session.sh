@@ -7,7 +7,7 @@
 #   .carry_a/gguf.part_a in /tmp/fs on the device; the next call (back to back, while the machine
 #   is warm) carries .carry_b/ (gguf.part_b, gguf.sha256, the gguf and accelerate wheels) and its
 #   `embedded` step reassembles the file, checks its hash and runs engine_gpu_embedded.py; `head` does the
-#   same and trains the draft head (benchmarks/train_head_gpu.py, about 8 min; $OUT/head/).
+#   same and trains the draft head (benchmarks/train_head_gpu.py, about 6 min on an H100; $OUT/head/).
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
 # `flashspec` is the tree's shared/flashspec/ folder: shared/ goes on PYTHONPATH.
 # TREE=path runs another checkout's code (e.g. a branch exported with git archive).
