@@ -25,7 +25,7 @@ def engine():
 
 
 def test_greedy_head_speculation_equals_greedy_decoding(engine):
-    common = dict(temperature=0.0, max_new_tokens=16, chat=False)
+    common = dict(temperature=0.0, max_new_tokens=12, chat=False)
     plain = engine.generate(PROMPTS, speculation=False, **common)
     spec = engine.generate(PROMPTS, speculation=True, gamma=4, **common)
     for prompt, a, b in zip(PROMPTS, plain["tokens"], spec["tokens"]):
@@ -34,11 +34,12 @@ def test_greedy_head_speculation_equals_greedy_decoding(engine):
 
 
 def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine):
-    """T = 0.7, top-p 0.9, G = 2: the joint law of the first two tokens, chi-square against the
-    target's own p(t1) p(t2 | t1) computed by plain forward passes."""
+    """T = 0.7, top-p 0.9, G = 2: the first token's law and the first two tokens' joint law,
+    chi-square against the target's own p(t1) p(t2 | t1) computed by plain forward passes. A short
+    prompt with a few likely continuations keeps the rows cheap and the bins full."""
     from flashspec_torch.reference import log_probs
 
-    prompt, n = "Once upon a time, in a small village by the sea, there lived a", 240
+    prompt, n = "My favourite colour is", 200
     sampling = SamplingConfig(temperature=0.7, top_p=0.9)
     ids = engine.encode(prompt, chat=False)
     m = engine.target.model
@@ -58,6 +59,8 @@ def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine):
     for t1, t2 in (t[:2] for t in out["tokens"]):
         assert t1 in row, f"first token {t1} is outside the target's top-p nucleus"
         counts[row[t1], t2] += 1
-    _, p_value, note = chi_square_test(counts, joint)
-    assert p_value > 1e-3, note
+    _, p_first, note_first = chi_square_test(counts.sum(1), joint.sum(1))
+    _, p_joint, note_joint = chi_square_test(counts, joint)
+    assert p_first > 1e-3, f"first token: {note_first}, p = {p_first:.2g}"
+    assert p_joint > 1e-3, f"first two tokens: {note_joint}, p = {p_joint:.2g}"
     assert out["acceptance"] > 0.1  # the head's drafts were accepted often enough to matter
