@@ -7,7 +7,7 @@
 #   .carry_a/gguf.part_* in /tmp/fs on the device, once per call (back to back, while the machine is warm)
 #   until the last part; the call after them carries .carry_b/ (the last part, gguf.sha256, the wheels the
 #   device lacks) and its `embedded`, `head` or `serve` step reassembles the file, checks its hash, installs
-#   the wheels and runs engine_gpu_embedded.py, train_head_gpu.py (about 8 min; $OUT/head/) or serve_gpu.py.
+#   the wheels and runs engine_gpu_embedded.py, train_head_gpu.py (about 6 min on an H100; $OUT/head/) or serve_gpu.py.
 #   Parts: split -n 3 -d -a 1 --additional-suffix= $GGUF gguf.part_ (gguf.part_0 and _1 stashed, _2 in .carry_b).
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
 # `flashspec` is the tree's shared/flashspec/ folder: shared/ goes on PYTHONPATH.
