@@ -6,6 +6,7 @@ import torch
 
 from flashspec.config import SamplingConfig
 from flashspec.testing import chi_square_test
+from torch_helpers import next_token_law
 
 from prompts import PROMPTS  # noqa: E402  (tests/prompts.py: shared by both backends)
 
@@ -54,13 +55,7 @@ def test_sampled_first_tokens_follow_the_target(engine):
     prompt, n = "The capital of France is", 400
     sampling = SamplingConfig(temperature=1.0, top_k=8)
     ids = engine.encode(prompt, chat=False)
-    from flashspec_torch.reference import log_probs
-
-    with torch.inference_mode():
-        m = engine.target.model
-        cache = m.new_cache(1, len(ids) + 1)
-        z = m(torch.tensor([ids]), torch.arange(len(ids))[None], cache, len(ids), logits_last=1)[0, 0]
-    p = log_probs(z, sampling).exp().double().numpy()
+    p = next_token_law(engine.target.model, ids, sampling)
     from flashspec_torch.engine import Engine
 
     drafted = Engine(engine.target, ("layerskip:29",), policy="fixed", device="cpu")  # q != p, often accepted
