@@ -35,7 +35,7 @@ def dot_nt(a, b, acc, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every M (Triton would specialize M == 1)
 def invariant_matmul_kernel(
     x_ptr,  # [M, K] x; ADD_RMS_NORM: h [M, K]; SILU_MUL: gu [M, 2K]
     d_ptr,  # [M, K] (ADD_RMS_NORM with HAS_D; else unused)
