@@ -116,7 +116,7 @@ def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool) -> torch.Ten
     t = invariant_tiling(n, k, x.dtype)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     use_pdl = pdl_on(pdl, x)
-    kernels().invariant_matmul_kernel[(-(-n // t.block_n), -(-m // t.block_m))](
+    kernels().invariant_matmul_kernel[(-(-m // t.block_m), -(-n // t.block_n))](
         x, x if d is None else d, x if g is None else g, w, y, x if h_out is None else h_out,
         m, n, k, eps,
         PROLOGUE=PROLOGUES.index(prologue), HAS_D=d is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n,

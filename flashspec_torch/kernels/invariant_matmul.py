@@ -3,7 +3,7 @@
 ``invariant_matmul_kernel``: y = x w^T for any number of rows M, w [N, K] in nn.Linear's layout, with
 the prologues of ``kernels/gemv.py`` (none, add + RMSNorm, SwiGLU) building x chunk by chunk.
 
-A row's output bits do not depend on M or on the other rows: the grid is (N tiles, M tiles) with a
+A row's output bits do not depend on M or on the other rows: the grid is (M tiles, N tiles) with a
 tiling chosen from (N, K, dtype) alone, every program reduces the whole of K itself (no split-K) in
 chunks of BLOCK_K taken in order, each chunk one ``tl.dot`` of a [BLOCK_M, BLOCK_K] by
 [BLOCK_K, BLOCK_N] tile, and a row only ever meets its own activations. The RMSNorm statistics are
@@ -48,10 +48,10 @@ def invariant_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     USE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
+    pid_n = tl.program_id(1)  # row tiles vary fastest: the programs reading one weight tile run together (L2)
     dtype = y_ptr.dtype.element_ty
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m = (tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]  # [BM, 1]
+    m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]  # [BM, 1]
     kk = tl.arange(0, BLOCK_K)
     m_ok = m < M
     n_ok = (n < N)[:, None]  # [BN, 1]
