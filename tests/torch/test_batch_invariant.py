@@ -71,13 +71,14 @@ def test_a_prompts_logits_do_not_depend_on_the_pass_or_the_batch(dtype):
 
 
 def test_a_product_that_splits_k_by_rows_is_caught(monkeypatch):
-    """The o projection by a mutant that splits K in two above one row: a scoring pass no longer
-    gives decoding's bits, so the check above can fail."""
+    """The o projection by a mutant that splits K in two above one row (at a third: halves would
+    reproduce the pairwise tree exactly): a scoring pass no longer gives decoding's bits, so the
+    check above can fail."""
     def split_k(x, w, pdl=False):
         k = x.shape[-1]
         if x.numel() // k == 1:
             return I.invariant_matmul(x, w)
-        h = k // 2
+        h = k // 3
         halves = [I.invariant_matmul(x[..., s].contiguous(), w[:, s].contiguous()).float()
                   for s in (slice(0, h), slice(h, k))]
         return (halves[0] + halves[1]).to(x.dtype)
