@@ -43,14 +43,10 @@ from flashspec.loop import SpecConfig, decode, speculate
 from flashspec_torch.backend import TorchBackend
 from flashspec_torch.drafts import LookupDraft
 from flashspec_torch.model import Llama, LlamaConfig
+from engine_gpu import SHAPES as ENGINE_SHAPES  # benchmarks/ is on sys.path for scripts
 
 SHAPES = {
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                         num_kv_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True),
-    "tinyllama-1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32,
-                           num_kv_heads=4, head_dim=64),
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                      num_kv_heads=8, head_dim=128, rope_theta=500000.0),
+    **ENGINE_SHAPES,
     "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                  head_dim=16),  # --tiny: the CPU test of this script
 }

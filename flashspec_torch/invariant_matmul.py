@@ -3,10 +3,10 @@ how many rows are computed with it and of what they hold (``Engine(batch_invaria
 every product of the target by it). Kernel in ``flashspec_torch/kernels/invariant_matmul.py``; the
 entries below take the prologues of ``flashspec_torch.gemv`` (add + RMSNorm, SwiGLU) and round at
 the same places, so ``flashspec_torch.gemv``'s ``*_reference`` functions are their references
-(re-exported here as ``*_reference``).
+(re-exported here as ``*_reference``), and its argument checks are theirs.
 
 The tiling (``invariant_tiling``) depends on N, K and the dtype, never on M: 16 rows per program,
-no split-K, one K chunk size. ``check_invariant`` refuses what the mode does not cover.
+no split-K, one K chunk size.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from .device import interpreting
-from .gemv import DTYPES, PROLOGUES, gemv_add_rms_norm_reference, gemv_reference, gemv_silu_mul_reference
+from .gemv import PROLOGUES, check, check_norm, gemv_add_rms_norm_reference, gemv_reference, gemv_silu_mul_reference
 from .layers import pdl_on
 
 invariant_matmul_reference = gemv_reference  # x [..., K]; w [N, K] -> [..., N]
@@ -56,7 +56,7 @@ def invariant_matmul(
     pdl: bool = False,
 ) -> torch.Tensor:  # [..., N] = x w^T
     k = x.shape[-1]
-    check(x, "x", w, k)
+    check(x, "x", w, k, max_rows=None)
     y = launch("none", x.reshape(-1, k).contiguous(), None, None, w, None, 0.0, pdl)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
@@ -70,11 +70,8 @@ def invariant_matmul_add_rms_norm(
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (rms_norm(h + d) * g @ w^T [..., N], h + d [..., K])
     k = h.shape[-1]
-    check(h, "h", w, k)
-    if d is not None and (d.shape != h.shape or d.dtype != h.dtype):
-        raise ValueError(f"d {tuple(d.shape)} {d.dtype} must match h {tuple(h.shape)} {h.dtype}")
-    if g.shape != (k,) or g.dtype != h.dtype:
-        raise ValueError(f"g {tuple(g.shape)} {g.dtype} must be [{k}] of h's dtype {h.dtype}")
+    check(h, "h", w, k, max_rows=None)
+    check_norm(h, d, g)
     hn = h if d is None else torch.empty_like(h)
     d2 = None if d is None else d.reshape(-1, k).contiguous()
     y = launch("add_rms_norm", h.reshape(-1, k).contiguous(), d2, g.contiguous(), w, None if d is None else hn, eps, pdl)
@@ -89,25 +86,9 @@ def invariant_matmul_silu_mul(
     k2 = gu.shape[-1]
     if k2 % 2:
         raise ValueError(f"gu's last dimension {k2} must be even (gate then up)")
-    check(gu, "gu", w, k2 // 2)
+    check(gu, "gu", w, k2 // 2, max_rows=None)
     y = launch("silu_mul", gu.reshape(-1, k2).contiguous(), None, None, w, None, 0.0, pdl)
     return y.reshape(*gu.shape[:-1], w.shape[0])
-
-
-def check(x: torch.Tensor, name: str, w: torch.Tensor, k: int) -> None:
-    if x.dtype not in DTYPES:
-        raise ValueError(f"{name}.dtype={x.dtype} must be one of {DTYPES}")
-    if w.dtype != x.dtype:
-        raise ValueError(f"w.dtype={w.dtype} must equal {name}.dtype={x.dtype}")
-    if w.dim() != 2 or w.shape[1] != k or not w.is_contiguous():
-        raise ValueError(f"w {tuple(w.shape)} must be a contiguous [N, {k}] (nn.Linear) weight for {name} {tuple(x.shape)}")
-    if x.dim() < 1 or x.numel() == 0:
-        raise ValueError(f"{name} {tuple(x.shape)} must have at least one row")
-    if x.device != w.device:
-        raise ValueError(f"w is on {w.device}, {name} on {x.device}")
-    if not x.is_cuda and not interpreting():
-        raise RuntimeError("the batch-invariant product on the CPU needs TRITON_INTERPRET=1 set before flashspec_torch "
-                           "is imported")
 
 
 def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool) -> torch.Tensor:

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .gemv import ADD_RMS_NORM, chunk_x, residual_chunk, tree_sum
+from .gemv import ADD_RMS_NORM, chunk_x, row_rms, tree_sum
 
 
 @triton.jit
@@ -62,16 +62,7 @@ def invariant_matmul_kernel(
 
     rms = tl.zeros([BLOCK_M, 1], tl.float32)
     if PROLOGUE == ADD_RMS_NORM:
-        squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + kk[None, :]
-            mask = m_ok & (k < K)
-            hn = residual_chunk(x_ptr, d_ptr, m * K + k, mask, HAS_D, dtype)
-            if HAS_D:
-                tl.store(h_out_ptr + m * K + k, hn.to(dtype), mask=mask & (pid_n == 0))
-            squares += hn * hn
-        total = tree_sum(tl.reshape(squares, [BLOCK_M, 1, BLOCK_K]), BLOCK_M, 1, BLOCK_K)  # [BM, 1]
-        rms = tl.math.rsqrt(total / K + eps)
+        rms = row_rms(x_ptr, d_ptr, h_out_ptr, m, m_ok, kk, pid_n == 0, K, eps, HAS_D, BLOCK_M, BLOCK_K, dtype)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):  # the chunks in order, whatever M is
