@@ -39,10 +39,10 @@ class KVCache(nn.Module):
 def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x [..., K] -> [..., N]
     """A projection: the module itself (nn.Linear, or a 4-bit one), or for plain nn.Linear weights
     ``layers.linear`` with ``impl`` (the Triton product for a few rows), or with ``impl`` "invariant"
-    the batch-invariant product (``Llama.decode_settings`` checked that the weights are plain)."""
-    if impl == "invariant":
+    the batch-invariant product (for weights without bias; others, such as a draft head's, by the module)."""
+    if impl == "invariant" and type(module) is nn.Linear and module.bias is None:
         return invariant_matmul(x, module.weight)
-    if impl in ("reference", "fused") or type(module) is not nn.Linear:
+    if impl in ("reference", "fused", "invariant") or type(module) is not nn.Linear:
         return module(x)
     return linear(x, module.weight, impl)
 
