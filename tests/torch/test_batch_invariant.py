@@ -110,3 +110,38 @@ def test_what_the_mode_does_not_implement_is_refused():
     m.linear_impl = "fused"
     with pytest.raises(ValueError, match="batch_invariant: .*linear_impl='fused'"):
         m.decode_settings(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_add_rms_norm_kernel_gives_a_row_the_same_bits_in_any_batch(dtype):
+    """The standalone kernel (default mode): its row block follows the width, never the row count."""
+    from flashspec_torch.layers import add_rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    h, d, w = (torch.randn(*s, generator=g).to(dtype) for s in ((17, 96), (17, 96), (96,)))
+    alone = torch.cat([add_rms_norm(h[i : i + 1].clone(), d[i : i + 1], w, 1e-5, "triton")[1] for i in range(17)])
+    for m in (1, 3, 8, 17):
+        assert torch.equal(add_rms_norm(h[:m].clone(), d[:m], w, 1e-5, "triton")[1], alone[:m]), m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_invariant_attention_gives_a_query_the_same_bits_as_decode_scoring_or_prefill_row(dtype):
+    """A query at position p: alone (T = 1), among 5 scoring rows, among 40 prefill rows (pieces of
+    64 / group tokens), inside a batch of 3: the same bits (the caches hold the same K/V)."""
+    from flashspec_torch.layers import attention
+
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim, s = 4, 2, 16, 48
+    k, v = (torch.randn(3, kv_heads, s, dim, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(3, heads, 40, dim, generator=g).to(dtype)  # query t sits at position t
+    pos = torch.arange(40)[None].expand(3, -1)
+
+    def attend(rows, t0, t1):  # [len(rows), t1 - t0, H D]
+        return attention(q[rows, :, t0:t1].contiguous(), k[rows], v[rows], pos[rows, t0:t1], None, kv_heads, "triton",
+                         attend_len=s, invariant=True)
+
+    prefill = attend([1], 0, 40)[0]
+    for t in (0, 17, 33, 39):
+        assert torch.equal(attend([1], t, t + 1)[0, 0], prefill[t]), t
+    assert torch.equal(attend([1], 30, 35)[0], prefill[30:35])
+    assert torch.equal(attend([0, 1, 2], 30, 35)[1], prefill[30:35])
