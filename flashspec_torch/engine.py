@@ -35,11 +35,12 @@ class Engine(EngineBase):
 
     ``target``: a LoadedModel or a spelling of TARGET_HELP (``"nf4"``: the embedded model in NF4).
     ``drafts``: names of DRAFT_HELP, LoadedModels or transformers causal-LM objects.
-    ``row_invariant`` (CUDA): every product of the target by our fused kernels at up to 8 rows, so
-    that greedy speculation gives greedy decoding's tokens in bf16 too (batch 1, gamma <= 7); the
-    default multiplies 5-row scoring passes with cuBLAS, which rounds differently. It costs little on
-    the embedded model and several times a speculative step at 1B-8B widths (docs/engine_notes.md).
-    No effect on the CPU.
+    ``batch_invariant``: every product of the target by ``flashspec_torch.invariant_matmul`` and
+    attention with a fixed tiling, so that a row's logits are the same bits alone, in any batch and
+    as one of a scoring pass's rows: a request's tokens then depend neither on the requests beside it
+    nor on speculation, in bf16 too (the default multiplies with cuBLAS, whose tiling follows the
+    row count). CUDA, or the CPU under TRITON_INTERPRET=1; plain Llama-shaped targets only (refused
+    otherwise, here).
     """
 
     backend_name = "torch"
@@ -54,7 +55,7 @@ class Engine(EngineBase):
         device: str | None = None,
         dtype: torch.dtype | None = None,
         verify_impl: str | None = None,
-        row_invariant: bool = False,
+        batch_invariant: bool = False,
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r} is unknown; choose one of {sorted(POLICIES)}")
@@ -73,8 +74,8 @@ class Engine(EngineBase):
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise ValueError(f"dtype={dtype!r} must be a floating-point torch dtype (torch.float32, torch.bfloat16, ...)")
-        if not isinstance(row_invariant, bool):
-            raise TypeError(f"row_invariant={row_invariant!r} must be True or False")
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"batch_invariant={batch_invariant!r} must be True or False")
         self.target = target if isinstance(target, LoadedModel) else load_target(target, self.dtype, self.device)
         weights = self.target.model.embed.weight
         if weights.device.type != self.device.type:
@@ -84,7 +85,9 @@ class Engine(EngineBase):
             raise ValueError(f"target {self.target.name!r} has no tokenizer (tokenizer.json or tokenizer_config.json): "
                              "a target needs one to encode prompts; a directory without one can only be a draft")
         self.tokenizer = self.target.tokenizer
-        self.target.model.row_invariant = row_invariant  # the model's own setting: it is shared with its engines
+        self.target.model.batch_invariant = batch_invariant  # the model's own setting: it is shared with its engines
+        if batch_invariant:
+            self.target.model.decode_settings(self.device)  # refuses what the mode does not implement, now
         self.policy_name, self.objective = policy, objective
         self.drafts = [self.make_draft(d) for d in drafts]
         config = self.target.model.config

@@ -27,10 +27,9 @@ def family_settings(model) -> tuple[str, bool, frozenset[str], int]:
     """``Llama.decode_settings`` of a model with kernel blockers: cuBLAS / F.linear products (they
     keep the biases), no PDL, nothing fused; asking for more is refused."""
     c = model.config
-    if model.linear_impl not in (None, "reference") or model.row_invariant:
-        raise ValueError(f"linear_impl={model.linear_impl!r}, row_invariant={model.row_invariant}: the fused products "
-                         f"do not implement {c.kernel_blockers} of this model; leave linear_impl None and "
-                         "row_invariant False")
+    if model.linear_impl not in (None, "reference"):
+        raise ValueError(f"linear_impl={model.linear_impl!r}: the fused products do not implement "
+                         f"{c.kernel_blockers} of this model; leave linear_impl None")
     return "reference", False, frozenset(), 1
 
 

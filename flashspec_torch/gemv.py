@@ -151,10 +151,7 @@ def gemv_add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (rms_norm(h + d) * g @ w^T [..., N], h + d [..., K])
     k = h.shape[-1]
     check(h, "h", w, k)
-    if d is not None and (d.shape != h.shape or d.dtype != h.dtype):
-        raise ValueError(f"d {tuple(d.shape)} {d.dtype} must match h {tuple(h.shape)} {h.dtype}")
-    if g.shape != (k,) or g.dtype != h.dtype:
-        raise ValueError(f"g {tuple(g.shape)} {g.dtype} must be [{k}] of h's dtype {h.dtype}")
+    check_norm(h, d, g)
     h2 = h.reshape(-1, k).contiguous()
     d2 = None if d is None else d.reshape(-1, k).contiguous()
     hn = h
@@ -184,7 +181,16 @@ def gemv_silu_mul(
     return y.reshape(*gu.shape[:-1], w.shape[0])
 
 
-def check(x: torch.Tensor, name: str, w: torch.Tensor, k: int) -> None:
+def check_norm(h: torch.Tensor, d: torch.Tensor | None, g: torch.Tensor) -> None:  # the add + RMSNorm prologue's operands
+    k = h.shape[-1]
+    if d is not None and (d.shape != h.shape or d.dtype != h.dtype):
+        raise ValueError(f"d {tuple(d.shape)} {d.dtype} must match h {tuple(h.shape)} {h.dtype}")
+    if g.shape != (k,) or g.dtype != h.dtype:
+        raise ValueError(f"g {tuple(g.shape)} {g.dtype} must be [{k}] of h's dtype {h.dtype}")
+
+
+def check(x: torch.Tensor, name: str, w: torch.Tensor, k: int, max_rows: int | None = MAX_ROWS) -> None:
+    """The product's operands; ``max_rows`` None: any number of rows (the batch-invariant product)."""
     if x.dtype not in DTYPES:
         raise ValueError(f"{name}.dtype={x.dtype} must be one of {DTYPES}")
     if w.dtype != x.dtype:
@@ -194,8 +200,8 @@ def check(x: torch.Tensor, name: str, w: torch.Tensor, k: int) -> None:
     if x.dim() < 1 or x.numel() == 0:
         raise ValueError(f"{name} {tuple(x.shape)} must have at least one row")
     m = x.numel() // x.shape[-1]
-    if m > MAX_ROWS:
-        raise ValueError(f"{name} has {m} rows; the fused product takes at most {MAX_ROWS} (use F.linear)")
+    if max_rows is not None and m > max_rows:
+        raise ValueError(f"{name} has {m} rows; the fused product takes at most {max_rows} (use F.linear)")
     if x.device != w.device:
         raise ValueError(f"w is on {w.device}, {name} on {x.device}")
     if not x.is_cuda and not interpreting():

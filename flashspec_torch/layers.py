@@ -70,7 +70,7 @@ def add_rms_norm(
     y = torch.empty_like(h)
     rows = h.numel() // c
     block_c = next_pow2(c)
-    block_r = max(1, min(next_pow2(rows), 2048 // block_c)) if h.is_cuda else next_pow2(rows)
+    block_r = max(1, 2048 // block_c)  # not by rows: a row's reduction (its layout, the warps) is the same for any batch
     on = pdl_on(pdl, h)
     kernels().add_rms_norm_kernel[(triton_cdiv(rows, block_r),)](
         h, h if d is None else d, weight, y, rows, c, eps,
@@ -169,21 +169,46 @@ def attention(
     impl: str = "reference",
     pdl: bool = False,
     attend_len: int | None = None,  # S' (None: mask's last dimension)
+    invariant: bool = False,
 ) -> torch.Tensor:  # [B, T, H D]
     """The kernel serves a few new tokens per row (decode, drafting, scoring); long prompts go
-    to SDPA in both implementations."""
+    to SDPA in both implementations. ``invariant`` (batch-invariant mode, impl "triton"): the kernel
+    alone, with one query tile of ``INVARIANT_QUERY_ROWS`` rows whatever T is, the tokens in pieces
+    of ``INVARIANT_QUERY_ROWS // group``, so that a query's bits depend on its position and the
+    cache only (the KV loop walks the slots in fixed blocks from slot 0; blocks past a query's
+    position add exact zeros)."""
     b, h, t, d = q.shape
+    if invariant:
+        if impl != "triton" or d > MAX_KERNEL_HEAD_DIM:
+            raise ValueError(f"invariant attention needs impl='triton' (got {impl!r}) and head_dim <= {MAX_KERNEL_HEAD_DIM}")
+        piece = INVARIANT_QUERY_ROWS // (h // kv_heads)
+        parts = [launch_attention(q[:, :, t0 : t0 + piece].contiguous(), k_cache, v_cache, positions[:, t0 : t0 + piece],
+                                  kv_heads, pdl, attend_len, INVARIANT_QUERY_ROWS, not interpreting())
+                 for t0 in range(0, t, piece)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
     if not kernel_attends(impl, h, kv_heads, t, d):
         return attention_reference(q, k_cache, v_cache, mask, kv_heads)
+    attend = mask.shape[-1] if attend_len is None else attend_len
+    return launch_attention(q, k_cache, v_cache, positions, kv_heads, pdl, attend, max(16, next_pow2(h // kv_heads * t)))
+
+
+INVARIANT_QUERY_ROWS = 64  # the query tile of invariant attention: kernel_attends' most rows per KV head
+
+
+def launch_attention(q, k_cache, v_cache, positions, kv_heads: int, pdl: bool, attend: int, block_q: int,
+                     use_dot: bool = True) -> torch.Tensor:
+    """The attention kernel over q [B, H, T, D] (H // kv_heads * T <= block_q) -> [B, T, H D];
+    ``use_dot`` False: the score and value products by float32 sums of a fixed tree (the interpreter's
+    tl.dot is NumPy's matmul, whose row bits depend on the row's place in the tile)."""
+    b, h, t, d = q.shape
     out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
     on = pdl_on(pdl, q)
     block_d, block_s, warps = attention_tiling(d)
     kernels().decode_attention_kernel[(b * kv_heads,)](
-        q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2],
-        mask.shape[-1] if attend_len is None else attend_len, d ** -0.5,
-        H=h, H_KV=kv_heads, D=d, BLOCK_D=block_d, BLOCK_Q=max(16, next_pow2(h // kv_heads * t)), BLOCK_S=block_s,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=on, num_warps=warps, num_stages=2,
-        launch_pdl=on,
+        q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2], attend, d ** -0.5,
+        H=h, H_KV=kv_heads, D=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_S=block_s,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_DOT=use_dot, USE_PDL=on, num_warps=warps,
+        num_stages=2, launch_pdl=on,
     )
     return out
 

@@ -15,8 +15,10 @@ from torch import nn
 from flashspec.config import LlamaConfig
 
 from . import gemv as fused
+from .device import interpreting
 from .family import family_block, family_logits, family_settings, local_tables, window_masks
-from .layers import add_rms_norm, attention, default_impl, kernel_attends, linear, rope_kv, silu_mul
+from .invariant_matmul import invariant_matmul, invariant_matmul_add_rms_norm, invariant_matmul_silu_mul
+from .layers import MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, rope_kv, silu_mul
 from .shapes import check_shapes
 
 
@@ -36,13 +38,16 @@ class KVCache(nn.Module):
 
 def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x [..., K] -> [..., N]
     """A projection: the module itself (nn.Linear, or a 4-bit one), or for plain nn.Linear weights
-    ``layers.linear`` with ``impl`` (the Triton product for a few rows)."""
-    if impl in ("reference", "fused") or type(module) is not nn.Linear:
+    ``layers.linear`` with ``impl`` (the Triton product for a few rows), or with ``impl`` "invariant"
+    the batch-invariant product (for weights without bias; others, such as a draft head's, by the module)."""
+    if impl == "invariant" and type(module) is nn.Linear and module.bias is None:
+        return invariant_matmul(x, module.weight)
+    if impl in ("reference", "fused", "invariant") or type(module) is not nn.Linear:
         return module(x)
     return linear(x, module.weight, impl)
 
 
-LINEAR_IMPLS = ("reference", "triton", "fused")
+LINEAR_IMPLS = ("reference", "triton", "fused")  # what model.linear_impl may be; "invariant" is batch_invariant's
 FUSABLE = frozenset({"qkv", "o", "gate_up", "down", "lm_head"})  # projections flashspec_torch.gemv can serve
 
 
@@ -91,6 +96,8 @@ class Block(nn.Module):
         c = self.c
         if self.family:
             return family_block(self, h, d, cos, sin, k_cache, v_cache, positions, mask)
+        if linear_impl == "invariant":
+            return self.forward_invariant(h, d, cos, sin, k_cache, v_cache, positions, attend_len, pdl)
         on = frozenset()  # the cheap test first: this runs per layer and per token on the CPU too
         if linear_impl == "fused" and fused_projs:
             names = tuple(n for n in ("qkv", "o", "gate_up", "down") if n in fused_projs)
@@ -111,6 +118,18 @@ class Block(nn.Module):
         if "down" in on:
             return h, fused.gemv_silu_mul(gate_up, self.down.weight, pdl=pdl)
         return h, project(self.down, silu_mul(gate_up, impl, pdl), linear_impl)
+
+    def forward_invariant(self, h, d, cos, sin, k_cache, v_cache, positions, attend_len: int, pdl: bool):
+        """``forward`` in batch-invariant mode (arguments as there): every product by the
+        batch-invariant one with its prologue inside, attention with a fixed query tile (5 launches
+        and RoPE), so that a row's bits depend neither on the batch nor on the number of tokens."""
+        c = self.c
+        qkv, h = invariant_matmul_add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, self.qkv.weight, pdl)
+        q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, "triton", pdl)
+        attn = attention(q, k_cache, v_cache, positions, None, c.num_kv_heads, "triton", pdl, attend_len, invariant=True)
+        o = invariant_matmul(attn, self.o.weight, pdl)
+        gate_up, h = invariant_matmul_add_rms_norm(h, o, self.mlp_norm, c.rms_norm_eps, self.gate_up.weight, pdl)
+        return h, invariant_matmul_silu_mul(gate_up, self.down.weight, pdl)
 
 
 class Llama(nn.Module):
@@ -134,17 +153,18 @@ class Llama(nn.Module):
         # with linear_impl "fused": the projections that run fused; the others by cuBLAS (see Block.forward)
         self.fused: frozenset[str] | None = None
         self.fused_rows: int | None = None  # the fused products serve at most this many rows (<= 8)
-        # CUDA: every product fused at up to 8 rows, so a row's logits do not depend on how many rows
-        # a pass computes (greedy speculation == greedy decoding in bf16, batch 1, G <= 7)
-        self.row_invariant = False
+        # CUDA (or the Triton interpreter): every product by flashspec_torch.invariant_matmul and attention
+        # with a fixed tiling, so a row's logits depend neither on the batch nor on the tokens per pass
+        self.batch_invariant = False
 
     def decode_settings(self, device: torch.device) -> tuple[str, bool, frozenset[str], int]:
         """(linear_impl, pdl, fused, fused_rows): what is set, else the defaults by device and width. CPU:
         cuBLAS-free torch (F.linear), no PDL. CUDA: PDL between the Triton kernels, and the fused one-row
         products (decoding, drafting; scoring passes keep cuBLAS) on the projections where they beat cuBLAS
         in the whole step: all five at hidden 576 (SmolLM2-135M), o and down at 2048 (TinyLlama-1.1B), none
-        from 4096 (docs/engine_notes.md has the figures). ``row_invariant`` (CUDA): all five products fused
-        at up to 8 rows instead."""
+        from 4096 (docs/engine_notes.md has the figures). ``batch_invariant``: ``invariant_settings``."""
+        if self.batch_invariant:
+            return self.invariant_settings(device)
         if self.config.kernel_blockers:
             return family_settings(self)
         explicit = self.linear_impl is not None
@@ -153,18 +173,33 @@ class Llama(nn.Module):
         subset = FUSABLE if self.fused is None else check_fused(self.fused)
         if device.type != "cuda":
             return self.linear_impl or "reference", bool(self.pdl), subset, self.fused_rows or fused.MAX_ROWS
-        if self.row_invariant:
-            if self.linear_impl not in (None, "fused") or self.fused not in (None, FUSABLE) or self.fused_rows not in (None, fused.MAX_ROWS):
-                raise ValueError(f"row_invariant needs every product fused at up to {fused.MAX_ROWS} rows, but linear_impl="
-                                 f"{self.linear_impl!r}, fused={self.fused!r}, fused_rows={self.fused_rows!r} are set: "
-                                 "leave them None, or set row_invariant = False")
-            return "fused", True if self.pdl is None else self.pdl, FUSABLE, fused.MAX_ROWS
         hidden = self.config.hidden_size
         default = FUSABLE if hidden <= 1024 else frozenset({"o", "down"}) if hidden <= 2048 else frozenset()
         linear_impl = self.linear_impl or ("fused" if default else "reference")
         subset = default if self.fused is None else subset
         rows = self.fused_rows or (fused.MAX_ROWS if explicit else 1)
         return linear_impl, True if self.pdl is None else self.pdl, subset, rows
+
+    def invariant_settings(self, device: torch.device) -> tuple[str, bool, frozenset[str], int]:
+        """``decode_settings`` in batch-invariant mode: ("invariant", PDL on CUDA unless set, all five, 0), or
+        a ValueError naming what the mode does not implement for this model or device."""
+        c, why = self.config, None
+        plain = all(type(m) is nn.Linear and m.bias is None for layer in self.layers for m in
+                    (layer.qkv, layer.o, layer.gate_up, layer.down)) and type(self.lm_head) is nn.Linear
+        if c.kernel_blockers:
+            why = f"the layer kernels do not implement {c.kernel_blockers} of this model"
+        elif not plain:
+            why = "its projections are not all plain nn.Linear weights without bias (an NF4 model?)"
+        elif c.head_dim > MAX_KERNEL_HEAD_DIM:
+            why = f"head_dim {c.head_dim} > {MAX_KERNEL_HEAD_DIM}, the attention kernel's largest"
+        elif device.type != "cuda" and not interpreting():
+            why = f"device {device} runs torch's own kernels (on the CPU set TRITON_INTERPRET=1 before importing)"
+        elif self.impl not in (None, "triton") or (self.linear_impl, self.fused, self.fused_rows) != (None, None, None):
+            why = (f"impl={self.impl!r}, linear_impl={self.linear_impl!r}, fused={self.fused!r}, fused_rows="
+                   f"{self.fused_rows!r} are set; leave them None")
+        if why:
+            raise ValueError(f"batch_invariant: {why}; or set batch_invariant = False")
+        return "invariant", device.type == "cuda" if self.pdl is None else self.pdl, FUSABLE, 0
 
     def rope_tables(self, like: torch.Tensor, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # [P, D] cos, sin
         """cos and sin (in like's dtype) of every position up to max_position_embeddings, built on
@@ -205,14 +240,14 @@ class Llama(nn.Module):
         cos_table, sin_table = self.rope_tables(h)
         cos, sin = cos_table[positions], sin_table[positions]  # [B, T, D]
         local = local_tables(self, h, positions)  # Gemma 3's sliding layers: (cos, sin) of their own RoPE, or None
-        impl = self.impl or default_impl(h.device)
-        if c.kernel_blockers:
+        impl = "triton" if self.batch_invariant else self.impl or default_impl(h.device)
+        if c.kernel_blockers and not self.batch_invariant:  # batch_invariant: refused by decode_settings
             if self.impl == "triton":
                 raise ValueError(f"impl='triton': the layer kernels do not implement {c.kernel_blockers}; leave "
                                  "model.impl None (the plain torch layers run this model)")
             impl = "reference"
         mask = None  # the attention kernel needs none: skip its two launches
-        if not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
+        if not self.batch_invariant and not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
             slots = torch.arange(attend_len, device=tokens.device)
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         masks = window_masks(c, mask, positions)  # per sliding window: its mask
@@ -241,6 +276,8 @@ class Llama(nn.Module):
             d = None if d is None else d.gather(1, select[:, None, None].expand(-1, 1, d.shape[-1]))
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
+        if linear_impl == "invariant":
+            return invariant_matmul_add_rms_norm(h, d, self.norm, c.rms_norm_eps, self.lm_head.weight, pdl)[0].float()
         if c.kernel_blockers:
             return family_logits(self, h, d)
         if "lm_head" in fused_projs and fusable(h, linear_impl, fused_rows, self.lm_head):

@@ -56,6 +56,23 @@ def residual_chunk(h_ptr, d_ptr, offs, mask, HAS_D: tl.constexpr, DTYPE: tl.cons
 
 
 @triton.jit
+def row_rms(x_ptr, d_ptr, h_out_ptr, m, m_ok, kk, write, K: tl.constexpr, eps, HAS_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DTYPE: tl.constexpr):
+    """rsqrt(mean(hn^2) + eps) [BM, 1] of rows m [BM, 1] (hn = round(h + d)), summed over the K chunks in
+    order and then by ``tree_sum``; with HAS_D, hn goes to h_out where ``write``."""
+    squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + kk[None, :]
+        mask = m_ok & (k < K)
+        hn = residual_chunk(x_ptr, d_ptr, m * K + k, mask, HAS_D, DTYPE)
+        if HAS_D:
+            tl.store(h_out_ptr + m * K + k, hn.to(DTYPE), mask=mask & write)
+        squares += hn * hn
+    total = tree_sum(tl.reshape(squares, [BLOCK_M, 1, BLOCK_K]), BLOCK_M, 1, BLOCK_K)  # [BM, 1]
+    return tl.math.rsqrt(total / K + eps)
+
+
+@triton.jit
 def chunk_x(x_ptr, d_ptr, g_ptr, m, k, mask, rms, K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_D: tl.constexpr, DTYPE: tl.constexpr):
     """The prologue's activations for one K chunk: m [BM, 1], k [1, BK], rms [BM, 1] -> x [BM, BK] float32."""
     if PROLOGUE == ADD_RMS_NORM:
@@ -103,16 +120,7 @@ def gemv_kernel(
 
     rms = tl.zeros([BLOCK_M, 1], tl.float32)
     if PROLOGUE == ADD_RMS_NORM:
-        squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + kk[None, :]
-            mask = m_ok & (k < K)
-            hn = residual_chunk(x_ptr, d_ptr, m * K + k, mask, HAS_D, dtype)
-            if HAS_D:
-                tl.store(h_out_ptr + m * K + k, hn.to(dtype), mask=mask & (pid == 0))
-            squares += hn * hn
-        total = tree_sum(tl.reshape(squares, [BLOCK_M, 1, BLOCK_K]), BLOCK_M, 1, BLOCK_K)  # [BM, 1]
-        rms = tl.math.rsqrt(total / K + eps)
+        rms = row_rms(x_ptr, d_ptr, h_out_ptr, m, m_ok, kk, pid == 0, K, eps, HAS_D, BLOCK_M, BLOCK_K, dtype)
 
     # chunks in order 0, 1, ...: the preloaded ones, then the rest streamed (chunk c + 1 in flight during c)
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)

@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .invariant_matmul import dot_nt
+
 
 @triton.jit
 def rounded(x, DTYPE: tl.constexpr):  # float32 -> float32, rounded through the activation dtype
@@ -120,14 +122,16 @@ def decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr,  # q [B, H, T, D]; k, v [B, H_kv, S, D]; pos [B, T]; out [B, T, H D]
     T, S, attend, scale,
     H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
+    BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr = True,
+    USE_PDL: tl.constexpr = False,
 ):
     """Attention of a few new tokens (T <= BLOCK_Q / group) over the cache: one program per
     (row, KV head) holds that head's group of query heads times T tokens, streams the slots
     [0, attend) once with an online softmax, and writes [B, T, H D] (the o-projection's layout).
     A query at position p sees slots s <= p, so the loop stops after the row's last position.
     BLOCK_D: D rounded up to a power of two (>= 16, for tl.dot); q, k and v load zeros in the lanes
-    d >= D, which add nothing to the scores and are not stored."""
+    d >= D, which add nothing to the scores and are not stored. ``USE_DOT`` False: both products by
+    ``dot_nt``'s fixed float32 tree instead of tl.dot (the interpreter, batch-invariant mode)."""
     pdl_wait(USE_PDL)
     b = tl.program_id(0) // H_KV
     kv = tl.program_id(0) % H_KV
@@ -151,7 +155,8 @@ def decode_attention_kernel(
         kv_ok = s_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + base + s[:, None] * D + d[None, :], mask=kv_ok, other=0.0)
         v = tl.load(v_ptr + base + s[:, None] * D + d[None, :], mask=kv_ok, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BQ, BS]
+        zero = tl.zeros((BLOCK_Q, BLOCK_S), tl.float32)
+        scores = dot_nt(q, k, zero, BLOCK_Q, BLOCK_S, BLOCK_D, PRECISION, USE_DOT) * scale  # [BQ, BS]
         visible = (s[None, :] <= pos[:, None]) & s_ok[None, :]
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -159,7 +164,9 @@ def decode_attention_kernel(
         p = tl.exp(scores - m_safe[:, None])
         alpha = tl.exp(m - m_safe)
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+        pv = dot_nt(p.to(v.dtype), tl.trans(v), tl.zeros((BLOCK_Q, BLOCK_D), tl.float32), BLOCK_Q, BLOCK_D, BLOCK_S,
+                    PRECISION, USE_DOT)
+        acc = acc * alpha[:, None] + pv
         m = m_new
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(out_ptr + ((b * T + t[:, None]) * H + head[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),

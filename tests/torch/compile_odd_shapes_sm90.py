@@ -90,11 +90,11 @@ def compile_launches():
         yield compiled
 
 
-def meta_model(config: LlamaConfig, dtype: torch.dtype, row_invariant: bool) -> Llama:
+def meta_model(config: LlamaConfig, dtype: torch.dtype, batch_invariant: bool) -> Llama:
     with torch.device("meta"):
         model = Llama(config).to(dtype)
     model.impl = "triton"
-    model.row_invariant = row_invariant  # the fused products at up to 8 rows (scoring too); else the H100 defaults
+    model.batch_invariant = batch_invariant  # the batch-invariant products and attention; else the H100 defaults
     return model
 
 
@@ -138,18 +138,20 @@ WIDTH_2560 = llama(151936, 2560, 10240, 32, 32, 80)
 
 
 def ci() -> None:
-    """Each kernel once per distinct shape that matters (49 compiles): both models' decoding and scoring
-    passes in bf16 with the H100 defaults (the 960 one's fused products at K = 960 and 2560, the 2560 one's
+    """Each kernel once per distinct shape that matters (49 compiles, and 5 of the batch-invariant scoring pass
+    at width 960): both models' decoding and scoring passes in bf16 with the H100 defaults (the 960 one's fused products at K = 960 and 2560, the 2560 one's
     add + RMSNorm at 4096 columns), decoding in float32 (the dtype of benchmarks/odd_shapes_gpu.py); RoPE and
     attention at head_dim 24, 96, 112 (bf16, and float32 at 24 and 112) and the largest tiles the attention kernel
     takes (float32, head_dim 256, 64 query rows); verify at V = 49153 (B = 1: 97 chunks,
     one-hot q) and 151936 (B = 256: the slot-vote sweep of bfloat16 pairs, draft logits); greedy_next."""
     for config in (WIDTH_960, WIDTH_2560):
         print(f"# {config}", flush=True)
-        model = meta_model(config, torch.bfloat16, row_invariant=False)
+        model = meta_model(config, torch.bfloat16, batch_invariant=False)
         forward(model, 1, 1)
         forward(model, 1, 5)
-        forward(meta_model(config, torch.float32, row_invariant=False), 1, 1)
+        forward(meta_model(config, torch.float32, batch_invariant=False), 1, 1)
+    print("# batch-invariant scoring pass at width 960", flush=True)  # its products (3 prologues) and attention
+    forward(meta_model(WIDTH_960, torch.bfloat16, batch_invariant=True), 2, 5)
     for head_dim in (24, 96, 112):
         print(f"# head_dim {head_dim}", flush=True)
         head_kernels(head_dim, torch.bfloat16)
@@ -165,15 +167,15 @@ def ci() -> None:
 
 
 def everything() -> None:
-    """The ci set, then every odd shape x (bf16 defaults, bf16 row-invariant, float32) x (decoding, scoring);
+    """The ci set, then every odd shape x (bf16 defaults, bf16 batch-invariant, float32) x (decoding, scoring);
     verify at both vocabularies, B = 1 and 256, one-hot / draft logits / greedy (about 150 compiles, minutes)."""
     ci()
     configs = [WIDTH_960, WIDTH_2560, llama(32000, 96, 256, 4, 2, 24), llama(32000, 3072, 8192, 32, 32, 96),
                llama(32000, 896, 4864, 8, 2, 112)]
     for config in configs:
         print(f"# {config}", flush=True)
-        for dtype, row_invariant in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)):
-            model = meta_model(config, dtype, row_invariant)
+        for dtype, batch_invariant in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)):
+            model = meta_model(config, dtype, batch_invariant)
             forward(model, 1, 1)
             forward(model, 1, 5)
     for vocab in (WIDTH_960.vocab_size, WIDTH_2560.vocab_size):

@@ -69,8 +69,8 @@ def tiny_engine(monkeypatch):
     """`flashspec generate` on the tiny random model instead of the embedded one."""
     made = {}
 
-    def fake_engine(target, drafts, *, policy, device, row_invariant=False):
-        made["engine"] = Engine(made["target"], drafts, policy=policy, device="cpu", row_invariant=row_invariant)
+    def fake_engine(target, drafts, *, policy, device, batch_invariant=False):
+        made["engine"] = Engine(made["target"], drafts, policy=policy, device="cpu", batch_invariant=batch_invariant)
         return made["engine"]
 
     monkeypatch.setattr(flashspec.engine, "engine_class", lambda backend: fake_engine)

@@ -80,20 +80,22 @@ def test_bad_input_is_a_clear_error(engine):
     assert engine.generate("hi", max_new_tokens=2, chat=False)["new_tokens"] >= 1  # still usable
 
 
-def test_row_invariant_is_the_models_setting_and_checked(engine):
-    """``row_invariant`` lands on the target model (decode_settings reads it there; on the CPU it
-    changes nothing, so the tokens are those of the default engine); a non-bool is refused."""
+def test_batch_invariant_is_the_models_setting_and_checked(engine):
+    """``batch_invariant`` lands on the target model (decode_settings reads it there), what the mode
+    does not implement is refused when the engine is built, and a non-bool is refused.
+    (tests/torch/test_batch_invariant.py runs the mode.)"""
     from flashspec_torch.engine import Engine
 
     target = engine.target
     try:
-        inv = Engine(target, ("ngram",), policy="fixed", device="cpu", row_invariant=True)
-        assert target.model.row_invariant is True
-        got = inv.generate("def add(a, b):", temperature=0.0, max_new_tokens=6, chat=False)["tokens"]
-        plain = Engine(target, ("ngram",), policy="fixed", device="cpu")
-        assert target.model.row_invariant is False
-        assert plain.generate("def add(a, b):", temperature=0.0, max_new_tokens=6, chat=False)["tokens"] == got
-        with pytest.raises(TypeError, match="row_invariant"):
-            Engine(target, ("ngram",), device="cpu", row_invariant="yes")
+        Engine(target, ("ngram",), policy="fixed", device="cpu", batch_invariant=True)
+        assert target.model.batch_invariant is True
+        Engine(target, ("ngram",), policy="fixed", device="cpu")
+        assert target.model.batch_invariant is False
+        target.model.impl = "reference"
+        with pytest.raises(ValueError, match="batch_invariant: impl='reference'"):
+            Engine(target, ("ngram",), policy="fixed", device="cpu", batch_invariant=True)
+        with pytest.raises(TypeError, match="batch_invariant"):
+            Engine(target, ("ngram",), device="cpu", batch_invariant="yes")
     finally:
-        target.model.row_invariant = False
+        target.model.batch_invariant, target.model.impl = False, None

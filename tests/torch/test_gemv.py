@@ -358,14 +358,14 @@ def test_decode_settings_by_device_and_shape():
     m = model(2048)
     m.linear_impl, m.pdl, m.fused = "fused", False, frozenset({"qkv"})
     assert m.decode_settings(cuda) == ("fused", False, frozenset({"qkv"}), G.MAX_ROWS)
-    for hidden in (576, 2048, 4096):  # row-invariant: everything fused at any row count, any width
+    for hidden in (576, 2048, 4096):  # batch-invariant: the invariant products at any row count, any width
         m = model(hidden)
-        m.row_invariant = True
-        assert m.decode_settings(cuda) == ("fused", True, FUSABLE, G.MAX_ROWS)
-        assert m.decode_settings(cpu) == ("reference", False, FUSABLE, G.MAX_ROWS)  # the CPU path is unchanged
+        m.batch_invariant = True
+        assert m.decode_settings(cuda) == ("invariant", True, FUSABLE, 0)
     m.fused = frozenset({"o"})
-    with pytest.raises(ValueError, match="row_invariant needs every product fused"):
+    with pytest.raises(ValueError, match="batch_invariant: .*fused=frozenset"):
         m.decode_settings(cuda)
+    m.batch_invariant = False
     m.fused = frozenset({"attention"})
     with pytest.raises(ValueError, match="fused"):
         m.decode_settings(cuda)

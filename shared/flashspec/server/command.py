@@ -27,6 +27,8 @@ def add_serve(sub, positive_int) -> None:
     p.add_argument("--context", type=positive_int, help="tokens per slot, prompt + output (default: the model's, "
                                                        "at most 2048)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a request's tokens independent of the requests served beside it (batch-invariant kernels)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds SIGTERM / Ctrl-C waits for requests in flight before cancelling them")
     p.add_argument("--warm-up", default="0,1", metavar="T1,T2",
@@ -53,7 +55,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..serving import Service
 
     eng = engine_class(args.backend)(args.target, tuple(args.draft or ("ngram",)), policy=args.policy,
-                                     device=args.device)
+                                     device=args.device, batch_invariant=args.batch_invariant)
     metrics = Metrics(eng.target.name, list(eng.backend.draft_names), args.max_batch)
     service = Service(eng, max_batch=args.max_batch, max_queue=args.max_queue, context=args.context,
                       gamma=args.gamma, speculation=not args.no_speculation, observer=metrics)

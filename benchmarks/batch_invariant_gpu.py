@@ -1,0 +1,278 @@
+"""Batch-invariant mode on a GPU (issue #40): are a request's tokens the same bits alone, in a batch
+of 16 or 64 other requests, and through n-gram speculation, and what does the mode cost per token?
+
+    python benchmarks/batch_invariant_gpu.py --out $OUT/batch_invariant_gpu.json [--gguf PATH]
+
+Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B's, Llama-3-8B's);
+``--gguf PATH`` adds the embedded model's real weights on its 8 benchmark prompts. Per shape:
+
+* ``checks``: requests 0-3 (random prompts of 8-40 tokens, each its own seed) decoded alone, inside
+  a batch of 16 and inside a batch of 64 (reversed, so request 0 is the last row), each plainly and
+  with the n-gram draft (G = 4, fixed draft choice), greedy and sampled (T = 0.8): pass when all six
+  token lists of a request are equal. Run in batch-invariant mode, and (greedy, as "before") in the
+  default mode.
+* ``timing``: ms per plain token at batch 1, 16, 64 and ms per speculative step (with its tokens per
+  step) at batch 1 and 64, in batch-invariant mode, the default mode and cuBLAS-only products, CUDA
+  graphs on; the ratios batch-invariant / default and / cuBLAS (issue #40's bar: <= 1.15 at batch 1,
+  <= 1.25 at batch 64).
+* ``distinct``: (first shape only, eager) 100 greedy runs of request 0, alternately plain and
+  speculative, each inside a batch of random size (1-32) of random other requests at a random row:
+  the number of distinct completions, batch-invariant vs default.
+
+The JSON is rewritten after each part, so a run cut short keeps what it finished. Every check has
+``pass``; ``summary`` counts them. Small enough to test on the CPU under TRITON_INTERPRET=1 with
+``--device cpu --tiny`` (a 2-layer model, a few tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+
+from flashspec.config import SamplingConfig
+from flashspec.loop import SpecConfig, decode, speculate
+from flashspec_torch.backend import TorchBackend
+from flashspec_torch.drafts import LookupDraft
+from flashspec_torch.model import Llama, LlamaConfig
+from engine_gpu import SHAPES as ENGINE_SHAPES  # benchmarks/ is on sys.path for scripts
+
+SHAPES = {
+    **ENGINE_SHAPES,
+    "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                 head_dim=16),  # --tiny: the CPU test of this script
+}
+# mode: (model.batch_invariant, model.linear_impl, model.pdl); None: the model's default by device and shape
+MODES = {"invariant": (True, None, None), "default": (False, None, None), "cublas": (False, "reference", False)}
+GREEDY, SAMPLED = SamplingConfig(0.0), SamplingConfig(0.8)
+
+
+class Fixed:  # the n-gram draft every step: a request's tokens must not depend on a policy's batch-wide choice
+    def choose(self):
+        return 0
+
+    def observe(self, *args):
+        pass
+
+
+def random_model(cfg: LlamaConfig, device: str) -> Llama:
+    torch.manual_seed(0)
+    with torch.device(device):
+        m = Llama(cfg).to(torch.bfloat16)
+    for p in m.parameters():
+        p.data.normal_(0, 0.02 if cfg.hidden_size > 64 else 0.4)
+    return m.eval().requires_grad_(False)
+
+
+def set_mode(m: Llama, mode: str) -> None:
+    m.batch_invariant, m.linear_impl, m.pdl = MODES[mode]
+
+
+def generate(backend, prompts, seeds, sampling, tokens: int, spec: bool):
+    """(new tokens per row, step records)."""
+    seed = torch.tensor(seeds, dtype=torch.int64, device=backend.device)
+    if spec:
+        return speculate(backend, Fixed(), prompts, sampling=sampling, spec=SpecConfig(gamma=4, max_new_tokens=tokens),
+                         seed=seed)
+    return decode(backend, prompts, sampling=sampling, max_new_tokens=tokens, seed=seed)
+
+
+def invariance_checks(backend, requests, seeds, samplings, tokens: int, label: str) -> list[dict]:
+    """Requests 0-3: alone, in a batch of 16, in a batch of 64 reversed; plain and speculative."""
+    checks = []
+    big = min(64, len(requests))
+    for sampling in samplings:
+        runs: dict[str, list[list[int]]] = {}
+        for spec in (False, True):
+            kind = "spec" if spec else "plain"
+            runs[f"alone {kind}"] = [generate(backend, [requests[i]], [seeds[i]], sampling, tokens, spec)[0][0]
+                                     for i in range(4)]
+            runs[f"batch 16 {kind}"] = generate(backend, requests[:16], seeds[:16], sampling, tokens, spec)[0][:4]
+            order = list(range(big))[::-1]
+            out = generate(backend, [requests[i] for i in order], [seeds[i] for i in order], sampling, tokens, spec)[0]
+            runs[f"batch {big} reversed {kind}"] = [out[order.index(i)] for i in range(4)]
+        for i in range(4):
+            want = runs["alone plain"][i]
+            differ = [name for name, rows in runs.items() if rows[i] != want]
+            checks.append(dict(check=f"{label}: request {i}, T={sampling.temperature}: alone == in batches == speculative",
+                               differing=differ, tokens=len(want), **{"pass": not differ}))
+    return checks
+
+
+def step_ms(records) -> float:  # mean ms per step, the first (prefill-adjacent) step left out
+    return statistics.mean(r.seconds for r in records[1:] or records) * 1e3
+
+
+def timing(m: Llama, requests, seeds, tokens: int, batches, device: str) -> dict:
+    """ms per plain token per batch and ms per speculative step at the smallest and largest batch, per mode."""
+    out = {}
+    for mode in MODES:
+        set_mode(m, mode)
+        backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=device == "cuda")
+        row = {}
+        for b in batches:
+            generate(backend, requests[:b], seeds[:b], GREEDY, 8, False)  # compile, capture
+            row[f"plain_ms_per_token_b{b}"] = step_ms(generate(backend, requests[:b], seeds[:b], GREEDY, tokens, False)[1])
+            if b in (batches[0], batches[-1]):
+                generate(backend, requests[:b], seeds[:b], GREEDY, 8, True)
+                records = generate(backend, requests[:b], seeds[:b], GREEDY, tokens, True)[1]
+                row[f"spec_ms_per_step_b{b}"] = step_ms(records)
+                row[f"spec_tokens_per_step_b{b}"] = statistics.mean(r.emitted for r in records) / b
+        out[mode] = row
+        del backend
+    for base in ("default", "cublas"):
+        out[f"invariant_over_{base}"] = {k: out["invariant"][k] / out[base][k] for k in out["invariant"] if "_ms_" in k}
+    set_mode(m, "invariant")
+    return out
+
+
+def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng) -> dict:
+    """Request 0, greedy, ``runs`` times (alternately plain and speculative) inside batches of random
+    size and content at a random row (eager): distinct completions per mode."""
+    out = {}
+    for mode in ("invariant", "default"):
+        set_mode(m, mode)
+        backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=False)
+        seen: dict[tuple, int] = {}
+        r = np.random.default_rng(rng.integers(1 << 30))
+        for k in range(runs):
+            size = int(r.integers(1, min(32, len(requests) - 1) + 1))
+            others = [int(i) for i in r.choice(np.arange(1, len(requests)), size - 1, replace=False)]
+            row = int(r.integers(0, size))
+            batch = others[:row] + [0] + others[row:]
+            got = generate(backend, [requests[i] for i in batch], [seeds[i] for i in batch], GREEDY, tokens, k % 2 == 1)[0]
+            key = tuple(got[row])
+            seen[key] = seen.get(key, 0) + 1
+        out[mode] = dict(runs=runs, distinct=len(seen), counts=sorted(seen.values(), reverse=True))
+        del backend
+    set_mode(m, "invariant")
+    out["pass"] = out["invariant"]["distinct"] == 1
+    return out
+
+
+def run_shape(name: str, args, rng, result: dict, save) -> None:
+    cfg = LlamaConfig(**SHAPES[name], max_position_embeddings=4096)
+    m = random_model(cfg, args.device)
+    n = 64 if not args.tiny else 8
+    requests = [rng.integers(0, cfg.vocab_size, int(rng.integers(8, 41 if not args.tiny else 12))).tolist() for _ in range(n)]
+    seeds = [1000 + i for i in range(n)]
+    row = result["shapes"].setdefault(name, {})
+    with torch.inference_mode():
+        t = time.perf_counter()
+        set_mode(m, "invariant")
+        backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
+        row["checks"] = invariance_checks(backend, requests, seeds, (GREEDY, SAMPLED), args.tokens, f"{name} invariant")
+        set_mode(m, "default")
+        backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
+        row["before"] = invariance_checks(backend, requests, seeds, (GREEDY,), args.tokens, f"{name} default")
+        for c in row["before"]:
+            c["informational"] = True  # the default mode is not expected to pass
+        del backend
+        row["checks_s"] = time.perf_counter() - t
+        save()
+        print(f"{name}: checks {row['checks_s']:.0f} s", flush=True)
+        t = time.perf_counter()
+        batches = (1, 16, 64) if not args.tiny else (1, 4)
+        row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device)
+        row["timing_s"] = time.perf_counter() - t
+        save()
+        if args.distinct and name == args.shapes[0]:
+            t = time.perf_counter()
+            row["distinct"] = distinct_completions(m, requests, seeds, args.distinct_tokens, args.distinct, rng)
+            row["distinct_s"] = time.perf_counter() - t
+            save()
+    del m
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def real_weights(path: str, args, result: dict, save) -> None:
+    """The embedded model's real weights: greedy speculation == greedy plain decoding on the 8
+    benchmark prompts (generate_cpu's 4 code + 4 prose), at batch 1 and inside a batch of 16."""
+    from flashspec_torch.weights import load
+    from generate_cpu import code_prompts, prose_prompts  # benchmarks/ is on sys.path for scripts
+
+    loaded = load(path, torch.bfloat16, args.device)
+    m, tok = loaded.model, loaded.tokenizer
+    prompts = [tok(p)["input_ids"] for p in code_prompts(4) + prose_prompts(4)]
+    prompts16 = prompts + prompts[::-1]
+    seeds = list(range(16))
+    row = result.setdefault("real_weights", dict(model=loaded.name, prompts=8, tokens=args.real_tokens))
+    with torch.inference_mode():
+        for mode in ("invariant", "default"):
+            set_mode(m, mode)
+            backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
+            plain1 = [generate(backend, [p], [0], GREEDY, args.real_tokens, False)[0][0] for p in prompts]
+            spec1 = [generate(backend, [p], [0], GREEDY, args.real_tokens, True)[0][0] for p in prompts]
+            plain16 = generate(backend, prompts16, seeds, GREEDY, args.real_tokens, False)[0][:8]
+            spec16 = generate(backend, prompts16, seeds, GREEDY, args.real_tokens, True)[0][:8]
+            row[mode] = dict(spec_equals_plain_b1=sum(a == b for a, b in zip(plain1, spec1)),
+                             spec_equals_plain_b16=sum(a == b for a, b in zip(plain16, spec16)),
+                             b16_equals_b1=sum(a == b for a, b in zip(plain16, plain1)))
+            del backend
+    row["pass"] = row["invariant"] == dict(spec_equals_plain_b1=8, spec_equals_plain_b16=8, b16_equals_b1=8)
+    save()
+
+
+def summary(result: dict) -> dict:
+    checks = [c for s in result["shapes"].values() for c in s.get("checks", [])]
+    parts = [s["distinct"] for s in result["shapes"].values() if "distinct" in s]
+    parts += [result["real_weights"]] if "pass" in result.get("real_weights", {}) else []
+    passed = sum(c["pass"] for c in checks) + sum(p["pass"] for p in parts)
+    return dict(checks=len(checks) + len(parts), passed=passed, all_pass=passed == len(checks) + len(parts))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="the JSON file to write")
+    ap.add_argument("--shapes", default="tinyllama-1.1b,smollm2-135m,llama3-8b", help="comma-separated, of " + ", ".join(SHAPES))
+    ap.add_argument("--tokens", type=int, default=48, help="new tokens per request")
+    ap.add_argument("--distinct", type=int, default=100, help="runs of the distinct-completions part (0: skip)")
+    ap.add_argument("--distinct-tokens", type=int, default=32)
+    ap.add_argument("--gguf", help="the embedded model's GGUF: adds its real weights on the 8 benchmark prompts")
+    ap.add_argument("--real-tokens", type=int, default=128)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="small sizes for a CPU test of the script")
+    args = ap.parse_args()
+    args.shapes = args.shapes.split(",")
+    unknown = [s for s in args.shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes {unknown} unknown; choose from {sorted(SHAPES)}")
+    cuda = args.device == "cuda"
+    result = dict(
+        what="issue #40: batch-invariant mode, token identity across batch sizes and with speculation, and its cost",
+        date=datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu=torch.cuda.get_device_name() if cuda else "cpu",
+        versions=dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
+                      cuda=torch.version.cuda),
+        settings=dict(tokens=args.tokens, gamma=4, draft="ngram (fixed)", dtype="bfloat16", sampled_temperature=0.8,
+                      distinct_runs=args.distinct, distinct_tokens=args.distinct_tokens),
+        shapes={},
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+
+    def save() -> None:
+        result["summary"] = summary(result)
+        result["elapsed_s"] = time.perf_counter() - start
+        args.out.write_text(json.dumps(result, indent=1))
+
+    rng = np.random.default_rng(0)
+    for name in args.shapes:
+        run_shape(name, args, rng, result, save)
+        print(f"{name}: {result['summary']} after {time.perf_counter() - start:.0f} s", flush=True)
+    if args.gguf:
+        real_weights(args.gguf, args, result, save)
+    save()
+    print(json.dumps(result["summary"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

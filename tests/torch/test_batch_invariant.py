@@ -1,0 +1,147 @@
+"""Batch-invariant mode (``Llama.batch_invariant``, ``Engine(batch_invariant=True)``) on a tiny random
+Llama under the Triton interpreter, float32 and bfloat16: a prompt's logits are the same bits in
+one pass, token by token (decoding), as a scoring pass of several tokens, and inside a batch of
+prompts of other lengths; with a product that splits K by row count (the mutant) they are not, so
+the check can fail; the engine gives a request the same tokens alone, in a batch of mixed
+requests and through n-gram speculation, greedy and sampled with a fixed seed.
+(tests/torch/test_invariant_matmul.py checks the product kernel alone; the GPU's tl.dot path runs in
+benchmarks/batch_invariant_gpu.py.)"""
+
+import pytest
+import torch
+
+from fault_helpers import CharTokenizer
+from flashspec_torch import model as model_module
+from flashspec_torch import invariant_matmul as I
+from flashspec_torch.model import Llama, LlamaConfig
+from flashspec_torch.weights import LoadedModel
+
+CONFIG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                     head_dim=16, max_position_embeddings=128)  # few heads: the interpreter runs a program per token-head
+
+
+def tiny(dtype: torch.dtype) -> Llama:
+    torch.manual_seed(0)
+    m = Llama(CONFIG).eval().requires_grad_(False)
+    for p in m.parameters():
+        p.data.normal_(0, 0.4)
+    m = m.to(dtype)
+    m.batch_invariant = True
+    return m
+
+
+def run(m: Llama, rows: list[list[int]], start: int, cache) -> torch.Tensor:  # [B, T, V]: rows right-padded
+    t = max(len(r) for r in rows)
+    tokens = torch.tensor([r + [0] * (t - len(r)) for r in rows])
+    positions = torch.arange(start, start + t)[None].expand(len(rows), -1)
+    return m(tokens, positions, cache, start + t)
+
+
+PROMPT = [5, 9, 17, 33, 2, 41, 8, 60, 12, 3]  # 10 tokens; the last 3 are "scored"
+OTHERS = [[7, 7, 1, 40, 22, 19, 50, 11, 4, 9, 30, 31, 2], [13, 6]]  # longer and shorter
+
+
+def last_logits_four_ways(m: Llama) -> dict[str, torch.Tensor]:
+    """The logits [3, V] of PROMPT's last 3 positions: one pass; 7 then a 3-token scoring pass;
+    7 then token by token; in a batch with OTHERS (7 then 3 each, padding past the short one)."""
+    out = {}
+    cache = m.new_cache(1, 32)
+    out["one pass"] = run(m, [PROMPT], 0, cache)[0, 7:]
+    cache = m.new_cache(1, 32)
+    run(m, [PROMPT[:7]], 0, cache)
+    out["scoring pass"] = run(m, [PROMPT[7:]], 7, cache)[0]
+    cache = m.new_cache(1, 32)
+    run(m, [PROMPT[:7]], 0, cache)
+    out["decoding"] = torch.cat([run(m, [[x]], 7 + i, cache)[0] for i, x in enumerate(PROMPT[7:])])
+    cache = m.new_cache(3, 32)
+    run(m, [OTHERS[0][:7], PROMPT[:7], OTHERS[1]], 0, cache)
+    out["in a batch"] = run(m, [OTHERS[0][7:10], PROMPT[7:], [1, 2, 3]], 7, cache)[1]
+    return out
+
+
+def differing(got: dict[str, torch.Tensor]) -> list[str]:
+    return [name for name, z in got.items() if not torch.equal(z, got["decoding"])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompts_logits_do_not_depend_on_the_pass_or_the_batch(dtype):
+    got = last_logits_four_ways(tiny(dtype))
+    assert differing(got) == []
+    assert got["decoding"].isfinite().all() and got["decoding"].std() > 0.1
+
+
+def test_a_product_that_splits_k_by_rows_is_caught(monkeypatch):
+    """The o projection by a mutant that splits K in two above one row (at a third: halves would
+    reproduce the pairwise tree exactly): a scoring pass no longer gives decoding's bits, so the
+    check above can fail."""
+    def split_k(x, w, pdl=False):
+        k = x.shape[-1]
+        if x.numel() // k == 1:
+            return I.invariant_matmul(x, w)
+        h = k // 3
+        halves = [I.invariant_matmul(x[..., s].contiguous(), w[:, s].contiguous()).float()
+                  for s in (slice(0, h), slice(h, k))]
+        return (halves[0] + halves[1]).to(x.dtype)
+
+    monkeypatch.setattr(model_module, "invariant_matmul", split_k)
+    assert "scoring pass" in differing(last_logits_four_ways(tiny(torch.float32)))
+
+
+def test_the_engine_gives_a_request_its_tokens_alone_in_a_batch_and_speculating():
+    from flashspec_torch.engine import Engine
+
+    loaded = LoadedModel(tiny(torch.float32), CharTokenizer(), "tiny")
+    eng = Engine(loaded, ("ngram",), policy="fixed", device="cpu", batch_invariant=True)
+    prompt, others = "abcabcab", ["zz", "a longer prompt, much"]
+    for temperature in (0.0, 0.9):
+        kw = dict(temperature=temperature, max_new_tokens=4, chat=False)
+        alone = eng.generate(prompt, seed=3, speculation=False, **kw)["tokens"]
+        batch = eng.generate([others[0], prompt, others[1]], seed=[8, 3, 9], speculation=True, gamma=3, **kw)
+        assert batch["tokens"][1] == alone, f"T={temperature}"
+        assert len(alone) == 4
+
+
+def test_what_the_mode_does_not_implement_is_refused():
+    m = tiny(torch.float32)
+    m.layers[0].o = torch.nn.Linear(32, 32, bias=True)
+    with pytest.raises(ValueError, match="batch_invariant: .*without bias"):
+        m.decode_settings(torch.device("cpu"))
+    m = tiny(torch.float32)
+    m.linear_impl = "fused"
+    with pytest.raises(ValueError, match="batch_invariant: .*linear_impl='fused'"):
+        m.decode_settings(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_add_rms_norm_kernel_gives_a_row_the_same_bits_in_any_batch(dtype):
+    """The standalone kernel (default mode): its row block follows the width, never the row count."""
+    from flashspec_torch.layers import add_rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    h, d, w = (torch.randn(*s, generator=g).to(dtype) for s in ((17, 96), (17, 96), (96,)))
+    alone = torch.cat([add_rms_norm(h[i : i + 1].clone(), d[i : i + 1], w, 1e-5, "triton")[1] for i in range(17)])
+    for m in (1, 3, 8, 17):
+        assert torch.equal(add_rms_norm(h[:m].clone(), d[:m], w, 1e-5, "triton")[1], alone[:m]), m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_invariant_attention_gives_a_query_the_same_bits_as_decode_scoring_or_prefill_row(dtype):
+    """A query at position p: alone (T = 1), among 5 scoring rows, among 40 prefill rows (pieces of
+    64 / group tokens), inside a batch of 3: the same bits (the caches hold the same K/V)."""
+    from flashspec_torch.layers import attention
+
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, dim, s = 4, 2, 16, 48
+    k, v = (torch.randn(3, kv_heads, s, dim, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(3, heads, 40, dim, generator=g).to(dtype)  # query t sits at position t
+    pos = torch.arange(40)[None].expand(3, -1)
+
+    def attend(rows, t0, t1):  # [len(rows), t1 - t0, H D]
+        return attention(q[rows, :, t0:t1].contiguous(), k[rows], v[rows], pos[rows, t0:t1], None, kv_heads, "triton",
+                         attend_len=s, invariant=True)
+
+    prefill = attend([1], 0, 40)[0]
+    for t in (0, 17, 33, 39):
+        assert torch.equal(attend([1], t, t + 1)[0, 0], prefill[t]), t
+    assert torch.equal(attend([1], 30, 35)[0], prefill[30:35])
+    assert torch.equal(attend([0, 1, 2], 30, 35)[1], prefill[30:35])
