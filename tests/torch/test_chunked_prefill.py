@@ -3,17 +3,16 @@
 prefill's, every request's tokens equal the same request served alone through ``Engine.generate``,
 and the running streams keep emitting between the chunks (the order of events, not time)."""
 
-import time
-
 import numpy as np
 import pytest
 import torch
 
 from fault_helpers import tiny_target
+from torch_helpers import serve_together
 
 from flashspec.config import SamplingConfig
 from flashspec.scheduler import Scheduler, Submission
-from flashspec.serving import Service, check_params
+from flashspec.serving import Service
 
 LONG = "the cat sat on the mat and then the dog sat on the cat"  # 54 tokens (one per character): 53 of K/V
 PROMPTS = ["abcabcab", LONG, "hello world", LONG[::-1], "q"]
@@ -57,14 +56,7 @@ def test_chunked_requests_equal_themselves_alone(tiny, mode, graphs):
     eng.backend.prefill_chunk = lambda *a: (chunks.append(a[2]), prefill(*a))
     svc = Service(eng, max_batch=3, context=128, gamma=3, speculation=mode is not None, prefill_chunk=8)
     with svc:  # 5 requests, 3 slots: the long prompts enter in chunks while the others stream
-        streams = []
-        for p, seed, s, n in cases:
-            params = check_params(n, s["temperature"], 1.0, s.get("top_k", 0), seed, None)
-            streams.append(svc.submit(svc.encode(prompt=p), params))
-            time.sleep(0.02)
-        for st in streams:
-            for _ in st:
-                pass
+        streams = serve_together(svc, cases)
     for (p, seed, s, n), w, st in zip(cases, want, streams):
         assert st.token_ids == w, f"{p!r} seed {seed} {s}: served {st.token_ids} != alone {w}"
     kv = [len(p) - 1 for p in PROMPTS]  # each prompt's K/V: chunks of 8 while more than 8 are left, then admit
