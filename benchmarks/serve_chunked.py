@@ -35,7 +35,7 @@ def one_setting(eng, args, chunk: int, long_ids: list[int], short_ids: list[list
     from flashspec.serving import Service, check_params
 
     svc = Service(eng, max_batch=args.streams + 1, context=args.context, speculation=False, prefill_chunk=chunk,
-                  max_queue=4)
+                  max_queue=args.streams + 1)  # every request may wait at once
     svc.prepare([0.0])
     greedy = check_params(args.max_tokens, 0.0, 1.0, 0, 0, None)
     with svc:
@@ -44,7 +44,7 @@ def one_setting(eng, args, chunk: int, long_ids: list[int], short_ids: list[list
         threads = [threading.Thread(target=consume, args=(s, a)) for s, a in zip(streams, arrivals)]
         for t in threads:
             t.start()
-        while min(len(a) for a in arrivals) < 3:  # every stream is running
+        while any(len(a) < 3 and t.is_alive() for a, t in zip(arrivals, threads)):  # every stream runs (or ended)
             time.sleep(0.005)
         sent = time.perf_counter()
         long = svc.submit(long_ids, check_params(4, 0.0, 1.0, 0, 0, None))
