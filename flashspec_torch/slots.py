@@ -1,7 +1,8 @@
 """Continuous batching on the torch backend: ``flashspec.backend.SlotBackend`` over ``TorchBackend``.
 
 ``open_slots`` allocates a fixed batch of rows; requests enter a free row (``admit``: its prompt's
-K/V computed in a small cache of its own, then copied into the row) and leave it (``release``)
+K/V computed in a small cache of its own, then copied into the row; a long prompt's first chunks
+first, by ``prefill_chunk`` calls between steps, straight into the row) and leave it (``release``)
 between steps. Each row keeps its own seed, step counter and token budget on the device, so a
 request's tokens depend on its prompt and seed only (with a fixed draft). A slot step runs over the
 whole batch; rows outside ``rows`` (another sampling setting's requests) are held: marked finished
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flashspec.backend import StepView
+from flashspec.backend import FeatureDraft, StepView
 from flashspec.config import SamplingConfig
 
 from .backend import TorchBackend
@@ -132,14 +133,17 @@ class TorchSlotBackend(TorchBackend):
         allocator keeps the block until the copy has run."""
         return t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
-    def admit(self, slots, prompts, max_new_tokens, seeds) -> None:
+    def admit(self, slots, prompts, max_new_tokens, seeds, cached=None) -> None:
         idx = self.check_slots(slots)
-        if not (len(slots) == len(prompts) == len(max_new_tokens) == len(seeds)) or not slots:
-            raise ValueError("admit takes one prompt, max_new_tokens and seed per slot, for at least one slot")
-        for p, m in zip(prompts, max_new_tokens):
+        cached = [0] * len(slots) if cached is None else [int(c) for c in cached]
+        if not (len(slots) == len(prompts) == len(max_new_tokens) == len(seeds) == len(cached)) or not slots:
+            raise ValueError("admit takes one prompt, max_new_tokens, seed and cached count per slot, for at least one slot")
+        for p, m, c in zip(prompts, max_new_tokens, cached):
             if len(p) == 0 or m < 1 or len(p) + m > self.context:
                 raise ValueError(f"a prompt of {len(p)} tokens with max_new_tokens={m} does not fit a slot of "
                                  f"{self.context} tokens (each needs >= 1)")
+            if not 0 <= c < len(p):
+                raise ValueError(f"cached={c}: a prompt of {len(p)} tokens has 0 to {len(p) - 1} tokens prefilled")
         n, longest = len(slots), max(len(p) for p in prompts)
         host = torch.zeros((n, longest), dtype=torch.int64)
         for i, p in enumerate(prompts):
@@ -155,19 +159,55 @@ class TorchSlotBackend(TorchBackend):
         self.seed[idx] = per_row[2]
         self.offset[idx] = 0
         self.bad[idx] = 0
+        fresh = [i for i, c in enumerate(cached) if c == 0]
+        longest = max((len(prompts[i]) for i in fresh), default=1)
         if longest > 1:  # K/V of every prompt token but the last, in a cache of these rows only
-            cache = self.target.new_cache(n, longest - 1)
-            pos = torch.arange(longest - 1, device=self.device)[None].expand(n, -1)
-            self.target(tokens[:, : longest - 1], pos, cache, longest - 1, logits_last=0)
-            self.cache.k[:, idx, :, : longest - 1] = cache.k
-            self.cache.v[:, idx, :, : longest - 1] = cache.v
+            rows = idx if len(fresh) == n else idx[fresh]
+            cache = self.target.new_cache(len(fresh), longest - 1)
+            pos = torch.arange(longest - 1, device=self.device)[None].expand(len(fresh), -1)
+            feats = self.prefill_kv(tokens[fresh, : longest - 1], pos, cache, longest - 1)
+            self.cache.k[:, rows, :, : longest - 1] = cache.k
+            self.cache.v[:, rows, :, : longest - 1] = cache.v
+            if feats is not None:
+                self.seqs.features[rows, : longest - 1] = feats.to(self.seqs.features.dtype)
+        for i, c in enumerate(cached):  # the rest of a prompt whose first chunks are in its row already
+            if c and len(prompts[i]) - 1 > c:
+                self.fill_row(int(slots[i]), tokens[i : i + 1, c : len(prompts[i]) - 1], c)
         for d in self.drafts:
-            if isinstance(d, ModelDraft):
+            if isinstance(d, (ModelDraft, FeatureDraft)):
                 d.valid[idx] = 0
                 d.used_at = None  # its next use catches every row up
         self.done[idx] = False
         self.bound[list(slots)] = lens.numpy()
         self.seqs.max_len_bound = min(int(self.bound.max()), self.shape[1])
+
+    def prefill_chunk(self, slot: int, tokens: Sequence[int], start: int) -> None:
+        """K/V (and the feature drafts' features) of a free slot's prompt tokens at positions
+        ``start`` .. ``start + len(tokens) - 1``, over its K/V before ``start`` (earlier chunks).
+        The row stays free: the held steps in between write at positions past this chunk only."""
+        self.check_slots([slot])
+        if not tokens or start < 0 or start + len(tokens) >= self.context:
+            raise ValueError(f"a chunk of {len(tokens)} tokens at {start} does not fit a slot's prompt "
+                             f"(1 to {self.context - 1} tokens, start >= 0)")
+        host = torch.as_tensor(list(tokens), dtype=torch.int64)[None]
+        self.fill_row(slot, self.upload(host), start)
+        self.seqs.length[slot] = start + len(tokens) + 1  # what a held step writes lands after the chunk
+
+    def fill_row(self, slot: int, tokens: torch.Tensor, start: int) -> None:  # tokens [1, T] on the device
+        """The target over one row's tokens at positions start.., straight into that row's cache."""
+        t = tokens.shape[1]
+        view = CacheView(self.cache.k[:, slot : slot + 1], self.cache.v[:, slot : slot + 1])
+        pos = torch.arange(start, start + t, device=self.device)[None]
+        feats = self.prefill_kv(tokens, pos, view, start + t)
+        if feats is not None:
+            self.seqs.features[slot, start : start + t] = feats[0].to(self.seqs.features.dtype)
+
+    def prefill_kv(self, tokens, pos, cache, attend: int):  # tokens, pos [n, T] -> features [n, T, F] or None
+        """K/V of tokens at pos into ``cache``; the feature drafts' features, if any, returned."""
+        if not self.hidden:
+            self.target(tokens, pos, cache, attend, logits_last=0)
+            return None
+        return self.target(tokens, pos, cache, attend, logits_last=0, hidden=self.hidden)[1]
 
     def release(self, slots) -> None:
         """Host bookkeeping only: a released row is held in every later step (``set_rows``), so it
@@ -205,11 +245,12 @@ class TorchSlotBackend(TorchBackend):
             return
         saved = {name: getattr(self, name) for name in ROW_BUFFERS}
         seqs, cache = self.seqs, self.cache
-        drafts = [(d, d.cache, d.valid) for d in self.drafts if isinstance(d, ModelDraft)]
+        drafts = [(d, d.cache, d.valid) for d in self.drafts if isinstance(d, (ModelDraft, FeatureDraft))]
         try:
             for name, t in saved.items():
                 setattr(self, name, t[:k])
-            self.seqs = Sequences(seqs.tokens[:k], seqs.length[:k], seqs.max_len_bound, seqs.step)
+            self.seqs = Sequences(seqs.tokens[:k], seqs.length[:k], seqs.max_len_bound, seqs.step,
+                                  None if seqs.features is None else seqs.features[:k])
             self.cache = CacheView(cache.k[:, :k], cache.v[:, :k])
             for d, c, valid in drafts:
                 d.cache, d.valid = CacheView(c.k[:, :k], c.v[:, :k]), valid[:k]

@@ -94,8 +94,14 @@ class SlotBackend(Backend, Protocol):
         """Make ``slots`` empty rows, each holding up to ``context`` tokens (prompt + new)."""
 
     def admit(self, slots: Sequence[int], prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
-              seeds: Sequence[int]) -> None:
-        """Put one request into each (free) slot: its prompt's K/V (prefill), its budget, its seed."""
+              seeds: Sequence[int], cached: Sequence[int] | None = None) -> None:
+        """Put one request into each (free) slot: its prompt's K/V (prefill), its budget, its seed.
+        ``cached[i]``: the prompt's first tokens whose K/V ``prefill_chunk`` put in the slot already
+        (None: none); admit computes the rest."""
+
+    def prefill_chunk(self, slot: int, tokens: Sequence[int], start: int) -> None:
+        """K/V of a free slot's prompt tokens at positions ``start`` .. (a long prompt's chunk, over
+        its earlier chunks in the slot); the slot stays free, and steps in between do not disturb it."""
 
     def release(self, slots: Sequence[int]) -> None:
         """Finish these rows now (a cancelled or completed request): they take part in no later step."""

@@ -9,6 +9,12 @@ request owned each row. Requests with different sampling settings cannot share a
 kernel is specialised on them): each step serves one group, chosen for the request that has waited
 longest, and the other rows are held. Tokens reach each request through its ``on_event`` callback,
 called on the scheduler's thread.
+
+Chunked prefill: between two steps the scheduler computes at most ``prefill_chunk`` prompt tokens
+(K/V) in all, so a long prompt does not stall the running requests. A prompt's K/V are computed in
+pieces at fixed offsets (0, prefill_chunk, 2 prefill_chunk, ...), whatever else is waiting: its
+first pieces by ``backend.prefill_chunk`` into the slot it holds meanwhile, the last by ``admit``
+(batched with the other prompts admitted then), after which it steps with the others.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ class Ticket:
     on_event: Callable[[Ticket, list[int]], None]
     tokens: list[int] = field(default_factory=list)
     slot: int | None = None
+    prefilled: int = 0  # prompt tokens whose K/V are in the slot (chunked prefill)
     finish_reason: str | None = None  # "stop" (EOS), "length", "cancelled", "error"
     error: str | None = None
     steps: int = 0  # steps this request took part in
@@ -104,19 +111,22 @@ class Scheduler:
     ``running`` is the context every backend call runs in (the scheduler thread enters it)."""
 
     def __init__(self, backend: SlotBackend, policy, *, slots: int, context: int, gamma: int = 4,
-                 speculation: bool = True, max_queue: int = 256, observer: Observer | None = None,
+                 speculation: bool = True, max_queue: int = 256, prefill_chunk: int = 512,
+                 observer: Observer | None = None,
                  running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         if not isinstance(backend, SlotBackend):
             raise TypeError(f"{type(backend).__name__} does not implement flashspec.backend.SlotBackend "
                             "(slots that requests enter and leave): it cannot serve")
-        for name, value, low in (("slots", slots, 1), ("max_queue", max_queue, 0), ("gamma", gamma, 1)):
+        for name, value, low in (("slots", slots, 1), ("max_queue", max_queue, 0), ("gamma", gamma, 1),
+                                 ("prefill_chunk", prefill_chunk, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} must be an integer >= {low}")
         self.backend, self.policy, self.gamma, self.speculation = backend, policy, gamma, speculation
-        self.slots, self.context, self.max_queue = slots, context, max_queue
+        self.slots, self.context, self.max_queue, self.prefill_chunk = slots, context, max_queue, prefill_chunk
         self.observer, self.running = observer or Observer(), running
         self.owner: list[Ticket | None] = [None] * slots
         self.waiting: deque[Ticket] = deque()
+        self.filling: list[Ticket] = []  # holding a slot, prompt K/V in progress (chunked prefill)
         self.pending: Launched | None = None
         self.count = itertools.count()
         self.step_count = 0
@@ -155,7 +165,7 @@ class Scheduler:
 
     def counts(self) -> dict:
         with self.lock:
-            running = sum(t is not None for t in self.owner)
+            running = sum(t is not None for t in self.owner) + len(self.filling)
             return {"running": running, "waiting": len(self.waiting), "slots": self.slots}
 
     def start(self) -> None:
@@ -173,7 +183,7 @@ class Scheduler:
         while drain and time.monotonic() < deadline and (self.busy() or self.pending):
             time.sleep(0.01)
         with self.lock:
-            for t in [*self.waiting, *(t for t in self.owner if t is not None)]:
+            for t in [*self.waiting, *self.filling, *(t for t in self.owner if t is not None)]:
                 t.cancel_requested = True
             self.lock.notify()
         if self.thread is not None:
@@ -196,7 +206,7 @@ class Scheduler:
                     self.fail_all(f"{type(e).__name__}: {e}")
 
     def busy(self) -> bool:
-        return bool(self.waiting) or any(t is not None for t in self.owner)
+        return bool(self.waiting) or bool(self.filling) or any(t is not None for t in self.owner)
 
     def iterate(self) -> None:
         """One round: drop cancelled requests, admit waiting ones, launch a step, read the one before."""
@@ -212,6 +222,9 @@ class Scheduler:
             gone = [t for t in self.waiting if t.cancel_requested]
             for t in gone:
                 self.waiting.remove(t)
+        for t in [t for t in self.filling if t.cancel_requested]:
+            self.filling.remove(t)
+            gone.append(t)
         for t in gone:
             self.finish(t, "cancelled")
         for t in list(self.owner):
@@ -219,19 +232,50 @@ class Scheduler:
                 self.finish(t, "cancelled")
 
     def admit(self) -> None:
-        free = [i for i, t in enumerate(self.owner) if t is None]
-        with self.lock:
-            chosen = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
-        if not chosen:
+        """Prefill work of at most ``prefill_chunk`` prompt tokens: the next piece of each request
+        holding a slot (oldest first), then of waiting requests entering free slots; a request
+        whose last piece is computed is admitted (steps from the next launch on)."""
+        budget, ready = self.prefill_chunk, []
+        for t in list(self.filling):
+            if self.piece(t) > budget:
+                break
+            budget -= self.advance(t, ready)
+        held = {t.slot for t in self.filling}
+        free = [i for i, t in enumerate(self.owner) if t is None and i not in held]
+        while free:
+            with self.lock:
+                if not self.waiting or self.piece(self.waiting[0]) > budget:
+                    break
+                t = self.waiting.popleft()
+            t.slot = free.pop(0)
+            self.filling.append(t)
+            budget -= self.advance(t, ready)
+        if not ready:
             return
-        slots = free[: len(chosen)]
-        subs = [t.submission for t in chosen]
-        self.backend.admit(slots, [list(s.prompt) for s in subs], [s.max_tokens for s in subs],
-                           [s.seed for s in subs])
+        subs = [t.submission for t in ready]
+        self.backend.admit([t.slot for t in ready], [list(s.prompt) for s in subs], [s.max_tokens for s in subs],
+                           [s.seed for s in subs], [t.prefilled for t in ready])
         now = time.perf_counter()
-        for slot, t in zip(slots, chosen):
-            t.slot, t.admitted = slot, now
-            self.owner[slot] = t
+        for t in ready:
+            self.filling.remove(t)
+            t.admitted = now
+            self.owner[t.slot] = t
+
+    def piece(self, t: Ticket) -> int:
+        """The prompt tokens of ``t``'s next prefill piece (at least 1: the budget's unit)."""
+        return max(1, min(len(t.submission.prompt) - 1 - t.prefilled, self.prefill_chunk))
+
+    def advance(self, t: Ticket, ready: list[Ticket]) -> int:
+        """The next piece of ``t``'s prompt K/V (every prompt token but the last, the first step
+        feeds that): a full chunk now, or the rest with ``admit`` (``t`` joins ``ready``).
+        Returns the piece's tokens."""
+        if len(t.submission.prompt) - 1 - t.prefilled <= self.prefill_chunk:
+            ready.append(t)
+            return self.piece(t)
+        start = t.prefilled
+        self.backend.prefill_chunk(t.slot, list(t.submission.prompt[start : start + self.prefill_chunk]), start)
+        t.prefilled += self.prefill_chunk
+        return self.prefill_chunk
 
     def launch(self) -> Launched:
         live = [t for t in self.owner if t is not None and t.finish_reason is None]
@@ -302,6 +346,7 @@ class Scheduler:
         self.pending = None
         with self.lock:
             waiting, self.waiting = list(self.waiting), deque()
+        waiting, self.filling = [*waiting, *self.filling], []
         broken = False
         for t in [*waiting, *(t for t in self.owner if t is not None)]:
             try:

@@ -175,10 +175,11 @@ class Stream:
 
 class Service:
     """An engine serving requests with continuous batching (``max_batch`` slots of ``context``
-    tokens, at most ``max_queue`` waiting). Start it with ``with`` (or ``start()`` / ``close()``)."""
+    tokens, at most ``max_queue`` waiting, at most ``prefill_chunk`` prompt tokens prefilled between
+    two steps). Start it with ``with`` (or ``start()`` / ``close()``)."""
 
     def __init__(self, engine, *, max_batch: int = 16, max_queue: int = 256, context: int | None = None,
-                 gamma: int = 4, speculation: bool = True, observer=None):
+                 gamma: int = 4, speculation: bool = True, prefill_chunk: int = 512, observer=None):
         backend = engine.backend
         self.engine, self.tokenizer = engine, engine.tokenizer
         limit = getattr(getattr(backend, "target", None), "config", None)
@@ -189,7 +190,8 @@ class Service:
                              "flashspec.backend.SlotBackend (continuous batching); use --backend torch")
         policy = engine.policy_for(gamma, 0) if speculation else None
         self.scheduler = Scheduler(backend, policy, slots=max_batch, context=self.context, gamma=gamma,
-                                   speculation=speculation, max_queue=max_queue, observer=observer,
+                                   speculation=speculation, max_queue=max_queue, prefill_chunk=prefill_chunk,
+                                   observer=observer,
                                    running=engine.running)
         self.model_name = getattr(getattr(engine, "target", None), "name", "flashspec")
 

@@ -42,7 +42,7 @@ SLOT_METHODS = sorted(n for n, v in vars(SlotBackend).items() if inspect.isfunct
 
 
 def test_the_slot_protocol_lists_what_the_scheduler_calls():
-    assert SLOT_METHODS == ["admit", "decode_slots", "open_slots", "release", "step_slots"]
+    assert SLOT_METHODS == ["admit", "decode_slots", "open_slots", "prefill_chunk", "release", "step_slots"]
 
 
 def test_the_torch_backend_serves_slots_and_the_jax_backend_does_not():

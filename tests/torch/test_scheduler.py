@@ -3,11 +3,10 @@ others run, wait in the queue for a slot, or sit steps out for another sampling 
 tokens each gives alone through ``Engine.generate`` (fixed draft, same seed); cancellation frees
 the slot; a full queue and an oversize request are refused."""
 
-import time
-
 import pytest
 
 from fault_helpers import tiny_target
+from torch_helpers import serve_together
 
 from flashspec.scheduler import QueueFull
 from flashspec.serving import BadRequest, Service, check_params
@@ -45,15 +44,7 @@ def test_each_request_equals_itself_alone(tiny, mode, graphs):
     want = [alone(eng, mode, p, seed, s, n) for p, seed, s, n in cases]
     svc = Service(eng, max_batch=3, context=64, gamma=3, speculation=mode is not None)
     with svc:  # 6 requests, 3 slots: some wait, some join while others run, groups take turns
-        streams = []
-        for p, seed, s, n in cases:
-            streams.append(svc.submit(svc.encode(prompt=p), check_params(n, s.get("temperature", 1.0),
-                                                                         s.get("top_p", 1.0), s.get("top_k", 0),
-                                                                         seed, None)))
-            time.sleep(0.05)
-        for st in streams:
-            for _ in st:
-                pass
+        streams = serve_together(svc, cases, gap=0.05)
     for (p, seed, s, n), w, st in zip(cases, want, streams):
         assert st.token_ids == w, f"{p!r} seed {seed} {s}: served {st.token_ids} != alone {w}"
         assert st.finish_reason in ("length", "stop") and st.stats["steps"] >= 1

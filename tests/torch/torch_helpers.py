@@ -45,3 +45,21 @@ def next_token_law(model, ids: list[int], cfg: SamplingConfig) -> np.ndarray:  #
     with torch.inference_mode():
         z = model(torch.tensor([ids]), torch.arange(len(ids))[None], model.new_cache(1, len(ids)), len(ids), logits_last=1)[0, 0]
     return log_probs(z, cfg).exp().double().numpy()
+
+
+def serve_together(svc, cases, gap: float = 0.02) -> list:
+    """Submit (prompt, seed, sampling kwargs, max_tokens) cases to a started ``Service``, ``gap``
+    seconds apart (so that some join while others run), and read every stream to its end."""
+    import time
+
+    from flashspec.serving import check_params
+
+    streams = []
+    for p, seed, s, n in cases:
+        params = check_params(n, s.get("temperature", 1.0), s.get("top_p", 1.0), s.get("top_k", 0), seed, None)
+        streams.append(svc.submit(svc.encode(prompt=p), params))
+        time.sleep(gap)
+    for st in streams:
+        for _ in st:
+            pass
+    return streams

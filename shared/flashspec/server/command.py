@@ -15,7 +15,8 @@ def add_serve(sub, positive_int) -> None:
     p.add_argument("--backend", choices=("torch", "jax"), default="torch")
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | PATH; repeat for several (default ngram)")
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR] | PATH; repeat for several "
+                        "(default ngram)")
     p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token",
                    help="draft selection (fixed: a request's tokens do not depend on the other requests)")
     p.add_argument("--gamma", type=positive_int, default=4)
@@ -26,6 +27,9 @@ def add_serve(sub, positive_int) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting at most; more get 429")
     p.add_argument("--context", type=positive_int, help="tokens per slot, prompt + output (default: the model's, "
                                                        "at most 2048)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=512, metavar="TOKENS",
+                   help="prompt tokens prefilled between two steps at most: a longer prompt enters in chunks, "
+                        "so running requests keep streaming (default %(default)s)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="a request's tokens independent of the requests served beside it (batch-invariant kernels)")
@@ -58,7 +62,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                      device=args.device, batch_invariant=args.batch_invariant)
     metrics = Metrics(eng.target.name, list(eng.backend.draft_names), args.max_batch)
     service = Service(eng, max_batch=args.max_batch, max_queue=args.max_queue, context=args.context,
-                      gamma=args.gamma, speculation=not args.no_speculation, observer=metrics)
+                      gamma=args.gamma, speculation=not args.no_speculation, prefill_chunk=args.prefill_chunk,
+                      observer=metrics)
     try:
         temperatures = [float(t) for t in args.warm_up.split(",") if t.strip()]
     except ValueError:
