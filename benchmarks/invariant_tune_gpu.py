@@ -75,7 +75,7 @@ def candidates(n: int, k: int, tiny: bool) -> list[I.InvariantTiling]:
         grid = [T(16, 32, 32, 4, 2)]
     else:
         grid = [T(16, bn, bk, w, s) for bn, bk, w, s in (
-            (16, 128, 4, 1), (16, 256, 4, 1), (16, 256, 4, 3), (16, 512, 4, 2), (32, 128, 4, 3), (32, 256, 4, 1),
+            (16, 64, 4, 3), (16, 128, 4, 1), (16, 256, 4, 1), (64, 64, 4, 3), (16, 256, 4, 3), (16, 512, 4, 2), (32, 128, 4, 3), (32, 256, 4, 1),
             (32, 256, 8, 3), (64, 128, 4, 3), (64, 128, 8, 1), (64, 256, 8, 2), (128, 128, 8, 3), (128, 64, 8, 4))]
     grid = [engine] + [t for t in grid if t != engine and t.block_n <= max(16, triton.next_power_of_2(n))]
     return grid + [T(bm, engine.block_n, engine.block_k, engine.num_warps, engine.num_stages) for bm in (32,) + ((64,) * (not tiny))]
