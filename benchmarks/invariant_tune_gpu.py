@@ -24,8 +24,8 @@ with the final norm), bf16 random operands:
   sized by the rows), one new token, context 128 / 1024, batch 1 / 64, us; and whether a row's bits
   alone == inside the batch.
 
-Compiles first in ``--jobs`` processes (Triton's disk cache), then times in this one; stops starting
-tilings after ``--budget-s`` and records what it skipped. The JSON is rewritten after each product.
+Per model, compiles first in ``--jobs`` processes (Triton's disk cache), then times in this one; stops
+starting tilings after ``--budget-s`` and records what it skipped. The JSON is rewritten after each product.
 CPU test of the script (Triton interpreter, seconds):
 ``TRITON_INTERPRET=1 python benchmarks/invariant_tune_gpu.py --tiny --device cpu --out /tmp/t.json``.
 """
@@ -237,19 +237,21 @@ def main() -> None:
         result["elapsed_s"] = time.perf_counter() - start
         args.out.write_text(json.dumps(result, indent=1, default=str))
 
-    todo = [(model, *p) for model, shape in models.items() for p in products(*shape)]
-    jobs = sorted({(pro, k, tuple(sorted(t.__dict__.items()))) for _, _, pro, n, k in todo for t in candidates(n, k, args.tiny)})
-    if cuda:  # the interpreter compiles nothing
-        result["precompile"] = precompile([(pro, k, dict(t), args.device) for pro, k, t in jobs], args.jobs)
-    save()
     result["attention"] = attention_part(args)
     save()
-    deadline = start + args.budget_s
-    for model, name, prologue, n, k in todo:
-        result["products"].append(tune_product(model, name, prologue, n, k, args, deadline))
-        print(f"{model} {name} ({n}, {k}): best {result['products'][-1].get('best', {}).get('tiling')} "
-              f"after {time.perf_counter() - start:.0f} s", flush=True)
-        save()
+    deadline, done, result["precompile"] = start + args.budget_s, set(), {}
+    for model, shape in models.items():  # model by model, so that a slow compile leaves the first ones measured
+        todo = products(*shape)
+        jobs = {(pro, k, tuple(sorted(t.__dict__.items()))) for _, pro, n, k in todo for t in candidates(n, k, args.tiny)}
+        if cuda and time.perf_counter() < deadline:  # the interpreter compiles nothing
+            result["precompile"][model] = precompile([(pro, k, dict(t), args.device) for pro, k, t in sorted(jobs - done)],
+                                                     args.jobs)
+        done |= jobs
+        for name, prologue, n, k in todo:
+            result["products"].append(tune_product(model, name, prologue, n, k, args, deadline))
+            print(f"{model} {name} ({n}, {k}): best {result['products'][-1].get('best', {}).get('tiling')} "
+                  f"after {time.perf_counter() - start:.0f} s", flush=True)
+            save()
     finish(result)
     save()
     print(json.dumps({k: result[k] for k in ("block_m_by_m_possible", "all_winners_invariant")}), flush=True)
