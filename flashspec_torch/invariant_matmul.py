@@ -6,7 +6,7 @@ the same places, so ``flashspec_torch.gemv``'s ``*_reference`` functions are the
 (re-exported here as ``*_reference``), and its argument checks are theirs.
 
 The tiling (``invariant_tiling``) depends on N, K and the dtype, never on M: 16 rows per program,
-no split-K, one K chunk size.
+no split-K, one K chunk size (``INVARIANT_CONFIGS`` holds measured ones).
 """
 
 from __future__ import annotations
@@ -41,11 +41,17 @@ class InvariantTiling:
 
 BLOCK_M = 16  # tl.dot's least M: a decode row pays 16 rows of arithmetic but reads the weights once
 
+# (n, k, dtype) -> InvariantTiling: tilings measured on the target GPU (benchmarks/invariant_tune_gpu.py
+# writes this table as its "configs"), the default below elsewhere. Empty until that script has run on an H100.
+INVARIANT_CONFIGS: dict[tuple[int, int, torch.dtype], InvariantTiling] = {}
+
 
 def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
-    """A function of (N, K, dtype) only, so that it is the same for every M: wider N tiles for wide
-    products (the LM head) so that the grid stays a few hundred programs, K chunks of 128 (64 in
-    float32, whose tiles take twice the registers)."""
+    """A function of (N, K, dtype) only, so that it is the same for every M: ``INVARIANT_CONFIGS``'s
+    entry, else wider N tiles for wide products (the LM head) so that the grid stays a few hundred
+    programs, K chunks of 128 (64 in float32, whose tiles take twice the registers)."""
+    if (n, k, dtype) in INVARIANT_CONFIGS:
+        return INVARIANT_CONFIGS[(n, k, dtype)]
     block_n = 64 if n >= 16384 else 32 if n >= 8192 else 16
     return InvariantTiling(BLOCK_M, block_n, 64 if dtype == torch.float32 else 128)
 
@@ -91,10 +97,11 @@ def invariant_matmul_silu_mul(
     return y.reshape(*gu.shape[:-1], w.shape[0])
 
 
-def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool) -> torch.Tensor:
-    """x [M, K] (gu [M, 2K] for silu_mul); d, h_out [M, K] or None; g [K] or None; w [N, K] -> y [M, N]."""
+def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tensor:
+    """x [M, K] (gu [M, 2K] for silu_mul); d, h_out [M, K] or None; g [K] or None; w [N, K] -> y [M, N].
+    ``tiling`` None: ``invariant_tiling`` (the engine); given: that one (benchmarks/invariant_tune_gpu.py)."""
     m, (n, k) = x.shape[0], w.shape
-    t = invariant_tiling(n, k, x.dtype)
+    t = invariant_tiling(n, k, x.dtype) if tiling is None else tiling
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     use_pdl = pdl_on(pdl, x)
     kernels().invariant_matmul_kernel[(-(-m // t.block_m), -(-n // t.block_n))](

@@ -112,3 +112,18 @@ def test_the_tiling_depends_on_the_weight_and_dtype_only():
     assert I.invariant_tiling(32000, 2048, torch.bfloat16).block_n == 64
     assert I.invariant_tiling(2048, 2048, torch.bfloat16) == I.InvariantTiling(16, 16, 128)
     assert I.invariant_tiling(2048, 2048, torch.float32).block_k == 64
+
+
+def test_a_measured_tiling_in_the_table_is_the_one_launched(monkeypatch):
+    """INVARIANT_CONFIGS (benchmarks/invariant_tune_gpu.py's winners) replaces the default for its (N, K, dtype)
+    only, and a row's bits stay independent of the batch under it."""
+    measured = I.InvariantTiling(16, 32, 64, 4, 1)
+    x, d, g, w = operands("none", torch.float32)
+    default = I.invariant_matmul(x, w)
+    monkeypatch.setitem(I.INVARIANT_CONFIGS, (N, K, torch.float32), I.InvariantTiling(16, 16, 128))
+    assert not torch.equal(I.invariant_matmul(x, w), default)  # launched: K chunks of 128, not 64, another sum
+    monkeypatch.setitem(I.INVARIANT_CONFIGS, (N, K, torch.bfloat16), measured)
+    assert I.invariant_tiling(N, K, torch.bfloat16) == measured
+    assert I.invariant_tiling(N + 16, K, torch.bfloat16) == I.InvariantTiling(16, 16, 128)  # others: the default
+    x, d, g, w = operands("add_rms_norm", torch.bfloat16)
+    assert invariance_failures(lambda x, d, w: product("add_rms_norm", x, d, g, w), x, d, w) == []

@@ -1,0 +1,64 @@
+"""Registers and spills of the batch-invariant product on sm_90, without a GPU: compiles the kernel
+for sm_90a with ``triton.compile`` at TinyLlama-1.1B's shapes (bf16, the three prologues) and runs
+``ptxas -v`` on its PTX. Run without TRITON_INTERPRET:
+
+    PYTHONPATH=$PWD/shared:$PWD python benchmarks/invariant_registers_sm90.py 128:3 128:1 256:3
+
+(each argument block_k:num_stages, block_m 16, block_n 16, 4 warps; ~20 s per compile on a slow core).
+Prints one line per (prologue, N, K, block_k, stages): shared memory, registers, spill bytes.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
+
+from flashspec_torch import invariant_matmul as I  # noqa: E402
+from flashspec_torch import layers  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 64)
+SHAPES = (("add_rms_norm", 2560, 2048), ("none", 2048, 2048), ("silu_mul", 2048, 5632))  # TinyLlama's qkv, o, down
+
+
+def main() -> None:
+    backend = make_backend(TARGET)
+    label = []
+
+    def run(self, *args, grid, warmup, **kwargs):  # kernel[grid](...): compile for sm_90a, ptxas -v, no launch
+        kwargs["debug"], kwargs["instrumentation_mode"] = False, knobs.compilation.instrumentation_mode
+        bound, spec, options = create_function_from_signature(self.signature, self.params, backend)(*args, **kwargs)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, spec, options)
+        kernel = triton.compile(ASTSource(self, signature, constexprs, attrs), target=TARGET, options=options.__dict__)
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(kernel.asm["ptx"])
+        err = subprocess.run(["ptxas", "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True).stderr
+        info = [line.split("info    : ")[-1] for line in err.splitlines() if "registers" in line or "spill" in line]
+        print(*label, f"shared {kernel.metadata.shared} B |", " | ".join(info), flush=True)
+
+    real_ptr = torch.Tensor.data_ptr
+    meta = torch.device("meta")
+    with mock.patch.object(JITFunction, "run", run), \
+            mock.patch.object(torch.Tensor, "data_ptr", lambda t: ((id(t) & 0xFFFFFFFFFF) << 8) if t.is_meta else real_ptr(t)), \
+            mock.patch.object(layers, "pdl_possible", lambda d: True), mock.patch.object(I, "interpreting", lambda: False):
+        for arg in sys.argv[1:] or ["128:3"]:
+            block_k, stages = map(int, arg.split(":"))
+            for prologue, n, k in SHAPES:
+                label[:] = [prologue, n, k, f"block_k {block_k}", f"stages {stages}:"]
+                e = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device=meta)  # noqa: E731
+                x = e(16, 2 * k if prologue == "silu_mul" else k)
+                d, g = (e(16, k), e(k)) if prologue == "add_rms_norm" else (None, None)
+                I.launch(prologue, x, d, g, e(n, k), d, 1e-5, True, I.InvariantTiling(16, 16, block_k, 4, stages))
+
+
+if __name__ == "__main__":
+    main()
