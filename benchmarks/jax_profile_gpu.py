@@ -216,8 +216,8 @@ def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dt
     state = backend.start_state(prompts, new_tokens)
     ms, state = median_ms(lambda st: spec_jit(w, st, seeds, off)[0], state, reps)
     row["spec_ms_per_step"] = ms
-    checks["finite_logits"] = bool(jnp.all(jnp.isfinite(fwd_jit(w, state, one, pos)[0])))
     checks["tokens_in_vocab"] = bool(jnp.all((state.seqs.tokens >= 0) & (state.seqs.tokens < cfg.vocab_size)))
+    checks["finite_logits"] = bool(jnp.all(jnp.isfinite(fwd_jit(w, state, one, pos)[0])))  # state donated
     row["checks"] = checks
     del backend, state, w
     row["variants"] = layer_variants(m, prompt_len, reps, hlo_dir, shape)
@@ -269,7 +269,7 @@ def layer_variants(m, prompt_len: int, reps: int, hlo_dir: Path, shape: str) -> 
     for name, (fn, weights) in variants.items():
         out[name] = variant_row(name, jax.jit(fn, **donate), weights, m.new_cache(1, prompt_len + 128), one, pos, reps, hlo_dir, shape)
     per_layer = [jax.tree.map(lambda a, i=i: jnp.array(a[i]), stacked) for i in range(c.num_layers)]
-    del params, stacked, graphdef
+    del params, stacked
     jax.block_until_ready(per_layer)
     out["unrolled_per_layer"] = variant_row("unrolled_per_layer", jax.jit(per_layer_fwd, **donate),
                                             (m.embed.value, m.norm.value, m.embed.value if m.lm_head is None else m.lm_head.value, per_layer),
