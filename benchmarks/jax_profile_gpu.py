@@ -170,11 +170,13 @@ def profile(name: str, jitted, args: tuple, hlo_dir: Path, shape: str) -> dict:
     return dict(**cost(compiled), hlo=parse_hlo(text), hlo_chars=len(text))
 
 
-def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dtype, hlo_dir: Path) -> dict:
+def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dtype, hlo_dir: Path, per_layer: bool) -> dict:
     from flax import nnx
 
     cfg = LlamaConfig(**dims, max_position_embeddings=8192)
-    m = random_model(cfg, dtype=dtype, seed=0)
+    m = random_model(cfg, dtype=dtype, seed=0, per_layer=per_layer)
+    layout = "per_layer" if per_layer else "stacked"
+    hlo_dir = hlo_dir / layout
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))
     backend = JaxBackend(m, eos_ids=[])
     backend.set_drafts([LookupDraft()])
@@ -184,7 +186,7 @@ def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dt
     seeds = backend._seeds(0)
     donate = dict(donate_argnames=("state",)) if jax.default_backend() == "gpu" else {}
     state = backend.start_state(prompts, new_tokens)
-    row = dict(shape=shape, config=dims, dtype=str(jnp.dtype(dtype)), batch=1, prompt_len=prompt_len, gamma=gamma,
+    row = dict(shape=shape, layout=layout, config=dims, dtype=str(jnp.dtype(dtype)), batch=1, prompt_len=prompt_len, gamma=gamma,
                cache_len=int(state.cache.k.shape[3]), kv_cache_bytes=int(2 * state.cache.k.size * state.cache.k.dtype.itemsize),
                weight_bytes=int(weight_bytes), state_donated=bool(donate))
 
@@ -220,7 +222,8 @@ def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dt
     checks["finite_logits"] = bool(jnp.all(jnp.isfinite(fwd_jit(w, state, one, pos)[0])))  # state donated
     row["checks"] = checks
     del backend, state, w
-    row["variants"] = layer_variants(m, prompt_len, reps, hlo_dir, shape)
+    if not per_layer:
+        row["variants"] = layer_variants(m, prompt_len, reps, hlo_dir, shape)
     return row
 
 
@@ -289,6 +292,20 @@ def variant_row(name, jitted, weights, cache, one, pos, reps, hlo_dir, shape) ->
         return dict(error=f"{type(e).__name__}: {e}"[:1000])
 
 
+def one_row(name: str, dims: dict, layout: str, args, dtype, bw: float) -> dict:
+    t0 = time.perf_counter()
+    try:
+        row = run_shape(name, dims, args.prompt_len, args.gamma, args.reps, dtype, args.out / "hlo",
+                        per_layer=layout == "per_layer")
+    except Exception as e:  # one shape failing must not lose the others
+        row = dict(shape=name, layout=layout, error=f"{type(e).__name__}: {e}"[:1000])
+    row["wall_s"] = time.perf_counter() - t0
+    if "weight_bytes" in row:
+        row["weights_floor_ms"] = row["weight_bytes"] / (bw * 1e9) * 1e3
+        row["decode_over_floor"] = row["decode_ms_per_step"] / row["weights_floor_ms"]
+    return row
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="llama3-8b,tinyllama-1.1b")
@@ -296,6 +313,9 @@ def main(argv=None) -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--layouts", default="stacked,per_layer",
+                    help="the model's weight layouts to profile (flashspec_jax.model: stacked = one lax.scan, "
+                         "per_layer = a Python loop over the layers)")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     args = ap.parse_args(argv)
@@ -309,17 +329,13 @@ def main(argv=None) -> None:
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     bw = bandwidth_gbps()
     rows = []
+    layouts = args.layouts.split(",")
+    if set(layouts) - {"stacked", "per_layer"}:
+        ap.error(f"--layouts: {args.layouts!r}; choose from stacked, per_layer")
     for name, dims in shapes.items():
-        t0 = time.perf_counter()
-        try:
-            rows.append(run_shape(name, dims, args.prompt_len, args.gamma, args.reps, dtype, args.out / "hlo"))
-        except Exception as e:  # one shape failing must not lose the others
-            rows.append(dict(shape=name, error=f"{type(e).__name__}: {e}"[:1000]))
-        rows[-1]["wall_s"] = time.perf_counter() - t0
-        if "weight_bytes" in rows[-1]:
-            rows[-1]["weights_floor_ms"] = rows[-1]["weight_bytes"] / (bw * 1e9) * 1e3
-            rows[-1]["decode_over_floor"] = rows[-1]["decode_ms_per_step"] / rows[-1]["weights_floor_ms"]
-        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("executables", "variants")}), flush=True)
+        for layout in layouts:
+            rows.append(one_row(name, dims, layout, args, dtype, bw))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("executables", "variants")}), flush=True)
     dev = jax.devices()[0]
     result = dict(script="benchmarks/jax_profile_gpu.py", device=getattr(dev, "device_kind", str(dev)),
                   platform=jax.default_backend(), jax=jax.__version__, python=platform.python_version(),
@@ -336,7 +352,7 @@ def main(argv=None) -> None:
             print(f"{r['shape']}: error {r['error'][:200]}")
             continue
         d = r["executables"]["decode"]
-        print(f"{r['shape']}: decode {r['decode_ms_per_step']:.3f} ms (floor {r['weights_floor_ms']:.3f}), spec "
+        print(f"{r['shape']} {r['layout']}: decode {r['decode_ms_per_step']:.3f} ms (floor {r['weights_floor_ms']:.3f}), spec "
               f"{r['spec_ms_per_step']:.3f} ms, forward {r['forward_ms']:.3f} ms; decode bytes accessed "
               f"{d['cost_analysis'].get('bytes accessed', 0) / 1e9:.3f} GB, movers "
               f"{ {k: round(v / 1e6, 1) for k, v in d['hlo']['mover_bytes_by_op'].items()} } MB")

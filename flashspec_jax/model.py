@@ -7,11 +7,15 @@ entries past a row's length are never attended before they are overwritten and r
 rejected tokens is free. Shapes are fixed: attention runs over the whole static cache with a
 mask, so nothing recompiles as sequences grow.
 
-The layers' weights are stacked along a leading layer axis ([L, ...]) and the forward is one
-``lax.scan`` over the indices of the layers it runs (one compiled layer, whatever the depth; the
-KV cache is carried and written in place at each layer's index). A layer-skipping draft passes
-the skipped layers as a static set, so they cost nothing and no data-dependent branch (which XLA
-on a GPU evaluates on the host) is needed. Weights use the
+Two weight layouts, one math (``Llama(per_layer=...)``; None: per layer on a GPU, stacked
+elsewhere). Stacked: each weight is one array with a leading layer axis ([L, ...]) and the forward
+is one ``lax.scan`` over the indices of the layers it runs (one compiled layer whatever the depth:
+the CPU compiles a 30-layer forward in a seventh of the unrolled one's time). Per layer: one array
+per layer per weight and a Python loop over the layers, so every product reads its weights where
+they lie and the KV cache is written in place (in a scan, XLA slices each layer's weights out of
+the stack, a copy on the GPU, and copies the carried cache). A layer-skipping draft passes the
+skipped layers as a static set, so they cost nothing and no data-dependent branch (which XLA on a
+GPU evaluates on the host) is needed. Weights use the
 fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the
 one converted cache on disk loads into either backend.
 """
@@ -167,11 +171,13 @@ def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positio
 class Llama(nnx.Module):
     """Embedding, a stack of blocks (weights [L, ...]), final norm, LM head (tied or not)."""
 
-    def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02):
+    def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02,
+                 per_layer: bool | None = None):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
+        self.per_layer = default_per_layer() if per_layer is None else bool(per_layer)
 
         def normal(*shape):
             return nnx.Param((std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype))
@@ -181,7 +187,8 @@ class Llama(nnx.Module):
 
         self.embed = normal(c.vocab_size, c.hidden_size)
         for name, shape in layer_shapes(c).items():
-            setattr(self, name, ones(L, *shape) if "norm" in name else normal(L, *shape))
+            make = ones if "norm" in name else normal
+            setattr(self, name, nnx.List([make(*shape) for _ in range(L)]) if self.per_layer else make(L, *shape))
         self.norm = ones(c.hidden_size)
         self.lm_head = None if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
 
@@ -193,7 +200,17 @@ class Llama(nnx.Module):
         return new_cache(self.config, batch, max_len, self.dtype)
 
     def layers(self) -> Layers:
-        return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
+        """The stacked weights ([L, ...] each); a per-layer model has none (``layer(i)``)."""
+        if self.per_layer:
+            raise ValueError("this model keeps one array per layer (per_layer=True): read layer(i), not layers()")
+        return Layers(**{n: getattr(self, n)[...] for n in layer_shapes(self.config)})
+
+    def layer(self, i: int) -> Layers:
+        """Layer ``i``'s weights (a view of the stack, or the layer's own arrays)."""
+        names = layer_shapes(self.config)
+        if self.per_layer:
+            return Layers(**{n: getattr(self, n)[i][...] for n in names})
+        return Layers(**{n: getattr(self, n)[...][i] for n in names})
 
     def __call__(
         self,
@@ -211,22 +228,9 @@ class Llama(nnx.Module):
             h = h * jnp.asarray(c.embed_scale, h.dtype)
         cos, sin = rope_table(c, positions, h.dtype)
         local = rope_table(c, positions, h.dtype, local=True) if c.local_rope_theta is not None else (cos, sin)
-        slots = jnp.arange(cache.max_len)[None, None, :]
-        mask = slots <= positions[:, :, None]  # [B, T, S]
-        kept = np.array([i for i in range(c.num_layers) if i not in set(skip)], np.int32)
-        windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
-        uses_local = jnp.asarray([c.local_rope(i) for i in kept])
-        layers = self.layers()
-
-        def layer(carry, xs):
-            h, cache = carry
-            i, window, is_local = xs
-            w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
-            seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
-            cs = (jnp.where(is_local, local[0], cos), jnp.where(is_local, local[1], sin))
-            return block(c, w, h, *cs, cache, i, positions, seen), None
-
-        (h, cache), _ = lax.scan(layer, (h, cache), (jnp.asarray(kept), windows, uses_local))
+        kept = [i for i in range(c.num_layers) if i not in set(skip)]
+        run = unrolled_layers if self.per_layer else scanned_layers
+        h, cache = run(self, kept, h, (cos, sin), local, cache, positions)
         if not logits:
             return None, cache
         if select is not None:
@@ -234,3 +238,42 @@ class Llama(nnx.Module):
         head = self.embed.value if self.lm_head is None else self.lm_head.value
         z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
         return (jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z), cache
+
+
+def default_per_layer() -> bool:
+    """Per-layer weights on a GPU (the products read them in place), stacked elsewhere (compile time)."""
+    return jax.default_backend() != "cpu"
+
+
+def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
+    """The ``kept`` layers as one ``lax.scan`` over the stacked weights (h [B, T, C]; positions [B, T])."""
+    c = m.config
+    slots = jnp.arange(cache.max_len)[None, None, :]
+    mask = slots <= positions[:, :, None]  # [B, T, S]
+    windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
+    uses_local = jnp.asarray([c.local_rope(i) for i in kept])
+    layers = m.layers()
+
+    def layer(carry, xs):
+        h, cache = carry
+        i, window, is_local = xs
+        w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
+        seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
+        cs = (jnp.where(is_local, local[0], rope[0]), jnp.where(is_local, local[1], rope[1]))
+        return block(c, w, h, *cs, cache, i, positions, seen), None
+
+    (h, cache), _ = lax.scan(layer, (h, cache), (jnp.asarray(np.array(kept, np.int32)), windows, uses_local))
+    return h, cache
+
+
+def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
+    """The ``kept`` layers one after another over per-layer weights; each layer's window and RoPE
+    are static, and each writes its slots of the cache at a static layer index."""
+    c = m.config
+    slots = jnp.arange(cache.max_len)[None, None, :]
+    mask = slots <= positions[:, :, None]  # [B, T, S]
+    for i in kept:
+        window = c.window(i)
+        seen = mask & (slots > positions[:, :, None] - window) if window else mask
+        h, cache = block(c, m.layer(i), h, *(local if c.local_rope(i) else rope), cache, i, positions, seen)
+    return h, cache
