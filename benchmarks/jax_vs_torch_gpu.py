@@ -13,7 +13,9 @@ Per shape (SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B; smallest first), torch then
 * ``--batches`` (8 and 64) at ``--batch-shapes``: tokens/s of plain decoding and of n-gram
   speculation (host loop; JAX's while loop too), each engine over the same prompts;
 * JAX's decode step's bytes per step from the compiled executable (``cost_analysis``, and
-  ``jax_profile_gpu.py``'s HLO movers).
+  ``jax_profile_gpu.py``'s HLO movers);
+* JAX's row-invariant mode at batch 1 (plain decoding over G + 1 positions per step): its tokens
+  against n-gram speculation's and the default plain decoding's (bf16), and its ms per token.
 
 Torch frees its cache (``torch.cuda.empty_cache``) before JAX runs a shape; JAX does not
 preallocate. JSON to ``--out``/jax_vs_torch.json; a table is printed last.
@@ -101,6 +103,22 @@ def jax_batch(m, batch: int, tokens: int, prompt_len: int, gamma: int, device_lo
     return row
 
 
+def jax_row_invariant(m, tokens: int, prompt_len: int, gamma: int) -> dict:
+    """Batch 1, greedy: plain decoding with ``decode_rows = G + 1`` (the row-invariant mode) against
+    n-gram speculation, and against the default plain decoding; its ms per token."""
+    prompts = np.random.default_rng(1).integers(0, m.config.vocab_size, (1, prompt_len)).tolist()
+    greedy, seed = SamplingConfig(0.0), np.zeros(1, np.uint64)
+    backend = JaxBackend(m, eos_ids=[])
+    backend.set_drafts([LookupDraft()])
+    plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)
+    spec, _ = speculate(backend, Fixed(), prompts, sampling=greedy, spec=SpecConfig(gamma=gamma, max_new_tokens=tokens), seed=seed)
+    backend.decode_rows = gamma + 1
+    invariant, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)
+    (_, records), s = wall(lambda: decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed))
+    return dict(row_invariant_equals_spec=invariant == spec, default_plain_equals_spec=plain == spec,
+                row_invariant_equals_default_plain=invariant == plain, row_invariant_ms_per_token=s * 1e3 / len(records))
+
+
 def torch_rows(name: str, dims: dict, tokens: int, prompt_len: int, batches: list[int], bw: float) -> dict:
     import engine_gpu
     import torch
@@ -135,6 +153,7 @@ def jax_rows(name: str, dims: dict, args, batches: list[int], bw: float) -> dict
     m = random_model(LlamaConfig(**dims, max_position_embeddings=8192), dtype=dtype, seed=0)
     out["per_layer"] = bool(m.per_layer)
     out["bytes_per_step"] = decode_bytes(m, args.prompt_len)
+    out["row_invariant"] = jax_row_invariant(m, args.tokens, args.prompt_len, args.gamma)
     for batch in batches:
         try:
             out[f"batch_{batch}"] = jax_batch(m, batch, args.tokens // 2, args.prompt_len, args.gamma, args.device_loop)
@@ -226,8 +245,10 @@ def main(argv=None) -> None:
         import triton
 
         versions.update(torch=torch.__version__, triton=triton.__version__)
-    checks = {f"{r['shape']}_{k}": v for r in rows for side in ("jax",) for k, v in r.get(side, {}).items()
+    checks = {f"{r['shape']}_{k}": v for r in rows for k, v in r.get("jax", {}).items()
               if k.startswith("spec_") and k.endswith(("equals_ar", "equals_host"))}
+    checks |= {f"{r['shape']}_{k}": v for r in rows for k, v in r.get("jax", {}).get("row_invariant", {}).items()
+               if k.startswith("row_invariant_equals")}
     result = dict(script="benchmarks/jax_vs_torch_gpu.py", device=getattr(dev, "device_kind", str(dev)),
                   platform=jax.default_backend(), versions=versions, xla_flags=os.environ.get("XLA_FLAGS", ""),
                   date=datetime.now(timezone.utc).isoformat(timespec="seconds"), dry_run=args.dry_run,

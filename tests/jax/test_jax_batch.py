@@ -51,3 +51,24 @@ def test_greedy_speculation_equals_plain_decoding_at_batch_8(backend):
     assert device == plain
     assert sum(r.accepted for r in records) > 0  # the drafts really took part
     assert {r.arm for r in records} == {0, 1}
+
+
+def test_row_invariant_decoding_runs_the_scoring_shape_with_the_same_tokens(backend):
+    """decode_rows = G + 1: plain decoding forwards the last token and G copies (their cache slots
+    are written, stale), and the tokens are plain decoding's (in fp32 on the CPU the two shapes
+    round alike; on a GPU in bf16 this is what makes speculation's tokens equal: jax_vs_torch_gpu.py)."""
+    ps, greedy = prompts(3), SamplingConfig(0.0)
+    seed = np.zeros(3, np.uint64)
+    plain, _ = decode(backend, ps, sampling=greedy, max_new_tokens=6, seed=seed)
+    backend.decode_rows = 4
+    try:
+        invariant, _ = decode(backend, ps, sampling=greedy, max_new_tokens=6, seed=seed)
+    finally:
+        backend.decode_rows = 1
+    assert invariant == plain
+    state = backend.start_state(ps, 6)
+    n = len(ps[0])
+    before = np.asarray(state.cache.k)[:, 0, :, n : n + 3]  # row 0's slots after its last prompt token
+    for rows, written in ((1, False), (4, True)):
+        after, _ = backend.steps.decode_one(backend.weights, state, greedy, backend._seeds(0), 0, rows=rows)
+        assert np.array_equal(np.asarray(after.cache.k)[:, 0, :, n : n + 3], before) != written

@@ -36,7 +36,6 @@ def run(argv) -> int:
     (["generate", "hi", "--draft", "layerskip:99", "--device", "cpu"], "layerskip"),
     (["generate", "hi", "--target", "/no/such/model", "--device", "cpu"], "/no/such/model"),
     (["generate", "hi", "--backend", "jax", "--target", "/no/such/model", "--device", "cpu"], "/no/such/model"),
-    (["generate", "hi", "--backend", "jax", "--row-invariant", "--device", "cpu"], "--row-invariant"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
     assert run(argv) == 2
