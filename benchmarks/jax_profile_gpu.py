@@ -17,9 +17,10 @@ shapes) with their byte sizes, the donation flags seen in the module header
 and a measured device copy bandwidth give the weights floor. The optimized HLO of each executable
 is written next to the JSON (``--out``/hlo/SHAPE_NAME.txt) for reading.
 
-``variants``: the one-token forward three ways (the model's layer scan; a Python loop over the
-stacked weights indexed statically; a Python loop over one array per layer), each with the same
-analysis and its ms, to see what the scan's per-layer weight slicing costs.
+``--loops scan,unrolled``: each shape with both layer loops of the model
+(``flashspec_jax.model.Llama.scan_layers``): the scan is the engine before issue #37, unrolled
+after. (Commit aff3652 of this script ran the one-token forward three ways instead, the
+``variants`` of benchmarks/results/h100_2026-12-06_jax_profile_before/.)
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ import numpy as np  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec_jax.backend import JaxBackend  # noqa: E402
 from flashspec_jax.drafts import LookupDraft  # noqa: E402
-from flashspec_jax import model as jm  # noqa: E402
 from flashspec_jax.model import LlamaConfig  # noqa: E402
 from flashspec_jax.weights import random_model  # noqa: E402
 
@@ -170,13 +170,13 @@ def profile(name: str, jitted, args: tuple, hlo_dir: Path, shape: str) -> dict:
     return dict(**cost(compiled), hlo=parse_hlo(text), hlo_chars=len(text))
 
 
-def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dtype, hlo_dir: Path, per_layer: bool) -> dict:
+def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dtype, hlo_dir: Path, loop: str) -> dict:
     from flax import nnx
 
     cfg = LlamaConfig(**dims, max_position_embeddings=8192)
-    m = random_model(cfg, dtype=dtype, seed=0, per_layer=per_layer)
-    layout = "per_layer" if per_layer else "stacked"
-    hlo_dir = hlo_dir / layout
+    m = random_model(cfg, dtype=dtype, seed=0)
+    m.scan_layers = loop == "scan"
+    hlo_dir = hlo_dir / loop
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))
     backend = JaxBackend(m, eos_ids=[])
     backend.set_drafts([LookupDraft()])
@@ -186,7 +186,7 @@ def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dt
     seeds = backend._seeds(0)
     donate = dict(donate_argnames=("state",)) if jax.default_backend() == "gpu" else {}
     state = backend.start_state(prompts, new_tokens)
-    row = dict(shape=shape, layout=layout, config=dims, dtype=str(jnp.dtype(dtype)), batch=1, prompt_len=prompt_len, gamma=gamma,
+    row = dict(shape=shape, loop=loop, config=dims, dtype=str(jnp.dtype(dtype)), batch=1, prompt_len=prompt_len, gamma=gamma,
                cache_len=int(state.cache.k.shape[3]), kv_cache_bytes=int(2 * state.cache.k.size * state.cache.k.dtype.itemsize),
                weight_bytes=int(weight_bytes), state_donated=bool(donate))
 
@@ -221,84 +221,15 @@ def run_shape(shape: str, dims: dict, prompt_len: int, gamma: int, reps: int, dt
     checks["tokens_in_vocab"] = bool(jnp.all((state.seqs.tokens >= 0) & (state.seqs.tokens < cfg.vocab_size)))
     checks["finite_logits"] = bool(jnp.all(jnp.isfinite(fwd_jit(w, state, one, pos)[0])))  # state donated
     row["checks"] = checks
-    del backend, state, w
-    if not per_layer:
-        row["variants"] = layer_variants(m, prompt_len, reps, hlo_dir, shape)
     return row
 
 
-def unrolled_forward(c, layers: list, embed, final_norm, head, tokens, positions, cache):
-    """The target's forward (no windows, no local RoPE) as a Python loop over ``layers`` (one
-    Layers per layer, or the stacked Layers indexed statically): no scan, no dynamic slice."""
-    h = jnp.take(embed, tokens, axis=0)
-    cos, sin = jm.rope_table(c, positions, h.dtype)
-    mask = jnp.arange(cache.max_len)[None, None, :] <= positions[:, :, None]
-    for i, w in enumerate(layers):
-        h, cache = jm.block(c, w, h, cos, sin, cache, i, positions, mask)
-    z = jm.linear(jm.norm(c, h, final_norm), head).astype(jnp.float32)
-    return z, cache
-
-
-def layer_variants(m, prompt_len: int, reps: int, hlo_dir: Path, shape: str) -> dict:
-    """The one-token forward three ways, to see what the layer scan costs: ``scan`` (the model's
-    own), ``unrolled_static_index`` (stacked weights, a Python loop indexing them statically) and
-    ``unrolled_per_layer`` (one array per layer per weight: the GEMMs read parameters directly)."""
-    from flax import nnx
-
-    c = m.config
-    if c.local_rope_theta is not None or any(c.window(i) for i in range(c.num_layers)):
-        raise ValueError("layer_variants: windows and local RoPE are not implemented here (Llama shapes only)")
-    donate = dict(donate_argnums=(1,)) if jax.default_backend() == "gpu" else {}
-    one = jnp.zeros((1, 1), jnp.int32)
-    pos = jnp.full((1, 1), prompt_len, jnp.int32)
-    graphdef, params = nnx.split(m)
-    stacked = m.layers()
-    out = {}
-
-    def scan_fwd(params, cache, x, p):
-        return nnx.merge(graphdef, params)(x, p, cache)
-
-    def static_fwd(params, cache, x, p):
-        L = nnx.merge(graphdef, params)
-        ws = [jax.tree.map(lambda a, i=i: a[i], L.layers()) for i in range(c.num_layers)]
-        head = L.embed.value if L.lm_head is None else L.lm_head.value
-        return unrolled_forward(c, ws, L.embed.value, L.norm.value, head, x, p, cache)
-
-    def per_layer_fwd(ws, cache, x, p):
-        embed, final, head, layers = ws
-        return unrolled_forward(c, layers, embed, final, head, x, p, cache)
-
-    variants = {"scan": (scan_fwd, params), "unrolled_static_index": (static_fwd, params)}
-    for name, (fn, weights) in variants.items():
-        out[name] = variant_row(name, jax.jit(fn, **donate), weights, m.new_cache(1, prompt_len + 128), one, pos, reps, hlo_dir, shape)
-    per_layer = [jax.tree.map(lambda a, i=i: jnp.array(a[i]), stacked) for i in range(c.num_layers)]
-    del params, stacked
-    jax.block_until_ready(per_layer)
-    out["unrolled_per_layer"] = variant_row("unrolled_per_layer", jax.jit(per_layer_fwd, **donate),
-                                            (m.embed.value, m.norm.value, m.embed.value if m.lm_head is None else m.lm_head.value, per_layer),
-                                            m.new_cache(1, prompt_len + 128), one, pos, reps, hlo_dir, shape)
-    return out
-
-
-def variant_row(name, jitted, weights, cache, one, pos, reps, hlo_dir, shape) -> dict:
-    try:
-        row = profile(f"forward_{name}", jitted, (weights, cache, one, pos), hlo_dir, shape)
-        z0, cache = jitted(weights, cache, one, pos)
-        ms, cache = median_ms(lambda ca: jitted(weights, ca, one, pos)[1], cache, reps)
-        row["ms"] = ms
-        row["logits_sum_first_call"] = float(jnp.sum(z0))
-        return row
-    except Exception as e:  # one variant failing must not lose the others
-        return dict(error=f"{type(e).__name__}: {e}"[:1000])
-
-
-def one_row(name: str, dims: dict, layout: str, args, dtype, bw: float) -> dict:
+def one_row(name: str, dims: dict, loop: str, args, dtype, bw: float) -> dict:
     t0 = time.perf_counter()
     try:
-        row = run_shape(name, dims, args.prompt_len, args.gamma, args.reps, dtype, args.out / "hlo",
-                        per_layer=layout == "per_layer")
+        row = run_shape(name, dims, args.prompt_len, args.gamma, args.reps, dtype, args.out / "hlo", loop)
     except Exception as e:  # one shape failing must not lose the others
-        row = dict(shape=name, layout=layout, error=f"{type(e).__name__}: {e}"[:1000])
+        row = dict(shape=name, loop=loop, error=f"{type(e).__name__}: {e}"[:1000])
     row["wall_s"] = time.perf_counter() - t0
     if "weight_bytes" in row:
         row["weights_floor_ms"] = row["weight_bytes"] / (bw * 1e9) * 1e3
@@ -313,9 +244,8 @@ def main(argv=None) -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--tag", default="")
-    ap.add_argument("--layouts", default="stacked,per_layer",
-                    help="the model's weight layouts to profile (flashspec_jax.model: stacked = one lax.scan, "
-                         "per_layer = a Python loop over the layers)")
+    ap.add_argument("--loops", default="scan,unrolled",
+                    help="the model's layer loops to profile (flashspec_jax.model.Llama.scan_layers)")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     args = ap.parse_args(argv)
@@ -329,13 +259,13 @@ def main(argv=None) -> None:
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     bw = bandwidth_gbps()
     rows = []
-    layouts = args.layouts.split(",")
-    if set(layouts) - {"stacked", "per_layer"}:
-        ap.error(f"--layouts: {args.layouts!r}; choose from stacked, per_layer")
+    loops = args.loops.split(",")
+    if set(loops) - {"scan", "unrolled"}:
+        ap.error(f"--loops: {args.loops!r}; choose from scan, unrolled")
     for name, dims in shapes.items():
-        for layout in layouts:
-            rows.append(one_row(name, dims, layout, args, dtype, bw))
-            print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("executables", "variants")}), flush=True)
+        for loop in loops:
+            rows.append(one_row(name, dims, loop, args, dtype, bw))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "executables"}), flush=True)
     dev = jax.devices()[0]
     result = dict(script="benchmarks/jax_profile_gpu.py", device=getattr(dev, "device_kind", str(dev)),
                   platform=jax.default_backend(), jax=jax.__version__, python=platform.python_version(),
@@ -352,13 +282,10 @@ def main(argv=None) -> None:
             print(f"{r['shape']}: error {r['error'][:200]}")
             continue
         d = r["executables"]["decode"]
-        print(f"{r['shape']} {r['layout']}: decode {r['decode_ms_per_step']:.3f} ms (floor {r['weights_floor_ms']:.3f}), spec "
+        print(f"{r['shape']} {r['loop']}: decode {r['decode_ms_per_step']:.3f} ms (floor {r['weights_floor_ms']:.3f}), spec "
               f"{r['spec_ms_per_step']:.3f} ms, forward {r['forward_ms']:.3f} ms; decode bytes accessed "
               f"{d['cost_analysis'].get('bytes accessed', 0) / 1e9:.3f} GB, movers "
               f"{ {k: round(v / 1e6, 1) for k, v in d['hlo']['mover_bytes_by_op'].items()} } MB")
-        for name, v in r.get("variants", {}).items():
-            print(f"    forward {name}: {v.get('ms', float('nan')):.3f} ms, bytes accessed "
-                  f"{v.get('cost_analysis', {}).get('bytes accessed', 0) / 1e9:.3f} GB {v.get('error', '')}")
 
 
 if __name__ == "__main__":

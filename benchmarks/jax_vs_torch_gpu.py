@@ -6,7 +6,8 @@
 Per shape (SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B; smallest first), torch then JAX:
 
 * batch 1 (128-token prompt, 128 new tokens, greedy): plain ms/token and the weights floor
-  (bytes / measured copy bandwidth); JAX also the n-gram speculative step (G = 4) with the host
+  (bytes / measured copy bandwidth), JAX with its GPU layer loop (unrolled) and with the layer
+  scan it ran before issue #37; JAX also the n-gram speculative step (G = 4) with the host
   loop and with the whole generation in one ``lax.while_loop`` (``benchmarks/engine_gpu_jax.py``'s
   ``run_shape``: its checks too, speculative tokens == plain tokens), and torch its default mode
   (CUDA graphs) from ``benchmarks/engine_gpu.py``'s ``time_engine``;
@@ -151,8 +152,9 @@ def jax_rows(name: str, dims: dict, args, batches: list[int], bw: float) -> dict
     out["while_over_host_step"] = out["spec_device_ms_per_step"] / out["spec_host_ms_per_step"]
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     m = random_model(LlamaConfig(**dims, max_position_embeddings=8192), dtype=dtype, seed=0)
-    out["per_layer"] = bool(m.per_layer)
+    out["layer_loop"] = "scan" if jax.default_backend() == "cpu" else "unrolled"  # Llama.scan_layers None
     out["bytes_per_step"] = decode_bytes(m, args.prompt_len)
+    out["scan_ms_per_token"] = scan_decode_ms(m, args.tokens // 2, args.prompt_len)
     out["row_invariant"] = jax_row_invariant(m, args.tokens, args.prompt_len, args.gamma)
     for batch in batches:
         try:
@@ -161,6 +163,21 @@ def jax_rows(name: str, dims: dict, args, batches: list[int], bw: float) -> dict
             out[f"batch_{batch}"] = dict(error=f"{type(e).__name__}: {e}"[:500])
     del m
     return out
+
+
+def scan_decode_ms(m, tokens: int, prompt_len: int) -> float:
+    """Plain decoding's ms/token with the layer scan (the engine before issue #37), batch 1."""
+    m.scan_layers = True
+    try:
+        backend = JaxBackend(m, eos_ids=[])
+        backend.set_drafts([LookupDraft()])
+        prompts = [[1] * prompt_len]
+        run = lambda: decode(backend, prompts, sampling=SamplingConfig(0.0), max_new_tokens=tokens, seed=np.zeros(1, np.uint64))  # noqa: E731
+        run()
+        (_, records), s = wall(run)
+        return s * 1e3 / len(records)
+    finally:
+        m.scan_layers = None
 
 
 def decode_bytes(m, prompt_len: int) -> dict:
@@ -175,7 +192,7 @@ def decode_bytes(m, prompt_len: int) -> dict:
 
 
 def table(rows: list[dict], batches: list[int]) -> str:
-    lines = ["shape | floor ms | torch ms/tok | JAX ms/tok | JAX/torch | JAX/floor | JAX host step | JAX while step | while/host"]
+    lines = ["shape | floor ms | torch ms/tok | JAX ms/tok | JAX/torch | JAX/floor | JAX scan ms/tok | JAX host step | JAX while step | while/host"]
     for r in rows:
         t, j = r.get("torch", {}), r.get("jax", {})
         if "error" in j or "error" in t or not j:
@@ -183,7 +200,8 @@ def table(rows: list[dict], batches: list[int]) -> str:
             continue
         tar = t.get("batch_1", {}).get("ar_ms_per_token", float("nan"))
         lines.append(f"{r['shape']} | {j['weights_floor_ms']:.3f} | {tar:.3f} | {j['ar_ms_per_token']:.3f} | "
-                     f"{j['ar_ms_per_token'] / tar:.2f} | {j['ar_over_weights_floor']:.2f} | {j['spec_host_ms_per_step']:.3f} | "
+                     f"{j['ar_ms_per_token'] / tar:.2f} | {j['ar_over_weights_floor']:.2f} | {j['scan_ms_per_token']:.3f} | "
+                     f"{j['spec_host_ms_per_step']:.3f} | "
                      f"{j['spec_device_ms_per_step']:.3f} | {j['while_over_host_step']:.3f}")
     lines.append("shape | batch | torch plain tok/s | JAX plain tok/s | torch spec tok/s | JAX spec tok/s (host) | JAX spec tok/s (while)")
     for r in rows:

@@ -7,15 +7,14 @@ entries past a row's length are never attended before they are overwritten and r
 rejected tokens is free. Shapes are fixed: attention runs over the whole static cache with a
 mask, so nothing recompiles as sequences grow.
 
-Two weight layouts, one math (``Llama(per_layer=...)``; None: per layer on a GPU, stacked
-elsewhere). Stacked: each weight is one array with a leading layer axis ([L, ...]) and the forward
-is one ``lax.scan`` over the indices of the layers it runs (one compiled layer whatever the depth:
-the CPU compiles a 30-layer forward in a seventh of the unrolled one's time). Per layer: one array
-per layer per weight and a Python loop over the layers, so every product reads its weights where
-they lie and the KV cache is written in place (in a scan, XLA slices each layer's weights out of
-the stack, a copy on the GPU, and copies the carried cache). A layer-skipping draft passes the
-skipped layers as a static set, so they cost nothing and no data-dependent branch (which XLA on a
-GPU evaluates on the host) is needed. Weights use the
+The layers' weights are stacked along a leading layer axis ([L, ...]). Two loops over them, one
+math (``Llama.scan_layers``; None: the scan on the CPU, unrolled elsewhere): one ``lax.scan`` over
+the indices of the layers it runs (one compiled layer whatever the depth: the CPU compiles the
+30-layer SmolLM2 in 3 s, unrolled in 24 s), or a Python loop with static layer indices, which the
+GPU needs: there a static slice of the stack is read in place by the product, while the scan's
+dynamic slice is first copied out (each weight read twice and written once; docs/jax.md has the
+H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
+nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. Weights use the
 fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the
 one converted cache on disk loads into either backend.
 """
@@ -172,12 +171,12 @@ class Llama(nnx.Module):
     """Embedding, a stack of blocks (weights [L, ...]), final norm, LM head (tied or not)."""
 
     def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02,
-                 per_layer: bool | None = None):
+                 scan_layers: bool | None = None):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
+        self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
-        self.per_layer = default_per_layer() if per_layer is None else bool(per_layer)
 
         def normal(*shape):
             return nnx.Param((std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype))
@@ -187,8 +186,7 @@ class Llama(nnx.Module):
 
         self.embed = normal(c.vocab_size, c.hidden_size)
         for name, shape in layer_shapes(c).items():
-            make = ones if "norm" in name else normal
-            setattr(self, name, nnx.List([make(*shape) for _ in range(L)]) if self.per_layer else make(L, *shape))
+            setattr(self, name, ones(L, *shape) if "norm" in name else normal(L, *shape))
         self.norm = ones(c.hidden_size)
         self.lm_head = None if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
 
@@ -200,17 +198,7 @@ class Llama(nnx.Module):
         return new_cache(self.config, batch, max_len, self.dtype)
 
     def layers(self) -> Layers:
-        """The stacked weights ([L, ...] each); a per-layer model has none (``layer(i)``)."""
-        if self.per_layer:
-            raise ValueError("this model keeps one array per layer (per_layer=True): read layer(i), not layers()")
-        return Layers(**{n: getattr(self, n)[...] for n in layer_shapes(self.config)})
-
-    def layer(self, i: int) -> Layers:
-        """Layer ``i``'s weights (a view of the stack, or the layer's own arrays)."""
-        names = layer_shapes(self.config)
-        if self.per_layer:
-            return Layers(**{n: getattr(self, n)[i][...] for n in names})
-        return Layers(**{n: getattr(self, n)[...][i] for n in names})
+        return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
 
     def __call__(
         self,
@@ -229,8 +217,8 @@ class Llama(nnx.Module):
         cos, sin = rope_table(c, positions, h.dtype)
         local = rope_table(c, positions, h.dtype, local=True) if c.local_rope_theta is not None else (cos, sin)
         kept = [i for i in range(c.num_layers) if i not in set(skip)]
-        run = unrolled_layers if self.per_layer else scanned_layers
-        h, cache = run(self, kept, h, (cos, sin), local, cache, positions)
+        scan = jax.default_backend() == "cpu" if self.scan_layers is None else self.scan_layers
+        h, cache = (scanned_layers if scan else unrolled_layers)(self, kept, h, (cos, sin), local, cache, positions)
         if not logits:
             return None, cache
         if select is not None:
@@ -238,11 +226,6 @@ class Llama(nnx.Module):
         head = self.embed.value if self.lm_head is None else self.lm_head.value
         z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
         return (jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z), cache
-
-
-def default_per_layer() -> bool:
-    """Per-layer weights on a GPU (the products read them in place), stacked elsewhere (compile time)."""
-    return jax.default_backend() != "cpu"
 
 
 def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
@@ -267,13 +250,15 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
 
 
 def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
-    """The ``kept`` layers one after another over per-layer weights; each layer's window and RoPE
-    are static, and each writes its slots of the cache at a static layer index."""
+    """The ``kept`` layers one after another, each's weights a static slice of the stack; each
+    layer's window and RoPE are static, and each writes its cache slots at a static layer index."""
     c = m.config
     slots = jnp.arange(cache.max_len)[None, None, :]
     mask = slots <= positions[:, :, None]  # [B, T, S]
+    layers = m.layers()
     for i in kept:
         window = c.window(i)
         seen = mask & (slots > positions[:, :, None] - window) if window else mask
-        h, cache = block(c, m.layer(i), h, *(local if c.local_rope(i) else rope), cache, i, positions, seen)
+        w = jax.tree.map(lambda a, i=i: a[i], layers)
+        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen)
     return h, cache

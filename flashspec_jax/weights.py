@@ -20,7 +20,7 @@ from flax import nnx
 
 from flashspec.weights import embedded_gguf, gguf_cache_dir, load_gguf_cached, load_tokenizer, read_config, read_directory_state
 
-from .model import Llama, LlamaConfig, default_per_layer, layer_shapes
+from .model import Llama, LlamaConfig, layer_shapes
 
 
 @dataclass
@@ -30,24 +30,20 @@ class LoadedModel:
     name: str
 
 
-def random_model(config: LlamaConfig, dtype=jnp.bfloat16, seed: int = 0, std: float = 0.02,
-                 per_layer: bool | None = None) -> Llama:
-    """Normal(0, std) weights made on the default device inside one jit (nothing crosses the host);
-    ``per_layer``: the weight layout (``flashspec_jax.model``; None: the platform's)."""
-    per_layer = default_per_layer() if per_layer is None else per_layer
-    abstract = nnx.eval_shape(lambda: Llama(config, dtype=dtype, rngs=nnx.Rngs(seed), std=std, per_layer=per_layer))
+def random_model(config: LlamaConfig, dtype=jnp.bfloat16, seed: int = 0, std: float = 0.02) -> Llama:
+    """Normal(0, std) weights made on the default device inside one jit (nothing crosses the host)."""
+    abstract = nnx.eval_shape(lambda: Llama(config, dtype=dtype, rngs=nnx.Rngs(seed), std=std))
     graphdef, _ = nnx.split(abstract)
 
     @jax.jit
     def make():
-        return nnx.split(Llama(config, dtype=dtype, rngs=nnx.Rngs(seed), std=std, per_layer=per_layer))[1]
+        return nnx.split(Llama(config, dtype=dtype, rngs=nnx.Rngs(seed), std=std))[1]
 
     return nnx.merge(graphdef, make())
 
 
-def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.float32, per_layer: bool | None = None) -> Llama:
-    """Our fused layout (``flashspec.weights.convert_state_dict`` names) -> Llama (``per_layer``: the
-    weight layout, None: the platform's)."""
+def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.float32) -> Llama:
+    """Our fused layout (``flashspec.weights.convert_state_dict`` names) -> Llama."""
     def get(name: str) -> np.ndarray:
         if name not in state:
             raise ValueError(f"weight {name!r} is missing: the converted cache is corrupt or not in our layout")
@@ -55,18 +51,17 @@ def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.floa
 
     names = {"qkv": "qkv.weight", "o": "o.weight", "gate_up": "gate_up.weight", "down": "down.weight",
              "qkv_bias": "qkv.bias", "o_bias": "o.bias", "gate_up_bias": "gate_up.bias", "down_bias": "down.bias"}
-    model = nnx.eval_shape(lambda: Llama(config, dtype=dtype, per_layer=per_layer))
+    model = nnx.eval_shape(lambda: Llama(config, dtype=dtype))
     put = lambda a: jnp.asarray(a, dtype=dtype)  # noqa: E731
     model.embed = nnx.Param(put(get("embed.weight")))
     model.norm = nnx.Param(put(get("norm")))
-    for field, expected in layer_shapes(config).items():
+    for field in layer_shapes(config):
         name = names.get(field, field)
-        arrays = [get(f"layers.{i}.{name}") for i in range(config.num_layers)]
-        wrong = next((a.shape for a in arrays if a.shape != expected), None)
-        if wrong is not None:
-            raise ValueError(f"layers.*.{name} has shape {wrong}, the config needs {expected}")
-        value = nnx.List([nnx.Param(put(a)) for a in arrays]) if model.per_layer else nnx.Param(put(np.stack(arrays)))
-        setattr(model, field, value)
+        stacked = np.stack([get(f"layers.{i}.{name}") for i in range(config.num_layers)])
+        expected = getattr(model, field).value.shape
+        if stacked.shape != expected:
+            raise ValueError(f"layers.*.{name} has shape {stacked.shape[1:]}, the config needs {expected[1:]}")
+        setattr(model, field, nnx.Param(put(stacked)))
     if not config.tie_word_embeddings:
         model.lm_head = nnx.Param(put(get("lm_head.weight")))
     return model

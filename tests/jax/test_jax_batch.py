@@ -1,6 +1,6 @@
-"""Batches on a tiny random model in fp32, with the weight layout a GPU uses (per layer, layers
-unrolled): greedy speculation (host loop with the bandit over n-gram and layer-skip drafts, and
-the whole generation in one ``lax.while_loop``) == greedy plain decoding, row for row."""
+"""Batches on a tiny random model in fp32, with the layer loop a GPU runs (unrolled): greedy
+speculation (host loop with the bandit over n-gram and layer-skip drafts, and the whole generation
+in one ``lax.while_loop``) == greedy plain decoding, row for row; the row-invariant decoding."""
 
 import numpy as np
 import pytest
@@ -24,8 +24,8 @@ def backend():
     from flashspec_jax.model import LlamaConfig
     from flashspec_jax.weights import random_model
 
-    m = random_model(LlamaConfig(**TINY), dtype=jnp.float32, seed=1, std=0.3, per_layer=True)
-    assert m.per_layer
+    m = random_model(LlamaConfig(**TINY), dtype=jnp.float32, seed=1, std=0.3)
+    m.scan_layers = False  # the GPU's loop
     b = JaxBackend(m, eos_ids=[])
     b.set_drafts([LookupDraft(), b.model_draft("layerskip:2", skip=frozenset({2}))])
     return b
@@ -57,18 +57,18 @@ def test_row_invariant_decoding_runs_the_scoring_shape_with_the_same_tokens(back
     """decode_rows = G + 1: plain decoding forwards the last token and G copies (their cache slots
     are written, stale), and the tokens are plain decoding's (in fp32 on the CPU the two shapes
     round alike; on a GPU in bf16 this is what makes speculation's tokens equal: jax_vs_torch_gpu.py)."""
-    ps, greedy = prompts(3), SamplingConfig(0.0)
-    seed = np.zeros(3, np.uint64)
-    plain, _ = decode(backend, ps, sampling=greedy, max_new_tokens=6, seed=seed)
+    ps, greedy = prompts(8), SamplingConfig(0.0)  # the shapes the test above compiled
+    seed = np.zeros(8, np.uint64)
+    plain, _ = decode(backend, ps, sampling=greedy, max_new_tokens=12, seed=seed)
     backend.decode_rows = 4
     try:
-        invariant, _ = decode(backend, ps, sampling=greedy, max_new_tokens=6, seed=seed)
+        invariant, _ = decode(backend, ps, sampling=greedy, max_new_tokens=12, seed=seed)
     finally:
         backend.decode_rows = 1
     assert invariant == plain
-    state = backend.start_state(ps, 6)
-    n = len(ps[0])
-    before = np.asarray(state.cache.k)[:, 0, :, n : n + 3]  # row 0's slots after its last prompt token
+    n = len(ps[-1])  # the longest row: its slots past the prompt were not touched by the prefill
     for rows, written in ((1, False), (4, True)):
-        after, _ = backend.steps.decode_one(backend.weights, state, greedy, backend._seeds(0), 0, rows=rows)
-        assert np.array_equal(np.asarray(after.cache.k)[:, 0, :, n : n + 3], before) != written
+        state = backend.start_state(ps, 12)
+        before = np.asarray(state.cache.k)[:, -1, :, n : n + 3]
+        after, _ = backend.decode_jit(backend.weights, state, greedy, backend._seeds(0), 0, rows=rows)
+        assert np.array_equal(np.asarray(after.cache.k)[:, -1, :, n : n + 3], before) != written
