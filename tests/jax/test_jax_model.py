@@ -137,3 +137,25 @@ def test_unrolled_layers_compute_what_the_scan_computes(skip):
     for a, b in zip(*outs):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
     assert float(jnp.abs(outs[0][1]).max()) > 0.1  # not trivially zero
+
+
+def test_the_unrolled_forward_exports_for_cuda_with_static_slices_only():
+    """The GPU's loop (scan_layers=False) lowers for CUDA on this CPU: no while loop and no
+    dynamic slice of a weight (the scan's copy of each layer's weights on the GPU), one dot per
+    product per layer; the scan has the while loop."""
+    from flax import nnx
+
+    cfg = tiny(False, None)
+
+    def exported(scan: bool) -> str:
+        m = nnx.eval_shape(lambda: JaxLlama(cfg, dtype=jnp.bfloat16, scan_layers=scan))
+        graphdef, params = nnx.split(m)
+        cache = jax.eval_shape(lambda: m.new_cache(2, 64))
+        x = jax.ShapeDtypeStruct((2, 1), jnp.int32)
+        f = jax.jit(lambda p, x, pos, cache: nnx.merge(graphdef, p)(x, pos, cache))
+        return jax.export.export(f, platforms=["cuda"])(params, x, x, cache).mlir_module()
+
+    unrolled, scanned = exported(False), exported(True)
+    assert "stablehlo.while" not in unrolled and "stablehlo.dynamic_slice" not in unrolled
+    assert unrolled.count("stablehlo.dot_general") == cfg.num_layers * 6 + 1  # 4 products + 2 attention, LM head
+    assert "stablehlo.while" in scanned
