@@ -6,8 +6,8 @@
 Per shape (SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B; smallest first), torch then JAX:
 
 * batch 1 (128-token prompt, 128 new tokens, greedy): plain ms/token and the weights floor
-  (bytes / measured copy bandwidth), JAX with its GPU layer loop (unrolled) and with the layer
-  scan it ran before issue #37; JAX also the n-gram speculative step (G = 4) with the host
+  (bytes / measured copy bandwidth); JAX's plain decoding also with each layer loop (the scan it
+  ran before issue #37, and unrolled; ``Llama.uses_scan`` picks by layer size); JAX also the n-gram speculative step (G = 4) with the host
   loop and with the whole generation in one ``lax.while_loop`` (``benchmarks/engine_gpu_jax.py``'s
   ``run_shape``: its checks too, speculative tokens == plain tokens), and torch its default mode
   (CUDA graphs) from ``benchmarks/engine_gpu.py``'s ``time_engine``;
@@ -152,9 +152,10 @@ def jax_rows(name: str, dims: dict, args, batches: list[int], bw: float) -> dict
     out["while_over_host_step"] = out["spec_device_ms_per_step"] / out["spec_host_ms_per_step"]
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     m = random_model(LlamaConfig(**dims, max_position_embeddings=8192), dtype=dtype, seed=0)
-    out["layer_loop"] = "scan" if jax.default_backend() == "cpu" else "unrolled"  # Llama.scan_layers None
+    out["layer_loop"] = "scan" if m.uses_scan() else "unrolled"  # the default (Llama.scan_layers None)
     out["bytes_per_step"] = decode_bytes(m, args.prompt_len)
-    out["scan_ms_per_token"] = scan_decode_ms(m, args.tokens // 2, args.prompt_len)
+    out["loop_ms_per_token"] = {loop: loop_decode_ms(m, loop == "scan", args.tokens // 2, args.prompt_len)
+                                for loop in ("scan", "unrolled")}
     out["row_invariant"] = jax_row_invariant(m, args.tokens, args.prompt_len, args.gamma)
     for batch in batches:
         try:
@@ -165,9 +166,10 @@ def jax_rows(name: str, dims: dict, args, batches: list[int], bw: float) -> dict
     return out
 
 
-def scan_decode_ms(m, tokens: int, prompt_len: int) -> float:
-    """Plain decoding's ms/token with the layer scan (the engine before issue #37), batch 1."""
-    m.scan_layers = True
+def loop_decode_ms(m, scan: bool, tokens: int, prompt_len: int) -> float:
+    """Plain decoding's ms/token with the layer scan (the engine before issue #37) or the unrolled
+    loop, batch 1."""
+    m.scan_layers = scan
     try:
         backend = JaxBackend(m, eos_ids=[])
         backend.set_drafts([LookupDraft()])
@@ -200,7 +202,7 @@ def table(rows: list[dict], batches: list[int]) -> str:
             continue
         tar = t.get("batch_1", {}).get("ar_ms_per_token", float("nan"))
         lines.append(f"{r['shape']} | {j['weights_floor_ms']:.3f} | {tar:.3f} | {j['ar_ms_per_token']:.3f} | "
-                     f"{j['ar_ms_per_token'] / tar:.2f} | {j['ar_over_weights_floor']:.2f} | {j['scan_ms_per_token']:.3f} | "
+                     f"{j['ar_ms_per_token'] / tar:.2f} | {j['ar_over_weights_floor']:.2f} | {j['loop_ms_per_token']['scan']:.3f} | "
                      f"{j['spec_host_ms_per_step']:.3f} | "
                      f"{j['spec_device_ms_per_step']:.3f} | {j['while_over_host_step']:.3f}")
     lines.append("shape | batch | torch plain tok/s | JAX plain tok/s | torch spec tok/s | JAX spec tok/s (host) | JAX spec tok/s (while)")

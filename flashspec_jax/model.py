@@ -8,7 +8,7 @@ rejected tokens is free. Shapes are fixed: attention runs over the whole static 
 mask, so nothing recompiles as sequences grow.
 
 The layers' weights are stacked along a leading layer axis ([L, ...]). Two loops over them, one
-math (``Llama.scan_layers``; None: the scan on the CPU, unrolled elsewhere): one ``lax.scan`` over
+math (``Llama.scan_layers``; None: ``Llama.uses_scan``): one ``lax.scan`` over
 the indices of the layers it runs (one compiled layer whatever the depth: the CPU compiles the
 30-layer SmolLM2 in 3 s, unrolled in 24 s), or a Python loop with static layer indices, which the
 GPU needs: there a static slice of the stack is read in place by the product, while the scan's
@@ -34,6 +34,9 @@ from flashspec.config import LlamaConfig
 from flashspec.contract import check_vocab
 
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
+
+
+SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
 
 
 class KVCache(NamedTuple):
@@ -197,6 +200,16 @@ class Llama(nnx.Module):
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return new_cache(self.config, batch, max_len, self.dtype)
 
+    def uses_scan(self) -> bool:
+        """``scan_layers``, or by default: the scan on the CPU, and on a GPU for layers whose
+        weights are under SCAN_BELOW_BYTES (launches dominate there, docs/jax.md); else unrolled."""
+        if self.scan_layers is not None:
+            return bool(self.scan_layers)
+        if jax.default_backend() == "cpu":
+            return True
+        per_layer = sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
+        return per_layer < SCAN_BELOW_BYTES
+
     def layers(self) -> Layers:
         return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
 
@@ -217,8 +230,8 @@ class Llama(nnx.Module):
         cos, sin = rope_table(c, positions, h.dtype)
         local = rope_table(c, positions, h.dtype, local=True) if c.local_rope_theta is not None else (cos, sin)
         kept = [i for i in range(c.num_layers) if i not in set(skip)]
-        scan = jax.default_backend() == "cpu" if self.scan_layers is None else self.scan_layers
-        h, cache = (scanned_layers if scan else unrolled_layers)(self, kept, h, (cos, sin), local, cache, positions)
+        run = scanned_layers if self.uses_scan() else unrolled_layers
+        h, cache = run(self, kept, h, (cos, sin), local, cache, positions)
         if not logits:
             return None, cache
         if select is not None:

@@ -159,3 +159,22 @@ def test_the_unrolled_forward_exports_for_cuda_with_static_slices_only():
     assert "stablehlo.while" not in unrolled and "stablehlo.dynamic_slice" not in unrolled
     assert unrolled.count("stablehlo.dot_general") == cfg.num_layers * 6 + 1  # 4 products + 2 attention, LM head
     assert "stablehlo.while" in scanned
+
+
+def test_the_default_loop_by_platform_and_layer_size(monkeypatch):
+    """scan_layers None: the scan on the CPU; on a GPU the scan for layers under
+    SCAN_BELOW_BYTES and unrolled above; an explicit scan_layers wins."""
+    from flax import nnx
+
+    from flashspec_jax.model import SCAN_BELOW_BYTES
+
+    small = nnx.eval_shape(lambda: JaxLlama(tiny(False, None), dtype=jnp.bfloat16))
+    wide = LlamaConfig(vocab_size=97, hidden_size=2048, intermediate_size=5632, num_layers=1, num_heads=32,
+                       num_kv_heads=4, head_dim=64)  # TinyLlama's layer: 88 MB in bf16
+    big = nnx.eval_shape(lambda: JaxLlama(wide, dtype=jnp.bfloat16))
+    assert small.uses_scan() and big.uses_scan()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert small.uses_scan() and not big.uses_scan()
+    assert 2 * 2048 * 5632 * 3 > SCAN_BELOW_BYTES
+    big.scan_layers, small.scan_layers = True, False
+    assert big.uses_scan() and not small.uses_scan()
