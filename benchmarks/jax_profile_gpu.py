@@ -52,12 +52,9 @@ from flashspec_jax.drafts import LookupDraft  # noqa: E402
 from flashspec_jax.model import LlamaConfig  # noqa: E402
 from flashspec_jax.weights import random_model  # noqa: E402
 
-SHAPES = {  # benchmarks/engine_gpu.py's (not imported: that module imports torch)
-    "tinyllama-1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32,
-                           num_kv_heads=4, head_dim=64),
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                      num_kv_heads=8, head_dim=128, rope_theta=500000.0),
-}
+from engine_gpu import SHAPES as ENGINE_SHAPES  # noqa: E402  (benchmarks/ is on sys.path; imports torch)
+
+SHAPES = ENGINE_SHAPES
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 MOVERS = ("copy", "transpose", "convert", "dynamic-update-slice", "dynamic-slice", "gather", "scatter",
           "copy-start", "broadcast", "concatenate", "slice", "pad", "reshape", "bitcast-convert")

@@ -53,14 +53,7 @@ from flashspec_jax.weights import random_model  # noqa: E402
 import engine_gpu_jax  # noqa: E402  (benchmarks/ is on sys.path)
 import jax_profile_gpu  # noqa: E402
 
-SHAPES = {  # engine_gpu.py's, smallest first (that module imports torch: not imported for a dry run)
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                         num_kv_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True),
-    "tinyllama-1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32,
-                           num_kv_heads=4, head_dim=64),
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                      num_kv_heads=8, head_dim=128, rope_theta=500000.0),
-}
+SHAPES = engine_gpu_jax.SHAPES  # engine_gpu.py's, smallest first
 TINY = engine_gpu_jax.TINY
 
 
