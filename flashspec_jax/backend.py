@@ -56,6 +56,7 @@ class JaxBackend:
         self.drafts: list[ModelDraft | LookupDraft] = []
         self.eos_ids, self.verify_impl = tuple(eos_ids), verify_impl
         self.steps: Steps | None = None
+        self.decode_rows = 1  # positions per row in a plain decoding forward (Steps.decode_one's rows)
 
     # -- drafts
 
@@ -87,7 +88,7 @@ class JaxBackend:
         self.score_jit = jax.jit(s.score, **keep("state"))
         self.verify_jit = jax.jit(s.verify, static_argnames=("cfg",))
         self.commit_jit = jax.jit(s.commit, **keep("state"))
-        self.decode_jit = jax.jit(s.decode_one, static_argnames=("cfg",), **keep("state"))
+        self.decode_jit = jax.jit(s.decode_one, static_argnames=("cfg", "rows"), **keep("state"))
 
     # -- the batch
 
@@ -135,7 +136,7 @@ class JaxBackend:
         return start_copy(out)
 
     def decode_one(self, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
-        self.state, out = self.decode_jit(self.weights, self.state, sampling, self.seeds(seed), offset)
+        self.state, out = self.decode_jit(self.weights, self.state, sampling, self.seeds(seed), offset, rows=self.decode_rows)
         return start_copy(out)
 
     def outputs(self) -> list[list[int]]:

@@ -3,6 +3,10 @@
 The same user surface as ``flashspec_torch.engine.Engine`` (draft names, policies, the stats dict
 of SPEC.md). ``loop="device"`` runs the whole generation in one ``lax.while_loop`` instead
 (``flashspec_jax.whole``; policies fixed, ucb1 and thompson-token, acceptance objective).
+``row_invariant``: plain decoding runs the target over the request's gamma + 1 positions per row
+(the last token and copies, ``Steps.decode_one``'s rows), the shape of a speculative step's
+scoring pass, so that a row's logits are rounded as in scoring and greedy speculation gives
+greedy decoding's tokens in bf16 too (docs/jax.md).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Engine(EngineBase):
         dtype=None,
         verify_impl: str | None = None,
         loop: str = "host",
+        row_invariant: bool = False,
     ):
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r} is unknown; choose one of {sorted(POLICIES)}")
@@ -53,6 +58,9 @@ class Engine(EngineBase):
             raise ValueError(f"loop={loop!r} must be one of {LOOPS}")
         if loop == "device" and policy not in whole.DEVICE_POLICIES:
             raise ValueError(f"loop='device' runs the policies {sorted(whole.DEVICE_POLICIES)}, not {policy!r}")
+        if not isinstance(row_invariant, bool):
+            raise TypeError(f"row_invariant={row_invariant!r} must be True or False")
+        self.row_invariant = row_invariant
         self.device = self.pick_device(device)
         with self.on_device():
             self.dtype = dtype or (jnp.float32 if self.device.platform == "cpu" else jnp.bfloat16)
@@ -105,6 +113,7 @@ class Engine(EngineBase):
 
     def run(self, request: Request, records: list[StepRecord]) -> list[list[int]]:
         """The core loop, or with ``loop="device"`` the whole speculative generation in one launch."""
+        self.backend.decode_rows = request.spec.gamma + 1 if self.row_invariant else 1
         if self.whole is None or not request.speculation:
             return super().run(request, records)
         r = request

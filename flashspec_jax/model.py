@@ -7,11 +7,14 @@ entries past a row's length are never attended before they are overwritten and r
 rejected tokens is free. Shapes are fixed: attention runs over the whole static cache with a
 mask, so nothing recompiles as sequences grow.
 
-The layers' weights are stacked along a leading layer axis ([L, ...]) and the forward is one
-``lax.scan`` over the indices of the layers it runs (one compiled layer, whatever the depth; the
-KV cache is carried and written in place at each layer's index). A layer-skipping draft passes
-the skipped layers as a static set, so they cost nothing and no data-dependent branch (which XLA
-on a GPU evaluates on the host) is needed. Weights use the
+The layers' weights are stacked along a leading layer axis ([L, ...]). Two loops over them, one
+math (``Llama.scan_layers``; None: ``Llama.uses_scan``): one ``lax.scan`` over
+the indices of the layers it runs (one compiled layer whatever the depth: the CPU compiles the
+30-layer SmolLM2 in 3 s, unrolled in 24 s), or a Python loop with static layer indices, which the
+GPU needs: there a static slice of the stack is read in place by the product, while the scan's
+dynamic slice is first copied out (each weight read twice and written once; docs/jax.md has the
+H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
+nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. Weights use the
 fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the
 one converted cache on disk loads into either backend.
 """
@@ -31,6 +34,9 @@ from flashspec.config import LlamaConfig
 from flashspec.contract import check_vocab
 
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
+
+
+SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
 
 
 class KVCache(NamedTuple):
@@ -167,9 +173,11 @@ def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positio
 class Llama(nnx.Module):
     """Embedding, a stack of blocks (weights [L, ...]), final norm, LM head (tied or not)."""
 
-    def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02):
+    def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02,
+                 scan_layers: bool | None = None):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
+        self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
 
@@ -192,6 +200,16 @@ class Llama(nnx.Module):
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return new_cache(self.config, batch, max_len, self.dtype)
 
+    def uses_scan(self) -> bool:
+        """``scan_layers``, or by default: the scan on the CPU, and on a GPU for layers whose
+        weights are under SCAN_BELOW_BYTES (launches dominate there, docs/jax.md); else unrolled."""
+        if self.scan_layers is not None:
+            return bool(self.scan_layers)
+        if jax.default_backend() == "cpu":
+            return True
+        per_layer = sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
+        return per_layer < SCAN_BELOW_BYTES
+
     def layers(self) -> Layers:
         return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
 
@@ -211,22 +229,9 @@ class Llama(nnx.Module):
             h = h * jnp.asarray(c.embed_scale, h.dtype)
         cos, sin = rope_table(c, positions, h.dtype)
         local = rope_table(c, positions, h.dtype, local=True) if c.local_rope_theta is not None else (cos, sin)
-        slots = jnp.arange(cache.max_len)[None, None, :]
-        mask = slots <= positions[:, :, None]  # [B, T, S]
-        kept = np.array([i for i in range(c.num_layers) if i not in set(skip)], np.int32)
-        windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
-        uses_local = jnp.asarray([c.local_rope(i) for i in kept])
-        layers = self.layers()
-
-        def layer(carry, xs):
-            h, cache = carry
-            i, window, is_local = xs
-            w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
-            seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
-            cs = (jnp.where(is_local, local[0], cos), jnp.where(is_local, local[1], sin))
-            return block(c, w, h, *cs, cache, i, positions, seen), None
-
-        (h, cache), _ = lax.scan(layer, (h, cache), (jnp.asarray(kept), windows, uses_local))
+        kept = [i for i in range(c.num_layers) if i not in set(skip)]
+        run = scanned_layers if self.uses_scan() else unrolled_layers
+        h, cache = run(self, kept, h, (cos, sin), local, cache, positions)
         if not logits:
             return None, cache
         if select is not None:
@@ -234,3 +239,39 @@ class Llama(nnx.Module):
         head = self.embed.value if self.lm_head is None else self.lm_head.value
         z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
         return (jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z), cache
+
+
+def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
+    """The ``kept`` layers as one ``lax.scan`` over the stacked weights (h [B, T, C]; positions [B, T])."""
+    c = m.config
+    slots = jnp.arange(cache.max_len)[None, None, :]
+    mask = slots <= positions[:, :, None]  # [B, T, S]
+    windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
+    uses_local = jnp.asarray([c.local_rope(i) for i in kept])
+    layers = m.layers()
+
+    def layer(carry, xs):
+        h, cache = carry
+        i, window, is_local = xs
+        w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
+        seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
+        cs = (jnp.where(is_local, local[0], rope[0]), jnp.where(is_local, local[1], rope[1]))
+        return block(c, w, h, *cs, cache, i, positions, seen), None
+
+    (h, cache), _ = lax.scan(layer, (h, cache), (jnp.asarray(np.array(kept, np.int32)), windows, uses_local))
+    return h, cache
+
+
+def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
+    """The ``kept`` layers one after another, each's weights a static slice of the stack; each
+    layer's window and RoPE are static, and each writes its cache slots at a static layer index."""
+    c = m.config
+    slots = jnp.arange(cache.max_len)[None, None, :]
+    mask = slots <= positions[:, :, None]  # [B, T, S]
+    layers = m.layers()
+    for i in kept:
+        window = c.window(i)
+        seen = mask & (slots > positions[:, :, None] - window) if window else mask
+        w = jax.tree.map(lambda a, i=i: a[i], layers)
+        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen)
+    return h, cache

@@ -114,11 +114,16 @@ class Steps:
         )
         return VerifyResult(d.num_accepted, d.tokens)
 
-    def decode_one(self, weights, state: State, cfg: SamplingConfig, seeds: Seeds, offset):
-        """Plain autoregressive decoding: one target forward, one token (FINAL stream, position 0)."""
+    def decode_one(self, weights, state: State, cfg: SamplingConfig, seeds: Seeds, offset, rows: int = 1):
+        """Plain autoregressive decoding: one target forward, one token (FINAL stream, position 0).
+        ``rows`` > 1 (the row-invariant mode): the forward takes the last token and rows - 1 copies
+        of it at the next positions, the shape of a scoring pass with G = rows - 1, so that its
+        first row's logits are computed (and rounded) exactly as a scoring pass computes a row;
+        the copies' cache slots are stale (overwritten before any query can see them)."""
         seqs = state.seqs
         last = jnp.take_along_axis(seqs.tokens, (seqs.length - 1)[:, None], axis=1)
-        z, cache = self.target(weights)(last, (seqs.length - 1)[:, None], state.cache)
+        pos = (seqs.length - 1)[:, None] + jnp.arange(rows)[None]
+        z, cache = self.target(weights)(jnp.repeat(last, rows, axis=1), pos, state.cache)
         y, _ = sample(z[:, 0], cfg, seeds, offset, position=0, stream=FINAL)
         tokens = jnp.stack([y, jnp.full_like(y, -1)], axis=1)
         return self.commit(state._replace(cache=cache), VerifyResult(jnp.zeros_like(y), tokens))

@@ -281,6 +281,10 @@ def add_generate(sub) -> None:
     p.add_argument("--batch-invariant", action="store_true",
                    help="torch: a row's logits independent of the batch and of the tokens per pass, so a request's "
                         "tokens are the same alone, in any batch and with speculation, in bf16 too")
+    p.add_argument("--row-invariant", action="store_true",
+                   help="jax: plain decoding computes gamma + 1 positions per step, the shape of a speculative "
+                        "step's scoring pass, so greedy speculation gives greedy decoding's tokens in bf16 at batch 1 "
+                        "(torch: --batch-invariant)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_generate)
 
@@ -312,6 +316,11 @@ def run_generate(args) -> int:
             raise UsageError(f"--batch-invariant is an option of the torch backend (its batch-invariant kernels), "
                              f"not of --backend {args.backend}; use --backend torch")
         options["batch_invariant"] = True
+    if args.row_invariant:
+        if args.backend != "jax":
+            raise UsageError(f"--row-invariant is an option of the jax backend, not of --backend {args.backend}; "
+                             f"the torch backend's is --batch-invariant")
+        options["row_invariant"] = True
     eng = engine_class(args.backend)(args.target, tuple(args.draft or default_drafts(args.backend)), policy=args.policy,
                                      device=args.device, **options)
     show = sys.stderr.isatty()

@@ -26,3 +26,15 @@ def test_a_bad_jax_device_is_one_line(capsys):
     assert main(["generate", "hi", "--backend", "jax", "--device", "tpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert "device" in err and len(err.splitlines()) == 1
+
+
+def test_row_invariant_plain_decoding_with_the_jax_backend(capsys):
+    """`--row-invariant` with --backend jax: plain decoding over gamma + 1 positions per step, the
+    tokens of greedy speculation (fp32 here; docs/jax.md)."""
+    common = ["generate", "def add(a, b):", "--backend", "jax", "--no-chat", "--max-new-tokens", "6",
+              "--temperature", "0", "--json", "--device", "cpu"]
+    assert main([*common, "--row-invariant", "--no-speculation"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*common, "--draft", "ngram"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert plain["tokens"] == spec["tokens"] and len(plain["tokens"]) == 6

@@ -109,3 +109,72 @@ def test_a_hugging_face_directory_loads_as_the_torch_backend_reads_it(tmp_path):
         assert np.array_equal(np.asarray(jm.qkv[...][i]), tm.layers[i].qkv.weight.numpy())
         assert np.array_equal(np.asarray(jm.gate_up[...][i]), tm.layers[i].gate_up.weight.numpy())
     assert np.array_equal(np.asarray(jm.lm_head[...]), tm.lm_head.weight.numpy())
+
+
+
+GEMMA3ISH = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
+                 head_dim=16, qk_norm=True, sliding_windows=(3, 0, 3, 0), local_rope_theta=1000.0, attn_softcap=30.0,
+                 final_softcap=20.0, norm_offset=1.0, activation="gelu_tanh", sandwich_norms=True, embed_scale=8.0,
+                 attention_bias=True, o_bias=True, mlp_bias=True)
+
+
+@pytest.mark.parametrize("skip", [frozenset(), frozenset({1, 2})], ids=["all", "skip12"])
+def test_unrolled_layers_compute_what_the_scan_computes(skip):
+    """The Python loop over the layers (the GPU's) against the lax.scan (the CPU's), on a config
+    with every per-layer feature (sliding windows, local RoPE, biases, norms, softcaps), in two
+    passes through the cache."""
+    from flax import nnx
+
+    m = JaxLlama(LlamaConfig(**GEMMA3ISH), rngs=nnx.Rngs(4), std=0.2)
+    forward = nnx.jit(lambda m, x, p, cache: m(x, p, cache, skip=skip))
+    tokens, pos = jnp.arange(14).reshape(2, 7) % 97, jnp.array([[0], [5]]) + jnp.arange(7)[None]
+    outs = []
+    for scan in (True, False):
+        m.scan_layers = scan
+        z1, cache = forward(m, tokens[:, :5], pos[:, :5], m.new_cache(2, 16))
+        z2, cache = forward(m, tokens[:, 5:], pos[:, 5:], cache)
+        outs.append((z1, z2, cache.k, cache.v))
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(outs[0][1]).max()) > 0.1  # not trivially zero
+
+
+def test_the_unrolled_forward_exports_for_cuda_with_static_slices_only():
+    """The GPU's loop (scan_layers=False) lowers for CUDA on this CPU: no while loop and no
+    dynamic slice of a weight (the scan's copy of each layer's weights on the GPU), one dot per
+    product per layer; the scan has the while loop."""
+    from flax import nnx
+
+    cfg = tiny(False, None)
+
+    def exported(scan: bool) -> str:
+        m = nnx.eval_shape(lambda: JaxLlama(cfg, dtype=jnp.bfloat16, scan_layers=scan))
+        graphdef, params = nnx.split(m)
+        cache = jax.eval_shape(lambda: m.new_cache(2, 64))
+        x = jax.ShapeDtypeStruct((2, 1), jnp.int32)
+        f = jax.jit(lambda p, x, pos, cache: nnx.merge(graphdef, p)(x, pos, cache))
+        return jax.export.export(f, platforms=["cuda"])(params, x, x, cache).mlir_module()
+
+    unrolled, scanned = exported(False), exported(True)
+    assert "stablehlo.while" not in unrolled and "stablehlo.dynamic_slice" not in unrolled
+    assert unrolled.count("stablehlo.dot_general") == cfg.num_layers * 6 + 1  # 4 products + 2 attention, LM head
+    assert "stablehlo.while" in scanned
+
+
+def test_the_default_loop_by_platform_and_layer_size(monkeypatch):
+    """scan_layers None: the scan on the CPU; on a GPU the scan for layers under
+    SCAN_BELOW_BYTES and unrolled above; an explicit scan_layers wins."""
+    from flax import nnx
+
+    from flashspec_jax.model import SCAN_BELOW_BYTES
+
+    small = nnx.eval_shape(lambda: JaxLlama(tiny(False, None), dtype=jnp.bfloat16))
+    wide = LlamaConfig(vocab_size=97, hidden_size=2048, intermediate_size=5632, num_layers=1, num_heads=32,
+                       num_kv_heads=4, head_dim=64)  # TinyLlama's layer: 88 MB in bf16
+    big = nnx.eval_shape(lambda: JaxLlama(wide, dtype=jnp.bfloat16))
+    assert small.uses_scan() and big.uses_scan()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert small.uses_scan() and not big.uses_scan()
+    assert 2 * 2048 * 5632 * 3 > SCAN_BELOW_BYTES
+    big.scan_layers, small.scan_layers = True, False
+    assert big.uses_scan() and not small.uses_scan()
