@@ -150,12 +150,13 @@ def verify_final_kernel(
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,  # [B] or [] int64, or scalars
     m_ptr, l_ptr, a_ptr, counter_ptr, ck_ptr, ci_ptr, cf_ptr,  # launch-1 partials, [tiles], [B, SC, 2] candidates
     tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
+    len_ptr,  # [B] int: draft_lengths (HAS_LENGTHS)
     B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
     G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, NSC: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, VEC: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr,
-    SLOTS: tl.constexpr, PAIRS: tl.constexpr,
+    SLOTS: tl.constexpr, PAIRS: tl.constexpr, HAS_LENGTHS: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC): the C
     partials of a row are recombined by each of its SC programs, and program c sweeps [c sweep_chunk,
@@ -171,6 +172,8 @@ def verify_final_kernel(
     q_mask = b_mask[:, None] & (i < G)
     x = tl.load(x_ptr + b64[:, None] * sxb + i * sxg, mask=q_mask, other=0).to(tl.int64)  # [BB, R]
     x_ok = (x >= 0) & (x < V)
+    if HAS_LENGTHS:  # a position past L_b counts as a masked id: rejected, y drawn from p there
+        x_ok = x_ok & (i < tl.load(len_ptr + b64, mask=b_mask, other=G)[:, None])
     x = tl.where(x_ok, x, 0)  # masked id: never read out of bounds
     thr_p = tl.load(thr_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=NEG_INF) if FILTER else 0.0
     tid_p = tl.load(tid_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=0) if FILTER else 0
