@@ -117,6 +117,9 @@ def add_bandit_sim(sub) -> None:
     sw.add_argument("--switch-at", type=ints, nargs="+", metavar="T",
                     help="rotate the means at these rounds (comma- or space-separated)")
     p.add_argument("--costs", type=floats, help="seconds per step per arm (--objective throughput)")
+    p.add_argument("--free", type=ints, default=(), metavar="ARMS",
+                   help="arms scored after every round without being run (full information, as the n-gram "
+                        "draft is from the emitted text), e.g. 0,1,2")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_options(p)
     p.set_defaults(run=run_bandit_sim)
@@ -136,7 +139,7 @@ def run_bandit_sim(args) -> int:
         switch = tuple(sorted({t for group in args.switch_at for t in group}))
     gamma = args.gamma[0] if len(args.gamma) == 1 else args.gamma
     env = Environment(args.means, reward=args.reward, gamma=gamma, switch_at=switch,
-                      costs=args.costs, objective=args.objective)
+                      costs=args.costs, objective=args.objective, free=args.free)
     config = config_from(args)
     results = run_policies(names, env, config, args.rounds, args.seeds, args.seed)
     command = "flashspec " + shlex.join(args.argv)
