@@ -1,0 +1,175 @@
+"""Adaptive speculation: each step runs one arm, a (draft, length) pair or plain decoding, chosen for
+the whole batch to maximise emitted tokens per second of measured step time (issue #35).
+
+    arm = policy.choose(rows)       # rows: the active rows of the last finished step (the past only)
+    handle = backend.decode_one(...) if the arm is plain else backend.step(draft, length, ...)
+    policy.observe(arm, rows, accepted_per_row, seconds)    # one step late, as the loop reads every step
+
+Exactness: the choice is a function of finished steps only and every step draws its randomness at
+its own offset (a plain step: the FINAL stream at position 0, as ``Backend.decode_one``), so SPEC.md's
+theorem applies to the sequence of steps whatever arms they ran.
+
+The model (``AdaptivePolicy``):
+
+* acceptance: per draft a Beta posterior on the per-token acceptance probability alpha, the token
+  likelihood of ``flashspec.bandits`` (a row that accepted n of L: a += n, b += [n < L]), shared by
+  every length of that draft and discounted by ``discount`` at each step of that draft, so that a
+  change of domain is forgotten in about 1 / (1 - discount) steps. Full information
+  (``observe_free``): a draft whose proposal can be recomputed from the emitted text (the n-gram
+  lookup) is scored on steps that did not run it, with the same censored-window update.
+* cost: per (arm, batch bucket) an exponential moving average of the measured step seconds (the
+  time from a step's start to the next step's start, which the loop records one step late);
+  bucket = ceil(log2(rows)), so the choice follows the batch size as rows finish.
+* value: rows * (1 + E[accepted | alpha, L]) / cost, alpha drawn from the posterior (Thompson
+  sampling); plain decoding: rows / cost. An (arm, bucket) without a measured cost is tried first
+  (lowest arm index first): every bucket measures every arm once.
+
+Per-row lengths (``verify(draft_lengths=)``) are not used by this loop yet: an arm's length holds for
+every row of the step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import Backend, StepHandle
+from .bandits import expected_accepted
+from .config import SamplingConfig
+from .faults import check_finite
+from .loop import SpecConfig, StepRecord
+
+
+@dataclass(frozen=True)
+class Arm:
+    draft: int | None  # the backend's draft index; None: plain decoding
+    length: int = 0  # tokens drafted per row (0 for plain decoding)
+
+    @property
+    def plain(self) -> bool:
+        return self.draft is None
+
+
+def make_arms(num_drafts: int, lengths: Sequence[int] = (2, 4), plain: bool = True) -> tuple[Arm, ...]:
+    """Plain decoding (if ``plain``), then every draft at every length."""
+    if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
+        raise ValueError(f"num_drafts={num_drafts!r} must be an integer >= 0")
+    if not lengths or any(isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 64 for g in lengths):
+        raise ValueError(f"lengths={lengths!r} must be a non-empty list of integers in [1, 64]")
+    arms = [Arm(None)] if plain else []
+    arms += [Arm(d, g) for d in range(num_drafts) for g in sorted(set(lengths))]
+    if not arms:
+        raise ValueError("no arms: give at least one draft or plain=True")
+    return tuple(arms)
+
+
+def bucket(rows: int) -> int:
+    """The batch-size bucket of ``rows`` >= 1: ceil(log2(rows)) (1 -> 0, 2 -> 1, 3..4 -> 2, 5..8 -> 3, ...)."""
+    return max(0, math.ceil(math.log2(max(1, rows))))
+
+
+class AdaptivePolicy:
+    """Thompson sampling over ``arms`` with the throughput objective per batch bucket (module docstring)."""
+
+    name = "adaptive"
+
+    def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_memory: float = 0.8,
+                 prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
+        if not arms:
+            raise ValueError("arms must not be empty")
+        if any(not a.plain and not 0 <= a.draft < num_drafts for a in arms):
+            raise ValueError(f"every arm's draft must be in [0, {num_drafts}) or None (plain decoding)")
+        for name, v in (("discount", discount), ("cost_memory", cost_memory)):
+            if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
+                raise ValueError(f"{name}={v!r} must be a number in (0, 1]")
+        if not all(isinstance(p, (int, float)) and p > 0 for p in prior) or len(prior) != 2:
+            raise ValueError(f"prior={prior!r} must be two positive numbers (Beta a, b)")
+        self.arms = tuple(arms)
+        self.discount, self.cost_memory, self.prior = float(discount), float(cost_memory), tuple(map(float, prior))
+        self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
+        self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
+        self.fail = np.zeros(num_drafts)  # per draft: rejections (discounted)
+        self.cost = np.full((max_buckets, len(self.arms)), np.nan)  # seconds per step, per (bucket, arm)
+
+    def choose(self, rows: int) -> int:
+        """The arm index for the next step, given the active rows of the last finished step."""
+        b = min(bucket(rows), self.cost.shape[0] - 1)
+        cost = self.cost[b]
+        untried = np.isnan(cost)
+        if untried.any():
+            return int(np.argmax(untried))
+        alpha = self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail)  # [drafts]
+        emitted = np.array([1.0 if a.plain else 1.0 + float(expected_accepted(alpha[a.draft], a.length))
+                            for a in self.arms])
+        return int(np.argmax(rows * emitted / cost))
+
+    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
+        """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
+        a = self.arms[arm]
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
+        b = min(bucket(rows), self.cost.shape[0] - 1)
+        old = self.cost[b, arm]
+        self.cost[b, arm] = seconds if np.isnan(old) else self.cost_memory * old + (1 - self.cost_memory) * seconds
+        if not a.plain:
+            self.succ[a.draft] *= self.discount
+            self.fail[a.draft] *= self.discount
+            self._add(a.draft, np.full(len(accepted), a.length), np.asarray(accepted))
+
+    def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray) -> None:
+        """Full information: draft ``draft`` scored without being run, ``scored`` [rows] tokens of the emitted
+        window each, ``accepted`` [rows] leading matches (no failure where the window ended without a mismatch)."""
+        self._add(draft, np.asarray(scored), np.asarray(accepted))
+
+    def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        if np.any((accepted < 0) | (accepted > drafted)):
+            raise ValueError("accepted must be in [0, drafted] for every row")
+        self.succ[draft] += accepted.sum()
+        self.fail[draft] += np.count_nonzero(accepted < drafted)
+
+
+def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
+                       first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
+    """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
+    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``."""
+    pending: tuple[int, StepHandle, float] | None = None
+    for step in range(spec.max_steps or spec.max_new_tokens):
+        a = policy.choose(rows)
+        arm = policy.arms[a]
+        start = time.perf_counter()
+        if arm.plain:
+            handle = backend.decode_one(sampling, seed, first_offset + step)
+        else:
+            handle = backend.step(arm.draft, arm.length, sampling, seed, first_offset + step)
+        if pending is not None:
+            rows, done = observe_adaptive(policy, records, *pending, end=start, on_step=on_step, step=step - 1)
+            pending = None
+            if done:
+                break
+        pending = (a, handle, start)
+    if pending is not None:
+        observe_adaptive(policy, records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
+
+
+def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, start: float, *,
+                     end: float, on_step=None, step: int = -1) -> tuple[int, bool]:
+    """Read a finished step, feed the policy, record it: (active rows, every row done)."""
+    view = handle.fetch()
+    check_finite(view.bad, step)
+    rows = int(view.active.sum())
+    if rows:
+        arm = policy.arms[a]
+        accepted = np.asarray(view.num_accepted)[view.active].astype(np.int64)
+        total = int(accepted.sum())
+        per_row = tuple(int(n) if act else -1 for n, act in zip(view.num_accepted, view.active))
+        record = StepRecord(-1 if arm.plain else arm.draft, arm.length * rows, total, total + rows, rows, end - start,
+                            per_row)
+        records.append(record)
+        policy.observe(a, rows, accepted, max(record.seconds, 1e-9))
+        if on_step:
+            on_step(record)
+    return max(rows, 1), bool(view.done.all())

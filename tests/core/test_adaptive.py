@@ -1,0 +1,151 @@
+"""flashspec.adaptive against the fake (Markov-chain) backend: exactness with plain decoding among the
+arms, and the throughput choice under a simulated clock (step costs that grow with the batch)."""
+
+import numpy as np
+import pytest
+
+from flashspec import adaptive
+from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
+from flashspec.config import SamplingConfig
+from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
+from flashspec.loop import SpecConfig
+from flashspec.reference import log_probs
+from flashspec.testing import chi_square_test
+
+V = 4
+
+
+def chain(seed):
+    r = np.random.default_rng(seed)
+    target = (r.normal(size=(V, V)) * 1.2).astype(np.float32)
+    drafts = [ModelDraft("good", (target + r.normal(size=(V, V)) * 0.3).astype(np.float32)),
+              LookupDraft("lookup", r.integers(0, V, V))]
+    return target, drafts
+
+
+def target_law(target, sampling, start, length):
+    p = np.exp(log_probs(target, sampling).astype(np.float64))
+    law = np.zeros((V,) * length)
+    for idx in np.ndindex(*law.shape):
+        prev, prob = start, 1.0
+        for t in idx:
+            prob *= p[prev, t]
+            prev = t
+        law[idx] = prob
+    return law
+
+
+def run(backend, policy, prompts, sampling, spec, seed=0):
+    backend.prefill(prompts, spec.max_new_tokens)
+    records = []
+    speculate_adaptive(backend, policy, sampling=sampling, spec=spec, seed=seed, rows=len(prompts), records=records)
+    return backend.outputs(), records
+
+
+def test_plain_and_speculative_arms_together_are_exact():
+    """One bucket for every batch size: a small warm-up batch measures every arm, plain decoding is then made to
+    look free (its cost follows the next measurement: cost_memory 0.01), so 40,000 rows run two plain steps
+    (the second chosen before the first is read), then a speculative one the posterior picks; the law of
+    the first three tokens is the target's."""
+    target, drafts = chain(1)
+    sampling = SamplingConfig(1.0)
+    policy = AdaptivePolicy(make_arms(2, (1, 2)), 2, rng=3, cost_memory=0.01, max_buckets=1)
+    run(MarkovBackend(target, drafts), policy, [[0]] * 4, sampling, SpecConfig(gamma=2, max_new_tokens=40), seed=1)
+    policy.cost[0, 0] = 1e-9
+    outs, records = run(MarkovBackend(target, drafts), policy, [[0]] * 40_000, sampling,
+                        SpecConfig(gamma=2, max_new_tokens=3), seed=17)
+    assert [r.arm for r in records][:2] == [-1, -1] and records[2].arm >= 0
+    tokens = np.array(outs)
+    observed = np.bincount(tokens @ np.array([V * V, V, 1]), minlength=V**3)
+    _, p_value, note = chi_square_test(observed, target_law(target, sampling, 0, 3))
+    assert p_value >= 0.01, note
+
+
+class Clock:
+    """A simulated clock: each step advances it by the cost model's seconds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class TimedBackend(MarkovBackend):
+    """Step costs: plain = rows * per_row + fixed; speculative = (1 + spec_extra(rows)) x that, independent of G."""
+
+    def __init__(self, target, drafts, clock, spec_extra):
+        super().__init__(target, drafts)
+        self.clock, self.spec_extra = clock, spec_extra
+
+    def cost(self, rows):
+        return 1e-3 + 1e-5 * rows
+
+    def step(self, arm, gamma, sampling, seed, offset):
+        rows = int((~self.done).sum())
+        self.clock.now += self.cost(rows) * (1 + self.spec_extra(rows) * gamma / 4)
+        return super().step(arm, gamma, sampling, seed, offset)
+
+    def decode_one(self, sampling, seed, offset):
+        self.clock.now += self.cost(int((~self.done).sum()))
+        return super().decode_one(sampling, seed, offset)
+
+
+def plain_fraction(records):
+    return np.mean([r.arm == -1 for r in records[len(records) // 2:]])  # the second half: after learning
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(adaptive.time, "perf_counter", c)
+    return c
+
+
+def test_useless_drafts_lose_to_plain_decoding(clock):
+    target, _ = chain(2)
+    wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)  # never the greedy token
+    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3)
+    policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=300))
+    assert plain_fraction(records) > 0.9
+
+
+def test_a_good_draft_wins_at_small_batch_and_loses_at_large(clock):
+    """Greedy, a draft equal to the target (every token accepted): at 2 rows a step of G = 4 costs 1.3x a plain
+    step and emits 5x the tokens; at 64 rows verification costs 8x a plain step and plain decoding wins."""
+    target, _ = chain(3)
+    same = ModelDraft("same", target.copy())
+    backend = TimedBackend(target, [same], clock, lambda rows: 0.3 if rows <= 2 else 28.0)
+    policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    greedy = SamplingConfig(0.0)
+    _, small = run(backend, policy, [[0]] * 2, greedy, SpecConfig(gamma=4, max_new_tokens=200))
+    assert plain_fraction(small) < 0.1
+    assert np.mean([r.drafted == 4 * r.rows for r in small[len(small) // 2:]]) > 0.9  # the longer length
+    _, large = run(backend, policy, [[0]] * 64, greedy, SpecConfig(gamma=4, max_new_tokens=200))
+    assert plain_fraction(large) > 0.9
+
+
+def test_arms_buckets_and_bad_input():
+    assert make_arms(2, (4, 2)) == (Arm(None), Arm(0, 2), Arm(0, 4), Arm(1, 2), Arm(1, 4))
+    assert make_arms(1, (3,), plain=False) == (Arm(0, 3),)
+    assert [bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 256)] == [0, 1, 2, 2, 3, 3, 4, 8]
+    for bad in (dict(num_drafts=-1), dict(num_drafts=1, lengths=()), dict(num_drafts=1, lengths=(0,)),
+                dict(num_drafts=0, plain=False)):
+        with pytest.raises(ValueError):
+            make_arms(**bad)
+    with pytest.raises(ValueError, match="draft"):
+        AdaptivePolicy([Arm(2, 4)], 2)
+    with pytest.raises(ValueError, match="discount"):
+        AdaptivePolicy(make_arms(1), 1, discount=0.0)
+    p = AdaptivePolicy(make_arms(1), 1)
+    with pytest.raises(ValueError, match="seconds"):
+        p.observe(1, 2, np.array([1, 2]), 0.0)
+    with pytest.raises(ValueError, match="accepted"):
+        p.observe(1, 2, np.array([1, 3]), 1.0)
+
+
+def test_full_information_moves_the_posterior_of_an_arm_not_run():
+    p = AdaptivePolicy(make_arms(2, (4,)), 2)
+    p.observe_free(1, np.array([3, 2, 4]), np.array([3, 0, 4]))
+    assert (p.succ[1], p.fail[1]) == (7, 1) and (p.succ[0], p.fail[0]) == (0, 0)
