@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from flashspec.bandits import POLICIES, BanditConfig
+from flashspec.adaptive import engine_policies
+from flashspec.bandits import BanditConfig
 from flashspec.config import SamplingConfig
 from flashspec.drafts import DRAFT_HELP, layerskip_layers, parse_draft
 from flashspec.engine import EngineBase
@@ -56,8 +57,8 @@ class Engine(EngineBase):
         verify_impl: str | None = None,
         row_invariant: bool = False,
     ):
-        if policy not in POLICIES:
-            raise ValueError(f"policy={policy!r} is unknown; choose one of {sorted(POLICIES)}")
+        if policy not in engine_policies():
+            raise ValueError(f"policy={policy!r} is unknown; choose one of {engine_policies()}")
         kinds = (str, LoadedModel, torch.nn.Module)  # names, or models sharing the tokenizer
         if isinstance(drafts, str) or not isinstance(drafts, (list, tuple)) or not all(isinstance(d, kinds) for d in drafts):
             raise TypeError(f"drafts={drafts!r} must be a sequence of draft names such as ('ngram',) or model objects "

@@ -44,6 +44,21 @@ from .faults import check_finite
 from .loop import SpecConfig, StepRecord
 
 
+NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
+
+
+def engine_policies() -> list[str]:
+    """The policy names an engine takes: the bandits over drafts, and this loop's."""
+    from .bandits import POLICIES
+
+    return sorted([*POLICIES, NAME])
+
+
+def engine_lengths(gamma: int) -> tuple[int, ...]:
+    """The lengths an engine's adaptive arms draft: G and, where it differs, G // 2."""
+    return tuple(sorted({max(1, gamma // 2), gamma}))
+
+
 @dataclass(frozen=True)
 class Arm:
     draft: int | None  # the backend's draft index; None: plain decoding

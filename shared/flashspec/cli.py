@@ -260,7 +260,7 @@ def non_negative_float(text: str) -> float:
 
 
 def add_generate(sub) -> None:
-    from .bandits import POLICIES
+    from .adaptive import engine_policies
 
     p = sub.add_parser("generate", help="generate text with speculative decoding",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -271,7 +271,9 @@ def add_generate(sub) -> None:
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
                    help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR] | PATH; repeat for several (None: ngram)")
-    p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token", help="how a draft is chosen per step")
+    p.add_argument("--policy", choices=engine_policies(), default="thompson-token",
+                   help="how a draft is chosen per step (adaptive: plain decoding, each draft at G and G // 2, "
+                        "by measured tokens/s)")
     p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step")
     p.add_argument("--temperature", type=non_negative_float, default=0.7, help="sampling temperature; 0 is greedy")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
