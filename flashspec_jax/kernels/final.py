@@ -170,16 +170,18 @@ def final_decide_kernel(
     seed_lo_ref,  # [B] or [1] uint32 (one value: shared by every row)
     seed_hi_ref,  # [B] or [1] uint32
     offset_ref,  # [B] or [1] uint32
-    lengths_ref,  # [B] int32: draft_lengths L_b in [0, G]
     z_ref,  # [B, G+1, V]
-    *refs,  # w_ref [B, G, V] (draft != "onehot"); lq_ref [B, G] ("given") or m_q_ref, l_q_ref [B, NV, G]
-    #         ("stats"); then 5 partials [B, NV], n_ref [B] int32, log_q_x_ref [B, G] f32
+    *refs,  # lengths_ref [B] int32 (has_lengths: draft_lengths L_b in [0, G]); w_ref [B, G, V] (draft != "onehot");
+    #         lq_ref [B, G] ("given") or m_q_ref, l_q_ref [B, NV, G] ("stats"); then 5 partials [B, NV], n_ref [B]
+    #         int32, log_q_x_ref [B, G] f32
     temperature: float,
     draft: str,
     chunking: Chunking,
     exact_div: bool,
     config: VerifyKernelConfig,
+    has_lengths: bool = False,
 ):
+    lengths_ref, refs = (refs[0], refs[1:]) if has_lengths else (None, refs)
     ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft]:]
     w_ref, q_refs = (ins[0], ins[1:]) if ins else (None, ())
     b, c = pl.program_id(0), pl.program_id(1)
@@ -194,7 +196,9 @@ def final_decide_kernel(
     log_p_x = scaled(plt.load(z_ref.at[b, rows, x]).astype(jnp.float32)) - lse_p
     log_q_x, lse_q = draft_log_probs(w_ref, q_refs, b, rows, x, width, draft=draft, temperature=temperature,
                                      exact_div=exact_div)
-    accepted = (accept_log_uniforms_at(counters, i) < log_p_x - log_q_x) & (i < lengths_ref[b])
+    accepted = accept_log_uniforms_at(counters, i) < log_p_x - log_q_x
+    if has_lengths:
+        accepted &= i < lengths_ref[b]
     n = jnp.min(jnp.where((i < gamma) & ~accepted, i, gamma))  # first rejection (<= L_b), G if none
     j = jnp.minimum(n, gamma - 1)
     key = rng.key(*counters, n.astype(jnp.uint32), rng.FINAL)
@@ -219,7 +223,7 @@ def final_decide(
     stats_p: tuple[jax.Array, jax.Array],  # [B, NV, G+1] f32 each: row_stats of z
     stats_q: tuple[jax.Array, jax.Array] | None,  # [B, NV, G] f32 each: row_stats of w (w given, log_q_given not)
     c: Counters,  # uint32 [B] or [1] each (row: computed in the kernel)
-    lengths: jax.Array,  # [B] int32: draft_lengths in [0, G]
+    lengths: jax.Array | None,  # [B] int32: draft_lengths in [0, G]; None: G (no operand)
     *,
     temperature: float,
     config: VerifyKernelConfig,
@@ -231,7 +235,7 @@ def final_decide(
     draft = "onehot" if w is None else "given" if log_q_given is not None else "stats"
     extra = {"onehot": [], "given": [w, log_q_given], "stats": [w, *(stats_q or ())]}[draft]
     kernel = functools.partial(final_decide_kernel, temperature=temperature, draft=draft, chunking=chunking,
-                               exact_div=not interpret, config=config)
+                               exact_div=not interpret, config=config, has_lengths=lengths is not None)
     out_shape = [*partial_shapes(batch, chunking.num_chunks), jax.ShapeDtypeStruct((batch,), jnp.int32),
                  jax.ShapeDtypeStruct((batch, g1 - 1), jnp.float32)]
     outs = pl.pallas_call(
@@ -241,5 +245,5 @@ def final_decide(
         compiler_params=config.compiler_params(),
         interpret=interpret,
         name="flashspec_final_decide",
-    )(x, *stats_p, c.seed_lo, c.seed_hi, c.offset, lengths.astype(jnp.int32), z, *extra)
+    )(x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *([] if lengths is None else [lengths]), *extra)
     return tuple(outs[:5]), outs[5], outs[6]

@@ -122,7 +122,11 @@ def full_lengths(lengths: jax.Array | None, batch: int, gamma: int) -> jax.Array
     """draft_lengths, or G for every row (None); clamped to [0, G] so that nothing reads out of bounds."""
     if lengths is None:
         return jnp.full((batch,), gamma, jnp.int32)
-    return jnp.clip(lengths.astype(jnp.int32), 0, gamma)
+    return clamp_lengths(lengths, gamma)
+
+
+def clamp_lengths(lengths: jax.Array | None, gamma: int) -> jax.Array | None:  # [B] -> [B] int32 in [0, G]
+    return None if lengths is None else jnp.clip(lengths.astype(jnp.int32), 0, gamma)
 
 
 def first_rejection(accepted: jax.Array) -> jax.Array:  # [B, G] bool -> [B] int32
@@ -166,7 +170,7 @@ def verify(
     batch, g1, vocab = z.shape
     config = config or choose_config(batch, g1 - 1, vocab, jnp.dtype(z.dtype).itemsize, interpret)
     x = x.astype(jnp.int32)
-    lengths = full_lengths(lengths, batch, g1 - 1)
+    lengths = clamp_lengths(lengths, g1 - 1)  # None stays None: no [B] operand built per step
     if temperature == 0:
         return verify_greedy(z, x, lengths, config=config, interpret=interpret)
     if top_k > 0 or top_p < 1.0:
@@ -179,7 +183,7 @@ def verify(
 def verify_greedy(
     z: jax.Array,  # [B, G+1, V]
     x: jax.Array,  # [B, G] int32
-    lengths: jax.Array,  # [B] int32 in [0, G]
+    lengths: jax.Array | None,  # [B] int32 in [0, G], or None (G)
     *,
     config: VerifyKernelConfig,
     interpret: bool,
@@ -190,7 +194,8 @@ def verify_greedy(
     x = jnp.clip(x, 0, vocab - 1)
     m, idx = row_stats(z, temperature=0.0, greedy=True, config=config, interpret=interpret)
     argmax = combine_argmax(m, idx, vocab)  # [B, G+1]
-    n = first_rejection((x == argmax[:, :gamma]) & proposed_mask(lengths, gamma))
+    accepted = x == argmax[:, :gamma]
+    n = first_rejection(accepted if lengths is None else accepted & proposed_mask(lengths, gamma))
     return Decision(n, emit(x, n, argmax[jnp.arange(batch), n]), jnp.zeros(x.shape, jnp.float32))
 
 
@@ -200,7 +205,7 @@ def verify_sampled(
     w: jax.Array | None,  # [B, G, V] (filtered) or None
     log_q_given: jax.Array | None,  # [B, G] or None
     c: Counters,
-    lengths: jax.Array,  # [B] int32 in [0, G]
+    lengths: jax.Array | None,  # [B] int32 in [0, G], or None (G)
     *,
     temperature: float,
     config: VerifyKernelConfig,

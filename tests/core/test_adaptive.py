@@ -8,8 +8,8 @@ from flashspec import adaptive
 from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
 from flashspec.config import SamplingConfig
 from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
+from flashspec.fake import chain_law as target_law
 from flashspec.loop import SpecConfig
-from flashspec.reference import log_probs
 from flashspec.testing import chi_square_test
 
 V = 4
@@ -21,18 +21,6 @@ def chain(seed):
     drafts = [ModelDraft("good", (target + r.normal(size=(V, V)) * 0.3).astype(np.float32)),
               LookupDraft("lookup", r.integers(0, V, V))]
     return target, drafts
-
-
-def target_law(target, sampling, start, length):
-    p = np.exp(log_probs(target, sampling).astype(np.float64))
-    law = np.zeros((V,) * length)
-    for idx in np.ndindex(*law.shape):
-        prev, prob = start, 1.0
-        for t in idx:
-            prob *= p[prev, t]
-            prev = t
-        law[idx] = prob
-    return law
 
 
 def run(backend, policy, prompts, sampling, spec, seed=0):
