@@ -72,7 +72,8 @@ def assert_parity(want, got, variants=True):
 SHAPES = [(1, 1, 1000), (3, 4, 4099), (8, 8, 1000), (3, 1, 33), (8, 4, 258)]
 
 
-# per-row draft lengths: every L in [0, G] twice; ids past L_b are -1 (never read)
+# per-row draft lengths: every L in [0, G] twice; ids past L_b are real (mostly acceptable) tokens in even rows, so
+# a kernel that ignored L_b would accept them, and -1 in odd rows (never read)
 RAGGED = [  # (temperature, top_k, onehot, logprobs, variants)
     (0.0, 0, False, False, False), (1.0, 0, False, False, True), (0.8, 5, True, False, False),
     (1.3, 0, False, True, False),
@@ -86,7 +87,8 @@ def test_parity_per_row_draft_lengths(temperature, top_k, onehot, logprobs, vari
     b, g = 10, 4
     inp = make_inputs(rng, b, g, 258, cfg, onehot=onehot, spread=1.0, noise=0.2)  # mostly accepted: n reaches L_b
     lengths = np.resize(np.arange(g + 1, dtype=np.int32), b)
-    inp = dataclasses.replace(inp, x=np.where(np.arange(g)[None] < lengths[:, None], inp.x, -1))
+    past = (np.arange(g)[None] >= lengths[:, None]) & (np.arange(b)[:, None] % 2 == 1)
+    inp = dataclasses.replace(inp, x=np.where(past, -1, inp.x))
     want, got = run_all(inp, cfg, logprobs=logprobs, variants=variants, lengths=lengths)
     assert_parity(want, got, variants)
     assert ((want[0] == lengths) & (lengths < g)).any()  # a short row fully accepted: y from p at L_b
