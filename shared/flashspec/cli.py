@@ -397,6 +397,7 @@ def add_train_head(sub) -> None:
     p.add_argument("--train-prompts", type=positive_int, default=600, help="training prompts per domain")
     p.add_argument("--eval-prompts", type=positive_int, default=40, help="held-out prompts per domain")
     p.add_argument("--new-tokens", type=positive_int, default=128, help="tokens the target generates per prompt")
+    p.add_argument("--samples", type=positive_int, default=1, help="continuations sampled per training prompt")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--passes", type=positive_int, default=3, help="training-time-test depth")
     p.add_argument("--seed", type=seed_int, default=0)
@@ -411,7 +412,8 @@ def run_train_head(args) -> int:
     except ImportError as e:
         raise ImportError(f"train-head needs the torch backend: pip install 'flashspec[torch]' ({e})") from None
     cfg = TrainConfig(feature_layers=args.feature_layers, vocab=args.vocab, new_tokens=args.new_tokens, batch=args.batch,
-                      steps=args.steps, seconds=args.seconds, lr=args.lr, passes=args.passes, seed=args.seed)
+                      steps=args.steps, seconds=args.seconds, lr=args.lr, passes=args.passes, seed=args.seed,
+                      samples=args.samples)
     job(args.out, cfg, target=args.target, train_per_domain=args.train_prompts, eval_per_domain=args.eval_prompts,
         device=args.device, log=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

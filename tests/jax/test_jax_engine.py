@@ -54,11 +54,12 @@ def test_logits_match_the_torch_model(torch_engine, jax_engine):
 
 
 def test_greedy_tokens_equal_the_torch_backend(torch_engine, jax_engine):
-    """20 prompts of mixed kinds in batches of 5: JAX speculative (adaptive policy, n-gram and
-    layer-skip drafts) and JAX plain decoding == torch plain decoding, token for token."""
+    """10 prompts of mixed kinds (every other one) in batches of 5: JAX speculative (adaptive policy,
+    n-gram and layer-skip drafts) and JAX plain decoding == torch plain decoding, token for token."""
     common = dict(temperature=0.0, max_new_tokens=16, chat=False)
-    for i in range(0, len(PROMPTS), 5):
-        group = PROMPTS[i : i + 5]
+    prompts = PROMPTS[::2]
+    for i in range(0, len(prompts), 5):
+        group = prompts[i : i + 5]
         want = torch_engine.generate(group, speculation=False, **common)["tokens"]
         spec = jax_engine.generate(group, speculation=True, gamma=4, **common)
         plain = jax_engine.generate(group, speculation=False, **common)["tokens"]
@@ -85,16 +86,17 @@ def fixed_arm_run(engine, arm: int, prompts, sampling, seeds, **spec):
 
 @pytest.mark.parametrize("arm", [0, 1], ids=["ngram", "layerskip"])
 def test_sampled_tokens_agree_with_the_torch_backend(torch_engine, jax_engine, arm, capsys):
-    """Same seeds, same fixed draft, T = 0.8, top-p 0.95, 20 prompts x 16 tokens: the shared
-    generator makes the tokens identical unless float32 rounding of the two models' logits flips
-    a near-tie of a Gumbel argmax or an accept test. Measured on this CPU: 20 of 20 sequences
-    identical with either draft; the bound asserted leaves room for two flips."""
+    """Same seeds, same fixed draft, T = 0.8, top-p 0.95, 10 prompts (every other one) x 16 tokens: the
+    shared generator makes the tokens identical unless float32 rounding of the two models' logits flips
+    a near-tie of a Gumbel argmax or an accept test. Measured on this CPU: 20 of 20 sequences identical
+    with either draft over all 20 prompts; the bound asserted leaves room for one flip."""
     sampling = SamplingConfig(0.8, top_p=0.95)
     a, b = [], []
-    for i in range(0, len(PROMPTS), 5):
+    prompts = PROMPTS[::2]
+    for i in range(0, len(prompts), 5):
         seeds = list(range(100 + i, 105 + i))
-        a += fixed_arm_run(torch_engine, arm, PROMPTS[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
-        b += fixed_arm_run(jax_engine, arm, PROMPTS[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
+        a += fixed_arm_run(torch_engine, arm, prompts[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
+        b += fixed_arm_run(jax_engine, arm, prompts[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
     same, prefix = agreement(a, b)
     with capsys.disabled():
         print(f"\n[arm {arm}] sampled agreement with torch: {same:.3f} of sequences identical, "
@@ -106,13 +108,16 @@ def test_sampled_first_tokens_follow_the_target(jax_engine):
     """With a draft in the loop, the first emitted token ~ the target's next-token distribution."""
     from flashspec_jax.kernels.verify import log_probs
 
-    prompt, n = "The capital of France is", 400
+    prompt, n = "The capital of France is", 300
     ids = jax_engine.encode(prompt, chat=False)
     m = jax_engine.target.model
     z, _ = m(jnp.asarray([ids]), jnp.arange(len(ids))[None], m.new_cache(1, len(ids)))
     p = np.asarray(jnp.exp(log_probs(z[0, -1], 1.0, 8, 1.0)), np.float64)
-    outs, records = fixed_arm_run(jax_engine, 1, [prompt] * n, SamplingConfig(1.0, top_k=8), list(range(n)),
-                                  gamma=2, max_new_tokens=2)  # layer-skip draft: q != p, often accepted
+    outs, records = [], []
+    for lo in range(0, n, 100):  # batches of 100 rows (one compiled shape): a batch of 400 took 9.5 GB on the CPU
+        o, r = fixed_arm_run(jax_engine, 1, [prompt] * 100, SamplingConfig(1.0, top_k=8), list(range(lo, lo + 100)),
+                             gamma=2, max_new_tokens=2)  # layer-skip draft: q != p, often accepted
+        outs, records = outs + o, records + r
     first = np.array([t[0] for t in outs])
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)
     assert p_value > 1e-3, note
@@ -208,5 +213,6 @@ def test_bad_input_is_a_clear_error(jax_engine):
 def test_drafts_the_jax_backend_does_not_build_are_refused(jax_engine):
     with pytest.raises(ValueError, match="'nf4' .* not implemented by the jax backend"):
         jax_engine.make_draft("nf4")
-    with pytest.raises(ValueError, match=r"layerskip: must name layers in \[0, 30\)"):  # no default skip set here
-        jax_engine.make_draft("layerskip")
+    with pytest.raises(ValueError, match=r"layerskip:30 must name layers in \[0, 30\)"):
+        jax_engine.make_draft("layerskip:30")
+    assert jax_engine.make_draft("layerskip").name == "layerskip"  # the default skip set, as on torch

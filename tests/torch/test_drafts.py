@@ -9,6 +9,7 @@ import torch
 
 from flashspec.config import SamplingConfig
 from flashspec.testing import chi_square_test
+from torch_helpers import next_token_law
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Give me three tips for better sleep.",
            "import os\nimport sys\n\ndef main():"]
@@ -187,16 +188,12 @@ def test_other_architectures_draft_through_transformers(target, tmp_path):
 def test_a_random_draft_keeps_the_target_distribution(target):
     """q far from p (a random model): the first emitted token still follows the target."""
     from flashspec_torch.engine import Engine
-    from flashspec_torch.reference import log_probs
 
     prompt, n = "The capital of France is", 400
     sampling = SamplingConfig(temperature=1.0, top_k=8)
     eng = Engine(target, (tiny_llama(target.model.config.vocab_size, seed=3),), policy="fixed", device="cpu")
     ids = eng.encode(prompt, chat=False)
-    m = target.model
-    with torch.inference_mode():
-        z = m(torch.tensor([ids]), torch.arange(len(ids))[None], m.new_cache(1, len(ids)), len(ids), logits_last=1)[0, 0]
-    p = log_probs(z, sampling).exp().double().numpy()
+    p = next_token_law(target.model, ids, sampling)
     out = eng.generate([prompt] * n, seed=list(range(n)), temperature=1.0, top_k=8, max_new_tokens=1, gamma=2, chat=False)
     first = np.array([t[0] for t in out["tokens"]])
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)

@@ -5,13 +5,13 @@ follows the target on a non-Llama family (Qwen3)."""
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec.family_cases import CASES, parity, save_case  # noqa: E402
 from flashspec.testing import chi_square_test  # noqa: E402
+from torch_helpers import next_token_law  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +32,12 @@ def test_speculative_sampling_follows_a_qwen3_target(saved):
     """Engine-level exactness on a non-Llama family: with a layer-skipping draft (q != p) in the loop,
     the first emitted token ~ the target's next-token distribution."""
     from flashspec_torch.engine import Engine
-    from flashspec_torch.reference import log_probs
 
     path, _ = saved["qwen3"]
     eng = Engine(str(path), ("layerskip:1",), policy="fixed", device="cpu")
     prompt, n, sampling = "The quick", 600, SamplingConfig(temperature=1.0, top_k=8)
     ids = eng.encode(prompt, chat=False)
-    m = eng.target.model
-    with torch.inference_mode():
-        z = m(torch.tensor([ids]), torch.arange(len(ids))[None], m.new_cache(1, len(ids)), len(ids), logits_last=1)[0, 0]
-    p = log_probs(z, sampling).exp().double().numpy()
+    p = next_token_law(eng.target.model, ids, sampling)
     out = eng.generate([prompt] * n, seed=list(range(n)), temperature=1.0, top_k=8, max_new_tokens=2, gamma=2, chat=False)
     first = np.array([t[0] for t in out["tokens"]])
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)

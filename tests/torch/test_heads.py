@@ -117,6 +117,39 @@ def test_sampled_tokens_follow_the_target_with_the_head(target):
     assert sum(r.accepted for r in records) > 0.05 * sum(r.drafted for r in records)
 
 
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (4, 1.0), (0, 0.9), (60, 0.8)])
+def test_drafting_over_the_head_vocabulary_draws_what_the_full_row_draws(target, top_k, top_p):
+    """The head samples over its V_d ids with the DRAFT noise at those ids: the same tokens and log q
+    as ``sample`` over the full row (OUTSIDE elsewhere), at every draft position and per-row seed."""
+    from flashspec_torch.sampling import draft_gumbel, sample, sample_gumbel
+
+    head = random_head(target, token_ids=torch.arange(1, 97, 2))
+    ids, cfg, b, gamma = head.token_ids, SamplingConfig(0.7, top_k, top_p), 64, 3
+    torch.manual_seed(2)
+    w = torch.randn(b, gamma, len(ids)) * 3  # [B, G, V_d]
+    full = head.full_logits(w)  # [B, G, V]
+    assert full.shape == (b, gamma, 97) and bool((full[..., 0] == -1e30).all())
+    seed, offset = torch.arange(b) * 7919 + 3, torch.tensor(11)
+    noise = draft_gumbel(seed, offset, b, gamma, ids)
+    for i in range(gamma):
+        want_x, want_lq = sample(full[:, i], cfg, seed, offset, position=i)
+        j, lq = sample_gumbel(w[:, i], cfg, noise[:, i])
+        assert torch.equal(ids[j], want_x)
+        torch.testing.assert_close(lq, want_lq, rtol=1e-5, atol=1e-5)
+
+
+def test_the_learning_rate_anneals_over_steps_or_seconds_whichever_ends_first():
+    from flashspec_torch.head_train import TrainConfig, lr_scale
+
+    by_steps = TrainConfig(steps=100, warmup=10)
+    by_time = TrainConfig(steps=100, warmup=10, seconds=10.0)
+    assert lr_scale(0, 0.0, by_steps) == pytest.approx(0.1)
+    assert lr_scale(50, 9.0, by_steps) == pytest.approx(0.5)  # no time budget: steps alone
+    assert lr_scale(20, 5.0, by_time) == pytest.approx(0.5)  # half the seconds spent, a fifth of the steps
+    assert lr_scale(20, 10.0, by_time) == pytest.approx(0.0, abs=1e-12)  # the time budget is the run's end
+    assert lr_scale(99, 1.0, by_time) == pytest.approx(0.5 * (1 + np.cos(np.pi * 0.99)))
+
+
 def test_training_lowers_the_loss_and_the_file_round_trips(target, tmp_path):
     from flashspec.head_corpus import Prompt
     from flashspec_torch.backend import TorchBackend

@@ -33,3 +33,15 @@ def make_inputs(rng: np.random.Generator, b: int, g: int, v: int, cfg: SamplingC
         xs.append(x_i)
         lqs.append(lq_i)
     return Inputs(z, np.stack(xs, 1).astype(np.int64), w, np.stack(lqs, 1).astype(np.float32))
+
+
+def next_token_law(model, ids: list[int], cfg: SamplingConfig) -> np.ndarray:  # [V] float64
+    """The target's law of the token after ``ids`` under ``cfg`` (temperature, top-k, top-p): what the
+    engine-level distribution tests compare the first emitted token against."""
+    import torch
+
+    from flashspec_torch.reference import log_probs
+
+    with torch.inference_mode():
+        z = model(torch.tensor([ids]), torch.arange(len(ids))[None], model.new_cache(1, len(ids)), len(ids), logits_last=1)[0, 0]
+    return log_probs(z, cfg).exp().double().numpy()
