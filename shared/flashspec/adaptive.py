@@ -17,12 +17,20 @@ The model (``AdaptivePolicy``):
   change of domain is forgotten in about 1 / (1 - discount) steps. Full information
   (``observe_free``): a draft whose proposal can be recomputed from the emitted text (the n-gram
   lookup) is scored on steps that did not run it, with the same censored-window update.
-* cost: per (arm, batch bucket) an exponential moving average of the measured step seconds (the
-  time from a step's start to the next step's start, which the loop records one step late);
+* cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (the time
+  from a step's start to the next step's start, which the loop records one step late): each
+  measurement adds weight 1 and every step in the bucket multiplies the weights of all its arms
+  by ``cost_discount``, so a measurement k steps old counts cost_discount^k.
   bucket = ceil(log2(rows)), so the choice follows the batch size as rows finish.
 * value: rows * (1 + E[accepted | alpha, L]) / cost, alpha drawn from the posterior (Thompson
-  sampling); plain decoding: rows / cost. An (arm, bucket) without a measured cost is tried first
-  (lowest arm index first): every bucket measures every arm once.
+  sampling); plain decoding: rows / cost.
+* cost exploration: an (arm, bucket) never measured is run first (lowest arm index first); an arm
+  not measured for ``remeasure`` steps of its bucket is run once more (forced re-measurement), and
+  each forced run doubles that arm's period (back to ``remeasure`` when it is chosen on its value),
+  so an arm that is really dearer costs O(log steps) extra steps while an arm measured once in a
+  load spike is re-measured, the decayed spike counting little against the fresh measurement
+  (``tests/core/test_adaptive.py``: a 20x spike on plain decoding's first step, plain decoding
+  wins afterwards).
 
 Per-row lengths (``verify(draft_lengths=)``) are not used by this loop yet: an arm's length holds for
 every row of the step.
@@ -92,44 +100,65 @@ class AdaptivePolicy:
 
     name = "adaptive"
 
-    def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_memory: float = 0.8,
-                 prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
+    def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_discount: float = 0.9,
+                 remeasure: int = 32, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
         if not arms:
             raise ValueError("arms must not be empty")
         if any(not a.plain and not 0 <= a.draft < num_drafts for a in arms):
             raise ValueError(f"every arm's draft must be in [0, {num_drafts}) or None (plain decoding)")
-        for name, v in (("discount", discount), ("cost_memory", cost_memory)):
+        for name, v in (("discount", discount), ("cost_discount", cost_discount)):
             if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
                 raise ValueError(f"{name}={v!r} must be a number in (0, 1]")
+        if isinstance(remeasure, bool) or not isinstance(remeasure, int) or remeasure < 1:
+            raise ValueError(f"remeasure={remeasure!r} must be an integer >= 1 (steps of a bucket)")
         if not all(isinstance(p, (int, float)) and p > 0 for p in prior) or len(prior) != 2:
             raise ValueError(f"prior={prior!r} must be two positive numbers (Beta a, b)")
         self.arms = tuple(arms)
-        self.discount, self.cost_memory, self.prior = float(discount), float(cost_memory), tuple(map(float, prior))
+        self.discount, self.prior = float(discount), tuple(map(float, prior))
+        self.cost_discount, self.remeasure = float(cost_discount), remeasure
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
         self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
         self.fail = np.zeros(num_drafts)  # per draft: rejections (discounted)
-        self.cost = np.full((max_buckets, len(self.arms)), np.nan)  # seconds per step, per (bucket, arm)
+        shape = (max_buckets, len(self.arms))
+        self.log_cost = np.zeros(shape)  # [buckets, arms]: discounted mean log seconds per step
+        self.cost_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
+        self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
+        self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
+
+    @property
+    def cost(self) -> np.ndarray:  # [buckets, arms]
+        """The estimate of seconds per step (NaN: never measured)."""
+        return np.where(self.cost_weight > 0, np.exp(self.log_cost), np.nan)
 
     def choose(self, rows: int) -> int:
         """The arm index for the next step, given the active rows of the last finished step."""
-        b = min(bucket(rows), self.cost.shape[0] - 1)
-        cost = self.cost[b]
-        untried = np.isnan(cost)
+        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
+        untried = self.cost_weight[b] == 0
         if untried.any():
             return int(np.argmax(untried))
+        stale = self.age[b] >= self.period[b]
+        if stale.any():  # forced re-measurement; the next one of this arm waits twice as long
+            a = int(np.argmax(stale))
+            self.period[b, a] *= 2
+            return a
         alpha = self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail)  # [drafts]
         emitted = np.array([1.0 if a.plain else 1.0 + float(expected_accepted(alpha[a.draft], a.length))
                             for a in self.arms])
-        return int(np.argmax(rows * emitted / cost))
+        a = int(np.argmax(np.log(rows * emitted) - self.log_cost[b]))
+        self.period[b, a] = self.remeasure
+        return a
 
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
-        b = min(bucket(rows), self.cost.shape[0] - 1)
-        old = self.cost[b, arm]
-        self.cost[b, arm] = seconds if np.isnan(old) else self.cost_memory * old + (1 - self.cost_memory) * seconds
+        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
+        self.cost_weight[b] *= self.cost_discount
+        self.age[b] += 1
+        w = self.cost_weight[b, arm] + 1.0
+        self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
+        self.cost_weight[b, arm], self.age[b, arm] = w, 0
         if not a.plain:
             self.succ[a.draft] *= self.discount
             self.fail[a.draft] *= self.discount

@@ -32,14 +32,15 @@ def run(backend, policy, prompts, sampling, spec, seed=0):
 
 def test_plain_and_speculative_arms_together_are_exact():
     """One bucket for every batch size: a small warm-up batch measures every arm, plain decoding is then made to
-    look free (its cost follows the next measurement: cost_memory 0.01), so 40,000 rows run two plain steps
+    look free (a cost of 1 ns at weight 1e-6, so the next measurement replaces it), so 40,000
+    rows run two plain steps
     (the second chosen before the first is read), then a speculative one the posterior picks; the law of
     the first three tokens is the target's."""
     target, drafts = chain(1)
     sampling = SamplingConfig(1.0)
-    policy = AdaptivePolicy(make_arms(2, (1, 2)), 2, rng=3, cost_memory=0.01, max_buckets=1)
+    policy = AdaptivePolicy(make_arms(2, (1, 2)), 2, rng=3, max_buckets=1)
     run(MarkovBackend(target, drafts), policy, [[0]] * 4, sampling, SpecConfig(gamma=2, max_new_tokens=40), seed=1)
-    policy.cost[0, 0] = 1e-9
+    policy.log_cost[0, 0], policy.cost_weight[0, 0] = np.log(1e-9), 1e-6
     outs, records = run(MarkovBackend(target, drafts), policy, [[0]] * 40_000, sampling,
                         SpecConfig(gamma=2, max_new_tokens=3), seed=17)
     assert [r.arm for r in records][:2] == [-1, -1] and records[2].arm >= 0
@@ -62,9 +63,10 @@ class Clock:
 class TimedBackend(MarkovBackend):
     """Step costs: plain = rows * per_row + fixed; speculative = (1 + spec_extra(rows)) x that, independent of G."""
 
-    def __init__(self, target, drafts, clock, spec_extra):
+    def __init__(self, target, drafts, clock, spec_extra, spikes=()):
         super().__init__(target, drafts)
         self.clock, self.spec_extra = clock, spec_extra
+        self.spikes = list(spikes)  # factors of the first plain steps' costs (a load spike)
 
     def cost(self, rows):
         return 1e-3 + 1e-5 * rows
@@ -75,7 +77,7 @@ class TimedBackend(MarkovBackend):
         return super().step(arm, gamma, sampling, seed, offset)
 
     def decode_one(self, sampling, seed, offset):
-        self.clock.now += self.cost(int((~self.done).sum()))
+        self.clock.now += self.cost(int((~self.done).sum())) * (self.spikes.pop(0) if self.spikes else 1.0)
         return super().decode_one(sampling, seed, offset)
 
 
@@ -97,6 +99,25 @@ def test_useless_drafts_lose_to_plain_decoding(clock):
     policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
     _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=300))
     assert plain_fraction(records) > 0.9
+
+
+def test_a_load_spike_on_plain_decodings_first_step_is_re_measured(clock):
+    """Useless drafts (speculative steps cost 1.15x / 1.3x and emit one token) and plain decoding's first
+    two steps (both chosen before the first is read) timed 20x too slow: the speculative arms run until plain decoding's estimate is 32 steps old, it is
+    re-measured (the spike then counts 0.9^32), and from then on plain decoding wins; without
+    re-measurement (a period longer than the run) the spike shuts it out for good."""
+    target, _ = chain(2)
+    wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)  # never the greedy token
+    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3, spikes=[20.0, 20.0])
+    policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=500))
+    arms = np.array([r.arm for r in records])
+    assert np.all(arms[:2] == -1) and np.all(arms[2:20] >= 0)  # the spike shuts plain decoding out at first
+    assert np.mean(arms[-200:] == -1) > 0.9
+    fixed = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0, remeasure=10_000)
+    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3, spikes=[20.0, 20.0])
+    _, records = run(backend, fixed, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=500))
+    assert np.mean([r.arm == -1 for r in records[-200:]]) < 0.1
 
 
 def test_a_good_draft_wins_at_small_batch_and_loses_at_large(clock):
@@ -126,6 +147,10 @@ def test_arms_buckets_and_bad_input():
         AdaptivePolicy([Arm(2, 4)], 2)
     with pytest.raises(ValueError, match="discount"):
         AdaptivePolicy(make_arms(1), 1, discount=0.0)
+    with pytest.raises(ValueError, match="cost_discount"):
+        AdaptivePolicy(make_arms(1), 1, cost_discount=1.5)
+    with pytest.raises(ValueError, match="remeasure"):
+        AdaptivePolicy(make_arms(1), 1, remeasure=0)
     p = AdaptivePolicy(make_arms(1), 1)
     with pytest.raises(ValueError, match="seconds"):
         p.observe(1, 2, np.array([1, 2]), 0.0)
