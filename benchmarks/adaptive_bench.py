@@ -1,12 +1,13 @@
 """Adaptive speculation (``flashspec.adaptive``) against every fixed configuration and plain decoding, per
 batch size, in one run (issue #35). Greedy, so every configuration must emit plain decoding's tokens.
 
-    python benchmarks/adaptive_bench.py --out $OUT/adaptive_gpu.json                        # H100 / H200, < 6 min
+    python benchmarks/adaptive_bench.py --out $OUT/adaptive_gpu.json                        # H100, < 6 min
     python benchmarks/adaptive_bench.py --device cpu --models embedded --batches 1,4,16 --tokens 32 \
         --out benchmarks/results/adaptive_cpu.json                                          # this CPU (noisy)
 
 Models: ``embedded`` (SmolLM2-135M-Instruct's real weights; chat prompts, so the n-gram draft meets real
-text), ``smollm2-135m`` and ``llama3-8b`` (those shapes with random weights, bf16 on the GPU). Random
+text; skipped, with the reason in the JSON, where its weights are not installed), ``smollm2-135m`` and
+``llama3-8b`` (those shapes with random weights, bf16 on the GPU). Random
 weights give an n-gram draft nothing to match, so those models also get a controlled synthetic draft,
 ``replay``: it proposes plain decoding's own continuation (recorded first) with each position kept with
 probability ``--keep`` and otherwise replaced by another token, a fixed table per position, so its
@@ -27,12 +28,13 @@ import argparse
 import json
 import platform
 import time
+from importlib.metadata import version
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from flashspec.adaptive import AdaptivePolicy, make_arms, speculate_adaptive
+from flashspec.adaptive import AdaptivePolicy, bucket, make_arms, speculate_adaptive
 from flashspec.config import SamplingConfig
 from flashspec.loop import SpecConfig, decode_steps, speculate_steps
 from flashspec_torch.backend import TorchBackend
@@ -160,7 +162,10 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
         name = "plain" if r.arm < 0 else f"{drafts[r.arm].name}:G{r.drafted // max(r.rows, 1)}"
         pulls[name] = pulls.get(name, 0) + 1
     best = max(row["fixed"].items(), key=lambda kv: kv[1]["tokens_per_s"])
-    row.update(adaptive_tokens_per_s=new / s, adaptive_steps=pulls, best_fixed=best[0])
+    names = ["plain" if a.plain else f"{drafts[a.draft].name}:G{a.length}" for a in policy.arms]
+    costs = policy.cost[min(bucket(len(prompts)), policy.cost.shape[0] - 1)]
+    row.update(adaptive_tokens_per_s=new / s, adaptive_steps=pulls, best_fixed=best[0],
+               adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
     row["tokens_equal"]["adaptive"] = out == ref_out
     best_tps = max(best[1]["tokens_per_s"], row["plain_tokens_per_s"])
     row["checks"] = {
@@ -178,7 +183,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--models", default="embedded,llama3-8b")
+    ap.add_argument("--models", default="embedded,smollm2-135m,llama3-8b")
     ap.add_argument("--batches", default="1,4,16,64,256")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--keep", type=float, default=0.6, help="the replay draft's per-token acceptance")
@@ -186,14 +191,20 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = torch.device(args.device)
-    doc = dict(command=" ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    doc = dict(command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-               torch=torch.__version__, python=platform.python_version(), keep=args.keep, lengths=LENGTHS,
-               sampling="greedy", complete=False, models={})
+               torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
+               cuda=torch.version.cuda, keep=args.keep, lengths=LENGTHS, tokens_per_row=args.tokens,
+               sampling="greedy", complete=False, models={}, skipped={})
     start = time.perf_counter()
     with torch.inference_mode():
         for name in args.models.split(","):
-            model, chat = load_model(name, device)
+            try:
+                model, chat = load_model(name, device)
+            except (ImportError, FileNotFoundError, OSError) as e:  # the embedded model's weights not installed
+                doc["skipped"][name] = f"{type(e).__name__}: {e}"
+                print(f"skipped {name}: {e}", flush=True)
+                continue
             keep = None if name == "embedded" else args.keep
             box: dict = {}
             rows = []

@@ -24,13 +24,18 @@ The model (``AdaptivePolicy``):
   bucket = ceil(log2(rows)), so the choice follows the batch size as rows finish.
 * value: rows * (1 + E[accepted | alpha, L]) / cost, alpha drawn from the posterior (Thompson
   sampling); plain decoding: rows / cost.
+* monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
+  does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
+  of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
+  (d, L): (d, L')'s for L' > L).
 * cost exploration: an (arm, bucket) never measured is run first (lowest arm index first); an arm
   not measured for ``remeasure`` steps of its bucket is run once more (forced re-measurement), and
   each forced run doubles that arm's period (back to ``remeasure`` when it is chosen on its value),
-  so an arm that is really dearer costs O(log steps) extra steps while an arm measured once in a
-  load spike is re-measured, the decayed spike counting little against the fresh measurement
-  (``tests/core/test_adaptive.py``: a 20x spike on plain decoding's first step, plain decoding
-  wins afterwards).
+  so an arm that is really dearer costs O(log steps) extra steps while an arm measured in a load
+  spike is re-measured, the decayed spike counting little against the fresh measurement. An arm
+  whose own estimate exceeds its cap by more than 1.5x (impossible but for a spike) is re-measured
+  after 1, 2, 4, ... steps instead, the measurement replacing that estimate. ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's
+  first steps and on the best arm's; each wins afterwards.
 
 Per-row lengths (``verify(draft_lengths=)``) are not used by this loop yet: an arm's length holds for
 every row of the step.
@@ -52,6 +57,7 @@ from .faults import check_finite
 from .loop import SpecConfig, StepRecord
 
 
+SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
 
 
@@ -101,7 +107,7 @@ class AdaptivePolicy:
     name = "adaptive"
 
     def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_discount: float = 0.9,
-                 remeasure: int = 32, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
+                 remeasure: int = 256, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
         if not arms:
             raise ValueError("arms must not be empty")
         if any(not a.plain and not 0 <= a.draft < num_drafts for a in arms):
@@ -114,6 +120,8 @@ class AdaptivePolicy:
         if not all(isinstance(p, (int, float)) and p > 0 for p in prior) or len(prior) != 2:
             raise ValueError(f"prior={prior!r} must be two positive numbers (Beta a, b)")
         self.arms = tuple(arms)
+        self.dearer = [[j for j, o in enumerate(self.arms) if not o.plain and (a.plain or (o.draft == a.draft and
+                        o.length > a.length))] for a in self.arms]  # per arm: the arms that do its work and more
         self.discount, self.prior = float(discount), tuple(map(float, prior))
         self.cost_discount, self.remeasure = float(cost_discount), remeasure
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
@@ -136,7 +144,9 @@ class AdaptivePolicy:
         untried = self.cost_weight[b] == 0
         if untried.any():
             return int(np.argmax(untried))
-        stale = self.age[b] >= self.period[b]
+        capped = self.capped_log_cost(b)
+        inconsistent = self.log_cost[b] > capped + SPIKE  # re-measured after 1, 2, 4 ... steps
+        stale = self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])
         if stale.any():  # forced re-measurement; the next one of this arm waits twice as long
             a = int(np.argmax(stale))
             self.period[b, a] *= 2
@@ -144,9 +154,17 @@ class AdaptivePolicy:
         alpha = self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail)  # [drafts]
         emitted = np.array([1.0 if a.plain else 1.0 + float(expected_accepted(alpha[a.draft], a.length))
                             for a in self.arms])
-        a = int(np.argmax(np.log(rows * emitted) - self.log_cost[b]))
+        a = int(np.argmax(np.log(rows * emitted) - capped))
         self.period[b, a] = self.remeasure
         return a
+
+    def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
+        """Bucket ``b``'s log costs, each capped by those of the arms that do its work and more."""
+        log_cost = self.log_cost[b].copy()
+        for i, dearer in enumerate(self.dearer):
+            if dearer:
+                log_cost[i] = min(log_cost[i], self.log_cost[b, dearer].min())
+        return log_cost
 
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
@@ -156,6 +174,8 @@ class AdaptivePolicy:
         b = min(bucket(rows), self.cost_weight.shape[0] - 1)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
+        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
+            self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
         w = self.cost_weight[b, arm] + 1.0
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
         self.cost_weight[b, arm], self.age[b, arm] = w, 0

@@ -63,21 +63,24 @@ class Clock:
 class TimedBackend(MarkovBackend):
     """Step costs: plain = rows * per_row + fixed; speculative = (1 + spec_extra(rows)) x that, independent of G."""
 
-    def __init__(self, target, drafts, clock, spec_extra, spikes=()):
+    def __init__(self, target, drafts, clock, spec_extra, spikes=None):
         super().__init__(target, drafts)
         self.clock, self.spec_extra = clock, spec_extra
-        self.spikes = list(spikes)  # factors of the first plain steps' costs (a load spike)
+        self.spikes = spikes or {}  # G (0: plain) -> factors of that kind's first steps' costs (a load spike)
+
+    def spike(self, gamma):
+        return self.spikes[gamma].pop(0) if self.spikes.get(gamma) else 1.0
 
     def cost(self, rows):
         return 1e-3 + 1e-5 * rows
 
     def step(self, arm, gamma, sampling, seed, offset):
         rows = int((~self.done).sum())
-        self.clock.now += self.cost(rows) * (1 + self.spec_extra(rows) * gamma / 4)
+        self.clock.now += self.cost(rows) * (1 + self.spec_extra(rows) * gamma / 4) * self.spike(gamma)
         return super().step(arm, gamma, sampling, seed, offset)
 
     def decode_one(self, sampling, seed, offset):
-        self.clock.now += self.cost(int((~self.done).sum())) * (self.spikes.pop(0) if self.spikes else 1.0)
+        self.clock.now += self.cost(int((~self.done).sum())) * self.spike(0)
         return super().decode_one(sampling, seed, offset)
 
 
@@ -101,23 +104,35 @@ def test_useless_drafts_lose_to_plain_decoding(clock):
     assert plain_fraction(records) > 0.9
 
 
-def test_a_load_spike_on_plain_decodings_first_step_is_re_measured(clock):
-    """Useless drafts (speculative steps cost 1.15x / 1.3x and emit one token) and plain decoding's first
-    two steps (both chosen before the first is read) timed 20x too slow: the speculative arms run until plain decoding's estimate is 32 steps old, it is
-    re-measured (the spike then counts 0.9^32), and from then on plain decoding wins; without
-    re-measurement (a period longer than the run) the spike shuts it out for good."""
+def test_a_load_spike_on_plain_decodings_first_steps_is_capped_by_the_speculative_costs(clock):
+    """Useless drafts (speculative steps cost 1.15x / 1.3x and emit one token) and plain decoding's first two
+    steps (both chosen before the first is read) timed 20x too slow: plain decoding's estimate exceeds the
+    speculative arms' (impossible: a plain step does less work), so it is re-measured at once, and wins."""
     target, _ = chain(2)
     wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)  # never the greedy token
-    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3, spikes=[20.0, 20.0])
+    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3, spikes={0: [20.0, 20.0]})
     policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
-    _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=500))
-    arms = np.array([r.arm for r in records])
-    assert np.all(arms[:2] == -1) and np.all(arms[2:20] >= 0)  # the spike shuts plain decoding out at first
-    assert np.mean(arms[-200:] == -1) > 0.9
-    fixed = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0, remeasure=10_000)
-    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3, spikes=[20.0, 20.0])
-    _, records = run(backend, fixed, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=500))
-    assert np.mean([r.arm == -1 for r in records[-200:]]) < 0.1
+    _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=300))
+    assert [r.arm for r in records[:8]] == [-1, -1, 0, 0, 0, 0, -1, -1] and plain_fraction(records) > 0.9
+    capped = AdaptivePolicy(make_arms(1, (2, 4)), 1)
+    for arm, seconds in ((0, 20.0), (1, 1.15), (2, 1.3)):
+        capped.observe(arm, 2, np.zeros(2, int), seconds)
+    assert np.allclose(np.exp(capped.capped_log_cost(1)), [1.15, 1.15, 1.3]) and np.isclose(capped.cost[1, 0], 20.0)
+
+
+def test_a_load_spike_on_the_best_arms_first_steps_is_re_measured(clock):
+    """A perfect draft at 2 rows (G = 4 best) whose G = 4 steps are timed 20x too slow at first: G = 2 wins
+    until G = 4's estimate is ``remeasure`` steps old, G = 4 is re-measured (the spike now counts 0.9^64) and
+    wins from then on; with a period longer than the run the spike shuts it out for good."""
+    target, _ = chain(3)
+    same = ModelDraft("same", target.copy())
+    for remeasure, g4_wins in ((64, True), (100_000, False)):
+        backend = TimedBackend(target, [same], clock, lambda rows: 0.3, spikes={4: [20.0, 20.0]})
+        policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0, remeasure=remeasure)
+        _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=600))
+        g4 = np.array([r.drafted == 4 * r.rows for r in records])
+        assert g4[4:6].all() and not g4[8:60].any()  # plain, G = 2, G = 4 measured twice each first
+        assert (np.mean(g4[-40:]) > 0.9) == g4_wins
 
 
 def test_a_good_draft_wins_at_small_batch_and_loses_at_large(clock):
