@@ -120,8 +120,11 @@ class AdaptivePolicy:
         if not all(isinstance(p, (int, float)) and p > 0 for p in prior) or len(prior) != 2:
             raise ValueError(f"prior={prior!r} must be two positive numbers (Beta a, b)")
         self.arms = tuple(arms)
-        self.dearer = [[j for j, o in enumerate(self.arms) if not o.plain and (a.plain or (o.draft == a.draft and
-                        o.length > a.length))] for a in self.arms]  # per arm: the arms that do its work and more
+        self.dearer = np.array([[not o.plain and (a.plain or (o.draft == a.draft and o.length > a.length))
+                                 for o in self.arms] for a in self.arms])  # [arms, arms]: o does a's work and more
+        self.arm_plain = np.array([a.plain for a in self.arms])  # [arms]
+        self.arm_draft = np.array([0 if a.plain else a.draft for a in self.arms])  # [arms]
+        self.arm_length = np.array([a.length for a in self.arms], dtype=np.float64)  # [arms]
         self.discount, self.prior = float(discount), tuple(map(float, prior))
         self.cost_discount, self.remeasure = float(cost_discount), remeasure
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
@@ -152,19 +155,15 @@ class AdaptivePolicy:
             self.period[b, a] *= 2
             return a
         alpha = self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail)  # [drafts]
-        emitted = np.array([1.0 if a.plain else 1.0 + float(expected_accepted(alpha[a.draft], a.length))
-                            for a in self.arms])
+        emitted = 1.0 + np.where(self.arm_plain, 0.0, expected_accepted(alpha[self.arm_draft], self.arm_length))
         a = int(np.argmax(np.log(rows * emitted) - capped))
         self.period[b, a] = self.remeasure
         return a
 
     def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
         """Bucket ``b``'s log costs, each capped by those of the arms that do its work and more."""
-        log_cost = self.log_cost[b].copy()
-        for i, dearer in enumerate(self.dearer):
-            if dearer:
-                log_cost[i] = min(log_cost[i], self.log_cost[b, dearer].min())
-        return log_cost
+        own = self.log_cost[b]
+        return np.minimum(own, np.where(self.dearer, own[None, :], np.inf).min(axis=1))
 
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
