@@ -17,8 +17,9 @@ costs (one gather on the device; capturable in a CUDA graph).
 Per (model, batch): tokens/s of plain decoding, of each fixed (draft, G) and of the adaptive loop (arms:
 plain and every draft at G = 2 and 4; one policy per model kept across batch sizes, as a server keeps
 it; a warm-up run of every configuration first captures the graphs and lets the policy measure each arm
-in the bucket). Checks, each pass/fail in the JSON: every configuration's tokens equal plain decoding's;
-adaptive >= 0.98 x the best fixed configuration; adaptive >= 1.0 x plain. Tokens/s = new tokens of the
+in the bucket). Checks, each pass/fail in the JSON: every configuration's tokens equal plain decoding's
+(``tokens_equal``: the fraction of rows equal per configuration); adaptive >= 0.98 x the best fixed
+configuration or plain; adaptive >= 1.0 x plain. Tokens/s = new tokens of the
 batch / wall time of the timed run (prefill excluded).
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from importlib.metadata import version
 from datetime import datetime, timezone
@@ -34,7 +36,10 @@ from pathlib import Path
 
 import torch
 
-from flashspec.adaptive import AdaptivePolicy, bucket, make_arms, speculate_adaptive
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, whatever is installed
+
+from flashspec.adaptive import AdaptivePolicy, bucket, make_arms, speculate_adaptive  # noqa: E402 (path above)
 from flashspec.config import SamplingConfig
 from flashspec.loop import SpecConfig, decode_steps, speculate_steps
 from flashspec_torch.backend import TorchBackend
@@ -80,6 +85,12 @@ class Fixed:
 
     def observe(self, *args):
         pass
+
+
+def rows_equal(out: list[list[int]], ref: list[list[int]]) -> float:
+    """The fraction of rows whose tokens equal plain decoding's (bf16 on a GPU: scoring G + 1 positions
+    may round differently from decoding one, so a near-tie can flip; fp32 on the CPU: 1.0 expected)."""
+    return sum(a == b for a, b in zip(out, ref)) / len(ref)
 
 
 def synchronize(device) -> None:
@@ -149,7 +160,7 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
             out, s, rec = timed(backend, prompts, tokens, run)
             key = f"{draft.name}:G{g}"
             row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, sum(r.drafted for r in rec)))
-            row["tokens_equal"][key] = out == ref_out
+            row["tokens_equal"][key] = rows_equal(out, ref_out)
     if "policy" not in policy_box:
         policy_box["policy"] = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
     policy = policy_box["policy"]
@@ -166,10 +177,10 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
     costs = policy.cost[min(bucket(len(prompts)), policy.cost.shape[0] - 1)]
     row.update(adaptive_tokens_per_s=new / s, adaptive_steps=pulls, best_fixed=best[0],
                adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
-    row["tokens_equal"]["adaptive"] = out == ref_out
+    row["tokens_equal"]["adaptive"] = rows_equal(out, ref_out)
     best_tps = max(best[1]["tokens_per_s"], row["plain_tokens_per_s"])
     row["checks"] = {
-        "tokens_equal_plain": all(row["tokens_equal"].values()),
+        "tokens_equal_plain": all(v == 1.0 for v in row["tokens_equal"].values()),
         "adaptive_vs_best_fixed_or_plain": row["adaptive_tokens_per_s"] / best_tps,
         "adaptive_ge_0.98_best": row["adaptive_tokens_per_s"] >= 0.98 * best_tps,
         "adaptive_ge_plain": row["adaptive_tokens_per_s"] >= row["plain_tokens_per_s"],
@@ -178,9 +189,7 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
 
 
 def main() -> None:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(ROOT / "tests"))
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", default="embedded,smollm2-135m,llama3-8b")
@@ -191,6 +200,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = torch.device(args.device)
+    unknown = set(args.models.split(",")) - {"embedded", *SHAPES}
+    if unknown:
+        ap.error(f"--models: unknown {sorted(unknown)}; choose from {['embedded', *SHAPES]}")
     doc = dict(command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
@@ -228,6 +240,8 @@ def main() -> None:
 
 def write(out: Path, doc: dict, start: float) -> None:
     doc["seconds"] = time.perf_counter() - start
+    doc["speed_pass"] = all(r["checks"][k] for rows in doc["models"].values() for r in rows
+                            for k in ("adaptive_ge_0.98_best", "adaptive_ge_plain"))
     doc["all_pass"] = all(r["checks"][k] for rows in doc["models"].values() for r in rows
                           for k in ("tokens_equal_plain", "adaptive_ge_0.98_best", "adaptive_ge_plain"))
     out.parent.mkdir(parents=True, exist_ok=True)
