@@ -16,7 +16,7 @@ from flashspec.loop import SpecConfig
 from flashspec.weights import LLAMA_FAMILY, directory_model_type
 
 from .slots import TorchSlotBackend
-from .drafts import LookupDraft, ModelDraft, TransformersDraft, draft_from_model
+from .drafts import LookupDraft, ModelDraft, TransformersDraft, check_stop_below, draft_from_model
 from .faults import scrub_caches
 from .verify import IMPLS
 from .weights import LoadedModel, load, load_transformers_directory
@@ -41,6 +41,9 @@ class Engine(EngineBase):
     default multiplies 5-row scoring passes with cuBLAS, which rounds differently. It costs little on
     the embedded model and several times a speculative step at 1B-8B widths (docs/engine_notes.md).
     No effect on the CPU.
+    ``stop_below`` (model drafts and draft heads): the dynamic draft length; a row stops drafting after
+    a token its draft gives probability < stop_below at temperature 1 (0: always G tokens; exact,
+    docs/adaptive.md).
     """
 
     backend_name = "torch"
@@ -56,6 +59,7 @@ class Engine(EngineBase):
         dtype: torch.dtype | None = None,
         verify_impl: str | None = None,
         row_invariant: bool = False,
+        stop_below: float = 0.0,
     ):
         if policy not in engine_policies():
             raise ValueError(f"policy={policy!r} is unknown; choose one of {engine_policies()}")
@@ -76,6 +80,7 @@ class Engine(EngineBase):
             raise ValueError(f"dtype={dtype!r} must be a floating-point torch dtype (torch.float32, torch.bfloat16, ...)")
         if not isinstance(row_invariant, bool):
             raise TypeError(f"row_invariant={row_invariant!r} must be True or False")
+        stop_below = check_stop_below(stop_below)
         self.target = target if isinstance(target, LoadedModel) else load_target(target, self.dtype, self.device)
         weights = self.target.model.embed.weight
         if weights.device.type != self.device.type:
@@ -88,6 +93,9 @@ class Engine(EngineBase):
         self.target.model.row_invariant = row_invariant  # the model's own setting: it is shared with its engines
         self.policy_name, self.objective = policy, objective
         self.drafts = [self.make_draft(d) for d in drafts]
+        for d in self.drafts:  # the dynamic draft length of model drafts and heads (drafts.confident_lengths)
+            if hasattr(d, "stop_below"):
+                d.stop_below = stop_below
         config = self.target.model.config
         eos = set(config.eos_token_ids)
         self.backend = TorchSlotBackend(self.target.model, self.drafts, sorted(eos), verify_impl)

@@ -221,3 +221,14 @@ def test_bad_heads_are_refused(target, tmp_path):
     if not SHIPPED_HEAD.is_file():
         with pytest.raises(ValueError, match="no trained head ships"):
             load_draft_head("head", "", target)
+
+
+def test_stop_below_must_be_a_probability(target):
+    from flashspec_torch.drafts import ModelDraft
+    from flashspec_torch.heads import HeadDraft
+
+    for bad in (1.0, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match="stop_below"):
+            HeadDraft("head", random_head(target), target, stop_below=bad)
+        with pytest.raises(ValueError, match="stop_below"):
+            ModelDraft("self", target, stop_below=bad)
