@@ -34,11 +34,13 @@ The model (``AdaptivePolicy``):
   so an arm that is really dearer costs O(log steps) extra steps while an arm measured in a load
   spike is re-measured, the decayed spike counting little against the fresh measurement. An arm
   whose own estimate exceeds its cap by more than 1.5x (impossible but for a spike) is re-measured
-  after 1, 2, 4, ... steps instead, the measurement replacing that estimate. ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's
-  first steps and on the best arm's; each wins afterwards.
+  after 1, 2, 4, ... steps instead, the measurement replacing that estimate.
+  ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's first steps and on the best arm's;
+  each wins afterwards.
 
-Per-row lengths (``verify(draft_lengths=)``) are not used by this loop yet: an arm's length holds for
-every row of the step.
+An arm's length holds for every row of the step; per-row lengths (``verify(draft_lengths=)``) come
+from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), not from this policy
+(docs/adaptive.md says why).
 """
 
 from __future__ import annotations
