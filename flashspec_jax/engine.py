@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flashspec.bandits import POLICIES, BanditConfig
+from flashspec.adaptive import engine_policies
+from flashspec.bandits import BanditConfig
 from flashspec.drafts import DRAFT_HELP, layerskip_layers, not_implemented, parse_draft
 from flashspec.engine import EngineBase, Request
 from flashspec.loop import StepRecord
@@ -50,8 +51,8 @@ class Engine(EngineBase):
         loop: str = "host",
         row_invariant: bool = False,
     ):
-        if policy not in POLICIES:
-            raise ValueError(f"policy={policy!r} is unknown; choose one of {sorted(POLICIES)}")
+        if policy not in engine_policies():
+            raise ValueError(f"policy={policy!r} is unknown; choose one of {engine_policies()}")
         if not drafts:
             raise ValueError("drafts must name at least one draft; use speculation=False for plain decoding")
         if loop not in LOOPS:

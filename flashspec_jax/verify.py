@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flashspec.contract import VerifyResult, check_verify_args
+from flashspec.contract import VerifyResult, check_verify_args, draft_lengths_problem
 from flashspec_jax import random as rng
 from flashspec_jax.kernels import verify as kernels
 
@@ -50,27 +50,37 @@ def verify(
     top_p: float = 1.0,
     seed=0,
     offset=0,
+    draft_lengths=None,  # [B] int in [0, G]: row b proposes its first L_b tokens (ids past L_b never read); None: G
     impl: str | None = None,
     config: kernels.VerifyKernelConfig | None = None,  # impl="pallas": tiling and loop variant (None: default)
 ) -> VerifyResult[jax.Array]:
-    """Accept / reject the drafted tokens and draw the residual or bonus token (see SPEC.md)."""
+    """Accept / reject the drafted tokens and draw the residual or bonus token (see SPEC.md); a row whose
+    L_b tokens are all accepted draws y from p at position L_b (L_b = 0: plain decoding's token)."""
     impl = resolve_impl(impl)
     shape, cfg = check_verify_args(
-        target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset
+        target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset,
+        draft_lengths,
     )
     args = (target_logits, draft_tokens, draft_logits, draft_logprobs)
-    concrete = not any(isinstance(a, jax.core.Tracer) for a in (*args, seed, offset))
+    concrete = not any(isinstance(a, jax.core.Tracer) for a in (*args, seed, offset, draft_lengths))
+    proposed = np.ones((shape.batch, shape.gamma), bool)
+    if concrete and draft_lengths is not None:
+        lengths = np.asarray(draft_lengths).astype(np.int64)
+        problem = draft_lengths_problem(lengths, shape.gamma)
+        if problem:
+            raise ValueError(problem)
+        proposed = np.arange(shape.gamma)[None] < lengths[:, None]
     if concrete:
-        check_values(*args, vocab=shape.vocab, greedy=cfg.greedy)
+        check_values(*args, vocab=shape.vocab, greedy=cfg.greedy, proposed=proposed)
     seed_lo, seed_hi = rng.split_counter(seed)
     offset_lo, _ = rng.split_counter(offset)
     decision = verify_jit(
-        *args, seed_lo, seed_hi, offset_lo,
+        *args, seed_lo, seed_hi, offset_lo, None if draft_lengths is None else jnp.asarray(draft_lengths, jnp.int32),
         temperature=float(cfg.temperature), top_k=int(cfg.top_k), top_p=float(cfg.top_p), impl=impl,
         interpret=not on_gpu(), config=config,
     )
     if concrete and draft_logits is not None and draft_logprobs is None and not cfg.greedy:
-        check_draft_support(np.asarray(decision.log_q_x), np.asarray(draft_tokens))
+        check_draft_support(np.asarray(decision.log_q_x), np.asarray(draft_tokens), proposed)
     return VerifyResult(num_accepted=decision.num_accepted, tokens=decision.tokens)
 
 
@@ -105,6 +115,7 @@ def verify_jit(
     seed_lo,  # uint32 [] or [B]
     seed_hi,  # uint32 [] or [B]
     offset,  # uint32 [] or [B]
+    lengths=None,  # [B] int32 or None
     *,
     temperature: float,
     top_k: int,
@@ -119,8 +130,8 @@ def verify_jit(
         w, log_q_given = None, None
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     if impl == "reference":
-        return kernels.verify_reference(z, x, w, log_q_given, c, **sampling)
-    return kernels.verify(z, x, w, log_q_given, c, **sampling, config=config, interpret=interpret)
+        return kernels.verify_reference(z, x, w, log_q_given, c, lengths, **sampling)
+    return kernels.verify(z, x, w, log_q_given, c, lengths, **sampling, config=config, interpret=interpret)
 
 
 # ----------------------------------------------------------------------------- value checks
@@ -147,13 +158,14 @@ def check_logits(name: str, a) -> None:
     raise ValueError(f"{name}{list(idx)} has no finite logit: every row needs at least one token with mass")
 
 
-def check_values(z, x, w, log_q_given, *, vocab: int, greedy: bool) -> None:
-    """The data-dependent checks of the oracle, on concrete inputs."""
+def check_values(z, x, w, log_q_given, *, vocab: int, greedy: bool, proposed: np.ndarray) -> None:
+    """The data-dependent checks of the oracle, on concrete inputs; positions past L_b (``proposed`` [B, G]
+    False) are not checked."""
     check_logits("target_logits", z)
     if w is not None and not greedy:
         check_logits("draft_logits", w)
     x = np.asarray(x).astype(np.int64)
-    bad = (x < 0) | (x >= vocab)
+    bad = ((x < 0) | (x >= vocab)) & proposed
     if bad.any():
         b, i = np.argwhere(bad)[0]
         raise ValueError(
@@ -162,13 +174,14 @@ def check_values(z, x, w, log_q_given, *, vocab: int, greedy: bool) -> None:
         )
     if log_q_given is not None and not greedy:
         lq = np.asarray(log_q_given).astype(np.float32)
-        if not (np.isfinite(lq).all() and (lq <= 1e-3).all()):
+        if not (np.isfinite(lq) & (lq <= 1e-3) | ~proposed).all():
             raise ValueError("draft_logprobs must be finite log-probabilities (<= 0)")
 
 
-def check_draft_support(log_q_x: np.ndarray, x) -> None:  # [B, G], [B, G]
-    if np.isneginf(log_q_x).any():
-        b, i = np.argwhere(np.isneginf(log_q_x))[0]
+def check_draft_support(log_q_x: np.ndarray, x, proposed: np.ndarray) -> None:  # [B, G] each
+    impossible = np.isneginf(log_q_x) & proposed
+    if impossible.any():
+        b, i = np.argwhere(impossible)[0]
         raise ValueError(
             f"draft_tokens[{b}, {i}] = {x[b, i]} has zero probability under draft_logits after "
             "temperature/top-k/top-p: the draft must sample from exactly the q given to verify"

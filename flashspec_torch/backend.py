@@ -318,6 +318,7 @@ class TorchBackend:
             target_logits, proposal.tokens, logits, logprobs,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             seed=seed, offset=offset, impl=self.verify_impl, validate=False,  # screened above; ids are the drafts' own
+            draft_lengths=proposal.lengths,  # a device tensor made inside the step: no capture per length
         )
 
     # -- plain decoding

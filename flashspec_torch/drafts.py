@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,33 @@ class Proposal:
     tokens: torch.Tensor  # [B, G] int64
     logits: torch.Tensor | None  # [B, G, V] float32 raw draft logits; None: one-hot q
     logprobs: torch.Tensor | None  # [B, G] float32 log q(x) as sampled
+    lengths: torch.Tensor | None = None  # [B] int64 in [1, G]: row b proposes its first L_b tokens; None: G
+
+
+def confident_lengths(
+    w: torch.Tensor,  # [B, G, V'] the draft's raw logits at each drafted position
+    j: torch.Tensor,  # [B, G] int: the drafted token's column in w
+    stop_below: float,
+) -> torch.Tensor | None:  # [B] int64 in [1, G]; None when stop_below is 0 (never stop)
+    """The dynamic draft length: row b stops after its first token whose probability under the draft's own
+    temperature-1 distribution is below ``stop_below``, L_b = 1 + min{i : q_i(x_i) < stop_below} (G if none).
+    Whether position i + 1 is proposed depends only on x_0 .. x_i and the draft's logits, all known before
+    verification, and position i + 1 is reached only when x_0 .. x_i were all accepted (they are then the
+    emitted tokens), so each emitted token still follows the target's law (docs/adaptive.md). Dropping the
+    unsure token itself instead would not: its own draw would decide whether it is verified."""
+    if not stop_below:
+        return None
+    w = w.float()
+    log_q = w.gather(-1, j[..., None].long())[..., 0] - torch.logsumexp(w, -1)  # [B, G]
+    g = j.shape[1]
+    first_low = torch.where(log_q < math.log(stop_below), torch.arange(g, device=j.device), g).min(1).values
+    return (first_low + 1).clamp(max=g)
+
+
+def check_stop_below(stop_below: float) -> float:
+    if isinstance(stop_below, bool) or not isinstance(stop_below, (int, float)) or not 0.0 <= stop_below < 1.0:
+        raise ValueError(f"stop_below={stop_below!r} must be a probability in [0, 1) (0: always draft G tokens)")
+    return float(stop_below)
 
 
 @dataclass
@@ -60,10 +88,11 @@ class Stateless:
 class ModelDraft:
     capturable = True  # propose(graphed=True) has fixed shapes (after catch_up when lagging)
 
-    def __init__(self, name: str, model: Llama, skip: frozenset[int] = frozenset()):
+    def __init__(self, name: str, model: Llama, skip: frozenset[int] = frozenset(), stop_below: float = 0.0):
         if skip and max(skip) >= model.config.num_layers:
             raise ValueError(f"skip={sorted(skip)} names layers beyond the model's {model.config.num_layers}")
         self.name, self.model, self.skip = name, model, frozenset(skip)
+        self.stop_below = check_stop_below(stop_below)  # confident_lengths' threshold (0: always G tokens)
 
     def start(self, batch: int, max_len: int) -> None:
         """A new batch; the cache is reused when its shape fits (CUDA graphs keep its address)."""
@@ -118,7 +147,8 @@ class ModelDraft:
                 p_i = (length + i)[:, None]
                 w = self.model(x_i[:, None], p_i, self.cache, attend, skip=self.skip)[:, 0]
         self.valid.copy_(length + gamma - 1)
-        return Proposal(torch.stack(xs, 1), torch.stack(ws, 1), torch.stack(lqs, 1))
+        x, w = torch.stack(xs, 1), torch.stack(ws, 1)
+        return Proposal(x, w, torch.stack(lqs, 1), confident_lengths(w, x, self.stop_below))
 
     def mark_used(self, seqs: Sequences) -> None:
         self.used_at = seqs.step

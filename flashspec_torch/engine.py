@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from flashspec.bandits import POLICIES, BanditConfig
+from flashspec.adaptive import engine_policies
+from flashspec.bandits import BanditConfig
 from flashspec.config import SamplingConfig
 from flashspec.drafts import DRAFT_HELP, layerskip_layers, parse_draft
 from flashspec.engine import EngineBase
@@ -15,7 +16,7 @@ from flashspec.loop import SpecConfig
 from flashspec.weights import LLAMA_FAMILY, directory_model_type
 
 from .slots import TorchSlotBackend
-from .drafts import LookupDraft, ModelDraft, TransformersDraft, draft_from_model
+from .drafts import LookupDraft, ModelDraft, TransformersDraft, check_stop_below, draft_from_model
 from .faults import scrub_caches
 from .verify import IMPLS
 from .weights import LoadedModel, load, load_transformers_directory
@@ -41,6 +42,9 @@ class Engine(EngineBase):
     nor on speculation, in bf16 too (the default multiplies with cuBLAS, whose tiling follows the
     row count). CUDA, or the CPU under TRITON_INTERPRET=1; plain Llama-shaped targets only (refused
     otherwise, here).
+    ``stop_below`` (model drafts and draft heads): the dynamic draft length; a row stops drafting after
+    a token its draft gives probability < stop_below at temperature 1 (0: always G tokens; exact,
+    docs/adaptive.md).
     """
 
     backend_name = "torch"
@@ -56,9 +60,10 @@ class Engine(EngineBase):
         dtype: torch.dtype | None = None,
         verify_impl: str | None = None,
         batch_invariant: bool = False,
+        stop_below: float = 0.0,
     ):
-        if policy not in POLICIES:
-            raise ValueError(f"policy={policy!r} is unknown; choose one of {sorted(POLICIES)}")
+        if policy not in engine_policies():
+            raise ValueError(f"policy={policy!r} is unknown; choose one of {engine_policies()}")
         kinds = (str, LoadedModel, torch.nn.Module)  # names, or models sharing the tokenizer
         if isinstance(drafts, str) or not isinstance(drafts, (list, tuple)) or not all(isinstance(d, kinds) for d in drafts):
             raise TypeError(f"drafts={drafts!r} must be a sequence of draft names such as ('ngram',) or model objects "
@@ -76,6 +81,7 @@ class Engine(EngineBase):
             raise ValueError(f"dtype={dtype!r} must be a floating-point torch dtype (torch.float32, torch.bfloat16, ...)")
         if not isinstance(batch_invariant, bool):
             raise TypeError(f"batch_invariant={batch_invariant!r} must be True or False")
+        stop_below = check_stop_below(stop_below)
         self.target = target if isinstance(target, LoadedModel) else load_target(target, self.dtype, self.device)
         weights = self.target.model.embed.weight
         if weights.device.type != self.device.type:
@@ -90,6 +96,9 @@ class Engine(EngineBase):
             self.target.model.decode_settings(self.device)  # refuses what the mode does not implement, now
         self.policy_name, self.objective = policy, objective
         self.drafts = [self.make_draft(d) for d in drafts]
+        for d in self.drafts:  # the dynamic draft length of model drafts and heads (drafts.confident_lengths)
+            if hasattr(d, "stop_below"):
+                d.stop_below = stop_below
         config = self.target.model.config
         eos = set(config.eos_token_ids)
         self.backend = TorchSlotBackend(self.target.model, self.drafts, sorted(eos), verify_impl)

@@ -28,7 +28,7 @@ from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
 
-from .drafts import ModelDraft, Proposal, Sequences
+from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths
 from .layers import default_impl, kernel_attends, rms_norm
 from .model import Block, KVCache, Llama, project
 from .sampling import draft_gumbel, sample_gumbel
@@ -122,8 +122,9 @@ class HeadDraft:
 
     capturable = True
 
-    def __init__(self, name: str, head: DraftHead, target: Llama):
+    def __init__(self, name: str, head: DraftHead, target: Llama, stop_below: float = 0.0):
         self.name, self.target = name, target
+        self.stop_below = check_stop_below(stop_below)  # drafts.confident_lengths' threshold (0: always G tokens)
         self.head = head.to(device=target.embed.weight.device, dtype=target.embed.weight.dtype).eval().requires_grad_(False)
         self.head.attach(target)
         self.feature_layers = head.feature_layers
@@ -167,7 +168,7 @@ class HeadDraft:
         s, w = self.feed(seqs, start, chunk, attend, select=last)
         ids = self.head.token_ids  # [V_d]
         noise = None if sampling.greedy else draft_gumbel(seed, offset, length.shape[0], gamma, ids)  # [B, G, V_d]
-        xs, ws, lqs = [], [], []
+        xs, js, ws, lqs = [], [], [], []
         for i in range(gamma):
             if noise is None:
                 j, lq_i = w.argmax(-1), torch.zeros(w.shape[0], dtype=torch.float32, device=w.device)
@@ -175,6 +176,7 @@ class HeadDraft:
                 j, lq_i = sample_gumbel(w, sampling, noise[:, i])
             x_i = ids[j]
             xs.append(x_i)
+            js.append(j)
             ws.append(w)
             lqs.append(lq_i)
             if i + 1 < gamma:
@@ -182,7 +184,9 @@ class HeadDraft:
                 s, w = self.head.run(self.target, x_i[:, None], s[:, None], p_i, self.cache, attend)
                 s, w = s[:, 0], w[:, 0]
         self.valid.copy_(length)
-        return Proposal(torch.stack(xs, 1), self.head.full_logits(torch.stack(ws, 1)), torch.stack(lqs, 1))
+        w = torch.stack(ws, 1)  # [B, G, V_d]
+        return Proposal(torch.stack(xs, 1), self.head.full_logits(w), torch.stack(lqs, 1),
+                        confident_lengths(w, torch.stack(js, 1), self.stop_below))
 
 
 # -- files

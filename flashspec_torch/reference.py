@@ -106,11 +106,15 @@ def verify_reference(
     cfg: SamplingConfig,
     seed,
     offset,
+    draft_lengths: torch.Tensor | None = None,  # [B] int in [0, G]; None: G
 ) -> VerifyResult[torch.Tensor]:
-    """SPEC.md in plain torch ops, step by step as the NumPy oracle (float32, log space)."""
+    """SPEC.md in plain torch ops, step by step as the NumPy oracle (float32, log space). A position past
+    L_b, or an id outside [0, V), counts as rejected, and y is drawn from p there."""
     z = target_logits.float()
     b, g1, v = z.shape
     x_ok = (draft_tokens >= 0) & (draft_tokens < v)  # [B, G]
+    if draft_lengths is not None:
+        x_ok &= torch.arange(g1 - 1, device=z.device)[None] < draft_lengths.to(z.device)[:, None]
     x = torch.where(x_ok, draft_tokens.long(), 0)
     if cfg.greedy:
         return verify_greedy(z, x, x_ok)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from flashspec.config import SamplingConfig
-from flashspec.contract import VerifyResult, check_verify_args
+from flashspec.contract import VerifyResult, check_verify_args, draft_lengths_problem
 
 from .device import interpreting, next_pow2, pdl_possible
 from .kernel_config import KernelConfig, choose_config
@@ -43,23 +43,29 @@ def verify(
     top_p: float = 1.0,
     seed: int | torch.Tensor = 0,  # int, or int tensor [] or [B] (per-row seeds: generator row 0)
     offset: int | torch.Tensor = 0,  # int, or int tensor [] or [B]
+    draft_lengths: torch.Tensor | None = None,  # [B] int in [0, G]: row b proposes its first L_b tokens; None: G
     impl: str | None = None,  # "triton" (default on CUDA) or "reference" (default on CPU)
     validate: bool | None = None,  # value checks: None on CPU tensors only, True also on a GPU (a host sync), False never
     config: KernelConfig | None = None,  # impl="triton": the kernels' tiling and variants (None: choose_config)
 ) -> VerifyResult[torch.Tensor]:
-    """Exact speculative verification (SPEC.md); num_accepted [B] int32, tokens [B, G+1] int32."""
+    """Exact speculative verification (SPEC.md); num_accepted [B] int32, tokens [B, G+1] int32. With
+    ``draft_lengths``, n_b <= L_b and a row whose L_b tokens are all accepted draws y from p at position L_b
+    (L_b = 0: plain decoding's token); ids past L_b are never read."""
     shape, cfg = check_verify_args(
-        target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset
+        target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset,
+        draft_lengths,
     )
-    check_tensors(target_logits, draft_tokens, draft_logits, draft_logprobs, seed, offset)
+    check_tensors(target_logits, draft_tokens, draft_logits, draft_logprobs, seed, offset, draft_lengths)
     impl = default_impl(target_logits) if impl is None else impl
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
     if validate or (validate is None and target_logits.device.type == "cpu"):
-        check_values(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg)
+        check_values(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, draft_lengths)
     if impl == "reference":
-        return verify_reference(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset)
-    return verify_triton(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset, config)
+        return verify_reference(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset,
+                                draft_lengths)
+    return verify_triton(target_logits, draft_tokens, draft_logits, draft_logprobs, cfg, seed, offset, config,
+                         draft_lengths)
 
 
 def default_impl(target_logits: torch.Tensor) -> str:
@@ -69,9 +75,9 @@ def default_impl(target_logits: torch.Tensor) -> str:
 # ----------------------------------------------------------------------------- checks
 
 
-def check_tensors(z, x, w, lq, seed, offset) -> None:
+def check_tensors(z, x, w, lq, seed, offset, lengths=None) -> None:
     """Every array argument is a torch tensor on target_logits' device."""
-    named = {"target_logits": z, "draft_tokens": x, "draft_logits": w, "draft_logprobs": lq}
+    named = {"target_logits": z, "draft_tokens": x, "draft_logits": w, "draft_logprobs": lq, "draft_lengths": lengths}
     named.update({k: v for k, v in (("seed", seed), ("offset", offset)) if not isinstance(v, int)})
     for name, a in named.items():
         if a is None:
@@ -84,25 +90,31 @@ def check_tensors(z, x, w, lq, seed, offset) -> None:
                              "(seed / offset: a Python int or a tensor on that device)")
 
 
-def check_values(z, x, w, lq, cfg: SamplingConfig) -> None:
-    """The oracle's value checks (they read the data: a host sync on a GPU)."""
+def check_values(z, x, w, lq, cfg: SamplingConfig, lengths: torch.Tensor | None = None) -> None:
+    """The oracle's value checks (they read the data: a host sync on a GPU); positions past L_b are not checked."""
     v = z.shape[-1]
     check_logits("target_logits", z)
     if w is not None:
         check_logits("draft_logits", w)
-    bad = (x < 0) | (x >= v)
+    proposed = torch.ones(x.shape, dtype=torch.bool, device=x.device)
+    if lengths is not None:
+        problem = draft_lengths_problem(lengths.cpu().numpy(), x.shape[1])
+        if problem:
+            raise ValueError(problem)
+        proposed = torch.arange(x.shape[1], device=x.device)[None] < lengths[:, None]
+    bad = ((x < 0) | (x >= v)) & proposed
     if bool(bad.any()):
         b, i = (int(k) for k in bad.nonzero()[0])
         raise ValueError(f"draft_tokens[{b}, {i}] = {int(x[b, i])} is out of range [0, {v}); "
                          "padding ids such as -1 are not tokens: verify only rows with real drafts")
     if lq is not None:
         lqf = lq.float()
-        if not bool((torch.isfinite(lqf) & (lqf <= 1e-3)).all()):
+        if not bool((torch.isfinite(lqf) & (lqf <= 1e-3) | ~proposed).all()):
             raise ValueError("draft_logprobs must be finite log-probabilities (<= 0)")
     if w is not None and lq is None and not cfg.greedy:
-        lq_x = gather(log_probs(w.float(), cfg), x.long())
-        if bool(torch.isneginf(lq_x).any()):
-            b, i = (int(k) for k in torch.isneginf(lq_x).nonzero()[0])
+        lq_x = gather(log_probs(w.float(), cfg), torch.where(proposed, x.long(), 0))
+        if bool((torch.isneginf(lq_x) & proposed).any()):
+            b, i = (int(k) for k in (torch.isneginf(lq_x) & proposed).nonzero()[0])
             raise ValueError(f"draft_tokens[{b}, {i}] = {int(x[b, i])} has zero probability under draft_logits after "
                              "temperature/top-k/top-p: the draft must sample from exactly the q given to verify")
 
@@ -189,6 +201,7 @@ def verify_triton(
     seed,
     offset,
     config: KernelConfig | None = None,
+    draft_lengths: torch.Tensor | None = None,  # [B] int in [0, G]; None: G
 ) -> VerifyResult[torch.Tensor]:
     """Launch the fused kernels (flashspec_torch/kernels/verify.py): one launch if V fits one chunk of
     ``config.num_chunks``' split, else the stats launch and the final launch."""
@@ -228,11 +241,12 @@ def verify_triton(
     counters = (z if s_ptr is None else s_ptr, z if o_ptr is None else o_ptr, s_lo, seed_hi, o_lo, s_stride, o_stride)
     lq_strides = (lq_arg.stride(0), lq_arg.stride(1)) if has_lq else (0, 0)
     kernels.verify_final_kernel[(tiles, 1 if greedy else sweeps)](
-        z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q, *counters, *bufs,
+        z, w_arg, x, lq_arg, thr_p, tid_p, thr_q, tid_q, *counters, *bufs, z if draft_lengths is None else draft_lengths,
         b, v, chunk, chunks, sweep_chunk, sweeps, *temps, *strides, x.stride(0), x.stride(1), *lq_strides,
         NC=next_pow2(chunks), NSC=next_pow2(sweeps), SWEEP_V=config.sweep_v, HAS_W=has_w, HAS_LQ=has_lq,
         FUSED=fused, SEED_TENSOR=s_ptr is not None, OFFSET_TENSOR=o_ptr is not None,
         PER_ROW_SEED=isinstance(seed, torch.Tensor) and seed.ndim == 1, PRUNE=config.prune, SLOTS=slots, PAIRS=pairs,
+        HAS_LENGTHS=draft_lengths is not None,
         num_warps=config.sweep_warps or config.num_warps, **common, **(dict(launch_pdl=True) if pdl else {}))
     return VerifyResult(num_accepted=bufs[-1], tokens=bufs[-2])
 

@@ -79,8 +79,10 @@ def partial_shapes(batch: int, num_chunks: int) -> list[jax.ShapeDtypeStruct]:
     return [f32, i32, f32, i32, i32]
 
 
-def pick_draw(partials: Partials, n: jax.Array, gamma: int, vocab: int) -> jax.Array:  # [B, NV] x 5, [B] -> [B] y
-    """The epilogue: the first (lowest-chunk) best key across chunks, residual unless n = G or no mass.
+def pick_draw(partials: Partials, n: jax.Array, gamma: int, vocab: int,
+              lengths: jax.Array | None = None) -> jax.Array:  # [B, NV] x 5, [B] -> [B] y
+    """The epilogue: the first (lowest-chunk) best key across chunks, residual unless n = L_b (``lengths`` [B],
+    None: G) or no mass.
 
     One variadic reduction over the chunks carries both running bests and the mass flag, so XLA
     emits one kernel where ``pick_draw_reference``'s two argmaxes and its ``any`` take three.
@@ -103,16 +105,17 @@ def pick_draw(partials: Partials, n: jax.Array, gamma: int, vocab: int) -> jax.A
     init = (jnp.float32(NEG_INF), jnp.int32(0), big, jnp.float32(NEG_INF), jnp.int32(0), big, jnp.int32(0))
     _, y_r, _, _, y_p, _, mass = lax.reduce((r_val, r_idx, chunk, p_val, p_idx, chunk, any_r.astype(jnp.int32)),
                                             init, combine, (1,))
-    use_p = (n == gamma) | (mass <= 0)
+    use_p = (n == (gamma if lengths is None else lengths)) | (mass <= 0)  # bonus (all L_b accepted) or no mass
     return jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
 
 
-def pick_draw_reference(partials: Partials, n: jax.Array, gamma: int, vocab: int) -> jax.Array:  # as pick_draw
+def pick_draw_reference(partials: Partials, n: jax.Array, gamma: int, vocab: int,
+                        lengths: jax.Array | None = None) -> jax.Array:  # as pick_draw
     """The plain epilogue: two argmaxes across chunks and an any (three XLA kernels on the GPU)."""
     r_val, r_idx, p_val, p_idx, any_r = partials
     y_r = jnp.take_along_axis(r_idx, jnp.argmax(r_val, axis=1)[:, None], axis=1)[:, 0]
     y_p = jnp.take_along_axis(p_idx, jnp.argmax(p_val, axis=1)[:, None], axis=1)[:, 0]
-    use_p = (n == gamma) | ~jnp.any(any_r > 0, axis=1)
+    use_p = (n == (gamma if lengths is None else lengths)) | ~jnp.any(any_r > 0, axis=1)
     return jnp.minimum(jnp.where(use_p, y_p, y_r), vocab - 1)
 
 
@@ -168,14 +171,17 @@ def final_decide_kernel(
     seed_hi_ref,  # [B] or [1] uint32
     offset_ref,  # [B] or [1] uint32
     z_ref,  # [B, G+1, V]
-    *refs,  # w_ref [B, G, V] (draft != "onehot"); lq_ref [B, G] ("given") or m_q_ref, l_q_ref [B, NV, G]
-    #         ("stats"); then 5 partials [B, NV], n_ref [B] int32, log_q_x_ref [B, G] f32
+    *refs,  # lengths_ref [B] int32 (has_lengths: draft_lengths L_b in [0, G]); w_ref [B, G, V] (draft != "onehot");
+    #         lq_ref [B, G] ("given") or m_q_ref, l_q_ref [B, NV, G] ("stats"); then 5 partials [B, NV], n_ref [B]
+    #         int32, log_q_x_ref [B, G] f32
     temperature: float,
     draft: str,
     chunking: Chunking,
     exact_div: bool,
     config: VerifyKernelConfig,
+    has_lengths: bool = False,
 ):
+    lengths_ref, refs = (refs[0], refs[1:]) if has_lengths else (None, refs)
     ins, outs = refs[: DRAFT_INPUTS[draft]], refs[DRAFT_INPUTS[draft]:]
     w_ref, q_refs = (ins[0], ins[1:]) if ins else (None, ())
     b, c = pl.program_id(0), pl.program_id(1)
@@ -191,7 +197,9 @@ def final_decide_kernel(
     log_q_x, lse_q = draft_log_probs(w_ref, q_refs, b, rows, x, width, draft=draft, temperature=temperature,
                                      exact_div=exact_div)
     accepted = accept_log_uniforms_at(counters, i) < log_p_x - log_q_x
-    n = jnp.min(jnp.where((i < gamma) & ~accepted, i, gamma))  # first rejection, G if none
+    if has_lengths:
+        accepted &= i < lengths_ref[b]
+    n = jnp.min(jnp.where((i < gamma) & ~accepted, i, gamma))  # first rejection (<= L_b), G if none
     j = jnp.minimum(n, gamma - 1)
     key = rng.key(*counters, n.astype(jnp.uint32), rng.FINAL)
     values = sweep_row(z_ref, w_ref, b, c, n, pick(x, i, j, 0), pick(lse_p, i, n, NEG_INF),
@@ -215,6 +223,7 @@ def final_decide(
     stats_p: tuple[jax.Array, jax.Array],  # [B, NV, G+1] f32 each: row_stats of z
     stats_q: tuple[jax.Array, jax.Array] | None,  # [B, NV, G] f32 each: row_stats of w (w given, log_q_given not)
     c: Counters,  # uint32 [B] or [1] each (row: computed in the kernel)
+    lengths: jax.Array | None,  # [B] int32: draft_lengths in [0, G]; None: G (no operand)
     *,
     temperature: float,
     config: VerifyKernelConfig,
@@ -226,7 +235,7 @@ def final_decide(
     draft = "onehot" if w is None else "given" if log_q_given is not None else "stats"
     extra = {"onehot": [], "given": [w, log_q_given], "stats": [w, *(stats_q or ())]}[draft]
     kernel = functools.partial(final_decide_kernel, temperature=temperature, draft=draft, chunking=chunking,
-                               exact_div=not interpret, config=config)
+                               exact_div=not interpret, config=config, has_lengths=lengths is not None)
     out_shape = [*partial_shapes(batch, chunking.num_chunks), jax.ShapeDtypeStruct((batch,), jnp.int32),
                  jax.ShapeDtypeStruct((batch, g1 - 1), jnp.float32)]
     outs = pl.pallas_call(
@@ -236,5 +245,5 @@ def final_decide(
         compiler_params=config.compiler_params(),
         interpret=interpret,
         name="flashspec_final_decide",
-    )(x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *extra)
+    )(x, *stats_p, c.seed_lo, c.seed_hi, c.offset, z, *([] if lengths is None else [lengths]), *extra)
     return tuple(outs[:5]), outs[5], outs[6]

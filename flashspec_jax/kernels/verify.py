@@ -114,6 +114,21 @@ def accept_log_uniforms(c: Counters, gamma: int) -> jax.Array:  # -> [B, G] f32
     return jnp.log(rng.uniform(col(c.seed_lo), col(c.seed_hi), col(c.offset), col(c.row), i, 0, rng.ACCEPT))
 
 
+def proposed_mask(lengths: jax.Array, gamma: int) -> jax.Array:  # [B] -> [B, G] bool: i < L_b
+    return jnp.arange(gamma)[None] < lengths[:, None]
+
+
+def full_lengths(lengths: jax.Array | None, batch: int, gamma: int) -> jax.Array:  # -> [B] int32
+    """draft_lengths, or G for every row (None); clamped to [0, G] so that nothing reads out of bounds."""
+    if lengths is None:
+        return jnp.full((batch,), gamma, jnp.int32)
+    return clamp_lengths(lengths, gamma)
+
+
+def clamp_lengths(lengths: jax.Array | None, gamma: int) -> jax.Array | None:  # [B] -> [B] int32 in [0, G]
+    return None if lengths is None else jnp.clip(lengths.astype(jnp.int32), 0, gamma)
+
+
 def first_rejection(accepted: jax.Array) -> jax.Array:  # [B, G] bool -> [B] int32
     gamma = accepted.shape[-1]
     return jnp.where(accepted.all(-1), gamma, jnp.argmax(~accepted, axis=-1)).astype(jnp.int32)
@@ -142,6 +157,7 @@ def verify(
     w: jax.Array | None,  # [B, G, V] float, or None (one-hot q)
     log_q_given: jax.Array | None,  # [B, G] float, or None
     c: Counters,
+    lengths: jax.Array | None = None,  # [B] int: draft_lengths in [0, G]; None: G
     *,
     temperature: float,
     top_k: int,
@@ -154,17 +170,20 @@ def verify(
     batch, g1, vocab = z.shape
     config = config or choose_config(batch, g1 - 1, vocab, jnp.dtype(z.dtype).itemsize, interpret)
     x = x.astype(jnp.int32)
+    lengths = clamp_lengths(lengths, g1 - 1)  # None stays None: no [B] operand built per step
     if temperature == 0:
-        return verify_greedy(z, x, config=config, interpret=interpret)
+        return verify_greedy(z, x, lengths, config=config, interpret=interpret)
     if top_k > 0 or top_p < 1.0:
         z = filter_logits(z, temperature, top_k, top_p)
         w = None if w is None else filter_logits(w, temperature, top_k, top_p)
-    return verify_sampled(z, x, w, log_q_given, c, temperature=temperature, config=config, interpret=interpret)
+    return verify_sampled(z, x, w, log_q_given, c, lengths, temperature=temperature, config=config,
+                          interpret=interpret)
 
 
 def verify_greedy(
     z: jax.Array,  # [B, G+1, V]
     x: jax.Array,  # [B, G] int32
+    lengths: jax.Array | None,  # [B] int32 in [0, G], or None (G)
     *,
     config: VerifyKernelConfig,
     interpret: bool,
@@ -175,7 +194,8 @@ def verify_greedy(
     x = jnp.clip(x, 0, vocab - 1)
     m, idx = row_stats(z, temperature=0.0, greedy=True, config=config, interpret=interpret)
     argmax = combine_argmax(m, idx, vocab)  # [B, G+1]
-    n = first_rejection(x == argmax[:, :gamma])
+    accepted = x == argmax[:, :gamma]
+    n = first_rejection(accepted if lengths is None else accepted & proposed_mask(lengths, gamma))
     return Decision(n, emit(x, n, argmax[jnp.arange(batch), n]), jnp.zeros(x.shape, jnp.float32))
 
 
@@ -185,6 +205,7 @@ def verify_sampled(
     w: jax.Array | None,  # [B, G, V] (filtered) or None
     log_q_given: jax.Array | None,  # [B, G] or None
     c: Counters,
+    lengths: jax.Array | None,  # [B] int32 in [0, G], or None (G)
     *,
     temperature: float,
     config: VerifyKernelConfig,
@@ -194,9 +215,9 @@ def verify_sampled(
     vocab = z.shape[2]
     stats = functools.partial(row_stats, temperature=temperature, greedy=False, config=config, interpret=interpret)
     stats_q = stats(w) if w is not None and log_q_given is None else None
-    partials, n, log_q_x = final.final_decide(z, x, w, log_q_given, stats(z), stats_q, c, temperature=temperature,
-                                              config=config, interpret=interpret)
-    y = final.pick_draw(partials, n, x.shape[1], vocab)
+    partials, n, log_q_x = final.final_decide(z, x, w, log_q_given, stats(z), stats_q, c, lengths,
+                                              temperature=temperature, config=config, interpret=interpret)
+    y = final.pick_draw(partials, n, x.shape[1], vocab, lengths)
     return Decision(n, emit(jnp.clip(x, 0, vocab - 1), n, y), log_q_x)
 
 
@@ -215,6 +236,7 @@ def verify_reference(
     w: jax.Array | None,  # [B, G, V] float, or None
     log_q_given: jax.Array | None,  # [B, G] float, or None
     c: Counters,
+    lengths: jax.Array | None = None,  # [B] int: draft_lengths in [0, G]; None: G
     *,
     temperature: float,
     top_k: int,
@@ -225,8 +247,10 @@ def verify_reference(
     gamma, rows = g1 - 1, jnp.arange(batch)
     x = jnp.clip(x.astype(jnp.int32), 0, vocab - 1)
     z = z.astype(jnp.float32)
+    lengths = full_lengths(lengths, batch, gamma)
+    proposed = proposed_mask(lengths, gamma)  # [B, G]
     if temperature == 0:
-        n = first_rejection(x == jnp.argmax(z[:, :gamma], axis=-1))
+        n = first_rejection((x == jnp.argmax(z[:, :gamma], axis=-1)) & proposed)
         y = jnp.argmax(z[rows, n], axis=-1)
         return Decision(n, emit(x, n, y), jnp.zeros(x.shape, jnp.float32))
     log_p = log_probs(z, temperature, top_k, top_p)  # [B, G+1, V]
@@ -237,7 +261,7 @@ def verify_reference(
         log_q_x = jnp.zeros(x.shape, jnp.float32)
     else:
         log_q_x = gather(log_q, x)
-    n = first_rejection(accept_log_uniforms(c, gamma) < gather(log_p[:, :gamma], x) - log_q_x)
+    n = first_rejection((accept_log_uniforms(c, gamma) < gather(log_p[:, :gamma], x) - log_q_x) & proposed)
     log_p_n = log_p[rows, n]  # [B, V]
     j = jnp.arange(vocab, dtype=jnp.uint32)[None]
     col = lambda a: a[:, None]  # noqa: E731
@@ -249,6 +273,6 @@ def verify_reference(
     else:
         q_n = jnp.exp(log_q[rows, i])
     r = jnp.maximum(jnp.exp(log_p_n) - q_n, 0.0)
-    use_p = (n == gamma)[:, None] | ~jnp.any(r > 0, axis=-1, keepdims=True)
+    use_p = (n == lengths)[:, None] | ~jnp.any(r > 0, axis=-1, keepdims=True)  # bonus: all L_b accepted
     y = jnp.argmax(jnp.where(use_p, log_p_n, jnp.log(r)) + g, axis=-1)
     return Decision(n, emit(x, n, y), log_q_x)

@@ -150,12 +150,13 @@ def verify_final_kernel(
     seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset,  # [B] or [] int64, or scalars
     m_ptr, l_ptr, a_ptr, counter_ptr, ck_ptr, ci_ptr, cf_ptr,  # launch-1 partials, [tiles], [B, SC, 2] candidates
     tokens_ptr, num_ptr,  # [B, G+1] i32, [B] i32
+    len_ptr,  # [B] int: draft_lengths (HAS_LENGTHS)
     B, V, chunk, C, sweep_chunk, SC, T, inv_T, szb, szr, szv, swb, swr, swv, sxb, sxg, slb, slg,
     G: tl.constexpr, ROWS: tl.constexpr, NC: tl.constexpr, NSC: tl.constexpr, BLOCK_B: tl.constexpr,
     BLOCK_V: tl.constexpr, SWEEP_V: tl.constexpr, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr, FILTER: tl.constexpr,
     GREEDY: tl.constexpr, FUSED: tl.constexpr, SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
     PER_ROW_SEED: tl.constexpr, VEC: tl.constexpr, FAST: tl.constexpr, PRUNE: tl.constexpr, PDL: tl.constexpr,
-    SLOTS: tl.constexpr, PAIRS: tl.constexpr,
+    SLOTS: tl.constexpr, PAIRS: tl.constexpr, HAS_LENGTHS: tl.constexpr,
 ):
     """Normalisers -> accept tests -> n -> Gumbel-max over row n -> tokens; grid (tiles of B, SC): the C
     partials of a row are recombined by each of its SC programs, and program c sweeps [c sweep_chunk,
@@ -169,21 +170,14 @@ def verify_final_kernel(
     i = tl.arange(0, ROWS)[None, :]  # row index: position i
     p_mask = b_mask[:, None] & (i < G + 1)
     q_mask = b_mask[:, None] & (i < G)
-    x = tl.load(x_ptr + b64[:, None] * sxb + i * sxg, mask=q_mask, other=0).to(tl.int64)  # [BB, R]
-    x_ok = (x >= 0) & (x < V)
-    x = tl.where(x_ok, x, 0)  # masked id: never read out of bounds
-    thr_p = tl.load(thr_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=NEG_INF) if FILTER else 0.0
-    tid_p = tl.load(tid_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=0) if FILTER else 0
-    thr_q = tl.load(thr_q_ptr + b64[:, None] * G + i, mask=q_mask, other=NEG_INF) if FILTER and HAS_W else 0.0
-    tid_q = tl.load(tid_q_ptr + b64[:, None] * G + i, mask=q_mask, other=0) if FILTER and HAS_W else 0
+    x, x_ok = drafted_ids(x_ptr, len_ptr, b64, b_mask, i, q_mask, sxb, sxg, V, G, HAS_LENGTHS)  # [BB, R]
+    thr_p, tid_p, thr_q, tid_q = filter_thresholds(thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, b64, i, p_mask, q_mask,
+                                                   G, HAS_W, FILTER)
     if not GREEDY:  # what the accept tests need besides the normalisers (none of it written by launch 1)
         s_x, t_x, lq_x = gathered_logits(z_ptr, w_ptr, lq_ptr, x, b64, i, q_mask, thr_p, tid_p, thr_q, tid_q, T,
                                          szb, szr, szv, swb, swr, swv, slb, slg, BLOCK_B, ROWS, HAS_W, HAS_LQ, FILTER)
-        lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
-                                        b_mask, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
-        k_accept = key(lo[:, None], hi[:, None], off[:, None], row[:, None], i.to(tl.uint32),
-                       tl.full((), ACCEPT_STREAM, tl.uint32))
-        log_u = tl.log(uniform_from_bits(mix(k_accept)))  # vocab coordinate 0
+        lo, hi, off, row, log_u = accept_log_uniforms(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed,
+                                                      s_offset, b, b_mask, i, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
     if PDL:
         gdc_wait()  # launch 1's partials (and its counter reset) are visible from here on
     if GREEDY:
@@ -196,12 +190,7 @@ def verify_final_kernel(
         lse_p, lse_q = final_normalisers(z_ptr, w_ptr, thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, m_ptr, l_ptr,
                                          b64, b_mask, i, V, C, T, inv_T, szb, szr, szv, swb, swr, swv,
                                          G, ROWS, NC, BLOCK_B, BLOCK_V, HAS_W and not HAS_LQ, FILTER, FUSED, VEC, FAST)
-        lse_p = tl.where(p_mask, lse_p, 0.0)  # padding rows: no -inf - -inf below
-        if HAS_LQ:
-            lse_q = t_x - lq_x  # the draft row's normaliser is one logit away
-        elif HAS_W:
-            lse_q = tl.where(q_mask, lse_q, 0.0)
-            lq_x = t_x - lse_q
+        lse_p, lse_q, lq_x = draft_log_q(lse_p, lse_q, t_x, lq_x, p_mask, q_mask, HAS_W, HAS_LQ)
         accepted = x_ok & (log_u < (s_x - lse_p) - lq_x)
         n = tl.min(tl.where(q_mask & ~accepted, i, G), axis=1)  # [BB]
         use_p, best_r, idx_r, best_p, idx_p, mass = draw_row_n(
@@ -213,6 +202,52 @@ def verify_final_kernel(
         else:
             reduce_candidates(ck_ptr, ci_ptr, cf_ptr, counter_ptr, tokens_ptr, num_ptr, pid_b, pid_c, b, b_mask, x, n,
                               use_p, best_r, idx_r, best_p, idx_p, mass, SC, G, ROWS, NSC)
+
+
+@triton.jit
+def drafted_ids(x_ptr, len_ptr, b64, b_mask, i, q_mask, sxb, sxg, V, G: tl.constexpr, HAS_LENGTHS: tl.constexpr):
+    """(x clamped to 0 where masked, x_ok), each [BB, R]: an id outside [0, V) or at a position past the row's
+    draft length L_b (HAS_LENGTHS: len_ptr [B]) is a masked id, rejected with y drawn from p there."""
+    x = tl.load(x_ptr + b64[:, None] * sxb + i * sxg, mask=q_mask, other=0).to(tl.int64)
+    x_ok = (x >= 0) & (x < V)
+    if HAS_LENGTHS:
+        x_ok = x_ok & (i < tl.load(len_ptr + b64, mask=b_mask, other=G)[:, None])
+    return tl.where(x_ok, x, 0), x_ok  # masked id: never read out of bounds
+
+
+@triton.jit
+def filter_thresholds(thr_p_ptr, tid_p_ptr, thr_q_ptr, tid_q_ptr, b64, i, p_mask, q_mask, G: tl.constexpr,
+                      HAS_W: tl.constexpr, FILTER: tl.constexpr):
+    """The top-k / top-p cut of each target row [BB, R] and draft row (FILTER; else no cut)."""
+    thr_p = tl.load(thr_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=NEG_INF) if FILTER else 0.0
+    tid_p = tl.load(tid_p_ptr + b64[:, None] * (G + 1) + i, mask=p_mask, other=0) if FILTER else 0
+    thr_q = tl.load(thr_q_ptr + b64[:, None] * G + i, mask=q_mask, other=NEG_INF) if FILTER and HAS_W else 0.0
+    tid_q = tl.load(tid_q_ptr + b64[:, None] * G + i, mask=q_mask, other=0) if FILTER and HAS_W else 0
+    return thr_p, tid_p, thr_q, tid_q
+
+
+@triton.jit
+def accept_log_uniforms(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b, b_mask, i,
+                        SEED_TENSOR: tl.constexpr, OFFSET_TENSOR: tl.constexpr, PER_ROW_SEED: tl.constexpr):
+    """The rows' counters (lo, hi, off, row: [BB] uint32) and log u of the accept test at each position [BB, R]."""
+    lo, hi, off, row = row_counters(seed_ptr, offset_ptr, seed_lo, seed_hi, offset_lo, s_seed, s_offset, b,
+                                    b_mask, SEED_TENSOR, OFFSET_TENSOR, PER_ROW_SEED)
+    k_accept = key(lo[:, None], hi[:, None], off[:, None], row[:, None], i.to(tl.uint32),
+                   tl.full((), ACCEPT_STREAM, tl.uint32))
+    return lo, hi, off, row, tl.log(uniform_from_bits(mix(k_accept)))  # vocab coordinate 0
+
+
+@triton.jit
+def draft_log_q(lse_p, lse_q, t_x, lq_x, p_mask, q_mask, HAS_W: tl.constexpr, HAS_LQ: tl.constexpr):
+    """(lse_p, lse_q, log q(x)) with padding rows zeroed (no -inf - -inf): the draft's normaliser is one logit
+    away when its log-probs were given (HAS_LQ), from the draft logits' normalisers otherwise (HAS_W)."""
+    lse_p = tl.where(p_mask, lse_p, 0.0)
+    if HAS_LQ:
+        lse_q = t_x - lq_x
+    elif HAS_W:
+        lse_q = tl.where(q_mask, lse_q, 0.0)
+        lq_x = t_x - lse_q
+    return lse_p, lse_q, lq_x
 
 
 @triton.jit

@@ -41,6 +41,7 @@ def report(results: dict[str, SimResult], env: Environment, config: BanditConfig
         "environment": {
             "means": list(env.means), "reward": env.reward, "gamma": env.gamma,
             "switch_at": list(env.switch_at), "costs": env.costs, "objective": env.objective,
+            "free": list(env.free),
             "arm_values": env.values(np.array(env.means)).tolist(),
         },
         "rounds": rounds, "seeds": seeds, "seed": seed,
@@ -79,6 +80,8 @@ class Scenario:
             cmd.append(f"--objective {e.objective}")
         if e.costs:
             cmd.append(f"--costs {','.join(map(str, e.costs))}")
+        if e.free:
+            cmd.append(f"--free {','.join(map(str, e.free))}")
         if self.config.likelihood != "bernoulli":
             cmd.append(f"--likelihood {self.config.likelihood}")
         return " ".join(cmd + ["--json"])
@@ -98,6 +101,10 @@ def scenarios(rounds: int = ROUNDS) -> list[Scenario]:
                  Environment(MEANS, reward="acceptance", gamma=4), base, ALL),
         Scenario("piecewise", "Bernoulli arms, means rotated by one arm every 2,000 rounds",
                  Environment(MEANS, switch_at=switch_every(2000, rounds)), base, ALL),
+        Scenario("piecewise-free-one", "piecewise, with arm 0 (an n-gram draft) also scored when not pulled",
+                 Environment(MEANS, switch_at=switch_every(2000, rounds), free=(0,)), base, ALL),
+        Scenario("piecewise-free-all", "piecewise, every arm scored every round (full information)",
+                 Environment(MEANS, switch_at=switch_every(2000, rounds), free=(0, 1, 2)), base, ALL),
         Scenario("throughput",
                  "acceptance G = 4, per-token 0.8, 0.6, 0.5 at step costs 1.0, 0.5, 0.7: tokens/s",
                  Environment((0.8, 0.6, 0.5), reward="acceptance", gamma=4, costs=(1.0, 0.5, 0.7),

@@ -163,9 +163,29 @@ class Policy:
         self.observe_batch(np.array([arm]), np.array([drafted]), np.array([accepted]),
                            np.array([seconds], dtype=np.float64))
 
+    def observe_free_batch(self, arms, drafted, accepted) -> None:
+        """Full information (HedgeSpec): what arm ``arms[b]`` would have accepted in bandit b's step just
+        observed, scored without running it (a draft whose proposal can be recomputed from the emitted
+        text, such as the n-gram lookup). ``drafted[b]`` is the number of its tokens that could be scored
+        (the emitted window: 0 = nothing, that bandit is skipped), ``accepted[b]`` its leading matches.
+        Updates the acceptance statistics only: step counts and measured costs stay those of pulled arms."""
+        arms, drafted, accepted = (np.asarray(x) for x in (arms, drafted, accepted))
+        for name, x in (("arms", arms), ("drafted", drafted), ("accepted", accepted)):
+            if x.shape != (self.batch,) or x.dtype.kind not in "iu":
+                raise ValueError(f"{name} must be integers of shape ({self.batch},), got {x.dtype} {x.shape}")
+        if np.any((arms < 0) | (arms >= self.num_arms)):
+            raise ValueError(f"arms must be in [0, {self.num_arms})")
+        if np.any((drafted < 0) | (accepted < 0) | (accepted > drafted)):
+            raise ValueError("free observations need 0 <= accepted <= drafted")
+        seen = drafted > 0
+        if seen.any():
+            self._scored[self._rows[seen], arms[seen]] += 1
+            self._update_free(seen, arms, accepted / np.maximum(drafted, 1), drafted, accepted)
+
     def reset(self) -> None:
         """Forget every observation (the random stream continues)."""
         shape = (self.batch, self.num_arms)
+        self._scored = np.zeros(shape)  # full-information observations (not pulls)
         self._pulls = np.zeros(shape)
         self._drafted = np.zeros(shape)
         self._seconds = np.zeros(shape)
@@ -199,6 +219,10 @@ class Policy:
 
     def _update(self, arms, reward, drafted, accepted) -> None:
         pass
+
+    def _update_free(self, seen, arms, reward, drafted, accepted) -> None:
+        """A full-information observation for the bandits where ``seen`` [batch] is set."""
+        raise NotImplementedError(f"policy {self.name!r} does not take full-information observations")
 
     def _reward(self, drafted, accepted) -> np.ndarray:
         return accepted / drafted
@@ -286,6 +310,9 @@ class FixedArm(Policy):
         values[:, self.config.fixed_arm] = 1.0
         return values
 
+    def _update_free(self, seen, arms, reward, drafted, accepted):
+        pass
+
 
 class UCB1(Policy):
     """UCB1 (Auer, Cesa-Bianchi and Fischer 2002): play each arm once, then the largest
@@ -299,15 +326,18 @@ class UCB1(Policy):
     def _update(self, arms, reward, drafted, accepted):
         self._sum[self._rows, arms] += check_fraction(reward)
 
+    def _update_free(self, seen, arms, reward, drafted, accepted):
+        self._sum[self._rows[seen], arms[seen]] += check_fraction(reward[seen])
+
     def _values(self):
-        n = self._pulls
+        n = self._pulls + self._scored  # observations of the arm's reward, pulled or scored
         t = np.maximum(n.sum(axis=1, keepdims=True), 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             index = self._sum / n + np.sqrt(2.0 * np.log(t) / n)
         unseen = n == 0
         if self.config.objective == "throughput":  # an optimistic fraction, at most 1
             index = self._value_of_fraction(np.minimum(np.where(unseen, 1.0, index), 1.0))
-        return np.where(unseen, np.inf, index)
+        return np.where(unseen, np.inf, index)  # (throughput: an arm never pulled has no cost yet: inf)
 
 
 class Thompson(Policy):
@@ -333,15 +363,24 @@ class Thompson(Policy):
         return self._value_of_fraction(theta)
 
     def _update(self, arms, reward, drafted, accepted):
-        reward = check_fraction(reward)
         self._discount()
+        self._add(np.ones(self.batch, bool), arms, reward, drafted, accepted)
+
+    def _update_free(self, seen, arms, reward, drafted, accepted):  # the step's discount is already applied
+        self._add(seen, arms, reward, drafted, accepted)
+
+    def _add(self, seen, arms, reward, drafted, accepted):
+        """Posterior update of bandits ``seen`` [batch]; "token": ``drafted`` tokens were scored, so a
+        window that ends without a rejection (a censored full-information one) adds no failure."""
+        reward = check_fraction(reward)
         if self.config.likelihood == "token":
             success, failure = accepted, (accepted < drafted)
         else:
             success = self.rng.random(self.batch) < reward  # Bernoulli(r): exact for r in {0, 1}
             failure = ~success
-        self._succ[self._rows, arms] += success
-        self._fail[self._rows, arms] += failure
+        cell = (self._rows[seen], arms[seen])
+        self._succ[cell] += success[seen]
+        self._fail[cell] += failure[seen]
 
     def _discount(self):
         pass
@@ -386,19 +425,24 @@ class ChangeDetectThompson(Thompson):
 
     def _update(self, arms, reward, drafted, accepted):
         super()._update(arms, reward, drafted, accepted)
-        self._restart(self._detect(arms, reward), arms)
+        self._restart(self._detect(np.ones(self.batch, bool), arms, reward), arms)
 
-    def _detect(self, arms, reward) -> np.ndarray:
-        """Feed each bandit's reward to its pulled arm's detector; True where it alarms."""
+    def _update_free(self, seen, arms, reward, drafted, accepted):
+        super()._update_free(seen, arms, reward, drafted, accepted)
+        self._restart(self._detect(seen, arms, reward), arms)
+
+    def _detect(self, seen, arms, reward) -> np.ndarray:
+        """Feed each bandit's reward to its arm's detector (bandits ``seen`` [batch] only); True where it alarms."""
         c, cell = self.config, (self._rows, arms)
         n, mean = self._det_n[cell], self._det_mean[cell]
         tested = n >= c.cd_warmup
         up = np.where(tested, np.maximum(0.0, self._det_up[cell] + reward - mean - c.cd_delta), 0.0)
         down = np.where(tested, np.maximum(0.0, self._det_down[cell] + mean - reward - c.cd_delta), 0.0)
-        self._det_up[cell], self._det_down[cell] = up, down
-        self._det_n[cell] = n + 1
-        self._det_mean[cell] = mean + (reward - mean) / (n + 1)
-        return np.maximum(up, down) > c.cd_threshold
+        self._det_up[cell] = np.where(seen, up, self._det_up[cell])
+        self._det_down[cell] = np.where(seen, down, self._det_down[cell])
+        self._det_n[cell] = np.where(seen, n + 1, n)
+        self._det_mean[cell] = np.where(seen, mean + (reward - mean) / (n + 1), mean)
+        return seen & (np.maximum(up, down) > c.cd_threshold)
 
     def _restart(self, alarm: np.ndarray, arms: np.ndarray):
         if not alarm.any():

@@ -117,6 +117,9 @@ def add_bandit_sim(sub) -> None:
     sw.add_argument("--switch-at", type=ints, nargs="+", metavar="T",
                     help="rotate the means at these rounds (comma- or space-separated)")
     p.add_argument("--costs", type=floats, help="seconds per step per arm (--objective throughput)")
+    p.add_argument("--free", type=ints, default=(), metavar="ARMS",
+                   help="arms scored after every round without being run (full information, as the n-gram "
+                        "draft is from the emitted text), e.g. 0,1,2")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_options(p)
     p.set_defaults(run=run_bandit_sim)
@@ -136,7 +139,7 @@ def run_bandit_sim(args) -> int:
         switch = tuple(sorted({t for group in args.switch_at for t in group}))
     gamma = args.gamma[0] if len(args.gamma) == 1 else args.gamma
     env = Environment(args.means, reward=args.reward, gamma=gamma, switch_at=switch,
-                      costs=args.costs, objective=args.objective)
+                      costs=args.costs, objective=args.objective, free=args.free)
     config = config_from(args)
     results = run_policies(names, env, config, args.rounds, args.seeds, args.seed)
     command = "flashspec " + shlex.join(args.argv)
@@ -257,7 +260,7 @@ def non_negative_float(text: str) -> float:
 
 
 def add_generate(sub) -> None:
-    from .bandits import POLICIES
+    from .adaptive import engine_policies
 
     p = sub.add_parser("generate", help="generate text with speculative decoding",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -268,7 +271,9 @@ def add_generate(sub) -> None:
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
                    help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR] | PATH; repeat for several (None: ngram)")
-    p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token", help="how a draft is chosen per step")
+    p.add_argument("--policy", choices=engine_policies(), default="thompson-token",
+                   help="how a draft is chosen per step (adaptive: plain decoding, each draft at G and G // 2, "
+                        "by measured tokens/s)")
     p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step")
     p.add_argument("--temperature", type=non_negative_float, default=0.7, help="sampling temperature; 0 is greedy")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")

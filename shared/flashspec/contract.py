@@ -77,6 +77,7 @@ def check_verify_args(
     top_p: float,
     seed: Any,
     offset: Any,
+    draft_lengths: Any | None = None,  # [B] int in [0, G]
 ) -> tuple[VerifyShape, SamplingConfig]:
     """Check shapes, dtypes and scalars; raise ValueError naming the argument."""
     cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -124,4 +125,26 @@ def check_verify_args(
             raise ValueError(f"draft_logprobs has dtype {dtype_name(draft_logprobs)}; expected one of {FLOAT_DTYPES}")
     check_counter("seed", seed, b, MAX_SEED)
     check_counter("offset", offset, b, MAX_OFFSET)
+    if draft_lengths is not None:
+        check_draft_lengths_shape(draft_lengths, b, g)
     return VerifyShape(b, g, v), cfg
+
+
+def check_draft_lengths_shape(draft_lengths: Any, batch: int, gamma: int) -> None:
+    """draft_lengths: an integer array [B] (its values, 0 <= L_b <= G, are checked with the data)."""
+    ls = _shape("draft_lengths", draft_lengths)
+    if ls != (batch,):
+        raise ValueError(f"draft_lengths has shape {list(ls)}; expected [B] = [{batch}] (one length in [0, {gamma}] "
+                         "per row), or None for G tokens in every row")
+    if dtype_name(draft_lengths) not in INT_DTYPES:
+        raise ValueError(f"draft_lengths has dtype {dtype_name(draft_lengths)}; expected an integer dtype")
+
+
+def draft_lengths_problem(lengths: Any, gamma: int) -> str:
+    """'' if every L_b is in [0, G], else the error message naming the first bad row (lengths: NumPy [B])."""
+    bad = (lengths < 0) | (lengths > gamma)
+    if not bad.any():
+        return ""
+    b = int(bad.nonzero()[0][0])
+    return (f"draft_lengths[{b}] = {int(lengths[b])} is outside [0, {gamma}]: row b proposes its first L_b of the "
+            f"G = {gamma} drafted tokens (0: plain decoding for that row)")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
+from . import adaptive
 from .bandits import POLICIES, BanditConfig
 from .config import SamplingConfig
 from .faults import NonFiniteLogitsError
@@ -78,7 +79,12 @@ class EngineBase:
         seed = self.seed_array(r.seeds)
         backend.prefill(r.ids, r.spec.max_new_tokens)
         backend.prepare(r.spec.gamma if r.speculation else None, r.sampling)
-        if r.speculation:
+        if r.speculation and self.policy_name == adaptive.NAME:
+            for g in adaptive.engine_lengths(r.spec.gamma):  # every arm's step kind, so no capture is timed
+                backend.prepare(g, r.sampling)
+            adaptive.speculate_adaptive(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]), sampling=r.sampling,
+                                        spec=r.spec, seed=seed, rows=len(r.ids), on_step=r.on_step, records=records)
+        elif r.speculation:
             speculate_steps(backend, self.policy_for(r.spec.gamma, r.seeds[0]), sampling=r.sampling, spec=r.spec,
                             seed=seed, first_offset=0, on_step=r.on_step, records=records)
         else:
@@ -101,7 +107,19 @@ class EngineBase:
         """Backend-specific fields of the result dict."""
         return {}
 
+    def adaptive_policy(self, gamma: int, seed: int) -> adaptive.AdaptivePolicy:
+        """``--policy adaptive``: plain decoding and every draft at G and G // 2, kept across requests."""
+        if self.policy is None or self.policy_gamma != gamma:
+            drafts = len(self.backend.draft_names)
+            arms = adaptive.make_arms(drafts, adaptive.engine_lengths(gamma))
+            self.policy = adaptive.AdaptivePolicy(arms, drafts, rng=seed)
+            self.policy_gamma = gamma
+        return self.policy
+
     def policy_for(self, gamma: int, seed: int):
+        if self.policy_name == adaptive.NAME:
+            raise ValueError("policy='adaptive' runs in generate's loop only; the slot scheduler (serving) chooses "
+                             f"among drafts: make the engine with one of {sorted(POLICIES)}")
         if self.policy is None or self.policy_gamma != gamma:
             config = BanditConfig(objective=self.objective, gamma=gamma)
             self.policy = POLICIES[self.policy_name](len(self.backend.draft_names), config, rng=seed)

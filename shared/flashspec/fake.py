@@ -16,8 +16,22 @@ from .backend import StepView
 from .config import SamplingConfig
 from .contract import VerifyResult
 from .random import FINAL
-from .reference import sample
+from .reference import log_probs, sample
 from .reference import verify as reference_verify
+
+
+def chain_law(target: np.ndarray, sampling: SamplingConfig, start: int, length: int) -> np.ndarray:  # [V] * length
+    """P(t_1..t_L) of sampling the target chain ``target`` [V, V] token by token from ``start``."""
+    v = target.shape[0]
+    p = np.exp(log_probs(target, sampling).astype(np.float64))  # [V, V]
+    law = np.zeros((v,) * length)
+    for idx in np.ndindex(*law.shape):
+        prev, prob = start, 1.0
+        for t in idx:
+            prob *= p[prev, t]
+            prev = t
+        law[idx] = prob
+    return law
 
 
 @dataclass(frozen=True)

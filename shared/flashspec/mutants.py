@@ -36,14 +36,13 @@ class InverseCdfVerifier(ReferenceVerifier):
     def final_uniform(self, c: Counters, n, log_u):  # [B]
         return rng.uniform(c.seed, c.offset, c.row, n, 0, rng.FINAL)
 
-    def sample_final(self, log_p, log_q, x, n, c, log_u):
+    def sample_final(self, log_p, log_q, x, n, bonus, c, log_u):
         b, g1, v = log_p.shape
         rows = np.arange(b)
         p_n = np.exp(log_p[rows, n].astype(np.float64))
         i = np.minimum(n, g1 - 2)
         q_n = (np.arange(v)[None] == x[rows, i][:, None]) * 1.0 if log_q is None else np.exp(log_q[rows, i].astype(np.float64))
-        bonus = (n == g1 - 1)[:, None]
-        weights = np.where(bonus, p_n, self.residual(p_n, q_n))
+        weights = np.where(bonus[:, None], p_n, self.residual(p_n, q_n))
         return self.pick(weights, self.final_uniform(c, n, log_u))
 
     def pick(self, weights, u):
@@ -133,8 +132,16 @@ class TargetParamsIgnored(ReferenceVerifier):
 class PaddingReadOutOfBounds(ReferenceVerifier):
     """Draft ids are not range-checked: -1 padding silently reads the last vocabulary entry."""
 
-    def check_values(self, z, x, w, lq_given, vocab):
-        super().check_values(z, np.clip(x, 0, vocab - 1), w, lq_given, vocab)
+    def check_values(self, z, x, w, lq_given, vocab, proposed):
+        super().check_values(z, np.clip(x, 0, vocab - 1), w, lq_given, vocab, proposed)
+
+
+class ShortRowResidual(ReferenceVerifier):
+    """A row that proposed L_b < G tokens and had all accepted draws its extra token from the residual
+    max(0, p_L - q_L) (as if position L_b had been proposed and rejected) instead of from p_L."""
+
+    def sample_final(self, log_p, log_q, x, n, bonus, c, log_u):
+        return super().sample_final(log_p, log_q, x, n, n == log_p.shape[1] - 1, c, log_u)
 
 
 MUTANTS: tuple[type[ReferenceVerifier], ...] = (
@@ -149,4 +156,5 @@ MUTANTS: tuple[type[ReferenceVerifier], ...] = (
     DraftFiltersIgnored,
     TargetParamsIgnored,
     PaddingReadOutOfBounds,
+    ShortRowResidual,
 )

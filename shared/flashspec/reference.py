@@ -16,7 +16,7 @@ import numpy as np
 
 from . import random as rng
 from .config import SamplingConfig
-from .contract import VerifyResult, check_verify_args
+from .contract import VerifyResult, check_verify_args, draft_lengths_problem
 
 
 @dataclass(frozen=True)
@@ -141,44 +141,59 @@ class ReferenceVerifier:
         top_p: float = 1.0,
         seed=0,
         offset=0,
+        draft_lengths=None,  # [B] int in [0, G]: row b proposes its first L_b tokens; None: all G
         impl: str = "reference",
     ) -> VerifyResult[np.ndarray]:
         if impl != "reference":
             raise ValueError(f"impl={impl!r}: flashspec.reference.verify only has impl='reference'")
         shape, cfg = check_verify_args(
-            target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset
+            target_logits, draft_tokens, draft_logits, draft_logprobs, temperature, top_k, top_p, seed, offset,
+            draft_lengths,
         )
         z = as_float32(target_logits)
+        lengths = self.lengths(draft_lengths, shape.batch, shape.gamma)  # [B]
+        proposed = np.arange(shape.gamma)[None] < lengths[:, None]  # [B, G]: the positions each row proposes
         x = np.asarray(draft_tokens).astype(np.int64)
         w = None if draft_logits is None else as_float32(draft_logits)
         lq_given = None if draft_logprobs is None else as_float32(draft_logprobs)
-        self.check_values(z, x, w, lq_given, shape.vocab)
+        self.check_values(z, x, w, lq_given, shape.vocab, proposed)
+        x = np.where(proposed, x, 0)  # ids past L_b are never read
         c = Counters.make(seed, offset, shape.batch)
         if cfg.greedy:
-            return self.verify_greedy(z, x)
+            return self.verify_greedy(z, x, proposed)
         log_p = self.target_log_probs(z, cfg)  # [B, G+1, V]
         log_q = None if w is None else self.draft_log_probs(w, cfg)  # [B, G, V]
-        log_q_x = self.draft_log_probs_at(x, log_q, lq_given)  # [B, G]
+        log_q_x = self.draft_log_probs_at(x, log_q, lq_given, proposed)  # [B, G]
         log_u = np.log(self.accept_uniforms(c, shape.gamma, x))  # [B, G]
-        accepted = self.accept(log_u, gather(log_p[:, :-1], x), log_q_x)  # [B, G]
-        n = self.first_rejection(accepted)  # [B]
-        y = self.sample_final(log_p, log_q, x, n, c, log_u)  # [B]
+        accepted = self.accept(log_u, gather(log_p[:, :-1], x), log_q_x) & proposed  # [B, G]
+        n = self.first_rejection(accepted)  # [B], <= L_b
+        y = self.sample_final(log_p, log_q, x, n, self.bonus_rows(n, lengths), c, log_u)  # [B]
         return self.emit(x, n, y)
+
+    @staticmethod
+    def lengths(draft_lengths, batch: int, gamma: int) -> np.ndarray:  # -> [B] int64
+        if draft_lengths is None:
+            return np.full(batch, gamma, np.int64)
+        lengths = np.asarray(draft_lengths).astype(np.int64)
+        problem = draft_lengths_problem(lengths, gamma)
+        if problem:
+            raise ValueError(problem)
+        return lengths
 
     # -- value checks (the shape checks live in flashspec.contract)
 
-    def check_values(self, z, x, w, lq_given, vocab: int) -> None:
+    def check_values(self, z, x, w, lq_given, vocab: int, proposed) -> None:  # proposed [B, G] bool
         _check_logits("target_logits", z)
         if w is not None:
             _check_logits("draft_logits", w)
-        bad = (x < 0) | (x >= vocab)
+        bad = ((x < 0) | (x >= vocab)) & proposed
         if bad.any():
             b, i = np.argwhere(bad)[0]
             raise ValueError(
                 f"draft_tokens[{b}, {i}] = {x[b, i]} is out of range [0, {vocab}); "
                 "padding ids such as -1 are not tokens: verify only rows with real drafts"
             )
-        if lq_given is not None and not (np.isfinite(lq_given).all() and (lq_given <= 1e-3).all()):
+        if lq_given is not None and not (np.isfinite(lq_given) & (lq_given <= 1e-3) | ~proposed).all():
             raise ValueError("draft_logprobs must be finite log-probabilities (<= 0)")
 
     # -- the steps
@@ -189,14 +204,14 @@ class ReferenceVerifier:
     def draft_log_probs(self, w, cfg):  # [B, G, V]
         return log_probs(w, cfg)
 
-    def draft_log_probs_at(self, x, log_q, lq_given):  # -> [B, G]
+    def draft_log_probs_at(self, x, log_q, lq_given, proposed):  # -> [B, G]
         if lq_given is not None:
-            return lq_given
+            return np.where(proposed, lq_given, np.float32(0))
         if log_q is None:
             return np.zeros(x.shape, np.float32)  # one-hot q: log q(x) = 0
         lq_x = gather(log_q, x)
-        if np.isneginf(lq_x).any():
-            b, i = np.argwhere(np.isneginf(lq_x))[0]
+        if (np.isneginf(lq_x) & proposed).any():
+            b, i = np.argwhere(np.isneginf(lq_x) & proposed)[0]
             raise ValueError(
                 f"draft_tokens[{b}, {i}] = {x[b, i]} has zero probability under draft_logits after "
                 "temperature/top-k/top-p: the draft must sample from exactly the q given to verify"
@@ -214,11 +229,15 @@ class ReferenceVerifier:
     def first_rejection(self, accepted):  # [B, G] -> [B]
         return np.where(accepted.all(-1), accepted.shape[-1], (~accepted).argmax(-1))
 
+    def bonus_rows(self, n, lengths):  # [B], [B] -> [B] bool
+        """Rows whose L_b proposed tokens were all accepted: y is drawn from p_n (the bonus)."""
+        return n == lengths
+
     def residual(self, p_n, q_n):  # [B, V] each -> [B, V], unnormalised
         return np.maximum(p_n - q_n, np.float32(0))
 
-    def sample_final(self, log_p, log_q, x, n, c: Counters, log_u):  # -> [B]
-        """y ~ normalise(max(0, p_n - q_n)) if n < G, else y ~ p_G; Gumbel-max over row n only."""
+    def sample_final(self, log_p, log_q, x, n, bonus, c: Counters, log_u):  # n, bonus [B] -> [B]
+        """y ~ normalise(max(0, p_n - q_n)) if row n rejected, else (bonus) y ~ p_n; Gumbel-max over row n only."""
         b, g1, v = log_p.shape
         rows = np.arange(b)
         lp_n = log_p[rows, n]  # [B, V]
@@ -231,9 +250,8 @@ class ReferenceVerifier:
         r = self.residual(np.exp(lp_n), q_n)
         with np.errstate(divide="ignore"):
             log_r = np.log(r)
-        bonus = (n == g1 - 1)[:, None]
         empty = ~(r > 0).any(-1, keepdims=True)  # p <= q everywhere in float32: fall back to p
-        key = np.where(bonus | empty, lp_n, log_r) + g
+        key = np.where(bonus[:, None] | empty, lp_n, log_r) + g
         return key.argmax(-1)
 
     def emit(self, x, n, y) -> VerifyResult[np.ndarray]:
@@ -244,9 +262,9 @@ class ReferenceVerifier:
         tokens[np.arange(b), n] = y
         return VerifyResult(num_accepted=n.astype(np.int32), tokens=tokens.astype(np.int32))
 
-    def verify_greedy(self, z, x) -> VerifyResult[np.ndarray]:
-        """T = 0: accept x_i iff x_i = argmax z_i; y = argmax z_n (ties: lowest index)."""
-        accepted = x == z[:, :-1].argmax(-1)
+    def verify_greedy(self, z, x, proposed) -> VerifyResult[np.ndarray]:
+        """T = 0: accept x_i iff x_i = argmax z_i (i < L_b); y = argmax z_n (ties: lowest index)."""
+        accepted = (x == z[:, :-1].argmax(-1)) & proposed
         n = self.first_rejection(accepted)
         y = z[np.arange(z.shape[0]), n].argmax(-1)
         return self.emit(x, n, y)

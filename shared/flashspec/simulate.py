@@ -15,6 +15,12 @@ Schedules: at each round listed in ``switch_at`` the means rotate by one arm
 (``means <- roll(means, 1)``: the value at arm k moves to arm k+1), the same for every seed.
 With means (0.3, 0.7, 0.5) every rotation moves the best value to another arm.
 
+Full information (``free``): the arms listed are scored after every round without being run, as the
+n-gram draft can be from the emitted text (HedgeSpec): each such arm not pulled gets its own
+independent token trials, censored at the emitted window (the pulled arm's accepted + 1 tokens, the
+only text there is to match a proposal against), and the policy hears them through
+``Policy.observe_free_batch`` (acceptance statistics only: no step, no cost).
+
 Pseudo-regret: the sum over rounds of the best arm's expected reward at that round minus the
 chosen arm's expected reward (no sampling noise from the rewards themselves).
 """
@@ -40,9 +46,13 @@ class Environment:
     switch_at: tuple[int, ...] = ()  # rounds at which the means rotate by one arm
     costs: tuple[float, ...] | None = None  # seconds per step per arm (None: 1.0 each)
     objective: str = "acceptance"  # what regret measures: acceptance fraction or tokens/s
+    free: tuple[int, ...] = ()  # arms scored after every round without being run (full information)
 
     def __post_init__(self):
         m = self.means
+        f = self.free
+        if not isinstance(f, tuple) or not all(isinstance(k, int) and 0 <= k < len(m) for k in f) or len(set(f)) < len(f):
+            raise ValueError(f"free={f!r} must be distinct arm indices in [0, {len(m)})")
         if not isinstance(m, tuple) or len(m) < 1 or not all(
             isinstance(x, (int, float)) and 0.0 <= x <= 1.0 for x in m
         ):
@@ -106,6 +116,15 @@ class Environment:
         accepted = np.cumprod(trials, axis=1).sum(axis=1)
         return drafted, accepted, self.step_costs()[arms]
 
+    def score_free(self, arm: int, pulled: np.ndarray, emitted: np.ndarray, probs: np.ndarray,
+                   uniforms: np.ndarray):
+        """Full-information outcome of ``arm`` for bandits that pulled ``pulled`` [S] and emitted ``emitted``
+        [S] tokens: (drafted, accepted) [S], drafted = the scored window min(G_arm, emitted), 0 where
+        ``arm`` itself was pulled."""
+        window = np.where(pulled == arm, 0, np.minimum(self.gammas()[arm], emitted))
+        trials = (uniforms < probs[arm]) & (np.arange(uniforms.shape[1])[None, :] < window[:, None])
+        return window, np.cumprod(trials, axis=1).sum(axis=1)
+
 
 @dataclass(frozen=True)
 class SimResult:
@@ -138,6 +157,7 @@ def simulate(make_policy: MakePolicy, env: Environment, rounds: int, seeds: int,
         raise ValueError(f"seeds={seeds!r} must be an integer >= 1")
     policy = make_policy(seeds, np.random.default_rng([seed, 1]))
     env_rng = np.random.default_rng([seed, 0])
+    free_rng = np.random.default_rng([seed, 2])  # its own stream: the pulled arms' outcomes stay those without it
     probs = env.means_table(rounds)
     width = int(env.gammas().max())
     chosen = np.empty((rounds, seeds), dtype=np.int64)
@@ -145,6 +165,9 @@ def simulate(make_policy: MakePolicy, env: Environment, rounds: int, seeds: int,
         arms = policy.choose_batch()
         outcome = env.pull(arms, probs[t], env_rng.random((seeds, width)))
         policy.observe_batch(arms, *outcome)
+        for k in env.free:
+            drafted, accepted = env.score_free(k, arms, outcome[1] + 1, probs[t], free_rng.random((seeds, width)))
+            policy.observe_free_batch(np.full(seeds, k), drafted, accepted)
         chosen[t] = arms
     return score(name or policy.name, env, probs, chosen)
 

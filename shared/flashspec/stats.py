@@ -46,7 +46,8 @@ def per_request(records: Sequence[StepRecord], new_tokens: Sequence[int], gamma:
     for i, n in enumerate(new_tokens):
         mine = [r.row_accepted[i] for r in records if r.row_accepted is not None and r.row_accepted[i] >= 0]
         known = all(r.row_accepted is not None for r in records)
-        drafted = sum(gamma for r in records if r.arm >= 0 and r.row_accepted is not None and r.row_accepted[i] >= 0)
+        drafted = sum(r.drafted // max(r.rows, 1) for r in records  # the step's length (adaptive steps vary it)
+                      if r.arm >= 0 and r.row_accepted is not None and r.row_accepted[i] >= 0)
         accepted = sum(mine) if known else None
         rows.append({"new_tokens": n, "steps": len(mine) if known else None, "drafted": drafted if known else None,
                      "accepted": accepted, "acceptance": accepted / drafted if known and drafted else None})

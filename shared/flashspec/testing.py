@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import SamplingConfig
+from .pvalues import chi2_sf, chi_square_groups, chi_square_test, ks_discrete, kolmogorov_sf  # noqa: F401 (re-exported)
 from .reference import log_probs, sample
 
 Verify = Callable[..., object]
@@ -49,6 +50,7 @@ class Case:
     top_k: int = 0
     top_p: float = 1.0
     pass_logprobs: bool = False  # hand verify the draft's log q(x) as computed when sampling
+    draft_lengths: tuple[int, ...] | None = None  # per-row lengths L_b, cycled over the rows; None: G everywhere
 
     @property
     def gamma(self) -> int:
@@ -123,97 +125,20 @@ def exact_law(
     return law
 
 
+def ragged_law(log_p, log_q, draft_tokens, length: int) -> np.ndarray:  # [G+1, V]
+    """P(n = k, y = v) for a row that proposed only its first ``length`` tokens: the law of a step
+    with G = length (the extra token from p at position length when all are accepted); zero for k > length."""
+    law = np.zeros(log_p.shape, np.float64)
+    tokens = None if draft_tokens is None else draft_tokens[:length]
+    law[: length + 1] = exact_law(log_p[: length + 1], None if log_q is None else log_q[:length], tokens)
+    return law
+
+
 def case_distributions(case: Case) -> tuple[np.ndarray, np.ndarray | None]:
     """(log p [G+1, V], log q [G, V] or None) exactly as SPEC.md defines them."""
     cfg = case.sampling
     log_q = None if case.draft_logits is None else log_probs(case.draft_logits, cfg)
     return log_probs(case.target_logits, cfg), log_q
-
-
-# ----------------------------------------------------------------------------- p-values
-
-
-def chi2_sf(x: float, dof: int) -> float:
-    """P(chi2_dof >= x): the regularised upper incomplete gamma Q(dof/2, x/2)."""
-    return _gamma_q(dof / 2.0, x / 2.0)
-
-
-def _gamma_q(a: float, x: float) -> float:
-    if x <= 0:
-        return 1.0
-    log_front = -x + a * math.log(x) - math.lgamma(a)
-    if x < a + 1:  # series for P, then Q = 1 - P
-        term = total = 1.0 / a
-        ap = a
-        for _ in range(10_000):
-            ap += 1
-            term *= x / ap
-            total += term
-            if abs(term) < abs(total) * 1e-15:
-                break
-        return max(0.0, 1.0 - total * math.exp(log_front))
-    # Lentz's continued fraction for Q
-    tiny = 1e-300
-    b = x + 1 - a
-    c = 1 / tiny
-    d = 1 / b
-    h = d
-    for i in range(1, 10_000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        delta = d * c
-        h *= delta
-        if abs(delta - 1) < 1e-15:
-            break
-    return min(1.0, math.exp(log_front) * h)
-
-
-def kolmogorov_sf(d: float, n: int) -> float:
-    """Asymptotic P(D_n >= d) (Stephens' small-n correction); conservative for discrete laws."""
-    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
-    if lam < 0.2:
-        return 1.0
-    return min(1.0, max(0.0, 2 * sum((-1) ** (j - 1) * math.exp(-2 * j * j * lam * lam) for j in range(1, 101))))
-
-
-def chi_square_test(observed: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> tuple[float, float, str]:
-    """(statistic, p-value, note) of counts against probabilities, small bins merged."""
-    observed = observed.ravel().astype(np.float64)
-    probs = probs.ravel()
-    n = observed.sum()
-    impossible = (probs <= 0) & (observed > 0)
-    if impossible.any():
-        return math.inf, 0.0, f"{int(observed[impossible].sum())} samples in bins of probability 0"
-    expected = probs * n
-    keep = expected >= min_expected
-    obs = list(observed[keep])
-    exp = list(expected[keep])
-    rest_o, rest_e = observed[~keep & (probs > 0)].sum(), expected[~keep & (probs > 0)].sum()
-    if rest_e > 0:
-        obs.append(rest_o)
-        exp.append(rest_e)
-    obs_a, exp_a = np.array(obs), np.array(exp)
-    if len(obs_a) < 2:
-        return 0.0, 1.0, "one bin"
-    stat = float(((obs_a - exp_a) ** 2 / exp_a).sum())
-    return stat, chi2_sf(stat, len(obs_a) - 1), f"{len(obs_a)} bins"
-
-
-def ks_discrete(samples: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
-    """(D, p-value) of integer samples in [0, V) against a discrete law over [0, V)."""
-    v = probs.size
-    counts = np.bincount(samples[(samples >= 0) & (samples < v)], minlength=v)[:v]
-    bad = np.count_nonzero((samples < 0) | (samples >= v))
-    f_emp = np.cumsum(counts) / samples.size
-    d = float(np.abs(f_emp - np.cumsum(probs)).max())
-    if bad:
-        d = max(d, bad / samples.size)
-    return d, kolmogorov_sf(d, samples.size)
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -245,6 +170,8 @@ def standard_cases(seed: int = 20261129) -> list[Case]:
     onehot = logits(5, 12)
     onehot_tokens = np.array([int(onehot[0].argmax()), 3, int(onehot[2].argmax()), 5])
     same = logits(7, 11)
+    ragged = logits(5, 10)
+    ragged_onehot = logits(4, 9)
     return [
         Case("flat-T1-G4", logits(5, 12, 0.5), logits(4, 12, 0.5)),
         Case("peaked-T1-G3", peaked, near(peaked, 1.0)),
@@ -262,6 +189,9 @@ def standard_cases(seed: int = 20261129) -> list[Case]:
         Case("near-G8", g8, near(g8, 0.3)),
         Case("logprobs-given-G5", logits(6, 10), logits(5, 10), temperature=1.3, pass_logprobs=True),
         Case("logprobs-given-topk5-G7", logits(8, 9), logits(7, 9), top_k=5, pass_logprobs=True),
+        Case("ragged-lengths-G4", ragged, near(ragged, 0.6), temperature=0.9, draft_lengths=(0, 1, 2, 3, 4)),
+        Case("ragged-onehot-topk5-G3", ragged_onehot, None, np.array([int(ragged_onehot[0].argmax()), 2, 5]),
+             top_k=5, draft_lengths=(3, 0, 2, 1)),
     ]
 
 
@@ -280,26 +210,47 @@ def draft_step(case: Case, n: int, seed: int, offset: int) -> tuple[np.ndarray, 
     return np.stack(xs, 1).astype(np.int64), np.stack(lqs, 1)
 
 
+def row_lengths(case: Case, n: int) -> np.ndarray | None:  # [n] int32: case.draft_lengths cycled over the rows
+    return None if case.draft_lengths is None else np.resize(np.asarray(case.draft_lengths, np.int32), n)
+
+
 def run_case(verify: Verify, case: Case, n: int, seed: int, offset: int = 0):
     """Returns (x [n, G], num_accepted [n], tokens [n, G+1]) from one call of verify."""
     x, lq_x = draft_step(case, n, seed, offset)
     z = np.broadcast_to(case.target_logits, (n, *case.target_logits.shape))
     w = None if case.draft_logits is None else np.broadcast_to(case.draft_logits, (n, *case.draft_logits.shape))
+    lengths = {} if case.draft_lengths is None else {"draft_lengths": row_lengths(case, n)}
     res = verify(
         z, x, w, lq_x if case.pass_logprobs else None,
-        temperature=case.temperature, top_k=case.top_k, top_p=case.top_p, seed=seed, offset=offset,
+        temperature=case.temperature, top_k=case.top_k, top_p=case.top_p, seed=seed, offset=offset, **lengths,
     )
     return x, np.asarray(res.num_accepted).astype(np.int64), np.asarray(res.tokens).astype(np.int64)
 
 
-def structure_problem(x: np.ndarray, n: np.ndarray, tokens: np.ndarray, vocab: int) -> str:
+def joint_law_check(case: Case, n: np.ndarray, tokens: np.ndarray) -> tuple[float, float, str]:
+    """Chi-square of the joint law of (n, y) (per draft length L_b for ragged cases): (stat, p, note)."""
+    log_p, log_q = case_distributions(case)
+    y = tokens[np.arange(len(n)), n]
+    cells = n * case.vocab + y
+    if case.draft_lengths is None:
+        return chi_square_test(np.bincount(cells, minlength=(case.gamma + 1) * case.vocab),
+                               exact_law(log_p, log_q, case.draft_tokens))
+    lengths = row_lengths(case, len(n))
+    return chi_square_groups([(np.bincount(cells[lengths == k], minlength=(case.gamma + 1) * case.vocab),
+                               ragged_law(log_p, log_q, case.draft_tokens, k)) for k in sorted(set(case.draft_lengths))])
+
+
+def structure_problem(x: np.ndarray, n: np.ndarray, tokens: np.ndarray, vocab: int,
+                      lengths: np.ndarray | None = None) -> str:  # lengths [B]: L_b, None: G
     """'' if every row is well formed, else what is wrong with the first bad row."""
     b, g = x.shape
     if n.shape != (b,) or tokens.shape != (b, g + 1):
         return f"result shapes {n.shape}, {tokens.shape}; expected ({b},), ({b}, {g + 1})"
-    bad = (n < 0) | (n > g)
+    bound = np.full(b, g) if lengths is None else lengths
+    bad = (n < 0) | (n > bound)
     if bad.any():
-        return f"num_accepted={n[bad][0]} outside [0, {g}]"
+        r = int(np.argmax(bad))
+        return f"row {r}: num_accepted={n[r]} outside [0, {bound[r]}] (the row's draft length)"
     pos = np.arange(g + 1)[None]
     prefix_ok = np.where(pos[:, :g] < n[:, None], tokens[:, :g] == x, True).all(-1)
     y = tokens[np.arange(b), n]
@@ -347,18 +298,15 @@ def run_suite(
             if add(Check("runs", case.name, False, detail=f"raised {type(e).__name__}: {e}")):
                 return report
             continue
-        problem = structure_problem(x, n, tokens, case.vocab)
+        problem = structure_problem(x, n, tokens, case.vocab, row_lengths(case, len(n)))
         if add(Check("structure", case.name, not problem, detail=problem)) or problem:
             continue
-        log_p, log_q = case_distributions(case)
+        log_p, _ = case_distributions(case)
         p0 = np.exp(log_p[0].astype(np.float64))
         d, p_ks = ks_discrete(tokens[:ks_samples, 0], p0 / p0.sum())
         if add(Check("ks-first-token", case.name, p_ks >= threshold, p_ks, threshold, f"D={d:.4f}")):
             return report
-        law = exact_law(log_p, log_q, case.draft_tokens)
-        y = tokens[np.arange(len(n)), n]
-        observed = np.bincount(n * case.vocab + y, minlength=law.size)
-        stat, p_chi, note = chi_square_test(observed, law)
+        stat, p_chi, note = joint_law_check(case, n, tokens)
         if add(Check("chi2-joint-n-y", case.name, p_chi >= threshold, p_chi, threshold, f"X2={stat:.1f}, {note}")):
             return report
         if add(check_determinism(verify, case, seed + k, offset=7 * k)):
@@ -384,9 +332,10 @@ def check_determinism(verify: Verify, case: Case, seed: int, offset: int, n: int
     x, lq = draft_step(case, n, seed, offset)
     z = np.broadcast_to(case.target_logits, (n, *case.target_logits.shape))
     w = None if case.draft_logits is None else np.broadcast_to(case.draft_logits, (n, *case.draft_logits.shape))
+    lengths = {} if case.draft_lengths is None else {"draft_lengths": row_lengths(case, n)}
     outs = [
         np.asarray(verify(z, x, w, lq if case.pass_logprobs else None, temperature=case.temperature,
-                          top_k=case.top_k, top_p=case.top_p, seed=seed, offset=o).tokens)
+                          top_k=case.top_k, top_p=case.top_p, seed=seed, offset=o, **lengths).tokens)
         for o in (offset, offset + 1)
     ]
     varies = not np.array_equal(outs[0], outs[1])
@@ -457,6 +406,10 @@ def invalid_inputs() -> list[tuple[str, tuple, dict]]:
         ("a NaN logit", (nan, x, w), {}),
         ("integer logits", (z.astype(np.int32), x, w), {}),
         ("float draft tokens", (z, x.astype(np.float32), w), {}),
+        ("draft_lengths > G", (z, x, w), {"draft_lengths": np.array([3, 4], np.int32)}),
+        ("draft_lengths < 0", (z, x, None), {"draft_lengths": np.array([-1, 2], np.int32)}),
+        ("draft_lengths shape", (z, x, w), {"draft_lengths": np.array([1, 2, 3], np.int32)}),
+        ("draft id -1 within draft_lengths", (z, neg, w), {"draft_lengths": np.array([3, 3], np.int32)}),
     ]
 
 

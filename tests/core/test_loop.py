@@ -5,8 +5,8 @@ import pytest
 
 from flashspec.config import SamplingConfig
 from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
+from flashspec.fake import chain_law as target_law
 from flashspec.loop import SpecConfig, speculate
-from flashspec.reference import log_probs
 from flashspec.stats import summarize
 from flashspec.testing import chi_square_test
 
@@ -23,19 +23,6 @@ def chain(seed):
         LookupDraft("lookup", r.integers(0, V, V)),
     ]
     return target, drafts
-
-
-def target_law(target, sampling, start, length):
-    """P(t_1..t_L) of sampling the target chain token by token from `start`."""
-    p = np.exp(log_probs(target, sampling).astype(np.float64))  # [V, V]
-    law = np.zeros((V,) * length)
-    for idx in np.ndindex(*law.shape):
-        prev, prob = start, 1.0
-        for t in idx:
-            prob *= p[prev, t]
-            prev = t
-        law[idx] = prob
-    return law
 
 
 class OutcomeDrivenPolicy:

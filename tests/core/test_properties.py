@@ -4,6 +4,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flashspec.random import FINAL
 from flashspec.reference import sample, verify
 from flashspec.config import SamplingConfig
 from flashspec.testing import structure_problem
@@ -60,3 +61,30 @@ def test_another_offset_gives_other_randomness(seed, offset):
     a = verify(z, x, w, seed=seed, offset=offset)
     b = verify(z, x, w, seed=seed, offset=offset + 1)
     assert not np.array_equal(a.tokens, b.tokens)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.data())
+def test_a_row_with_draft_length_l_is_a_step_with_g_equal_l(problem, data):
+    """draft_lengths: row b (per-row seeds, so the row's randomness is its own) gives what verify gives for
+    that row alone with G = L_b (ids past L_b are -1 and never read); L_b = 0 gives plain decoding's token
+    (the FINAL stream at position 0, as ``flashspec.fake`` and every backend's decode_one draw it)."""
+    z, x, w, kw = problem
+    b, g = x.shape
+    lengths = np.array(data.draw(st.lists(st.integers(0, g), min_size=b, max_size=b)), np.int32)
+    seeds = np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=b, max_size=b)), np.uint64)
+    kw = dict(kw, seed=seeds)
+    padded = np.where(np.arange(g)[None] < lengths[:, None], x, -1)
+    res = verify(z, padded, w, **kw, draft_lengths=lengths)
+    assert structure_problem(x, res.num_accepted.astype(np.int64), res.tokens.astype(np.int64), z.shape[-1],
+                             lengths) == ""
+    cfg = SamplingConfig(kw["temperature"], kw["top_k"], kw["top_p"])
+    for r, k in enumerate(lengths):
+        alone = dict(kw, seed=seeds[r : r + 1])
+        if k == 0:
+            y, _ = sample(z[r : r + 1, 0], cfg, alone["seed"], kw["offset"], position=0, stream=FINAL)
+            assert res.num_accepted[r] == 0 and res.tokens[r, 0] == y[0] and (res.tokens[r, 1:] == -1).all()
+            continue
+        one = verify(z[r : r + 1, : k + 1], x[r : r + 1, :k], None if w is None else w[r : r + 1, :k], **alone)
+        assert res.num_accepted[r] == one.num_accepted[0]
+        assert np.array_equal(res.tokens[r, : k + 1], one.tokens[0]) and (res.tokens[r, k + 1 :] == -1).all()

@@ -19,12 +19,13 @@ from flashspec_jax.verify import make_counters
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
 
 
-def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits", config=None):
-    """The Pallas verify exported for CUDA; ``config`` None: ``choose_config``."""
+def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1.0, draft="logits", config=None,
+                    lengths=False):
+    """The Pallas verify exported for CUDA; ``config`` None: ``choose_config``; ``lengths``: with draft_lengths [B]."""
 
-    def f(z, x, w, lq, seed):
+    def f(z, x, w, lq, seed, *length):
         c = make_counters(seed, seed, seed, z.shape[0])
-        d = kernels.verify(z, x, w, lq, c, temperature=temperature, top_k=top_k, top_p=top_p, config=config,
+        d = kernels.verify(z, x, w, lq, c, *length, temperature=temperature, top_k=top_k, top_p=top_p, config=config,
                            interpret=False)
         return d.num_accepted, d.tokens
 
@@ -35,6 +36,7 @@ def export_for_cuda(batch, gamma, vocab, dtype, *, temperature, top_k=0, top_p=1
         None if draft == "onehot" else spec((batch, gamma, vocab), dtype),
         spec((batch, gamma), jnp.float32) if draft == "logprobs" else None,
         spec((batch,), jnp.uint32),
+        *([spec((batch,), jnp.int32)] if lengths else []),
     )
     checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
     return jax.export.export(jax.jit(f), platforms=["cuda"], disabled_checks=checks)(*args)
@@ -55,6 +57,12 @@ def test_lowers_to_triton(batch, gamma, vocab, dtype, temperature, top_k, top_p,
     assert exported.platforms == ("cuda",)
     text = exported.mlir_module()
     assert sum(text.count(name) for name in TRITON_CALLS) == kernels_expected
+
+
+@pytest.mark.parametrize("draft,temperature", [("onehot", 0.8), ("logits", 0.0)])
+def test_lowers_with_draft_lengths(draft, temperature):
+    exported = export_for_cuda(16, 4, 49152, jnp.bfloat16, temperature=temperature, draft=draft, lengths=True)
+    assert sum(exported.mlir_module().count(name) for name in TRITON_CALLS) == (1 if temperature == 0 else 2)
 
 
 @pytest.mark.parametrize("draft,temperature,batch", [("logits", 0.7, 4), ("logprobs", 1.0, 256), ("onehot", 0.9, 32),

@@ -72,6 +72,29 @@ def test_parity(case):
         assert (ns < g).any() and (ns > 0).any()
 
 
+# per-row draft lengths: every L in [0, G]; ids past L_b are real tokens in even rows (a kernel ignoring L_b would
+# accept them), -1 in odd rows (never read)
+RAGGED = [(1.0, 0, 1.0, "logits"), (0.0, 0, 1.0, "onehot"), (0.8, 5, 1.0, "onehot"), (1.3, 0, 0.9, "logprobs")]
+
+
+@pytest.mark.parametrize("t,k,p,draft", RAGGED, ids=lambda c: str(c))
+def test_parity_per_row_draft_lengths(t, k, p, draft):
+    b, g = 10, 4
+    rs = np.random.default_rng(zlib.crc32(repr((t, k, p, draft)).encode()))
+    z, x, w, lq = make_inputs(rs, b, g, 300, temperature=t, top_k=k, top_p=p, draft=draft, spread=1.0,
+                              noise=0.2).args  # mostly accepted: n reaches L_b
+    lengths = np.resize(np.arange(g + 1, dtype=np.int32), b)
+    past = (np.arange(g)[None] >= lengths[:, None]) & (np.arange(b)[:, None] % 2 == 1)
+    x = np.where(past, -1, x).astype(np.int32)
+    want = oracle.verify(z, x, w, lq, temperature=t, top_k=k, top_p=p, seed=9, offset=2, draft_lengths=lengths)
+    for impl in IMPLS:
+        jargs = tuple(None if a is None else jnp.asarray(a) for a in (z, x, w, lq))
+        got = verify(*jargs, temperature=t, top_k=k, top_p=p, seed=9, offset=2, draft_lengths=jnp.asarray(lengths),
+                     impl=impl)
+        assert_same(want, got, f"impl={impl} draft_lengths")
+    assert ((want.num_accepted == lengths) & (lengths < g)).any()  # a short row fully accepted: y from p at L_b
+
+
 @pytest.mark.parametrize("seed_kind", ["uint64-per-row", "int-2**40", "jax-int32-per-row", "jax-scalar"])
 def test_parity_seeds(seed_kind):
     rs = np.random.default_rng(7)

@@ -15,7 +15,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from flashspec_torch.kernels import verify as kernels  # noqa: E402
 
-INT_PTRS = {"tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr"}
+INT_PTRS = {"len_ptr", "tid_p_ptr", "tid_q_ptr", "a_ptr", "counter_ptr", "ci_ptr", "cf_ptr", "tokens_ptr", "num_ptr"}
 I64_PTRS = {"x_ptr", "seed_ptr", "offset_ptr"}
 F32_PTRS = {"thr_p_ptr", "thr_q_ptr", "m_ptr", "l_ptr", "ck_ptr", "lq_ptr"}
 
@@ -46,7 +46,7 @@ def compile_variant(fn, logits: str, **constexprs) -> int:
 
 
 COMMON = dict(G=4, ROWS=8, BLOCK_B=1, BLOCK_V=512)
-FINAL = dict(NC=16, NSC=16, SWEEP_V=1024)
+FINAL = dict(NC=16, NSC=16, SWEEP_V=1024, HAS_LENGTHS=False)
 COUNTERS = dict(SEED_TENSOR=False, OFFSET_TENSOR=False, PER_ROW_SEED=False)  # scalar seed / offset
 TENSORS = dict(SEED_TENSOR=True, OFFSET_TENSOR=True, PER_ROW_SEED=True)  # per-row seed tensors
 BF16 = dict(VEC=8, FAST=True)  # bfloat16 / float16: 8 logits per 16-byte load, fast lg2 and FMA division
@@ -67,6 +67,8 @@ VARIANTS = [
                          PDL=True)),
     (final, "bf16", dict(**FINAL, **COUNTERS, **BF16, **SAMPLED, **SLOT_VOTE, HAS_W=True, HAS_LQ=True, FUSED=False,
                          PDL=True)),
+    (final, "bf16", dict(**FINAL, **TENSORS, **BF16, **SAMPLED, **SLOT_VOTE, HAS_W=False, HAS_LQ=False, FUSED=False,
+                         PDL=True) | dict(HAS_LENGTHS=True)),  # per-row draft lengths (the n-gram draft's step)
     (final, "bf16", dict(**FINAL, **COUNTERS, **BF16, **SAMPLED, **PAIRS, HAS_W=True, HAS_LQ=False, FUSED=False,
                          PDL=True) | dict(SWEEP_V=256)),
     (final, "fp32", dict(**FINAL, **TENSORS, **FP32, **SLOT_VOTE, HAS_W=True, HAS_LQ=False, FILTER=True, GREEDY=False,
@@ -82,6 +84,8 @@ VARIANTS = [
                          PDL=False)),
     (final, "bf16", dict(**FINAL, **COUNTERS, **BF16, **NO_PRUNE, HAS_W=True, HAS_LQ=False, FILTER=False, GREEDY=True,
                          FUSED=True, PDL=False)),
+    (final, "bf16", dict(**FINAL, **COUNTERS, **BF16, **NO_PRUNE, HAS_W=False, HAS_LQ=False, FILTER=False, GREEDY=True,
+                         FUSED=True, PDL=False) | dict(HAS_LENGTHS=True)),
     (final, "fp32", dict(**FINAL, **COUNTERS, **FP32, **SAMPLED, **SLOT_VOTE, HAS_W=True, HAS_LQ=False, FUSED=False,
                          PDL=True) | dict(FAST=False)),  # the slot votes by max / sum
 ]

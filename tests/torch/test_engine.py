@@ -36,6 +36,21 @@ def test_greedy_speculation_equals_greedy_decoding(engine, batch):
         assert spec["steps"] >= 1 and sum(spec["arm_pulls"].values()) == spec["steps"]
 
 
+def test_adaptive_policy_greedy_equals_greedy_decoding(engine):
+    """--policy adaptive: plain steps and speculative steps of G and G // 2 mixed (every arm runs twice
+    first), each request's greedy tokens those of plain decoding; plain steps are no draft's pulls.
+    Two short prompts with repeats: cheap, and the n-gram draft matches."""
+    from flashspec_torch.engine import Engine
+
+    adaptive = Engine(engine.target, ("ngram",), policy="adaptive", device="cpu")
+    prompts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "The cat sat on the mat. The cat"]
+    common = dict(temperature=0.0, max_new_tokens=10, chat=False)
+    plain = engine.generate(prompts, speculation=False, **common)
+    spec = adaptive.generate(prompts, speculation=True, gamma=4, **common)
+    assert spec["tokens"] == plain["tokens"] and spec["policy"] == "adaptive"
+    assert 1 <= sum(spec["arm_pulls"].values()) <= spec["steps"]
+
+
 def test_a_request_does_not_depend_on_its_batch_row(engine):
     """Keyed to its own seed: the same tokens alone or in a batch. (With an adaptive policy the
     draft chosen each step depends on the whole batch, so this holds for a fixed draft choice.)"""

@@ -1,6 +1,6 @@
 """The shipped draft head on the real embedded model (SmolLM2-135M-Instruct, fp32 on the CPU):
-greedy speculation equals greedy decoding, and at T = 0.7 with top-p the first two emitted tokens
-follow the target's own joint law."""
+greedy speculation equals greedy decoding, and at T = 0.7 with top-p and the dynamic draft length the
+first two emitted tokens follow the target's own joint law."""
 
 import numpy as np
 import pytest
@@ -33,11 +33,24 @@ def test_greedy_head_speculation_equals_greedy_decoding(engine):
     assert spec["acceptance"] > 0.2  # the head really drafted (about 0.5 per position held out)
 
 
-def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine):
-    """T = 0.7, top-p 0.9, G = 2: the first token's law and the first two tokens' joint law,
-    chi-square against the target's own p(t1) p(t2 | t1) computed by plain forward passes. A short
-    prompt with a few likely continuations keeps the rows cheap and the bins full."""
+def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine, monkeypatch):
+    """T = 0.7, top-p 0.9, G = 2, with the dynamic draft length (``stop_below`` 0.05: a row stops after
+    a token the head gives q < 0.05 at temperature 1; about a third of the rows propose one token, the
+    rest two): the first token's law and the first two tokens' joint law, chi-square against the
+    target's own p(t1) p(t2 | t1) computed by plain forward passes. A short prompt with a few likely
+    continuations keeps the rows cheap and the bins full."""
     from flashspec_torch.reference import log_probs
+
+    draft = engine.backend.drafts[0]
+    monkeypatch.setattr(draft, "stop_below", 0.05)
+    lengths, propose = [], draft.propose
+
+    def recorded(*args, **kwargs):
+        proposal = propose(*args, **kwargs)
+        lengths.append(proposal.lengths)
+        return proposal
+
+    monkeypatch.setattr(draft, "propose", recorded)
 
     prompt, n = "My favourite colour is", 200
     sampling = SamplingConfig(temperature=0.7, top_p=0.9)
@@ -64,3 +77,4 @@ def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine):
     assert p_first > 1e-3, f"first token: {note_first}, p = {p_first:.2g}"
     assert p_joint > 1e-3, f"first two tokens: {note_joint}, p = {p_joint:.2g}"
     assert out["acceptance"] > 0.1  # the head's drafts were accepted often enough to matter
+    assert 0.15 < float((lengths[0] == 1).float().mean()) < 0.85  # both lengths are common

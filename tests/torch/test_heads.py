@@ -57,7 +57,8 @@ def test_greedy_speculation_with_the_head_equals_greedy_decoding(target, graphs,
     from flashspec_torch.heads import HeadDraft
 
     head = random_head(target, token_ids=None if vocab == "full" else torch.arange(0, 97, 2))
-    backend = TorchBackend(target, [HeadDraft("head", head, target), LookupDraft("ngram")], graphs=graphs)
+    stop_below = 0.0 if vocab == "full" else 0.1  # reduced: the dynamic draft length too (per-row lengths)
+    backend = TorchBackend(target, [HeadDraft("head", head, target, stop_below), LookupDraft("ngram")], graphs=graphs)
     prompts, greedy = [[1, 2, 3, 4, 5], [7, 8, 9]], SamplingConfig(0.0)
     with torch.inference_mode():
         plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=24)
@@ -90,15 +91,37 @@ def test_training_time_test_states_are_what_drafting_computes(target):
                 torch.testing.assert_close(s, states[k][:, p], rtol=1e-4, atol=1e-4)
 
 
-def test_sampled_tokens_follow_the_target_with_the_head(target):
-    """T = 0.7, top-p 0.9: the first two emitted tokens' joint law is the target's own."""
+def drop_unsure_token(w, j, stop_below):  # the wrong stop rule: the unsure token itself is not proposed
+    log_q = w.gather(-1, j[..., None])[..., 0] - torch.logsumexp(w, -1)
+    g = j.shape[1]
+    return torch.where(log_q < np.log(stop_below), torch.arange(g), g).min(1).values
+
+
+@pytest.mark.parametrize("stop_below, rule", [(0.0, None), (0.03, None), (0.03, drop_unsure_token)])
+def test_sampled_tokens_follow_the_target_with_the_head(target, monkeypatch, stop_below, rule):
+    """T = 0.7, top-p 0.9: the first two emitted tokens' joint law is the target's own; with the dynamic
+    draft length (stop after a token of q < 0.03: about 37% of the rows propose 1 token, the rest 2) too.
+    The wrong rule, which drops the unsure token instead (its own draw decides whether it is verified),
+    is caught (the first token's law: p ~ 1e-43 at 3000 rows, so 600 rows suffice)."""
+    from flashspec_torch import heads
     from flashspec_torch.backend import TorchBackend
     from flashspec_torch.heads import HeadDraft
     from flashspec_torch.reference import log_probs
 
-    sampling, prompt, n = SamplingConfig(0.7, 0, 0.9), [5, 6, 7], 3000
+    if rule is not None:
+        monkeypatch.setattr(heads, "confident_lengths", rule)
+    sampling, prompt, n = SamplingConfig(0.7, 0, 0.9), [5, 6, 7], 3000 if rule is None else 600
     head = random_head(target, token_ids=torch.arange(0, 97, 3), scale=0.1)
-    backend = TorchBackend(target, [HeadDraft("head", head, target)])
+    draft = HeadDraft("head", head, target, stop_below=stop_below)
+    lengths, propose = [], draft.propose
+
+    def recorded(*args, **kwargs):
+        proposal = propose(*args, **kwargs)
+        lengths.append(proposal.lengths)
+        return proposal
+
+    draft.propose = recorded
+    backend = TorchBackend(target, [draft])
     with torch.inference_mode():
         out, records = speculate(backend, Arms([0]), [prompt] * n, sampling=sampling,
                                  spec=SpecConfig(gamma=2, max_new_tokens=2), seed=torch.arange(n))
@@ -113,8 +136,11 @@ def test_sampled_tokens_follow_the_target_with_the_head(target):
     for row in out:
         counts[row[0], row[1]] += 1
     _, p_value, note = chi_square_test(counts, joint)
-    assert p_value > 1e-3, note
+    _, p_first, note_first = chi_square_test(counts.sum(1), joint.sum(1))
     assert sum(r.accepted for r in records) > 0.05 * sum(r.drafted for r in records)
+    if stop_below:
+        assert 0.2 < float((lengths[0] < 2).float().mean()) < 0.8  # both lengths are common
+    assert (min(p_value, p_first) > 1e-3) == (rule is None), (note, note_first)
 
 
 @pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (4, 1.0), (0, 0.9), (60, 0.8)])
@@ -195,3 +221,14 @@ def test_bad_heads_are_refused(target, tmp_path):
     if not SHIPPED_HEAD.is_file():
         with pytest.raises(ValueError, match="no trained head ships"):
             load_draft_head("head", "", target)
+
+
+def test_stop_below_must_be_a_probability(target):
+    from flashspec_torch.drafts import ModelDraft
+    from flashspec_torch.heads import HeadDraft
+
+    for bad in (1.0, -0.1, True, "0.5"):
+        with pytest.raises(ValueError, match="stop_below"):
+            HeadDraft("head", random_head(target), target, stop_below=bad)
+        with pytest.raises(ValueError, match="stop_below"):
+            ModelDraft("self", target, stop_below=bad)

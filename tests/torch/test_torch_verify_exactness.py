@@ -32,9 +32,11 @@ SLOTS = KernelConfig(block_b=4096, block_v=16, sweep_v=16, num_chunks=2, sweep_s
 def numpy_adapter(impl: str, config: KernelConfig | None = None):
     """numpy arrays -> torch tensors -> flashspec_torch.verify(impl=...) -> numpy arrays."""
 
-    def verify_np(target_logits, draft_tokens, draft_logits=None, draft_logprobs=None, **options):
+    def verify_np(target_logits, draft_tokens, draft_logits=None, draft_logprobs=None, draft_lengths=None,
+                  **options):
         res = verify(as_tensor(target_logits), as_tensor(draft_tokens), as_tensor(draft_logits),
-                     as_tensor(draft_logprobs), impl=impl, config=config, **options)
+                     as_tensor(draft_logprobs), draft_lengths=as_tensor(draft_lengths), impl=impl, config=config,
+                     **options)
         return VerifyResult(res.num_accepted.numpy(), res.tokens.numpy())
 
     return verify_np

@@ -3,6 +3,7 @@ default takes), token for token. Every case runs the reference, the default kern
 slot-vote and tile-vote configurations (the interpreter's slowest) run on one shape of each parametrized test,
 so each sees every sampling mode, and on the edge-case tests below (pruning, bf16 pairs)."""
 
+import dataclasses
 import importlib
 
 import numpy as np
@@ -28,9 +29,10 @@ def as_torch(a):
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
 
-def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT, variants=True):
+def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, split=SPLIT, variants=True,
+            lengths=None):
     """(oracle, [torch reference, triton fused, triton split, and with ``variants`` the slot and tile votes])
-    results as numpy (n, tokens) pairs."""
+    results as numpy (n, tokens) pairs; ``lengths``: draft_lengths [B] (NumPy int32), or None."""
     z, w = as_torch(inp.z).to(dtype), as_torch(inp.w)
     w = None if w is None else w.to(dtype)
     zf = z.float().numpy()  # the oracle sees the same upcast values
@@ -39,19 +41,21 @@ def run_all(inp, cfg, *, seed=7, offset=3, logprobs=False, dtype=torch.float32, 
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
     np_seed = seed.numpy().astype(np.uint64) if isinstance(seed, torch.Tensor) else seed
     np_offset = offset.numpy().astype(np.uint64) if isinstance(offset, torch.Tensor) else offset
-    want = oracle_result(zf, inp.x, wf, lq, cfg, seed=np_seed, offset=np_offset)
-    x, lq_t = as_torch(inp.x), as_torch(lq)
-    got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, **kw) for impl in ("reference", "triton")]
-    got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split))
+    want = oracle_result(zf, inp.x, wf, lq, cfg, seed=np_seed, offset=np_offset, lengths=lengths)
+    x, lq_t, lt = as_torch(inp.x), as_torch(lq), as_torch(lengths)
+    got = [verify(z, x, w, lq_t, seed=seed, offset=offset, impl=impl, draft_lengths=lt, **kw)
+           for impl in ("reference", "triton")]
+    got.append(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=split, draft_lengths=lt))
     if variants:
-        got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c) for c in (SLOTS_SPLIT, TILE_VOTE))
+        got.extend(verify_triton(z, x, w, lq_t, cfg, seed, offset, config=c, draft_lengths=lt)
+                   for c in (SLOTS_SPLIT, TILE_VOTE))
     return want, [(r.num_accepted.numpy(), r.tokens.numpy()) for r in got]
 
 
-def oracle_result(z, x, w, lq, cfg, *, seed=7, offset=3):
+def oracle_result(z, x, w, lq, cfg, *, seed=7, offset=3, lengths=None):
     """The NumPy oracle's (num_accepted, tokens): run_all's want, and alone for tests of kernel variants."""
     want = oracle.verify(z, x, w, lq, seed=seed, offset=offset, temperature=cfg.temperature, top_k=cfg.top_k,
-                         top_p=cfg.top_p)
+                         top_p=cfg.top_p, draft_lengths=lengths)
     return want.num_accepted, want.tokens
 
 
@@ -66,6 +70,28 @@ def assert_parity(want, got, variants=True):
 
 
 SHAPES = [(1, 1, 1000), (3, 4, 4099), (8, 8, 1000), (3, 1, 33), (8, 4, 258)]
+
+
+# per-row draft lengths: every L in [0, G] twice; ids past L_b are real (mostly acceptable) tokens in even rows, so
+# a kernel that ignored L_b would accept them, and -1 in odd rows (never read)
+RAGGED = [  # (temperature, top_k, onehot, logprobs, variants)
+    (0.0, 0, False, False, False), (1.0, 0, False, False, True), (0.8, 5, True, False, False),
+    (1.3, 0, False, True, False),
+]
+
+
+@pytest.mark.parametrize("temperature,top_k,onehot,logprobs,variants", RAGGED)
+def test_parity_per_row_draft_lengths(temperature, top_k, onehot, logprobs, variants):
+    rng = np.random.default_rng(int(temperature * 10) + top_k + 100 * onehot)
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k)
+    b, g = 10, 4
+    inp = make_inputs(rng, b, g, 258, cfg, onehot=onehot, spread=1.0, noise=0.2)  # mostly accepted: n reaches L_b
+    lengths = np.resize(np.arange(g + 1, dtype=np.int32), b)
+    past = (np.arange(g)[None] >= lengths[:, None]) & (np.arange(b)[:, None] % 2 == 1)
+    inp = dataclasses.replace(inp, x=np.where(past, -1, inp.x))
+    want, got = run_all(inp, cfg, logprobs=logprobs, variants=variants, lengths=lengths)
+    assert_parity(want, got, variants)
+    assert ((want[0] == lengths) & (lengths < g)).any()  # a short row fully accepted: y from p at L_b
 
 
 @pytest.mark.parametrize("b,g,v", SHAPES)

@@ -1,0 +1,240 @@
+"""Adaptive speculation: each step runs one arm, a (draft, length) pair or plain decoding, chosen for
+the whole batch to maximise emitted tokens per second of measured step time (issue #35).
+
+    arm = policy.choose(rows)       # rows: the active rows of the last finished step (the past only)
+    handle = backend.decode_one(...) if the arm is plain else backend.step(draft, length, ...)
+    policy.observe(arm, rows, accepted_per_row, seconds)    # one step late, as the loop reads every step
+
+Exactness: the choice is a function of finished steps only and every step draws its randomness at
+its own offset (a plain step: the FINAL stream at position 0, as ``Backend.decode_one``), so SPEC.md's
+theorem applies to the sequence of steps whatever arms they ran.
+
+The model (``AdaptivePolicy``):
+
+* acceptance: per draft a Beta posterior on the per-token acceptance probability alpha, the token
+  likelihood of ``flashspec.bandits`` (a row that accepted n of L: a += n, b += [n < L]), shared by
+  every length of that draft and discounted by ``discount`` at each step of that draft, so that a
+  change of domain is forgotten in about 1 / (1 - discount) steps. Full information
+  (``observe_free``): a draft whose proposal can be recomputed from the emitted text (the n-gram
+  lookup) is scored on steps that did not run it, with the same censored-window update.
+* cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (the time
+  from a step's start to the next step's start, which the loop records one step late): each
+  measurement adds weight 1 and every step in the bucket multiplies the weights of all its arms
+  by ``cost_discount``, so a measurement k steps old counts cost_discount^k.
+  bucket = ceil(log2(rows)), so the choice follows the batch size as rows finish.
+* value: rows * (1 + E[accepted | alpha, L]) / cost, alpha drawn from the posterior (Thompson
+  sampling); plain decoding: rows / cost.
+* monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
+  does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
+  of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
+  (d, L): (d, L')'s for L' > L).
+* cost exploration: an (arm, bucket) never measured is run first (lowest arm index first); an arm
+  not measured for ``remeasure`` steps of its bucket is run once more (forced re-measurement), and
+  each forced run doubles that arm's period (back to ``remeasure`` when it is chosen on its value),
+  so an arm that is really dearer costs O(log steps) extra steps while an arm measured in a load
+  spike is re-measured, the decayed spike counting little against the fresh measurement. An arm
+  whose own estimate exceeds its cap by more than 1.5x (impossible but for a spike) is re-measured
+  after 1, 2, 4, ... steps instead, the measurement replacing that estimate.
+  ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's first steps and on the best arm's;
+  each wins afterwards.
+
+An arm's length holds for every row of the step; per-row lengths (``verify(draft_lengths=)``) come
+from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), not from this policy
+(docs/adaptive.md says why).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import Backend, StepHandle
+from .bandits import expected_accepted
+from .config import SamplingConfig
+from .faults import check_finite
+from .loop import SpecConfig, StepRecord
+
+
+SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
+NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
+
+
+def engine_policies() -> list[str]:
+    """The policy names an engine takes: the bandits over drafts, and this loop's."""
+    from .bandits import POLICIES
+
+    return sorted([*POLICIES, NAME])
+
+
+def engine_lengths(gamma: int) -> tuple[int, ...]:
+    """The lengths an engine's adaptive arms draft: G and, where it differs, G // 2."""
+    return tuple(sorted({max(1, gamma // 2), gamma}))
+
+
+@dataclass(frozen=True)
+class Arm:
+    draft: int | None  # the backend's draft index; None: plain decoding
+    length: int = 0  # tokens drafted per row (0 for plain decoding)
+
+    @property
+    def plain(self) -> bool:
+        return self.draft is None
+
+
+def make_arms(num_drafts: int, lengths: Sequence[int] = (2, 4), plain: bool = True) -> tuple[Arm, ...]:
+    """Plain decoding (if ``plain``), then every draft at every length."""
+    if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
+        raise ValueError(f"num_drafts={num_drafts!r} must be an integer >= 0")
+    if not lengths or any(isinstance(g, bool) or not isinstance(g, int) or not 1 <= g <= 64 for g in lengths):
+        raise ValueError(f"lengths={lengths!r} must be a non-empty list of integers in [1, 64]")
+    arms = [Arm(None)] if plain else []
+    arms += [Arm(d, g) for d in range(num_drafts) for g in sorted(set(lengths))]
+    if not arms:
+        raise ValueError("no arms: give at least one draft or plain=True")
+    return tuple(arms)
+
+
+def bucket(rows: int) -> int:
+    """The batch-size bucket of ``rows`` >= 1: ceil(log2(rows)) (1 -> 0, 2 -> 1, 3..4 -> 2, 5..8 -> 3, ...)."""
+    return max(0, math.ceil(math.log2(max(1, rows))))
+
+
+class AdaptivePolicy:
+    """Thompson sampling over ``arms`` with the throughput objective per batch bucket (module docstring)."""
+
+    name = "adaptive"
+
+    def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_discount: float = 0.9,
+                 remeasure: int = 256, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
+        if not arms:
+            raise ValueError("arms must not be empty")
+        if any(not a.plain and not 0 <= a.draft < num_drafts for a in arms):
+            raise ValueError(f"every arm's draft must be in [0, {num_drafts}) or None (plain decoding)")
+        for name, v in (("discount", discount), ("cost_discount", cost_discount)):
+            if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
+                raise ValueError(f"{name}={v!r} must be a number in (0, 1]")
+        if isinstance(remeasure, bool) or not isinstance(remeasure, int) or remeasure < 1:
+            raise ValueError(f"remeasure={remeasure!r} must be an integer >= 1 (steps of a bucket)")
+        if not all(isinstance(p, (int, float)) and p > 0 for p in prior) or len(prior) != 2:
+            raise ValueError(f"prior={prior!r} must be two positive numbers (Beta a, b)")
+        self.arms = tuple(arms)
+        self.dearer = np.array([[not o.plain and (a.plain or (o.draft == a.draft and o.length > a.length))
+                                 for o in self.arms] for a in self.arms])  # [arms, arms]: o does a's work and more
+        self.arm_plain = np.array([a.plain for a in self.arms])  # [arms]
+        self.arm_draft = np.array([0 if a.plain else a.draft for a in self.arms])  # [arms]
+        self.arm_length = np.array([a.length for a in self.arms], dtype=np.float64)  # [arms]
+        self.discount, self.prior = float(discount), tuple(map(float, prior))
+        self.cost_discount, self.remeasure = float(cost_discount), remeasure
+        self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
+        self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
+        self.fail = np.zeros(num_drafts)  # per draft: rejections (discounted)
+        shape = (max_buckets, len(self.arms))
+        self.log_cost = np.zeros(shape)  # [buckets, arms]: discounted mean log seconds per step
+        self.cost_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
+        self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
+        self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
+
+    @property
+    def cost(self) -> np.ndarray:  # [buckets, arms]
+        """The estimate of seconds per step (NaN: never measured)."""
+        return np.where(self.cost_weight > 0, np.exp(self.log_cost), np.nan)
+
+    def choose(self, rows: int) -> int:
+        """The arm index for the next step, given the active rows of the last finished step."""
+        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
+        untried = self.cost_weight[b] == 0
+        if untried.any():
+            return int(np.argmax(untried))
+        capped = self.capped_log_cost(b)
+        inconsistent = self.log_cost[b] > capped + SPIKE  # re-measured after 1, 2, 4 ... steps
+        stale = self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])
+        if stale.any():  # forced re-measurement; the next one of this arm waits twice as long
+            a = int(np.argmax(stale))
+            self.period[b, a] *= 2
+            return a
+        alpha = self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail)  # [drafts]
+        emitted = 1.0 + np.where(self.arm_plain, 0.0, expected_accepted(alpha[self.arm_draft], self.arm_length))
+        a = int(np.argmax(np.log(rows * emitted) - capped))
+        self.period[b, a] = self.remeasure
+        return a
+
+    def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
+        """Bucket ``b``'s log costs, each capped by those of the arms that do its work and more."""
+        own = self.log_cost[b]
+        return np.minimum(own, np.where(self.dearer, own[None, :], np.inf).min(axis=1))
+
+    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
+        """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
+        a = self.arms[arm]
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
+        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
+        self.cost_weight[b] *= self.cost_discount
+        self.age[b] += 1
+        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
+            self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
+        w = self.cost_weight[b, arm] + 1.0
+        self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
+        self.cost_weight[b, arm], self.age[b, arm] = w, 0
+        if not a.plain:
+            self.succ[a.draft] *= self.discount
+            self.fail[a.draft] *= self.discount
+            self._add(a.draft, np.full(len(accepted), a.length), np.asarray(accepted))
+
+    def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray) -> None:
+        """Full information: draft ``draft`` scored without being run, ``scored`` [rows] tokens of the emitted
+        window each, ``accepted`` [rows] leading matches (no failure where the window ended without a mismatch)."""
+        self._add(draft, np.asarray(scored), np.asarray(accepted))
+
+    def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        if np.any((accepted < 0) | (accepted > drafted)):
+            raise ValueError("accepted must be in [0, drafted] for every row")
+        self.succ[draft] += accepted.sum()
+        self.fail[draft] += np.count_nonzero(accepted < drafted)
+
+
+def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
+                       first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
+    """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
+    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``."""
+    pending: tuple[int, StepHandle, float] | None = None
+    for step in range(spec.max_steps or spec.max_new_tokens):
+        a = policy.choose(rows)
+        arm = policy.arms[a]
+        start = time.perf_counter()
+        if arm.plain:
+            handle = backend.decode_one(sampling, seed, first_offset + step)
+        else:
+            handle = backend.step(arm.draft, arm.length, sampling, seed, first_offset + step)
+        if pending is not None:
+            rows, done = observe_adaptive(policy, records, *pending, end=start, on_step=on_step, step=step - 1)
+            pending = None
+            if done:
+                break
+        pending = (a, handle, start)
+    if pending is not None:
+        observe_adaptive(policy, records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
+
+
+def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, start: float, *,
+                     end: float, on_step=None, step: int = -1) -> tuple[int, bool]:
+    """Read a finished step, feed the policy, record it: (active rows, every row done)."""
+    view = handle.fetch()
+    check_finite(view.bad, step)
+    rows = int(view.active.sum())
+    if rows:
+        arm = policy.arms[a]
+        accepted = np.asarray(view.num_accepted)[view.active].astype(np.int64)
+        total = int(accepted.sum())
+        per_row = tuple(int(n) if act else -1 for n, act in zip(view.num_accepted, view.active))
+        record = StepRecord(-1 if arm.plain else arm.draft, arm.length * rows, total, total + rows, rows, end - start,
+                            per_row)
+        records.append(record)
+        policy.observe(a, rows, accepted, max(record.seconds, 1e-9))
+        if on_step:
+            on_step(record)
+    return max(rows, 1), bool(view.done.all())

@@ -1,0 +1,179 @@
+"""flashspec.adaptive against the fake (Markov-chain) backend: exactness with plain decoding among the
+arms, and the throughput choice under a simulated clock (step costs that grow with the batch)."""
+
+import numpy as np
+import pytest
+
+from flashspec import adaptive
+from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
+from flashspec.config import SamplingConfig
+from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
+from flashspec.fake import chain_law as target_law
+from flashspec.loop import SpecConfig
+from flashspec.testing import chi_square_test
+
+V = 4
+
+
+def chain(seed):
+    r = np.random.default_rng(seed)
+    target = (r.normal(size=(V, V)) * 1.2).astype(np.float32)
+    drafts = [ModelDraft("good", (target + r.normal(size=(V, V)) * 0.3).astype(np.float32)),
+              LookupDraft("lookup", r.integers(0, V, V))]
+    return target, drafts
+
+
+def run(backend, policy, prompts, sampling, spec, seed=0):
+    backend.prefill(prompts, spec.max_new_tokens)
+    records = []
+    speculate_adaptive(backend, policy, sampling=sampling, spec=spec, seed=seed, rows=len(prompts), records=records)
+    return backend.outputs(), records
+
+
+def test_plain_and_speculative_arms_together_are_exact():
+    """One bucket for every batch size: a small warm-up batch measures every arm, plain decoding is then made to
+    look free (a cost of 1 ns at weight 1e-6, so the next measurement replaces it), so 40,000
+    rows run two plain steps
+    (the second chosen before the first is read), then a speculative one the posterior picks; the law of
+    the first three tokens is the target's."""
+    target, drafts = chain(1)
+    sampling = SamplingConfig(1.0)
+    policy = AdaptivePolicy(make_arms(2, (1, 2)), 2, rng=3, max_buckets=1)
+    run(MarkovBackend(target, drafts), policy, [[0]] * 4, sampling, SpecConfig(gamma=2, max_new_tokens=40), seed=1)
+    policy.log_cost[0, 0], policy.cost_weight[0, 0] = np.log(1e-9), 1e-6
+    outs, records = run(MarkovBackend(target, drafts), policy, [[0]] * 40_000, sampling,
+                        SpecConfig(gamma=2, max_new_tokens=3), seed=17)
+    assert [r.arm for r in records][:2] == [-1, -1] and records[2].arm >= 0
+    tokens = np.array(outs)
+    observed = np.bincount(tokens @ np.array([V * V, V, 1]), minlength=V**3)
+    _, p_value, note = chi_square_test(observed, target_law(target, sampling, 0, 3))
+    assert p_value >= 0.01, note
+
+
+class Clock:
+    """A simulated clock: each step advances it by the cost model's seconds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class TimedBackend(MarkovBackend):
+    """Step costs: plain = rows * per_row + fixed; speculative = (1 + spec_extra(rows)) x that, independent of G."""
+
+    def __init__(self, target, drafts, clock, spec_extra, spikes=None):
+        super().__init__(target, drafts)
+        self.clock, self.spec_extra = clock, spec_extra
+        self.spikes = spikes or {}  # G (0: plain) -> factors of that kind's first steps' costs (a load spike)
+
+    def spike(self, gamma):
+        return self.spikes[gamma].pop(0) if self.spikes.get(gamma) else 1.0
+
+    def cost(self, rows):
+        return 1e-3 + 1e-5 * rows
+
+    def step(self, arm, gamma, sampling, seed, offset):
+        rows = int((~self.done).sum())
+        self.clock.now += self.cost(rows) * (1 + self.spec_extra(rows) * gamma / 4) * self.spike(gamma)
+        return super().step(arm, gamma, sampling, seed, offset)
+
+    def decode_one(self, sampling, seed, offset):
+        self.clock.now += self.cost(int((~self.done).sum())) * self.spike(0)
+        return super().decode_one(sampling, seed, offset)
+
+
+def plain_fraction(records):
+    return np.mean([r.arm == -1 for r in records[len(records) // 2:]])  # the second half: after learning
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(adaptive.time, "perf_counter", c)
+    return c
+
+
+def test_useless_drafts_lose_to_plain_decoding(clock):
+    target, _ = chain(2)
+    wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)  # never the greedy token
+    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3)
+    policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=300))
+    assert plain_fraction(records) > 0.9
+
+
+def test_a_load_spike_on_plain_decodings_first_steps_is_capped_by_the_speculative_costs(clock):
+    """Useless drafts (speculative steps cost 1.15x / 1.3x and emit one token) and plain decoding's first two
+    steps (both chosen before the first is read) timed 20x too slow: plain decoding's estimate exceeds the
+    speculative arms' (impossible: a plain step does less work), so it is re-measured at once, and wins."""
+    target, _ = chain(2)
+    wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)  # never the greedy token
+    backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3, spikes={0: [20.0, 20.0]})
+    policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=300))
+    assert [r.arm for r in records[:8]] == [-1, -1, 0, 0, 0, 0, -1, -1] and plain_fraction(records) > 0.9
+    capped = AdaptivePolicy(make_arms(1, (2, 4)), 1)
+    for arm, seconds in ((0, 20.0), (1, 1.15), (2, 1.3)):
+        capped.observe(arm, 2, np.zeros(2, int), seconds)
+    assert np.allclose(np.exp(capped.capped_log_cost(1)), [1.15, 1.15, 1.3]) and np.isclose(capped.cost[1, 0], 20.0)
+
+
+def test_a_load_spike_on_the_best_arms_first_steps_is_re_measured(clock):
+    """A perfect draft at 2 rows (G = 4 best) whose G = 4 steps are timed 20x too slow at first: G = 2 wins
+    until G = 4's estimate is ``remeasure`` steps old, G = 4 is re-measured (the spike now counts 0.9^64) and
+    wins from then on; with a period longer than the run the spike shuts it out for good."""
+    target, _ = chain(3)
+    same = ModelDraft("same", target.copy())
+    for remeasure, g4_wins in ((64, True), (100_000, False)):
+        backend = TimedBackend(target, [same], clock, lambda rows: 0.3, spikes={4: [20.0, 20.0]})
+        policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0, remeasure=remeasure)
+        _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=600))
+        g4 = np.array([r.drafted == 4 * r.rows for r in records])
+        assert g4[4:6].all() and not g4[8:60].any()  # plain, G = 2, G = 4 measured twice each first
+        assert (np.mean(g4[-40:]) > 0.9) == g4_wins
+
+
+def test_a_good_draft_wins_at_small_batch_and_loses_at_large(clock):
+    """Greedy, a draft equal to the target (every token accepted): at 2 rows a step of G = 4 costs 1.3x a plain
+    step and emits 5x the tokens; at 64 rows verification costs 8x a plain step and plain decoding wins."""
+    target, _ = chain(3)
+    same = ModelDraft("same", target.copy())
+    backend = TimedBackend(target, [same], clock, lambda rows: 0.3 if rows <= 2 else 28.0)
+    policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    greedy = SamplingConfig(0.0)
+    _, small = run(backend, policy, [[0]] * 2, greedy, SpecConfig(gamma=4, max_new_tokens=200))
+    assert plain_fraction(small) < 0.1
+    assert np.mean([r.drafted == 4 * r.rows for r in small[len(small) // 2:]]) > 0.9  # the longer length
+    _, large = run(backend, policy, [[0]] * 64, greedy, SpecConfig(gamma=4, max_new_tokens=200))
+    assert plain_fraction(large) > 0.9
+
+
+def test_arms_buckets_and_bad_input():
+    assert make_arms(2, (4, 2)) == (Arm(None), Arm(0, 2), Arm(0, 4), Arm(1, 2), Arm(1, 4))
+    assert make_arms(1, (3,), plain=False) == (Arm(0, 3),)
+    assert [bucket(r) for r in (1, 2, 3, 4, 5, 8, 9, 256)] == [0, 1, 2, 2, 3, 3, 4, 8]
+    for bad in (dict(num_drafts=-1), dict(num_drafts=1, lengths=()), dict(num_drafts=1, lengths=(0,)),
+                dict(num_drafts=0, plain=False)):
+        with pytest.raises(ValueError):
+            make_arms(**bad)
+    with pytest.raises(ValueError, match="draft"):
+        AdaptivePolicy([Arm(2, 4)], 2)
+    with pytest.raises(ValueError, match="discount"):
+        AdaptivePolicy(make_arms(1), 1, discount=0.0)
+    with pytest.raises(ValueError, match="cost_discount"):
+        AdaptivePolicy(make_arms(1), 1, cost_discount=1.5)
+    with pytest.raises(ValueError, match="remeasure"):
+        AdaptivePolicy(make_arms(1), 1, remeasure=0)
+    p = AdaptivePolicy(make_arms(1), 1)
+    with pytest.raises(ValueError, match="seconds"):
+        p.observe(1, 2, np.array([1, 2]), 0.0)
+    with pytest.raises(ValueError, match="accepted"):
+        p.observe(1, 2, np.array([1, 3]), 1.0)
+
+
+def test_full_information_moves_the_posterior_of_an_arm_not_run():
+    p = AdaptivePolicy(make_arms(2, (4,)), 2)
+    p.observe_free(1, np.array([3, 2, 4]), np.array([3, 0, 4]))
+    assert (p.succ[1], p.fail[1]) == (7, 1) and (p.succ[0], p.fail[0]) == (0, 0)

@@ -1,0 +1,19 @@
+"""benchmarks/adaptive_bench.py at a tiny random shape on the CPU: every configuration (fixed drafts, the
+adaptive loop) emits plain decoding's greedy tokens, and the replay draft with keep = 1 is accepted
+wherever it proposes within the token budget."""
+
+import torch
+from benchmark_modules import load_benchmark
+
+bench = load_benchmark("adaptive_bench")
+
+
+def test_tiny_run_is_exact_and_the_replay_draft_is_accepted():
+    with torch.inference_mode():
+        model, _ = bench.load_model("tiny", torch.device("cpu"))
+        prompts = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0)).tolist()
+        row = bench.run_batch(model, prompts, 8, 1.0, {}, torch.device("cpu"))
+    assert row["checks"]["tokens_equal_plain"], row["tokens_equal"]
+    assert set(row["fixed"]) == {"ngram:G2", "ngram:G4", "replay:G2", "replay:G4"}
+    assert sum(row["adaptive_steps"].values()) >= 1
+    assert row["fixed"]["replay:G2"]["acceptance"] >= 0.75  # only the last step drafts past the budget
