@@ -204,8 +204,11 @@ class Llama(nnx.Module):
         select: jax.Array | None = None,  # [B]: logits at this token index of each row only
         skip: frozenset[int] | tuple[int, ...] = (),  # layers to leave out (static: a layer-skipping draft)
         logits: bool = True,
-    ) -> tuple[jax.Array | None, KVCache]:  # ([B, T or 1, V] float32 or None, the updated cache)
+        hidden: tuple[int, ...] = (),  # also return the residual stream after these layers (a draft head's input)
+    ):  # ([B, T or 1, V] float32 or None, the updated cache); with ``hidden``: (those, [B, T, len(hidden) * C])
         c = self.config
+        if set(hidden) & set(skip):
+            raise ValueError(f"hidden={hidden} names layers the forward skips ({sorted(skip)})")
         h = jnp.take(self.embed.value, tokens, axis=0)
         if c.embed_scale != 1.0:
             h = h * jnp.asarray(c.embed_scale, h.dtype)
@@ -217,20 +220,32 @@ class Llama(nnx.Module):
         windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
         uses_local = jnp.asarray([c.local_rope(i) for i in kept])
         layers = self.layers()
+        slot = jnp.asarray([list(hidden).index(i) if i in hidden else -1 for i in kept], jnp.int32)  # into feats
+        feats = jnp.zeros((len(hidden), *h.shape), h.dtype) if hidden else None  # [k, B, T, C]: the streams kept
 
         def layer(carry, xs):
-            h, cache = carry
-            i, window, is_local = xs
+            h, cache, feats = carry
+            i, window, is_local, j = xs
             w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
             seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
             cs = (jnp.where(is_local, local[0], cos), jnp.where(is_local, local[1], sin))
-            return block(c, w, h, *cs, cache, i, positions, seen), None
+            h, cache = block(c, w, h, *cs, cache, i, positions, seen)
+            if feats is not None:
+                at = jnp.maximum(j, 0)
+                feats = lax.dynamic_update_index_in_dim(feats, jnp.where(j >= 0, h, feats[at]), at, 0)
+            return (h, cache, feats), None
 
-        (h, cache), _ = lax.scan(layer, (h, cache), (jnp.asarray(kept), windows, uses_local))
-        if not logits:
-            return None, cache
+        (h, cache, feats), _ = lax.scan(layer, (h, cache, feats), (jnp.asarray(kept), windows, uses_local, slot))
+        z = self.head_logits(h, select) if logits else None
+        if hidden:
+            b, t, width = h.shape
+            return z, cache, jnp.moveaxis(feats, 0, 2).reshape(b, t, len(hidden) * width)
+        return z, cache
+
+    def head_logits(self, h: jax.Array, select: jax.Array | None) -> jax.Array:  # [B, T, C] -> [B, T or 1, V] float32
+        c = self.config
         if select is not None:
             h = jnp.take_along_axis(h, select[:, None, None], axis=1)
         head = self.embed.value if self.lm_head is None else self.lm_head.value
         z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
-        return (jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z), cache
+        return jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z
