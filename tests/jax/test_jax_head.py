@@ -186,3 +186,45 @@ def test_bad_heads_are_refused(models, tmp_path):
     save_file(state, str(tmp_path / "head.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="lacks 'fc_in.weight'"):
         load_head(tmp_path, jm)
+
+
+def test_a_target_without_its_head_is_refused(models, tmp_path):
+    """The shipped head on another target; a head:DIR trained for other weights of the same shape."""
+    from flashspec.drafts import SHIPPED_HEAD
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.heads import load_draft_head
+    from flashspec_torch.heads import save_head
+
+    tm, jm, heads = models
+    backend = JaxBackend(jm)
+    if SHIPPED_HEAD.is_file():
+        with pytest.raises(ValueError, match="trained for a target with hidden_size=576, but this target has 64"):
+            load_draft_head(backend, "head", "")
+    save_head(heads["random"][0], tmp_path / "head.safetensors", target_name="other", extra={"fingerprint": 9.0})
+    with pytest.raises(ValueError, match="trained for 'other', whose weights differ"):
+        load_draft_head(backend, f"head:{tmp_path}", str(tmp_path))
+
+
+def test_a_bf16_step_with_the_head_lowers_for_the_gpu(models):
+    """Prefill, the head's draft (uniform, as in the device loop), score, verify and commit in bf16,
+    exported for CUDA on this CPU (jax.export): what the GPU runs traces and lowers."""
+    from flashspec_jax.drafts import make_seeds
+    from flashspec_jax.steps import batch_shapes
+    from flashspec_jax.weights import from_state
+
+    tm, _, heads = models
+    jm = from_state(CFG, {k: v.numpy() for k, v in tm.state_dict().items()}, dtype=jnp.bfloat16)
+    backend = jax_backend(jm, heads["copy"][1], with_ngram=True)
+    steps, cfg = backend.steps, SamplingConfig(0.8, top_p=0.9)
+    tokens, lengths, prefix = batch_shapes([[1, 2, 3], [4, 5, 6, 7]], 12)
+
+    def step(weights, tokens, lengths, seeds):
+        state = steps.prefill(weights, tokens, lengths, 12, prefix)
+        proposal, state = steps.draft_uniform(0, weights, state, 3, cfg, seeds, 5)
+        z, state = steps.score(weights, state, proposal)
+        return steps.commit(state, steps.verify(z, proposal, cfg, seeds, 5))
+
+    checks = [jax.export.DisabledSafetyCheck.custom_call(n) for n in ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")]
+    exported = jax.export.export(jax.jit(step), platforms=["cuda"], disabled_checks=checks)(
+        backend.weights, jnp.asarray(tokens), jnp.asarray(lengths), make_seeds(3))
+    assert exported.platforms == ("cuda",)
