@@ -23,11 +23,10 @@ from datetime import date
 from pathlib import Path
 
 import jax
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from head_bench import Steps, per_position  # noqa: E402  (the torch table's counters)
+from head_bench import Steps, summary  # noqa: E402  (the torch table's counters)
 
 
 def run(engine, ids_list, *, temperature: float, gamma: int, new_tokens: int, speculation: bool = True):
@@ -47,12 +46,7 @@ def run(engine, ids_list, *, temperature: float, gamma: int, new_tokens: int, sp
         tokens.append(out[0])
         for r in records:
             steps(r)
-    n = sum(len(t) for t in tokens)
-    cell = {"tokens": n, "seconds": seconds, "tok_s": n / seconds, "steps": len(steps.accepted)}
-    if speculation:
-        cell.update(emitted_per_step=steps.emitted / max(1, len(steps.accepted)),
-                    acceptance_by_position=per_position(steps.accepted, gamma))
-    return cell, tokens
+    return summary(steps, tokens, seconds, gamma, speculation), tokens
 
 
 def draft_cost(engine, ids, gamma: int, reps: int) -> dict:

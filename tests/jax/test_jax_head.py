@@ -12,24 +12,11 @@ import jax.numpy as jnp  # noqa: E402
 
 from flashspec.config import LlamaConfig, SamplingConfig  # noqa: E402
 from flashspec.loop import SpecConfig, decode, speculate  # noqa: E402
+from schedules import Cycle  # noqa: E402  (tests/schedules.py: the head lags and catches up)
 
 CFG = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4, num_kv_heads=2,
                   head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
 LAYERS = (2, 0)  # not sorted: the features are concatenated in this order
-
-
-class Arms:
-    """A fixed schedule of arms (the head, then ngram, ...): the head lags and catches up."""
-
-    def __init__(self, schedule):
-        self.schedule, self.i = schedule, 0
-
-    def choose(self):
-        self.i += 1
-        return self.schedule[(self.i - 1) % len(self.schedule)]
-
-    def observe(self, *args):
-        pass
 
 
 def random_head(tm, seed: int, scale: float, copy: bool):
@@ -147,7 +134,7 @@ def test_greedy_speculation_with_the_head_equals_greedy_decoding(models):
     backend = jax_backend(jm, path, with_ngram=True)
     prompts, greedy, spec = [[1, 2, 3, 4, 5], [7, 8, 9]], SamplingConfig(0.0), SpecConfig(gamma=3, max_new_tokens=20)
     plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=20)
-    tokens, records = speculate(backend, Arms([0, 0, 1, 0, 1, 1, 0]), prompts, sampling=greedy, spec=spec)
+    tokens, records = speculate(backend, Cycle([0, 0, 1, 0, 1, 1, 0]), prompts, sampling=greedy, spec=spec)
     assert tokens == plain
     assert sum(r.accepted for r in records if r.arm == 0) > 0  # the head's drafts were used
     seqs = backend.state.seqs
@@ -157,7 +144,7 @@ def test_greedy_speculation_with_the_head_equals_greedy_decoding(models):
         np.testing.assert_allclose(np.asarray(seqs.features[row, :n]), np.asarray(want[0]), rtol=1e-5, atol=1e-5)
     torch_backend = TorchBackend(tm, [HeadDraft("head", head, tm), LookupDraft("ngram")])
     with torch.inference_mode():
-        tokens_t, records_t = speculate(torch_backend, Arms([0, 0, 1, 0, 1, 1, 0]), prompts, sampling=greedy, spec=spec)
+        tokens_t, records_t = speculate(torch_backend, Cycle([0, 0, 1, 0, 1, 1, 0]), prompts, sampling=greedy, spec=spec)
     assert tokens_t == tokens
     assert [(r.arm, r.accepted) for r in records_t] == [(r.arm, r.accepted) for r in records]
 

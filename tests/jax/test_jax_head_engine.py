@@ -14,13 +14,10 @@ from flashspec.bandits import BanditConfig, FixedArm  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec.drafts import SHIPPED_HEAD  # noqa: E402
 from flashspec.loop import SpecConfig, speculate  # noqa: E402
-from flashspec.testing import chi_square_test  # noqa: E402
+from head_checks import check_first_two_tokens, check_greedy_equals_plain  # noqa: E402  (tests/head_checks.py)
+from prompts import HEAD_PROMPTS as PROMPTS  # noqa: E402  (tests/prompts.py)
 
 pytestmark = pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
-
-PROMPTS = ["def mean(values):\n    \"\"\"Return the arithmetic mean of values.\"\"\"\n",
-           "The garbage collector frees memory that is no longer reachable, and",
-           "Explain tides to a beginner in a few sentences."]
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +28,7 @@ def engine():
 
 
 def test_greedy_head_speculation_equals_greedy_decoding(engine):
-    common = dict(temperature=0.0, max_new_tokens=12, chat=False)
-    plain = engine.generate(PROMPTS, speculation=False, **common)
-    spec = engine.generate(PROMPTS, speculation=True, gamma=4, **common)
-    for prompt, a, b in zip(PROMPTS, plain["tokens"], spec["tokens"]):
-        assert a == b, f"{prompt!r}: head speculation {b} != plain {a}"
+    spec = check_greedy_equals_plain(engine, PROMPTS)
     assert spec["acceptance"] > 0.2  # the head really drafted (0.31 here, as the torch engine's head)
 
 
@@ -73,14 +66,5 @@ def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine):
     p2 = np.asarray(jnp.exp(log_probs(z2[:, -1], 0.7, 0, 0.9)), np.float64)  # [F, V]
     tokens, records = speculate(engine.backend, FixedArm(2, BanditConfig(fixed_arm=0)), [ids] * n, sampling=sampling,
                                 spec=SpecConfig(gamma=2, max_new_tokens=2), seed=np.arange(n, dtype=np.uint64))  # the head
-    joint = p1[first][:, None] * p2  # [F, V]
-    row = {int(t): i for i, t in enumerate(first)}
-    counts = np.zeros_like(joint)
-    for t1, t2 in (t[:2] for t in tokens):
-        assert t1 in row, f"first token {t1} is outside the target's top-p nucleus"
-        counts[row[t1], t2] += 1
-    _, p_first, note_first = chi_square_test(counts.sum(1), joint.sum(1))
-    _, p_joint, note_joint = chi_square_test(counts, joint)
-    assert p_first > 1e-3, f"first token: {note_first}, p = {p_first:.2g}"
-    assert p_joint > 1e-3, f"first two tokens: {note_joint}, p = {p_joint:.2g}"
+    check_first_two_tokens(tokens, first, p1, p2)
     assert sum(r.accepted for r in records) > 0.1 * sum(r.drafted for r in records)  # the head's drafts mattered
