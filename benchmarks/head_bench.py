@@ -57,12 +57,17 @@ def run(engine, ids_list, *, temperature, gamma, new_tokens, speculation=True) -
         start = time.perf_counter()
         tokens.append(engine.generate(text, max_new_tokens=new_tokens, on_step=steps, **kw)["tokens"])
         seconds += time.perf_counter() - start
+    return summary(steps, tokens, seconds, gamma, speculation), tokens
+
+
+def summary(steps: Steps, tokens: list, seconds: float, gamma: int, speculation: bool) -> dict:
+    """One table cell: tokens, tok/s, steps; speculative: tokens per step, acceptance by draft position."""
     n = sum(len(t) for t in tokens)
     cell = {"tokens": n, "seconds": seconds, "tok_s": n / seconds, "steps": len(steps.accepted)}
     if speculation:
         cell.update(emitted_per_step=steps.emitted / max(1, len(steps.accepted)),
                     acceptance_by_position=per_position(steps.accepted, gamma))
-    return cell, tokens
+    return cell
 
 
 def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:

@@ -23,6 +23,7 @@ from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult
 
 from .drafts import LookupDraft, ModelDraft, Proposal, make_seeds
+from .heads import HeadDraft, HeadParams
 from .model import Llama
 from .steps import State, StepOut, Steps, batch_shapes
 from .verify import on_gpu
@@ -45,15 +46,16 @@ def start_copy(out: StepOut) -> AsyncHandle:
 
 
 class JaxBackend:
-    """``drafts`` are ``LookupDraft`` or ``ModelDraft`` (made with :meth:`model_draft`)."""
+    """``drafts`` are ``LookupDraft``, ``ModelDraft`` (made with :meth:`model_draft`) or ``HeadDraft``
+    (:meth:`head_draft`)."""
 
     def __init__(self, target: Llama, eos_ids: Sequence[int] = (), verify_impl: str | None = None):
         self.config = target.config
         graphdef, params = nnx.split(target)
         self.graphdef = graphdef
-        self.weights = [params]  # index 0: the target; then other draft models
-        self.draft_models: list[Llama] = [target]
-        self.drafts: list[ModelDraft | LookupDraft] = []
+        self.weights = [params]  # index 0: the target; then other draft models and heads
+        self.draft_models: list[Llama | HeadParams] = [target]  # what each entry of weights holds
+        self.drafts: list[ModelDraft | LookupDraft | HeadDraft] = []
         self.eos_ids, self.verify_impl = tuple(eos_ids), verify_impl
         self.steps: Steps | None = None
         self.decode_rows = 1  # positions per row in a plain decoding forward (Steps.decode_one's rows)
@@ -74,7 +76,13 @@ class JaxBackend:
         index = next(i for i, m in enumerate(self.draft_models) if m is model)
         return ModelDraft(name, model, index, nnx.graphdef(model), skip)
 
-    def set_drafts(self, drafts: Sequence[ModelDraft | LookupDraft]) -> None:
+    def head_draft(self, name: str, params: HeadParams, feature_layers: tuple[int, ...]) -> HeadDraft:
+        """A draft head (``flashspec_jax.heads.load_head``) over the target's features."""
+        self.draft_models.append(params)
+        self.weights.append(params)
+        return HeadDraft(name, self.draft_models[0], feature_layers, len(self.weights) - 1, self.graphdef)
+
+    def set_drafts(self, drafts: Sequence[ModelDraft | LookupDraft | HeadDraft]) -> None:
         self.drafts = list(drafts)
         self.draft_names = [d.name for d in self.drafts]
         self.steps = Steps(self.draft_models[0], self.drafts, self.eos_ids, self.verify_impl, self.graphdef)

@@ -46,6 +46,7 @@ class Seqs(NamedTuple):
     prompt_len: jax.Array  # [B] int32
     done: jax.Array  # [B] bool
     max_new: jax.Array  # [] int32
+    features: jax.Array | None = None  # [B, S, k C]: the target's streams a FeatureDraft reads (None: no such draft)
 
 
 class Seeds(NamedTuple):
@@ -73,12 +74,20 @@ def sample(
     if cfg.greedy:
         return jnp.argmax(w, axis=-1).astype(jnp.int32), jnp.zeros(b, jnp.float32)
     lq = log_probs(w.astype(jnp.float32), cfg.temperature, cfg.top_k, cfg.top_p)
-    per_row = jnp.ndim(seeds.lo) == 1  # per-request seeds use row coordinate 0, a shared seed the row
-    lo, hi = (jnp.broadcast_to(a, (b,))[:, None] for a in seeds)
-    row = jnp.zeros((b, 1), jnp.uint32) if per_row else jnp.arange(b, dtype=jnp.uint32)[:, None]
-    u = rng.uniform(lo, hi, rng.as_u32(offset), row, position, jnp.arange(v, dtype=jnp.uint32)[None], stream)
-    x = jnp.argmax(lq + rng.gumbel_from_uniform(u), axis=-1).astype(jnp.int32)
+    x = jnp.argmax(lq + gumbel_noise(seeds, offset, b, position, jnp.arange(v), stream), axis=-1).astype(jnp.int32)
     return x, jnp.take_along_axis(lq, x[:, None], axis=-1)[:, 0]
+
+
+def gumbel_noise(seeds: Seeds, offset, b: int, position, vocab: jax.Array, stream: int = DRAFT) -> jax.Array:
+    """The generator's Gumbel noise of ``b`` rows at positions ``position`` (an int or an int array
+    [...]) and token ids ``vocab`` [V'] -> [B, ..., V'] float32. Per-request seeds use row coordinate
+    0, a shared seed the batch row (as the torch ``Counters``)."""
+    pos = jnp.asarray(position, jnp.uint32)[..., None]  # [..., 1]
+    col = lambda a: jnp.reshape(a, (b,) + (1,) * pos.ndim)  # noqa: E731
+    lo, hi = (col(jnp.broadcast_to(a, (b,))) for a in seeds)
+    row = col(jnp.zeros(b, jnp.uint32) if jnp.ndim(seeds.lo) == 1 else jnp.arange(b, dtype=jnp.uint32))
+    u = rng.uniform(lo, hi, rng.as_u32(offset), row, pos[None], vocab.astype(jnp.uint32), stream)
+    return rng.gumbel_from_uniform(u)
 
 
 def as_logits(p: Proposal, vocab: int) -> Proposal:

@@ -28,6 +28,7 @@ from flashspec.loop import StepRecord
 from . import whole
 from .backend import JaxBackend
 from .drafts import LookupDraft, ModelDraft
+from .heads import HeadDraft, load_draft_head
 from .weights import LoadedModel, load
 
 LOOPS = ("host", "device")
@@ -89,7 +90,7 @@ class Engine(EngineBase):
     def on_device(self):
         return jax.default_device(self.device) if self.device != jax.devices()[0] else contextlib.nullcontext()
 
-    def make_draft(self, spec: str) -> ModelDraft | LookupDraft:
+    def make_draft(self, spec: str) -> ModelDraft | LookupDraft | HeadDraft:
         model = self.target.model
         draft = parse_draft(spec)
         if draft.kind == "ngram":
@@ -98,6 +99,8 @@ class Engine(EngineBase):
             return self.backend.model_draft(spec, skip=layerskip_layers(draft, model.config.num_layers))
         if draft.kind == "self":
             return self.backend.model_draft("self")
+        if draft.kind == "head":
+            return load_draft_head(self.backend, spec, draft.path)
         if draft.kind != "path":
             raise not_implemented(draft, "jax")
         try:

@@ -222,8 +222,11 @@ class Llama(nnx.Module):
         select: jax.Array | None = None,  # [B]: logits at this token index of each row only
         skip: frozenset[int] | tuple[int, ...] = (),  # layers to leave out (static: a layer-skipping draft)
         logits: bool = True,
-    ) -> tuple[jax.Array | None, KVCache]:  # ([B, T or 1, V] float32 or None, the updated cache)
+        hidden: tuple[int, ...] = (),  # also return the residual stream after these layers (a draft head's input)
+    ):  # ([B, T or 1, V] float32 or None, the updated cache); with ``hidden``: (those, [B, T, len(hidden) * C])
         c = self.config
+        if set(hidden) & set(skip):
+            raise ValueError(f"hidden={hidden} names layers the forward skips ({sorted(skip)})")
         h = jnp.take(self.embed.value, tokens, axis=0)
         if c.embed_scale != 1.0:
             h = h * jnp.asarray(c.embed_scale, h.dtype)
@@ -231,47 +234,66 @@ class Llama(nnx.Module):
         local = rope_table(c, positions, h.dtype, local=True) if c.local_rope_theta is not None else (cos, sin)
         kept = [i for i in range(c.num_layers) if i not in set(skip)]
         run = scanned_layers if self.uses_scan() else unrolled_layers
-        h, cache = run(self, kept, h, (cos, sin), local, cache, positions)
-        if not logits:
-            return None, cache
+        h, cache, feats = run(self, kept, h, (cos, sin), local, cache, positions, tuple(hidden))
+        z = self.head_logits(h, select) if logits else None
+        return (z, cache, feats) if hidden else (z, cache)
+
+    def head_logits(self, h: jax.Array, select: jax.Array | None) -> jax.Array:  # [B, T, C] -> [B, T or 1, V] float32
+        c = self.config
         if select is not None:
             h = jnp.take_along_axis(h, select[:, None, None], axis=1)
         head = self.embed.value if self.lm_head is None else self.lm_head.value
         z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
-        return (jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z), cache
+        return jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z
 
 
-def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
-    """The ``kept`` layers as one ``lax.scan`` over the stacked weights (h [B, T, C]; positions [B, T])."""
+def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions, hidden: tuple[int, ...]):
+    """The ``kept`` layers as one ``lax.scan`` over the stacked weights (h [B, T, C]; positions [B, T])
+    -> (h, cache, the streams after the ``hidden`` layers [B, T, len(hidden) * C] or None)."""
     c = m.config
     slots = jnp.arange(cache.max_len)[None, None, :]
     mask = slots <= positions[:, :, None]  # [B, T, S]
     windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
     uses_local = jnp.asarray([c.local_rope(i) for i in kept])
     layers = m.layers()
+    slot = jnp.asarray([hidden.index(i) if i in hidden else -1 for i in kept], jnp.int32)  # into feats
+    feats = jnp.zeros((len(hidden), *h.shape), h.dtype) if hidden else None  # [k, B, T, C]: the streams kept
 
     def layer(carry, xs):
-        h, cache = carry
-        i, window, is_local = xs
+        h, cache, feats = carry
+        i, window, is_local, j = xs
         w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
         seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
         cs = (jnp.where(is_local, local[0], rope[0]), jnp.where(is_local, local[1], rope[1]))
-        return block(c, w, h, *cs, cache, i, positions, seen), None
+        h, cache = block(c, w, h, *cs, cache, i, positions, seen)
+        if feats is not None:
+            at = jnp.maximum(j, 0)
+            feats = lax.dynamic_update_index_in_dim(feats, jnp.where(j >= 0, h, feats[at]), at, 0)
+        return (h, cache, feats), None
 
-    (h, cache), _ = lax.scan(layer, (h, cache), (jnp.asarray(np.array(kept, np.int32)), windows, uses_local))
-    return h, cache
+    xs = (jnp.asarray(np.array(kept, np.int32)), windows, uses_local, slot)
+    (h, cache, feats), _ = lax.scan(layer, (h, cache, feats), xs)
+    if feats is None:
+        return h, cache, None
+    b, t, width = h.shape
+    return h, cache, jnp.moveaxis(feats, 0, 2).reshape(b, t, len(hidden) * width)
 
 
-def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions):
+def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions, hidden: tuple[int, ...]):
     """The ``kept`` layers one after another, each's weights a static slice of the stack; each
-    layer's window and RoPE are static, and each writes its cache slots at a static layer index."""
+    layer's window and RoPE are static, and each writes its cache slots at a static layer index.
+    Returns what ``scanned_layers`` returns."""
     c = m.config
     slots = jnp.arange(cache.max_len)[None, None, :]
     mask = slots <= positions[:, :, None]  # [B, T, S]
     layers = m.layers()
+    kept_streams = {}
     for i in kept:
         window = c.window(i)
         seen = mask & (slots > positions[:, :, None] - window) if window else mask
         w = jax.tree.map(lambda a, i=i: a[i], layers)
         h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen)
-    return h, cache
+        if i in hidden:
+            kept_streams[i] = h
+    feats = jnp.concatenate([kept_streams[i] for i in hidden], axis=-1) if hidden else None
+    return h, cache, feats

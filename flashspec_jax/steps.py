@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flashspec.backend import feature_layers
 from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult
 from flashspec.random import FINAL
@@ -33,7 +34,7 @@ PREFIX_BUCKET = 16  # prompt prefixes (prefill lengths) are rounded up to this
 class State(NamedTuple):
     seqs: Seqs
     cache: KVCache  # the target's
-    drafts: tuple  # one state per draft (a model draft's (cache, valid); () for a lookup)
+    drafts: tuple  # one state per draft (a model draft's or a head's (cache, valid); () for a lookup)
 
 
 class StepOut(NamedTuple):
@@ -66,6 +67,7 @@ class Steps:
     def __init__(self, target: Llama, drafts: Sequence[ModelDraft | LookupDraft], eos_ids: Sequence[int], verify_impl: str | None, graphdef: Any):
         self.target_graph = graphdef
         self.drafts = tuple(drafts)
+        self.hidden = feature_layers(self.drafts)  # target layers whose residual stream the drafts read
         self.vocab = target.config.vocab_size
         self.eos = np.array(sorted(set(eos_ids)) or [-1], np.int32)
         self.impl = resolve_impl(verify_impl)
@@ -80,11 +82,28 @@ class Steps:
         """tokens [B, S] int32 (prompts, zero padded), lengths [B]: every prompt token but the last
         into the target's and each draft's cache."""
         b, s = tokens.shape
-        seqs = Seqs(tokens, lengths, lengths, jnp.zeros(b, bool), jnp.asarray(max_new, jnp.int32))
         target = self.target(weights)
-        cache = prompt_forward(target, seqs, target.new_cache(b, s), prefix)
+        feats = jnp.zeros((b, s, len(self.hidden) * target.config.hidden_size), target.dtype) if self.hidden else None
+        seqs = Seqs(tokens, lengths, lengths, jnp.zeros(b, bool), jnp.asarray(max_new, jnp.int32), feats)
+        cache = target.new_cache(b, s)
+        if not self.hidden:
+            cache = prompt_forward(target, seqs, cache, prefix)
+        elif prefix:
+            pos = jnp.broadcast_to(jnp.arange(prefix, dtype=jnp.int32)[None], (b, prefix))
+            _, seqs, cache = self.run_target(weights, seqs, tokens[:, :prefix], pos, cache, logits=False)
         drafts = tuple(d.start(weights, seqs, prefix) for d in self.drafts)
         return State(seqs, cache, drafts)
+
+    def run_target(self, weights, seqs: Seqs, tokens, pos, cache: KVCache, logits: bool = True):
+        """The target over tokens [B, T] at pos [B, T] -> (logits [B, T, V] or None, seqs, cache); with
+        feature drafts its streams at ``self.hidden`` go into ``seqs.features`` at pos (positions past
+        the buffer are dropped: those rows are finished)."""
+        if not self.hidden:
+            z, cache = self.target(weights)(tokens, pos, cache, logits=logits)
+            return z, seqs, cache
+        z, cache, f = self.target(weights)(tokens, pos, cache, logits=logits, hidden=self.hidden)
+        rows = jnp.arange(tokens.shape[0])[:, None]
+        return z, seqs._replace(features=seqs.features.at[rows, pos].set(f, mode="drop")), cache
 
     def draft(self, arm: int, weights, state: State, gamma: int, cfg: SamplingConfig, seeds: Seeds, offset):
         d = self.drafts[arm]
@@ -103,8 +122,8 @@ class Steps:
         last = jnp.take_along_axis(seqs.tokens, (seqs.length - 1)[:, None], axis=1)
         pos = (seqs.length - 1)[:, None] + jnp.arange(g + 1)
         tokens = jnp.concatenate([last, proposal.tokens.astype(jnp.int32)], axis=1)
-        z, cache = self.target(weights)(tokens, pos, state.cache)
-        return z, state._replace(cache=cache)
+        z, seqs, cache = self.run_target(weights, seqs, tokens, pos, state.cache)
+        return z, state._replace(seqs=seqs, cache=cache)
 
     def verify(self, z, proposal: Proposal, cfg: SamplingConfig, seeds: Seeds, offset) -> VerifyResult:
         d = verify_jit(
@@ -123,10 +142,10 @@ class Steps:
         seqs = state.seqs
         last = jnp.take_along_axis(seqs.tokens, (seqs.length - 1)[:, None], axis=1)
         pos = (seqs.length - 1)[:, None] + jnp.arange(rows)[None]
-        z, cache = self.target(weights)(jnp.repeat(last, rows, axis=1), pos, state.cache)
+        z, seqs, cache = self.run_target(weights, seqs, jnp.repeat(last, rows, axis=1), pos, state.cache)
         y, _ = sample(z[:, 0], cfg, seeds, offset, position=0, stream=FINAL)
         tokens = jnp.stack([y, jnp.full_like(y, -1)], axis=1)
-        return self.commit(state._replace(cache=cache), VerifyResult(jnp.zeros_like(y), tokens))
+        return self.commit(state._replace(seqs=seqs, cache=cache), VerifyResult(jnp.zeros_like(y), tokens))
 
     def commit(self, state: State, result: VerifyResult) -> tuple[State, StepOut]:
         """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens)."""

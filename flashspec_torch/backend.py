@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flashspec.backend import FeatureDraft, StepView
+from flashspec.backend import FeatureDraft, StepView, feature_layers
 from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult
 from flashspec.random import FINAL
@@ -371,13 +371,6 @@ class TorchBackend:
         start, end = self.prompt_len.cpu().numpy(), self.seqs.length.cpu().numpy()
         return [tokens[b, start[b] : end[b]].tolist() for b in range(len(start))]
 
-
-def feature_layers(drafts) -> tuple[int, ...]:
-    """The target layers every FeatureDraft among ``drafts`` reads (they must agree: one buffer serves all)."""
-    wanted = {tuple(d.feature_layers) for d in drafts if isinstance(d, FeatureDraft)}
-    if len(wanted) > 1:
-        raise ValueError(f"draft heads reading different target layers {sorted(wanted)} cannot share one engine")
-    return wanted.pop() if wanted else ()
 
 
 def commit_reference(

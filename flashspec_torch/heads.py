@@ -19,23 +19,19 @@ one pass (``sampling.draft_gumbel``): the same token and log q as sampling the f
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
+from flashspec.head_file import FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, read_metadata
 
 from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths
 from .layers import default_impl, kernel_attends, rms_norm
 from .model import Block, KVCache, Llama, project
 from .sampling import draft_gumbel, sample_gumbel
-
-OUTSIDE = -1e30  # the logit of a token outside the head's vocabulary
-FORMAT = "flashspec-draft-head-1"
-
 
 class DraftHead(nn.Module):
     """The head's own weights (saved); ``attach`` lends it the target's embedding and LM head."""
@@ -104,14 +100,6 @@ class DraftHead(nn.Module):
             return w
         full = torch.full((*w.shape[:-1], self.target_config.vocab_size), OUTSIDE, dtype=w.dtype, device=w.device)
         return full.index_copy_(-1, self.token_ids, w)
-
-
-def check_fits(trained_for: LlamaConfig, target: LlamaConfig) -> None:
-    for field in ("hidden_size", "num_layers", "vocab_size", "num_heads", "num_kv_heads", "head_dim"):
-        a, b = getattr(trained_for, field), getattr(target, field)
-        if a != b:
-            raise ValueError(f"the draft head was trained for a target with {field}={a}, but this target has {b}: "
-                             "train a head for it with `flashspec train-head --target MODEL --out DIR`")
 
 
 class HeadDraft:
@@ -207,26 +195,11 @@ def save_head(head: DraftHead, path: str | Path, *, target_name: str, dtype: tor
     return path
 
 
-def config_fields(c: LlamaConfig) -> dict:
-    return {f: getattr(c, f) for f in ("hidden_size", "num_layers", "vocab_size", "num_heads", "num_kv_heads", "head_dim")}
-
-
 def load_head(path: str | Path, target: LlamaConfig) -> tuple[DraftHead, dict]:
     """A head file (or a directory holding ``head.safetensors``) for ``target``: (the head in float32, metadata)."""
-    from safetensors import safe_open
     from safetensors.torch import load_file
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / "head.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"no draft head at {path}: train one with `flashspec train-head --target MODEL --out DIR`")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a FlashSpec draft head (metadata format {meta.get('format')!r}, want {FORMAT!r})")
-    trained = json.loads(meta["target_config"])
-    check_fits(replace(target, **trained), target)
+    path, meta = read_metadata(path, target)
     state = load_file(str(path))
     head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), state["token_ids"])
     head.load_state_dict({k: v.float() if k != "token_ids" else v for k, v in state.items()})
@@ -240,15 +213,7 @@ def fingerprint(target: Llama) -> float:
 
 def load_draft_head(name: str, directory: str, target: Llama) -> HeadDraft:
     """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``."""
-    from flashspec.drafts import SHIPPED_HEAD
-
-    path = Path(directory) if directory else SHIPPED_HEAD
-    if not directory and not SHIPPED_HEAD.is_file():
-        raise ValueError(f"draft 'head': no trained head ships with this install ({SHIPPED_HEAD} is missing); "
-                         "train one with `flashspec train-head --out DIR` and use --draft head:DIR")
+    path = draft_head_file(directory)
     head, meta = load_head(path, target.config)
-    trained = json.loads(meta.get("extra", "{}")).get("fingerprint")
-    if trained is not None and not math.isclose(trained, fingerprint(target), rel_tol=0.02):
-        raise ValueError(f"draft {name!r}: the head at {path} was trained for {meta.get('target_name')!r}, whose weights "
-                         "differ from this target's: train a head for it with `flashspec train-head --target MODEL --out DIR`")
+    check_fingerprint(name, path, meta, fingerprint(target))
     return HeadDraft(name, head, target)

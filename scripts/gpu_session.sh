@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax stash embedded head serve flashinfer
+#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax stash embedded head jaxhead serve flashinfer
 #   (default: tests engine profile kernels jax checks).
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB with the tree): `stash` keeps
 #   .carry_a/gguf.part_* in /tmp/fs on the device, once per call (back to back, while the machine is warm)
 #   until the last part; the call after them carries .carry_b/ (the last part, gguf.sha256, the wheels the
-#   device lacks) and its `embedded`, `head` or `serve` step reassembles the file, checks its hash, installs
+#   device lacks) and its `embedded`, `head`, `jaxhead` or `serve` step reassembles the file, checks its hash, installs
 #   the wheels and runs engine_gpu_embedded.py, train_head_gpu.py (about 6 min on an H100; $OUT/head/) or serve_gpu.py.
 #   Parts: split -n 3 -d -a 1 --additional-suffix= $GGUF gguf.part_ (gguf.part_0 and _1 stashed, _2 in .carry_b).
 # Runs from a source tree without installing (the device has torch/triton/jax but no network):
@@ -46,6 +46,9 @@ for step in $steps; do
     head) gguf_ready && FLASHSPEC_CACHE=/tmp/fscache timeout ${HEAD_TIMEOUT:-530} \
               python3 benchmarks/train_head_gpu.py --gguf /tmp/fs/model.gguf --out "$OUT/head" ${HEAD_ARGS:-} > "$OUT/train_head_gpu.log" 2>&1; \
            tail -8 "$OUT/train_head_gpu.log" ;;
+    jaxhead) gguf_ready && FLASHSPEC_CACHE=/tmp/fscache timeout ${JAXHEAD_TIMEOUT:-340} \
+              python3 benchmarks/head_bench_jax.py --target /tmp/fs/model.gguf --out "$OUT/head_bench_jax.json" \
+              ${JAXHEAD_ARGS:---prompts 2 --new-tokens 96} > "$OUT/head_bench_jax.log" 2>&1; tail -10 "$OUT/head_bench_jax.log" ;;
     serve) gguf_ready && FLASHSPEC_CACHE=/tmp/fscache timeout ${SERVE_TIMEOUT:-520} \
               python3 benchmarks/serve_gpu.py --gguf /tmp/fs/model.gguf --out "$OUT/serve_gpu" ${SERVE_ARGS:-} > "$OUT/serve_gpu.log" 2>&1; \
            tail -25 "$OUT/serve_gpu.log" ;;

@@ -1,4 +1,9 @@
-"""Twenty prompts of mixed kinds (code, prose, chat, lists), shared by the engine tests of both backends."""
+"""Twenty prompts of mixed kinds (code, prose, chat, lists), shared by the engine tests of both backends;
+three for the draft head's engine tests."""
+
+HEAD_PROMPTS = ["def mean(values):\n    \"\"\"Return the arithmetic mean of values.\"\"\"\n",
+                "The garbage collector frees memory that is no longer reachable, and",
+                "Explain tides to a beginner in a few sentences."]  # the draft head's engine tests (code, prose, chat)
 
 PROMPTS = [
     "def fibonacci(n):",

@@ -42,6 +42,14 @@ class FeatureDraft(Protocol):
     feature_layers: tuple[int, ...]  # target layers, each in [0, num_layers)
 
 
+def feature_layers(drafts) -> tuple[int, ...]:
+    """The target layers every FeatureDraft among ``drafts`` reads (they must agree: one buffer serves all)."""
+    wanted = {tuple(d.feature_layers) for d in drafts if isinstance(d, FeatureDraft)}
+    if len(wanted) > 1:
+        raise ValueError(f"draft heads reading different target layers {sorted(wanted)} cannot share one engine")
+    return wanted.pop() if wanted else ()
+
+
 class StepHandle(Protocol):
     def fetch(self) -> StepView:
         """Block until the step's small results are on the host (called one step late)."""

@@ -16,7 +16,7 @@ DRAFT_HELP = (
 TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
 
 DRAFT_KINDS = ("ngram", "layerskip", "nf4", "self", "head", "path")
-BACKEND_DRAFTS = {"torch": DRAFT_KINDS, "jax": ("ngram", "layerskip", "self", "path")}  # what each backend builds
+BACKEND_DRAFTS = {"torch": DRAFT_KINDS, "jax": ("ngram", "layerskip", "self", "head", "path")}  # what each backend builds
 
 # The draft head trained for the embedded model ships here (``flashspec train-head``; docs/draft_head.md).
 SHIPPED_HEAD = Path(__file__).parent / "heads" / "smollm2-135m" / "head.safetensors"

@@ -32,10 +32,16 @@ def test_family_matches_transformers(saved, model_type):
 
 
 def test_the_same_draft_names_as_torch(saved):
-    """layerskip without layers works on JAX too; nf4 is refused with a message true for JAX."""
+    """layerskip without layers works on JAX too; nf4 is refused with a message true for JAX; the
+    shipped head is refused for a target it was not trained for."""
     from flashspec_jax.engine import Engine
 
     path, _ = saved["qwen3"]
     assert Engine(str(path), ("layerskip",), device="cpu").backend.draft_names == ["layerskip"]
-    with pytest.raises(ValueError, match="builds ngram, layerskip, self, path drafts; use --backend torch"):
+    with pytest.raises(ValueError, match="builds ngram, layerskip, self, head, path drafts; use --backend torch"):
         Engine(str(path), ("nf4",), device="cpu")
+    from flashspec.drafts import SHIPPED_HEAD
+
+    if SHIPPED_HEAD.is_file():
+        with pytest.raises(ValueError, match="trained for a target with .*train a head for it"):
+            Engine(str(path), ("head",), device="cpu")

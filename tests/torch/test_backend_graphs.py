@@ -10,22 +10,9 @@ from flashspec.loop import SpecConfig, decode, speculate
 from flashspec_torch.backend import TorchBackend
 from flashspec_torch.drafts import LookupDraft, ModelDraft
 from flashspec_torch.model import Llama, LlamaConfig
+from schedules import Cycle  # tests/schedules.py
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-class Cycle:
-    """Switches arms in a fixed pattern, so drafts lag and catch up."""
-
-    def __init__(self, pattern):
-        self.pattern, self.t = pattern, 0
-
-    def choose(self):
-        self.t += 1
-        return self.pattern[(self.t - 1) % len(self.pattern)]
-
-    def observe(self, *args):
-        pass
 
 
 def tiny_model(device, seed=0, vocab=61):

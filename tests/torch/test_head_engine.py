@@ -2,19 +2,15 @@
 greedy speculation equals greedy decoding, and at T = 0.7 with top-p and the dynamic draft length the
 first two emitted tokens follow the target's own joint law."""
 
-import numpy as np
 import pytest
 import torch
 
 from flashspec.config import SamplingConfig
 from flashspec.drafts import SHIPPED_HEAD
-from flashspec.testing import chi_square_test
+from head_checks import check_first_two_tokens, check_greedy_equals_plain  # tests/head_checks.py
+from prompts import HEAD_PROMPTS as PROMPTS  # tests/prompts.py
 
 pytestmark = pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
-
-PROMPTS = ["def mean(values):\n    \"\"\"Return the arithmetic mean of values.\"\"\"\n",
-           "The garbage collector frees memory that is no longer reachable, and",
-           "Explain tides to a beginner in a few sentences."]
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +21,7 @@ def engine():
 
 
 def test_greedy_head_speculation_equals_greedy_decoding(engine):
-    common = dict(temperature=0.0, max_new_tokens=12, chat=False)
-    plain = engine.generate(PROMPTS, speculation=False, **common)
-    spec = engine.generate(PROMPTS, speculation=True, gamma=4, **common)
-    for prompt, a, b in zip(PROMPTS, plain["tokens"], spec["tokens"]):
-        assert a == b, f"{prompt!r}: head speculation {b} != plain {a}"
+    spec = check_greedy_equals_plain(engine, PROMPTS)
     assert spec["acceptance"] > 0.2  # the head really drafted (about 0.5 per position held out)
 
 
@@ -66,15 +58,6 @@ def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine, monkey
         p2 = log_probs(z2, sampling).exp().double()  # [F, V]
         out = engine.generate([prompt] * n, seed=list(range(n)), temperature=0.7, top_p=0.9, max_new_tokens=2, gamma=2,
                               chat=False)
-    joint = (p1[first][:, None] * p2).numpy()  # [F, V]
-    row = {t: i for i, t in enumerate(first.tolist())}
-    counts = np.zeros_like(joint)
-    for t1, t2 in (t[:2] for t in out["tokens"]):
-        assert t1 in row, f"first token {t1} is outside the target's top-p nucleus"
-        counts[row[t1], t2] += 1
-    _, p_first, note_first = chi_square_test(counts.sum(1), joint.sum(1))
-    _, p_joint, note_joint = chi_square_test(counts, joint)
-    assert p_first > 1e-3, f"first token: {note_first}, p = {p_first:.2g}"
-    assert p_joint > 1e-3, f"first two tokens: {note_joint}, p = {p_joint:.2g}"
+    check_first_two_tokens(out["tokens"], first.numpy(), p1.numpy(), p2.numpy())
     assert out["acceptance"] > 0.1  # the head's drafts were accepted often enough to matter
     assert 0.15 < float((lengths[0] == 1).float().mean()) < 0.85  # both lengths are common

@@ -9,23 +9,10 @@ import torch
 from flashspec.config import LlamaConfig, SamplingConfig
 from flashspec.loop import SpecConfig, decode, speculate
 from flashspec.testing import chi_square_test
+from schedules import Cycle  # tests/schedules.py: the head lags and catches up
 
 CFG = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4, num_kv_heads=2,
                   head_dim=16, max_position_embeddings=512)
-
-
-class Arms:
-    """A fixed schedule of arms (the head, then ngram, ...): the head lags and catches up."""
-
-    def __init__(self, schedule):
-        self.schedule, self.i = schedule, 0
-
-    def choose(self):
-        self.i += 1
-        return self.schedule[(self.i - 1) % len(self.schedule)]
-
-    def observe(self, *args):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +49,7 @@ def test_greedy_speculation_with_the_head_equals_greedy_decoding(target, graphs,
     prompts, greedy = [[1, 2, 3, 4, 5], [7, 8, 9]], SamplingConfig(0.0)
     with torch.inference_mode():
         plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=24)
-        spec, records = speculate(backend, Arms([0, 0, 1, 0, 1, 1, 0]), prompts, sampling=greedy,
+        spec, records = speculate(backend, Cycle([0, 0, 1, 0, 1, 1, 0]), prompts, sampling=greedy,
                                   spec=SpecConfig(gamma=3, max_new_tokens=24))
     assert spec == plain
     assert sum(r.accepted for r in records if r.arm == 0) > 0  # the head's drafts were used
@@ -123,7 +110,7 @@ def test_sampled_tokens_follow_the_target_with_the_head(target, monkeypatch, sto
     draft.propose = recorded
     backend = TorchBackend(target, [draft])
     with torch.inference_mode():
-        out, records = speculate(backend, Arms([0]), [prompt] * n, sampling=sampling,
+        out, records = speculate(backend, Cycle([0]), [prompt] * n, sampling=sampling,
                                  spec=SpecConfig(gamma=2, max_new_tokens=2), seed=torch.arange(n))
         cache = target.new_cache(1, 8)
         z1 = target(torch.tensor([prompt]), torch.arange(3)[None], cache, 3, logits_last=1)[0, 0]
