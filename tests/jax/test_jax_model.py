@@ -139,6 +139,23 @@ def test_unrolled_layers_compute_what_the_scan_computes(skip):
     assert float(jnp.abs(outs[0][1]).max()) > 0.1  # not trivially zero
 
 
+def test_unrolled_layers_keep_the_streams_the_scan_keeps():
+    """``hidden=`` (a draft head's features) from both loops: the same streams, in the order asked."""
+    from flax import nnx
+
+    m = JaxLlama(LlamaConfig(**GEMMA3ISH), rngs=nnx.Rngs(5), std=0.2)
+    forward = nnx.jit(lambda m, x, p, cache: m(x, p, cache, hidden=(3, 0)))
+    tokens, pos = jnp.arange(10).reshape(2, 5) % 97, jnp.arange(5)[None].repeat(2, 0)
+    feats = []
+    for scan in (True, False):
+        m.scan_layers = scan
+        z, _, f = forward(m, tokens, pos, m.new_cache(2, 8))
+        feats.append(np.asarray(f))
+    assert feats[0].shape == (2, 5, 2 * GEMMA3ISH["hidden_size"])
+    np.testing.assert_allclose(feats[0], feats[1], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(feats[0][..., :64], feats[0][..., 64:])  # two different layers' streams
+
+
 def test_the_unrolled_forward_exports_for_cuda_with_static_slices_only():
     """The GPU's loop (scan_layers=False) lowers for CUDA on this CPU: no while loop and no
     dynamic slice of a weight (the scan's copy of each layer's weights on the GPU), one dot per
