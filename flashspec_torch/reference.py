@@ -1,7 +1,6 @@
-"""The plain-torch reference verifier (``flashspec_torch.verify(impl="reference")``): SPEC.md step by
-step as the NumPy oracle, in torch ops a careful engineer writes without a custom kernel
-(log_softmax, gather, Gumbel-max over row n; float32, log space; no ``.item()``), and the pieces
-the Triton launcher shares with it (temperature, top-k / top-p, the counters).
+"""The sampling math in plain torch that verify's reference (``flashspec_torch.verify.verify_reference``),
+the Triton launcher and ``flashspec_torch.sampling`` share: temperature, top-k / top-p, log-probabilities
+in the oracle's formulas (float32, log space), and the counter RNG's draws.
 
 Letters as in SPEC.md: z target logits, w draft logits, T temperature, p / q the target / draft
 distributions, x drafted tokens, u accept uniforms, n the first rejection, y the residual or bonus token.
@@ -14,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from flashspec.config import SamplingConfig
-from flashspec.contract import VerifyResult
 
 from . import random as rng
 
@@ -95,79 +93,3 @@ class Counters:
 
     def uniform(self, position, vocab, stream: int) -> torch.Tensor:  # position, vocab broadcast with [B, 1]
         return rng.to_uniform(self.bits(position, vocab, stream))
-
-
-
-def verify_reference(
-    target_logits: torch.Tensor,  # [B, G+1, V]
-    draft_tokens: torch.Tensor,  # [B, G]
-    draft_logits: torch.Tensor | None,  # [B, G, V]
-    draft_logprobs: torch.Tensor | None,  # [B, G]
-    cfg: SamplingConfig,
-    seed,
-    offset,
-    draft_lengths: torch.Tensor | None = None,  # [B] int in [0, G]; None: G
-) -> VerifyResult[torch.Tensor]:
-    """SPEC.md in plain torch ops, step by step as the NumPy oracle (float32, log space). A position past
-    L_b, or an id outside [0, V), counts as rejected, and y is drawn from p there."""
-    z = target_logits.float()
-    b, g1, v = z.shape
-    x_ok = (draft_tokens >= 0) & (draft_tokens < v)  # [B, G]
-    if draft_lengths is not None:
-        x_ok &= torch.arange(g1 - 1, device=z.device)[None] < draft_lengths.to(z.device)[:, None]
-    x = torch.where(x_ok, draft_tokens.long(), 0)
-    if cfg.greedy:
-        return verify_greedy(z, x, x_ok)
-    c = Counters.make(seed, offset, b, z.device)
-    log_p = log_probs(z, cfg)  # [B, G+1, V]
-    log_q = None if draft_logits is None else log_probs(draft_logits.float(), cfg)  # [B, G, V]
-    if draft_logprobs is not None:
-        log_q_x = draft_logprobs.float()
-    elif log_q is not None:
-        log_q_x = gather(log_q, x)
-    else:
-        log_q_x = torch.zeros(x.shape, dtype=torch.float32, device=z.device)  # one-hot q: log q(x) = 0
-    positions = torch.arange(g1 - 1, device=z.device)[None]
-    log_u = torch.log(c.uniform(positions, 0, rng.ACCEPT))  # [B, G]
-    accepted = x_ok & (log_u < gather(log_p[:, :-1], x) - log_q_x)
-    n = first_rejection(accepted)
-    y = sample_final(log_p, log_q, x, x_ok, n, c)
-    return emit(x, n, y)
-
-
-def first_rejection(accepted: torch.Tensor) -> torch.Tensor:  # [B, G] bool -> [B] int64
-    g = accepted.shape[-1]
-    return torch.where(accepted.all(-1), g, (~accepted).to(torch.int32).argmax(-1))
-
-
-def sample_final(log_p, log_q, x, x_ok, n, c: Counters) -> torch.Tensor:  # -> y [B]
-    """y ~ normalise(max(0, p_n - q_n)) if n < G, else y ~ p_G; Gumbel-max over row n only."""
-    b, g1, v = log_p.shape
-    rows = torch.arange(b, device=log_p.device)
-    lp_n = log_p[rows, n]  # [B, V]
-    g = -torch.log(-torch.log(c.uniform(n[:, None], torch.arange(v, device=n.device)[None], rng.FINAL)))  # [B, V]
-    i = n.clamp(max=g1 - 2)  # the draft row n (clamped for the bonus rows, unused there)
-    if log_q is None:
-        q_n = (torch.arange(v, device=log_p.device)[None] == x[rows, i][:, None]).float()
-    else:
-        q_n = torch.exp(log_q[rows, i])
-    r = torch.clamp_min(torch.exp(lp_n) - q_n, 0.0)
-    log_r = torch.log(r)
-    use_p = (n == g1 - 1) | ~(r > 0).any(-1) | ~x_ok[rows, i]  # bonus; empty residual; masked id
-    key = torch.where(use_p[:, None], lp_n, log_r) + g
-    return key.argmax(-1)
-
-
-def emit(x, n, y) -> VerifyResult[torch.Tensor]:  # x [B, G], n [B], y [B]
-    b, g = x.shape
-    pos = torch.arange(g + 1, device=x.device)[None]
-    padded = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)
-    tokens = torch.where(pos < n[:, None], padded, -1).scatter(1, n[:, None], y[:, None].to(padded.dtype))
-    return VerifyResult(num_accepted=n.to(torch.int32), tokens=tokens.to(torch.int32))
-
-
-def verify_greedy(z, x, x_ok) -> VerifyResult[torch.Tensor]:  # z [B, G+1, V], x [B, G]
-    """T = 0: accept x_i iff x_i = argmax z_i; y = argmax z_n (torch.argmax: lowest index on ties)."""
-    best = z.argmax(-1)  # [B, G+1]
-    n = first_rejection(x_ok & (x == best[:, :-1]))
-    return emit(x, n, best.gather(1, n[:, None])[:, 0])

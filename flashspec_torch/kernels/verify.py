@@ -1,6 +1,6 @@
 """The fused verify kernels: the ``@triton.jit`` kernels here, their launcher ``flashspec_torch.verify.verify_triton``
 (which ``flashspec_torch.verify.verify(impl="triton")`` calls), and their plain torch reference
-``flashspec_torch.reference.verify_reference`` (``impl="reference"``), which the tests compare them with.
+``flashspec_torch.verify.verify_reference`` (``impl="reference"``), which the tests compare them with.
 
 Letters as in SPEC.md: z target logits [B, G+1, V], w draft logits [B, G, V], T temperature,
 x drafted tokens [B, G], n first rejection [B], y residual / bonus token [B].
