@@ -96,9 +96,12 @@ class Engine(EngineBase):
             self.target.model.decode_settings(self.device)  # refuses what the mode does not implement, now
         self.policy_name, self.objective = policy, objective
         self.drafts = [self.make_draft(d) for d in drafts]
-        for d in self.drafts:  # the dynamic draft length of model drafts and heads (drafts.confident_lengths)
-            if hasattr(d, "stop_below"):
-                d.stop_below = stop_below
+        stoppable = [d for d in self.drafts if hasattr(d, "stop_below")]  # model drafts and heads
+        if stop_below and not stoppable:
+            raise ValueError(f"stop_below={stop_below} needs a model draft or a draft head (drafts.confident_lengths); "
+                             f"drafts={drafts!r} have a fixed length: leave stop_below at 0 or add such a draft")
+        for d in stoppable:
+            d.stop_below = stop_below
         config = self.target.model.config
         eos = set(config.eos_token_ids)
         self.backend = TorchSlotBackend(self.target.model, self.drafts, sorted(eos), verify_impl)

@@ -95,6 +95,17 @@ def test_bad_input_is_a_clear_error(engine):
     assert engine.generate("hi", max_new_tokens=2, chat=False)["new_tokens"] >= 1  # still usable
 
 
+def test_stop_below_reaches_model_drafts_and_is_refused_without_one(engine):
+    """The dynamic draft length is set on the drafts that implement it (model drafts, heads); with
+    only fixed-length drafts (the n-gram lookup) it is refused, not ignored."""
+    from flashspec_torch.engine import Engine
+
+    eng = Engine(engine.target, ("ngram", "layerskip:24-29"), policy="fixed", device="cpu", stop_below=0.1)
+    assert [getattr(d, "stop_below", None) for d in eng.drafts] == [None, 0.1]
+    with pytest.raises(ValueError, match="stop_below=0.1 needs a model draft"):
+        Engine(engine.target, ("ngram",), policy="fixed", device="cpu", stop_below=0.1)
+
+
 def test_batch_invariant_is_the_models_setting_and_checked(engine):
     """``batch_invariant`` lands on the target model (decode_settings reads it there), what the mode
     does not implement is refused when the engine is built, and a non-bool is refused.
