@@ -258,9 +258,10 @@ class Llama(nnx.Module):
         if select is not None:
             h = jnp.take_along_axis(h, select[:, None, None], axis=1)
         head = self.embed.value if self.lm_head is None else self.lm_head.value
-        z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
-        if self.mesh is not None:  # the vocabulary shards gathered: verify and sampling read whole rows
-            z = self.place(z, ())
+        z = linear(norm(c, h, self.norm.value), head)
+        if self.mesh is not None:  # each device's vocabulary shard, then gathered: verify and sampling read whole rows
+            z = self.place(self.place(z, (None, None, "tp")), ())
+        z = z.astype(jnp.float32)
         return jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z
 
 
