@@ -43,7 +43,7 @@ def check_degree(config: LlamaConfig, n: int) -> None:
         size = getattr(config, field)
         if size % n:
             raise ValueError(f"tensor_parallel={n} must divide the target's {field} ({size}): pick a divisor of it")
-    if config.kernel_blockers:
+    if n > 1 and config.kernel_blockers:
         raise ValueError(f"tensor_parallel={n}: the torch backend splits Llama-shaped targets only, not one with "
                          f"{config.kernel_blockers} (the JAX backend splits every family)")
 
@@ -165,6 +165,11 @@ def shard_model(model: Llama, rank: int, world: int) -> Llama:
                                                        requires_grad=False), world)
     model.config = local
     return model
+
+
+def is_split(model: Llama) -> bool:
+    """Whether ``shard_model`` split ``model`` over several ranks."""
+    return isinstance(model.embed, VocabParallelEmbedding)
 
 
 class RankZeroPolicy:

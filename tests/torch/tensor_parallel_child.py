@@ -1,13 +1,15 @@
 """Run by test_tensor_parallel.py under ``torchrun --standalone --nproc-per-node 2`` (gloo on the
 CPU): rank 0 first generates with the whole tiny target (tensor_parallel=1), then both ranks with
 it split over the two (greedy and sampled, n-gram and layer-skip speculation with an acceptance-
-rewarded policy, and plain decoding, per-request seeds). Rank 0 prints one JSON object."""
+rewarded policy, and plain decoding, per-request seeds), and asks for graphed steps on the CPU
+(refused). Rank 0 prints one JSON object."""
 
 import json
 
 import torch.distributed as dist
 
 from fault_helpers import tiny_target
+from flashspec_torch.backend import TorchBackend
 from flashspec_torch.engine import Engine
 
 CASES = {"greedy-spec": (0.0, True), "sampled-spec": (0.8, True), "sampled-plain": (0.8, False)}
@@ -35,7 +37,12 @@ def main() -> None:
         layer = split.target.model.layers[0]
         shapes = {name: list(getattr(layer, name).weight.shape) for name in ("qkv", "o", "gate_up", "down")}
         shapes["embed"] = list(split.target.model.embed.weight.shape)
-        print(json.dumps({"one": one, "two": two, "shapes": shapes, "world": dist.get_world_size()}))
+        try:
+            TorchBackend(split.target.model, [], graphs=True)
+            graphs = "accepted"
+        except ValueError as e:
+            graphs = str(e)
+        print(json.dumps({"one": one, "two": two, "shapes": shapes, "world": dist.get_world_size(), "graphs": graphs}))
     dist.destroy_process_group()
 
 

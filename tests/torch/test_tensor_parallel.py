@@ -46,6 +46,10 @@ def test_each_rank_holds_its_share_of_the_split_weights(child):
                                "down": [32, 32], "embed": [32, 32]}
 
 
+def test_graphed_steps_of_a_split_target_are_refused_off_cuda(child):
+    assert child["graphs"].startswith("graphs=True with a tensor-parallel target off CUDA")
+
+
 def test_what_a_split_cannot_run_is_refused():
     c = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=6, num_kv_heads=3,
                     head_dim=8)
@@ -53,9 +57,11 @@ def test_what_a_split_cannot_run_is_refused():
     for n, field in ((2, "num_kv_heads"), (4, "num_heads")):
         with pytest.raises(ValueError, match=f"tensor_parallel={n} must divide the target's {field}"):
             check_degree(c, n)
+    qwen3 = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=6, num_kv_heads=3,
+                        head_dim=8, qk_norm=True)
+    check_degree(qwen3, 1)  # one device runs every family
     with pytest.raises(ValueError, match="splits Llama-shaped targets only"):
-        check_degree(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=6,
-                                 num_kv_heads=3, head_dim=8, qk_norm=True), 3)
+        check_degree(qwen3, 3)
     with pytest.raises(ValueError, match="must be an int >= 1"):
         check_degree(c, 0)
     with pytest.raises(ValueError, match="launch with torchrun --nproc-per-node 2"):
