@@ -9,6 +9,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from char_tokenizer import VOCAB, CharTokenizer  # tests/char_tokenizer.py
 from flax import nnx
 
 from flashspec_jax import parallel
@@ -16,22 +17,9 @@ from flashspec_jax.engine import Engine
 from flashspec_jax.model import LlamaConfig
 from flashspec_jax.weights import LoadedModel, random_model
 
-VOCAB = 64
 CONFIG = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                      head_dim=8, max_position_embeddings=256, tie_word_embeddings=False)
 CASES = {"greedy-ngram": (0.0, True), "sampled-ngram": (0.8, True), "sampled-plain": (0.8, False)}
-
-
-class CharTokenizer:
-    """What the engine uses of a tokenizer: ids 4..63 for printable characters."""
-
-    chat_template = None
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": [4 + (ord(ch) - 32) % (VOCAB - 4) for ch in text]}
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) -> str:
-        return "".join(chr(32 + (i - 4) % (VOCAB - 4)) for i in ids if i >= 4)
 
 
 def tokens(target: LoadedModel, n: int) -> dict:
