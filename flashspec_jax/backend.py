@@ -25,6 +25,7 @@ from flashspec.contract import VerifyResult
 from .drafts import LookupDraft, ModelDraft, Proposal, make_seeds
 from .heads import HeadDraft, HeadParams
 from .model import Llama
+from .parallel import replicate
 from .steps import State, StepOut, Steps, batch_shapes
 from .verify import on_gpu
 
@@ -72,15 +73,20 @@ class JaxBackend:
             )
         if not any(m is model for m in self.draft_models):
             self.draft_models.append(model)
-            self.weights.append(nnx.split(model)[1])
+            self.weights.append(self.placed(nnx.split(model)[1]))
         index = next(i for i, m in enumerate(self.draft_models) if m is model)
         return ModelDraft(name, model, index, nnx.graphdef(model), skip)
 
     def head_draft(self, name: str, params: HeadParams, feature_layers: tuple[int, ...]) -> HeadDraft:
         """A draft head (``flashspec_jax.heads.load_head``) over the target's features."""
         self.draft_models.append(params)
-        self.weights.append(params)
+        self.weights.append(self.placed(params))
         return HeadDraft(name, self.draft_models[0], feature_layers, len(self.weights) - 1, self.graphdef)
+
+    def placed(self, weights):
+        """A draft's weights: replicated over the target's mesh when the target is split."""
+        mesh = self.draft_models[0].mesh
+        return weights if mesh is None else replicate(weights, mesh)
 
     def set_drafts(self, drafts: Sequence[ModelDraft | LookupDraft | HeadDraft]) -> None:
         self.drafts = list(drafts)

@@ -25,7 +25,7 @@ from flashspec.drafts import DRAFT_HELP, layerskip_layers, not_implemented, pars
 from flashspec.engine import EngineBase, Request
 from flashspec.loop import StepRecord
 
-from . import whole
+from . import parallel, whole
 from .backend import JaxBackend
 from .drafts import LookupDraft, ModelDraft
 from .heads import HeadDraft, load_draft_head
@@ -51,6 +51,7 @@ class Engine(EngineBase):
         verify_impl: str | None = None,
         loop: str = "host",
         row_invariant: bool = False,
+        tensor_parallel: int = 1,
     ):
         if policy not in engine_policies():
             raise ValueError(f"policy={policy!r} is unknown; choose one of {engine_policies()}")
@@ -71,7 +72,8 @@ class Engine(EngineBase):
             self.policy_name, self.objective, self.loop = policy, objective, loop
             BanditConfig(objective=objective)  # validate now
             config = self.target.model.config
-            self.backend = JaxBackend(self.target.model, sorted(set(config.eos_token_ids)), verify_impl)
+            self.tensor_parallel = tensor_parallel
+            self.backend = JaxBackend(self.split_target(tensor_parallel), sorted(set(config.eos_token_ids)), verify_impl)
             self.backend.set_drafts([self.make_draft(d) for d in drafts])
             self.whole = whole.Whole(self.backend) if loop == "device" else None
 
@@ -86,6 +88,13 @@ class Engine(EngineBase):
             return jax.devices(platform)[0]
         except RuntimeError:
             raise ValueError(f"device={device!r}: JAX has no {platform} device here") from None
+
+    def split_target(self, n: int):
+        """The target's model, or with ``n`` > 1 a copy split over a mesh of ``n`` devices of the
+        engine's platform (``flashspec_jax.parallel``)."""
+        model = self.target.model
+        parallel.check_degree(model.config, n, len(jax.devices(self.device.platform)))
+        return model if n == 1 else parallel.shard_model(model, parallel.make_mesh(n, self.device.platform))
 
     def on_device(self):
         return jax.default_device(self.device) if self.device != jax.devices()[0] else contextlib.nullcontext()
@@ -134,4 +143,4 @@ class Engine(EngineBase):
         return outs
 
     def result_extra(self, request: Request) -> dict:
-        return {"loop": self.loop if request.speculation else "host"}
+        return {"loop": self.loop if request.speculation else "host", "tensor_parallel": self.tensor_parallel}

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from flashspec.config import LlamaConfig
 from flashspec.contract import check_vocab
@@ -153,19 +154,22 @@ def norm(c: LlamaConfig, x: jax.Array, weight: jax.Array | None) -> jax.Array:
     return x if weight is None else rms_norm(x, weight, c.rms_norm_eps, c.norm_offset)
 
 
-def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask):
-    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]."""
+def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, shards: int = 1):
+    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S].
+    ``shards`` > 1: ``qkv`` and ``gate_up`` are in the shard-major order of ``flashspec_jax.parallel``
+    (each shard's q, k, v heads, and its gate and up columns, side by side); 1: the fused layout."""
     b, t, _ = h.shape
-    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
-    nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias).reshape(b, t, shards, -1)  # [B, T, N, (H + 2 H_kv) D / N]
+    nq, nk = c.num_heads * c.head_dim // shards, c.num_kv_heads * c.head_dim // shards
     q = norm(c, qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), w.q_norm)
     k = norm(c, qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), w.k_norm)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
     cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
     attn = attention(q, cache.k[layer], cache.v[layer], mask, c.query_scale, c.attn_softcap)
-    h = h + norm(c, dense(attn.reshape(b, t, nq), w.o, w.o_bias), w.post_attn_norm)
-    gate, up = jnp.split(dense(norm(c, h, w.mlp_norm), w.gate_up, w.gate_up_bias), 2, axis=-1)
+    h = h + norm(c, dense(attn.reshape(b, t, c.num_heads * c.head_dim), w.o, w.o_bias), w.post_attn_norm)
+    gate_up = dense(norm(c, h, w.mlp_norm), w.gate_up, w.gate_up_bias).reshape(b, t, shards, 2, -1)  # [B, T, N, 2, F / N]
+    gate, up = gate_up[..., 0, :].reshape(b, t, -1), gate_up[..., 1, :].reshape(b, t, -1)
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
     return h + norm(c, dense(act * up, w.down, w.down_bias), w.post_mlp_norm), cache
 
@@ -178,6 +182,7 @@ class Llama(nnx.Module):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
         self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
+        self.mesh = None  # a jax.sharding.Mesh with a "tp" axis: the weights are split over it (flashspec_jax.parallel)
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
 
@@ -197,8 +202,18 @@ class Llama(nnx.Module):
     def dtype(self):
         return self.embed.value.dtype
 
+    @property
+    def shards(self) -> int:
+        """The tensor-parallel degree (1: one device)."""
+        return 1 if self.mesh is None else self.mesh.shape["tp"]
+
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return new_cache(self.config, batch, max_len, self.dtype)
+        cache = new_cache(self.config, batch, max_len, self.dtype)
+        return cache if self.mesh is None else KVCache(*(self.place(a, (None, None, "tp")) for a in cache))
+
+    def place(self, x: jax.Array, spec: tuple) -> jax.Array:
+        """x constrained to ``spec`` over the mesh (names or None per leading axis; the rest replicated)."""
+        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
 
     def uses_scan(self) -> bool:
         """``scan_layers``, or by default: the scan on the CPU, and on a GPU for layers whose
@@ -243,7 +258,10 @@ class Llama(nnx.Module):
         if select is not None:
             h = jnp.take_along_axis(h, select[:, None, None], axis=1)
         head = self.embed.value if self.lm_head is None else self.lm_head.value
-        z = linear(norm(c, h, self.norm.value), head).astype(jnp.float32)
+        z = linear(norm(c, h, self.norm.value), head)
+        if self.mesh is not None:  # each device's vocabulary shard, then gathered: verify and sampling read whole rows
+            z = self.place(self.place(z, (None, None, "tp")), ())
+        z = z.astype(jnp.float32)
         return jnp.tanh(z / c.final_softcap) * c.final_softcap if c.final_softcap else z
 
 
@@ -265,7 +283,7 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
         w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
         seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
         cs = (jnp.where(is_local, local[0], rope[0]), jnp.where(is_local, local[1], rope[1]))
-        h, cache = block(c, w, h, *cs, cache, i, positions, seen)
+        h, cache = block(c, w, h, *cs, cache, i, positions, seen, m.shards)
         if feats is not None:
             at = jnp.maximum(j, 0)
             feats = lax.dynamic_update_index_in_dim(feats, jnp.where(j >= 0, h, feats[at]), at, 0)
@@ -292,7 +310,7 @@ def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, p
         window = c.window(i)
         seen = mask & (slots > positions[:, :, None] - window) if window else mask
         w = jax.tree.map(lambda a, i=i: a[i], layers)
-        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen)
+        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen, m.shards)
         if i in hidden:
             kept_streams[i] = h
     feats = jnp.concatenate([kept_streams[i] for i in hidden], axis=-1) if hidden else None

@@ -21,6 +21,7 @@ from .drafts import LookupDraft, ModelDraft, Proposal, Sequences
 from .faults import discard_flagged, screen
 from .layers import default_impl
 from .model import Llama
+from .parallel import is_split
 from .sampling import sample
 from .device import next_pow2
 from .verify import verify
@@ -164,6 +165,9 @@ class TorchBackend:
         self.verify_impl = verify_impl
         self.commit_impl: str | None = None  # "triton" (one kernel) or "reference"; None: by device
         self.graphed = self.device.type == "cuda" if graphs is None else bool(graphs)
+        if self.graphed and self.device.type != "cuda" and is_split(target):
+            raise ValueError("graphs=True with a tensor-parallel target off CUDA: the graphed steps with their "
+                             "collectives inside are the GPU (NCCL) path; on the CPU leave graphs None (eager steps)")
         self.graphs = (StepGraphs() if self.device.type == "cuda" else StaticSteps()) if self.graphed else None
         self.shape: tuple[int, int] | None = None  # (B, S) of the buffers below
 

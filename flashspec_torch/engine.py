@@ -15,6 +15,7 @@ from flashspec.engine import EngineBase
 from flashspec.loop import SpecConfig
 from flashspec.weights import LLAMA_FAMILY, directory_model_type
 
+from . import parallel
 from .slots import TorchSlotBackend
 from .drafts import LookupDraft, ModelDraft, TransformersDraft, check_stop_below, draft_from_model
 from .faults import scrub_caches
@@ -61,6 +62,7 @@ class Engine(EngineBase):
         verify_impl: str | None = None,
         batch_invariant: bool = False,
         stop_below: float = 0.0,
+        tensor_parallel: int = 1,
     ):
         if policy not in engine_policies():
             raise ValueError(f"policy={policy!r} is unknown; choose one of {engine_policies()}")
@@ -76,6 +78,9 @@ class Engine(EngineBase):
         if target is not None and not isinstance(target, (str, LoadedModel)) and not hasattr(target, "__fspath__"):
             raise TypeError(f"target must be None (the embedded model), a path or a LoadedModel, got {type(target).__name__}")
         self.device = check_device(device)
+        self.tensor_parallel, self.arms = tensor_parallel, None
+        if tensor_parallel != 1:
+            self.rank, self.device = self.start_parallel(tensor_parallel, policy, batch_invariant)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         if not isinstance(self.dtype, torch.dtype) or not self.dtype.is_floating_point:
             raise ValueError(f"dtype={dtype!r} must be a floating-point torch dtype (torch.float32, torch.bfloat16, ...)")
@@ -94,6 +99,7 @@ class Engine(EngineBase):
         self.target.model.batch_invariant = batch_invariant  # the model's own setting: it is shared with its engines
         if batch_invariant:
             self.target.model.decode_settings(self.device)  # refuses what the mode does not implement, now
+        parallel.shard_model(self.target.model, self.rank, tensor_parallel)
         self.policy_name, self.objective = policy, objective
         self.drafts = [self.make_draft(d) for d in drafts]
         stoppable = [d for d in self.drafts if hasattr(d, "stop_below")]  # model drafts and heads
@@ -106,12 +112,33 @@ class Engine(EngineBase):
         eos = set(config.eos_token_ids)
         self.backend = TorchSlotBackend(self.target.model, self.drafts, sorted(eos), verify_impl)
 
+    def start_parallel(self, n: int, policy: str, batch_invariant: bool) -> tuple[int, torch.device]:
+        """Join the group of ``n`` ranks (``flashspec_torch.parallel``); refuse what a split target does not run."""
+        if policy == "adaptive" or batch_invariant:
+            what = "policy='adaptive'" if policy == "adaptive" else "batch_invariant=True"
+            raise ValueError(f"tensor_parallel={n} does not run {what} (its per-step timing / its kernels are "
+                             "one device's); use another policy, or tensor_parallel=1")
+        rank, device = parallel.start(n, self.device)
+        self.arms = torch.distributed.new_group(backend="gloo")  # rank 0's arm choices, host to host
+        return rank, device
+
+    def policy_for(self, gamma: int, seed: int):
+        """The policy; split over ranks, every rank takes rank 0's choices."""
+        policy = super().policy_for(gamma, seed)
+        return policy if self.arms is None else parallel.RankZeroPolicy(policy, self.arms)
+
+    def result_extra(self, request) -> dict:
+        return {"tensor_parallel": self.tensor_parallel}
+
     def make_draft(self, spec) -> ModelDraft | LookupDraft | TransformersDraft:
         """A draft from its name (see DRAFT_HELP), a LoadedModel or a transformers model object."""
         model = self.target.model
         if not isinstance(spec, str):
             return draft_from_model(spec, model, self.dtype, self.device)
         draft = parse_draft(spec)
+        if self.tensor_parallel != 1 and draft.kind in ("nf4", "head"):
+            raise ValueError(f"draft {spec!r} reads the target's own weights, which tensor_parallel="
+                             f"{self.tensor_parallel} splits: use ngram, layerskip, self or a draft model")
         if draft.kind == "ngram":
             return LookupDraft(spec, max_n=draft.max_n)
         if draft.kind == "layerskip":

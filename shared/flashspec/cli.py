@@ -290,6 +290,9 @@ def add_generate(sub) -> None:
                    help="jax: plain decoding computes gamma + 1 positions per step, the shape of a speculative "
                         "step's scoring pass, so greedy speculation gives greedy decoding's tokens in bf16 at batch 1 "
                         "(torch: --batch-invariant)")
+    p.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
+                   help="split the target over N devices (jax: a mesh of N devices; torch: run under "
+                        "torchrun --nproc-per-node N, rank 0 prints); docs/tensor_parallel.md")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_generate)
 
@@ -326,9 +329,11 @@ def run_generate(args) -> int:
             raise UsageError(f"--row-invariant is an option of the jax backend, not of --backend {args.backend}; "
                              f"the torch backend's is --batch-invariant")
         options["row_invariant"] = True
+    if args.tensor_parallel != 1:
+        options["tensor_parallel"] = args.tensor_parallel
     eng = engine_class(args.backend)(args.target, tuple(args.draft or default_drafts(args.backend)), policy=args.policy,
                                      device=args.device, **options)
-    show = sys.stderr.isatty()
+    show = sys.stderr.isatty() and eng.rank == 0
     counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}
 
     def progress(record) -> None:
@@ -357,6 +362,8 @@ def run_generate(args) -> int:
     finally:
         if show:
             print(file=sys.stderr)
+    if eng.rank != 0:  # a split target's other ranks computed the same result: rank 0 prints it
+        return 0
     if result.get("interrupted"):
         print(json.dumps(result) if args.json else result["text"])
         print(f"flashspec generate: interrupted after {result['new_tokens']} tokens", file=sys.stderr)

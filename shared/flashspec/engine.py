@@ -29,6 +29,7 @@ class EngineBase:
     may override ``run`` (another loop), ``after_fault`` and ``result_extra``."""
 
     backend_name = ""
+    rank = 0  # this process's rank when the target is split over processes (torch tensor parallelism): rank 0 reports
     policy = None  # shared across generate calls, so what one request learns helps the next
     policy_gamma: int | None = None
 
