@@ -268,9 +268,9 @@ def narrow_linear(
     w: torch.Tensor,  # [N, K]
     bias: torch.Tensor | None = None,  # [N]
 ) -> torch.Tensor:  # [..., N] = x w^T + bias, as F.linear, contiguous
-    """F.linear of a few rows computed as (w x^T)^T: the CPU BLAS multiplies the weight by a narrow
-    right-hand side at close to the weight's read time, where F.linear's x w^T of 2-6 rows takes up to
-    twice a one-row product (docs/draft_head.md)."""
+    """F.linear of a few rows computed as (w x^T)^T: the CPU BLAS's product of the weight by a narrow
+    right-hand side runs at about the weight's read time, its small-M x w^T does not (docs/draft_head.md
+    has the figures)."""
     k = x.shape[-1]
     y = torch.mm(w, x.reshape(-1, k).t()).t()  # [M, N]
     if bias is not None:
