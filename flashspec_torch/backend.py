@@ -366,7 +366,10 @@ class TorchBackend:
     def commit_host(self, num_accepted: torch.Tensor, width: int) -> AsyncHandle:
         """Host bookkeeping of a committed step; starts the asynchronous copy of its results."""
         seqs = self.seqs
-        seqs.max_len_bound = min(seqs.max_len_bound + width, seqs.tokens.shape[1])
+        bound = seqs.max_len_bound + width
+        if self.device.type == "cpu":  # the lengths are host memory: the exact bound waits for nothing
+            bound = int(seqs.length.max())
+        seqs.max_len_bound = min(bound, seqs.tokens.shape[1])
         seqs.step += 1
         return self.mirror.start(num_accepted, self.active, self.done, self.bad)
 

@@ -104,7 +104,10 @@ class ModelDraft:
         self.used_at: int | None = None
 
     def catch_up_bound(self, seqs: Sequences, gamma: int) -> int:
-        """Host-side bound on the tokens a row may not have fed yet."""
+        """Host-side bound on the tokens a row may not have fed yet; on the CPU, where the lengths
+        are host memory and reading them waits for nothing, the exact count."""
+        if seqs.length.device.type == "cpu":
+            return max(1, int((seqs.length - torch.minimum(self.valid, seqs.length - 1)).max()))
         if self.used_at is None:
             return seqs.max_len_bound
         return (seqs.step - self.used_at) * (gamma + 1) + 2

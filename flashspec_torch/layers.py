@@ -253,6 +253,31 @@ def linear(
     return skinny_linear(x, w, *skinny_tiling(w.shape[0], k))
 
 
+NARROW_ROWS = (2, 6)  # the row counts narrow_linear serves on the CPU
+
+
+def narrow_product(x: torch.Tensor) -> bool:
+    """Whether ``narrow_linear`` serves x [..., K]: float32 on the CPU, NARROW_ROWS rows (a scoring
+    pass or a short catch-up; one row stays F.linear's matrix-vector product)."""
+    m = x.numel() // x.shape[-1]
+    return x.device.type == "cpu" and x.dtype == torch.float32 and NARROW_ROWS[0] <= m <= NARROW_ROWS[1]
+
+
+def narrow_linear(
+    x: torch.Tensor,  # [..., K]: a few rows
+    w: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [..., N] = x w^T + bias, as F.linear, contiguous
+    """F.linear of a few rows computed as (w x^T)^T: the CPU BLAS's product of the weight by a narrow
+    right-hand side runs at about the weight's read time, its small-M x w^T does not (docs/draft_head.md
+    has the figures)."""
+    k = x.shape[-1]
+    y = torch.mm(w, x.reshape(-1, k).t()).t()  # [M, N]
+    if bias is not None:
+        y = y + bias
+    return y.contiguous().view(*x.shape[:-1], w.shape[0])
+
+
 def skinny_tiling(n: int, k: int) -> tuple[int, int, int, int]:
     """(block_n, block_k, num_warps, num_stages) of the skinny product by the projection's shape (tuned on
     TinyLlama-1.1B's projections, docs/engine_notes.md)."""

@@ -18,7 +18,8 @@ from . import gemv as fused
 from .device import interpreting
 from .family import family_block, family_logits, family_settings, local_tables, window_masks
 from .invariant_matmul import invariant_matmul, invariant_matmul_add_rms_norm, invariant_matmul_silu_mul
-from .layers import MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, rope_kv, silu_mul
+from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, narrow_linear,
+                     narrow_product, rope_kv, silu_mul)
 from .shapes import check_shapes
 
 
@@ -42,6 +43,8 @@ def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x
     the batch-invariant product (for weights without bias; others, such as a draft head's, by the module)."""
     if impl == "invariant" and type(module) is nn.Linear and module.bias is None:
         return invariant_matmul(x, module.weight)
+    if impl == "reference" and type(module) is nn.Linear and narrow_product(x):
+        return narrow_linear(x, module.weight, module.bias)
     if impl in ("reference", "fused", "invariant") or type(module) is not nn.Linear:
         return module(x)
     return linear(x, module.weight, impl)

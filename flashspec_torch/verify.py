@@ -292,10 +292,11 @@ def verify_reference(
         return verify_greedy(z, x, x_ok)
     c = Counters.make(seed, offset, b, z.device)
     log_p = log_probs(z, cfg)  # [B, G+1, V]
-    log_q = None if draft_logits is None else log_probs(draft_logits.float(), cfg)  # [B, G, V]
+    log_q = None  # [B, G, V]: every draft row's log q, only where log q(x) is not given (else row n's alone)
     if draft_logprobs is not None:
         log_q_x = draft_logprobs.float()
-    elif log_q is not None:
+    elif draft_logits is not None:
+        log_q = log_probs(draft_logits.float(), cfg)
         log_q_x = gather(log_q, x)
     else:
         log_q_x = torch.zeros(x.shape, dtype=torch.float32, device=z.device)  # one-hot q: log q(x) = 0
@@ -303,7 +304,7 @@ def verify_reference(
     log_u = torch.log(c.uniform(positions, 0, rng.ACCEPT))  # [B, G]
     accepted = x_ok & (log_u < gather(log_p[:, :-1], x) - log_q_x)
     n = first_rejection(accepted)
-    y = sample_final(log_p, log_q, x, x_ok, n, c)
+    y = sample_final(log_p, log_q, draft_logits, cfg, x, x_ok, n, c)
     return emit(x, n, y)
 
 
@@ -312,17 +313,18 @@ def first_rejection(accepted: torch.Tensor) -> torch.Tensor:  # [B, G] bool -> [
     return torch.where(accepted.all(-1), g, (~accepted).to(torch.int32).argmax(-1))
 
 
-def sample_final(log_p, log_q, x, x_ok, n, c: Counters) -> torch.Tensor:  # -> y [B]
-    """y ~ normalise(max(0, p_n - q_n)) if n < G, else y ~ p_G; Gumbel-max over row n only."""
+def sample_final(log_p, log_q, draft_logits, cfg: SamplingConfig, x, x_ok, n, c: Counters) -> torch.Tensor:  # -> y [B]
+    """y ~ normalise(max(0, p_n - q_n)) if n < G, else y ~ p_G; Gumbel-max over row n only. q_n is
+    exp(log_q) at row n, or (log_q None) log_probs of draft_logits' row n alone; one-hot at x without either."""
     b, g1, v = log_p.shape
     rows = torch.arange(b, device=log_p.device)
     lp_n = log_p[rows, n]  # [B, V]
     g = -torch.log(-torch.log(c.uniform(n[:, None], torch.arange(v, device=n.device)[None], rng.FINAL)))  # [B, V]
     i = n.clamp(max=g1 - 2)  # the draft row n (clamped for the bonus rows, unused there)
-    if log_q is None:
+    if draft_logits is None:
         q_n = (torch.arange(v, device=log_p.device)[None] == x[rows, i][:, None]).float()
     else:
-        q_n = torch.exp(log_q[rows, i])
+        q_n = torch.exp(log_q[rows, i] if log_q is not None else log_probs(draft_logits[rows, i].float(), cfg))
     r = torch.clamp_min(torch.exp(lp_n) - q_n, 0.0)
     log_r = torch.log(r)
     use_p = (n == g1 - 1) | ~(r > 0).any(-1) | ~x_ok[rows, i]  # bonus; empty residual; masked id

@@ -106,6 +106,16 @@ def test_skinny_linear_matches_f_linear(m, n, k):
                                rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [2, 5])
+def test_narrow_linear_matches_f_linear(rows):
+    """The CPU's product of a few rows, (w x^T)^T, is F.linear's (bias too), contiguous, in x's leading shape."""
+    x, w, b = rand(1, rows, 48, seed=rows), rand(40, 48, seed=3), rand(40, seed=4)
+    assert layers.narrow_product(x) and not layers.narrow_product(x[:, :1]) and not layers.narrow_product(rand(7, 48, seed=7))
+    got = layers.narrow_linear(x, w, b)
+    assert got.shape == (1, rows, 40) and got.is_contiguous()
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
 def test_pdl_only_where_the_gpu_has_it(monkeypatch):
     """pdl=True launches with programmatic dependent launch only on compute capability 9.0+ (an
     older GPU would fail to compile it), never on the CPU or in the interpreter."""
