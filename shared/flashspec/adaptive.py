@@ -46,7 +46,6 @@ from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), n
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,7 +55,7 @@ from .backend import Backend, StepHandle
 from .bandits import expected_accepted
 from .config import SamplingConfig
 from .faults import check_finite
-from .loop import SpecConfig, StepRecord
+from .loop import SpecConfig, StepRecord, StepTimer
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
@@ -137,6 +136,7 @@ class AdaptivePolicy:
         self.cost_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
+        self.in_flight: set[int] = set()  # arms chosen and not yet observed
 
     @property
     def cost(self) -> np.ndarray:  # [buckets, arms]
@@ -146,32 +146,53 @@ class AdaptivePolicy:
     def choose(self, rows: int) -> int:
         """The arm index for the next step, given the active rows of the last finished step."""
         b = min(bucket(rows), self.cost_weight.shape[0] - 1)
-        untried = self.cost_weight[b] == 0
-        if untried.any():
-            return int(np.argmax(untried))
+        untried = (self.cost_weight[b] == 0) & ~np.isin(np.arange(len(self.arms)), list(self.in_flight))
+        if untried.any():  # each unmeasured arm once (not twice because its first step is not read yet)
+            return self.launch(int(np.argmax(untried)))
+        if (self.cost_weight[b] == 0).any():  # the rest are in flight: the cheapest-looking measured arm meanwhile
+            return self.launch(self.best(rows, b, self.mean_alpha()))
         capped = self.capped_log_cost(b)
         inconsistent = self.log_cost[b] > capped + SPIKE  # re-measured after 1, 2, 4 ... steps
         stale = self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])
         if stale.any():  # forced re-measurement; the next one of this arm waits twice as long
             a = int(np.argmax(stale))
             self.period[b, a] *= 2
-            return a
-        alpha = self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail)  # [drafts]
-        emitted = 1.0 + np.where(self.arm_plain, 0.0, expected_accepted(alpha[self.arm_draft], self.arm_length))
-        a = int(np.argmax(np.log(rows * emitted) - capped))
+            return self.launch(a)
+        a = self.best(rows, b, self.mean_alpha())
+        if not self.arms[a].plain:  # plain decoding, best on the posterior means, is taken at once; else Thompson
+            a = self.best(rows, b, self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail))
         self.period[b, a] = self.remeasure
+        return self.launch(a)
+
+    def mean_alpha(self) -> np.ndarray:  # [drafts]
+        """The posterior mean of each draft's per-token acceptance."""
+        return (self.prior[0] + self.succ) / (self.prior[0] + self.prior[1] + self.succ + self.fail)
+
+    def value(self, rows: int, b: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
+        """log(rows x expected emitted tokens per row / capped cost) of every arm in bucket ``b`` (NaN costs: -inf)."""
+        emitted = 1.0 + np.where(self.arm_plain, 0.0, expected_accepted(alpha[self.arm_draft], self.arm_length))
+        v = np.log(rows * emitted) - self.capped_log_cost(b)
+        return np.where(self.cost_weight[b] > 0, v, -np.inf)
+
+    def best(self, rows: int, b: int, alpha: np.ndarray) -> int:
+        return int(np.argmax(self.value(rows, b, alpha)))
+
+    def launch(self, a: int) -> int:
+        self.in_flight.add(a)
         return a
 
     def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
         """Bucket ``b``'s log costs, each capped by those of the arms that do its work and more."""
         own = self.log_cost[b]
-        return np.minimum(own, np.where(self.dearer, own[None, :], np.inf).min(axis=1))
+        measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
+        return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
+        self.in_flight.discard(arm)
         b = min(bucket(rows), self.cost_weight.shape[0] - 1)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
@@ -200,30 +221,32 @@ class AdaptivePolicy:
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
                        first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
     """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
-    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``."""
-    pending: tuple[int, StepHandle, float] | None = None
+    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``;
+    step seconds come from ``flashspec.loop.StepTimer`` (each step's own time, not its predecessor's)."""
+    pending: tuple[int, StepHandle] | None = None
+    timer = StepTimer()
+    policy.in_flight.clear()  # a run cut short leaves none behind
     for step in range(spec.max_steps or spec.max_new_tokens):
         a = policy.choose(rows)
         arm = policy.arms[a]
-        start = time.perf_counter()
         if arm.plain:
-            handle = backend.decode_one(sampling, seed, first_offset + step)
+            handle = timer.launch(lambda: backend.decode_one(sampling, seed, first_offset + step))
         else:
-            handle = backend.step(arm.draft, arm.length, sampling, seed, first_offset + step)
+            handle = timer.launch(lambda: backend.step(arm.draft, arm.length, sampling, seed, first_offset + step))
         if pending is not None:
-            rows, done = observe_adaptive(policy, records, *pending, end=start, on_step=on_step, step=step - 1)
+            rows, done = observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step - 1)
             pending = None
             if done:
                 break
-        pending = (a, handle, start)
+        pending = (a, handle)
     if pending is not None:
-        observe_adaptive(policy, records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
+        observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step)
 
 
-def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, start: float, *,
-                     end: float, on_step=None, step: int = -1) -> tuple[int, bool]:
+def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, *,
+                     timer: StepTimer, on_step=None, step: int = -1) -> tuple[int, bool]:
     """Read a finished step, feed the policy, record it: (active rows, every row done)."""
-    view = handle.fetch()
+    view, seconds = timer.read(handle)
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
@@ -231,10 +254,12 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
         accepted = np.asarray(view.num_accepted)[view.active].astype(np.int64)
         total = int(accepted.sum())
         per_row = tuple(int(n) if act else -1 for n, act in zip(view.num_accepted, view.active))
-        record = StepRecord(-1 if arm.plain else arm.draft, arm.length * rows, total, total + rows, rows, end - start,
+        record = StepRecord(-1 if arm.plain else arm.draft, arm.length * rows, total, total + rows, rows, seconds,
                             per_row)
         records.append(record)
-        policy.observe(a, rows, accepted, max(record.seconds, 1e-9))
+        policy.observe(a, rows, accepted, seconds)
         if on_step:
             on_step(record)
+    else:
+        policy.in_flight.discard(a)
     return max(rows, 1), bool(view.done.all())
