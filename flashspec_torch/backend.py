@@ -23,6 +23,7 @@ from .layers import default_impl
 from .model import Llama
 from .sampling import sample
 from .device import next_pow2
+from .free import free_proposals, recomputable, score_into
 from .verify import verify
 
 
@@ -35,12 +36,15 @@ class AsyncHandle:
     done: torch.Tensor
     bad: torch.Tensor
     event: torch.cuda.Event | None
+    free: torch.Tensor | None = None  # [2, D, B] int32: flashspec_torch.free's counts; None: not scored
 
     def fetch(self) -> StepView:
         if self.event is not None:
             self.event.synchronize()
+        free = None if self.free is None else self.free.numpy().copy()
         return StepView(self.num_accepted.numpy().copy(), self.active.numpy().copy(), self.done.numpy().copy(),
-                        self.bad.numpy().copy())
+                        self.bad.numpy().copy(), free_scored=None if free is None else free[0],
+                        free_accepted=None if free is None else free[1])
 
 
 class HostMirror:
@@ -48,24 +52,29 @@ class HostMirror:
     committed, so a slot is never overwritten before it was read. (Allocating pinned memory every
     step costs milliseconds; pageable memory would make the copy block the host.)"""
 
-    def __init__(self, batch: int, device: torch.device):
+    def __init__(self, batch: int, device: torch.device, drafts: int = 0):
         self.device, self.turn = device, 0
         if device.type == "cuda":
             self.slots = [
                 [torch.empty(batch, dtype=dt, pin_memory=True) for dt in (torch.int32, torch.bool, torch.bool, torch.uint8)]
+                + [torch.empty((2, drafts, batch), dtype=torch.int32, pin_memory=True)]
                 for _ in range(2)
             ]
 
-    def start(self, num_accepted, active, done, bad) -> AsyncHandle:
+    def start(self, num_accepted, active, done, bad, free=None) -> AsyncHandle:
+        """``free``: [2, D, B] int32 full-information counts (flashspec_torch.free), or None."""
         if self.device.type != "cuda":
-            return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), bad.clone(), None)
+            return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), bad.clone(), None,
+                               None if free is None else free.clone())
         slot = self.slots[self.turn]
         self.turn ^= 1
         for h, t in zip(slot, (num_accepted.to(torch.int32), active, done, bad)):
             h.copy_(t, non_blocking=True)
+        if free is not None:
+            slot[4].copy_(free, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return AsyncHandle(*slot, event)
+        return AsyncHandle(*slot[:4], event, None if free is None else slot[4])
 
 
 class StepGraphs:
@@ -166,6 +175,7 @@ class TorchBackend:
         self.graphed = self.device.type == "cuda" if graphs is None else bool(graphs)
         self.graphs = (StepGraphs() if self.device.type == "cuda" else StaticSteps()) if self.graphed else None
         self.shape: tuple[int, int] | None = None  # (B, S) of the buffers below
+        self.free_gamma = 0  # score_free's G (0: no full-information scoring)
 
     # -- the batch
 
@@ -215,7 +225,8 @@ class TorchBackend:
         self.seed = torch.zeros(batch, **i64)
         self.offset = torch.zeros((), **i64)
         self.cache = self.target.new_cache(batch, s_max)
-        self.mirror = HostMirror(batch, dev)
+        self.mirror = HostMirror(batch, dev, len(self.drafts))
+        self.free = torch.zeros((2, len(self.drafts), batch), dtype=torch.int32, device=dev)  # flashspec_torch.free
         self.shape = (batch, s_max)
         if self.graphs is not None:
             self.graphs.clear()
@@ -239,7 +250,7 @@ class TorchBackend:
         if draft.lagging(self.seqs):
             draft.catch_up(self.seqs, gamma)
         self.set_counters(seed, offset)
-        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),
+        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling, self.free_gamma), self.graphed_step(arm, gamma, sampling),
                                           self.state())
         draft.mark_used(self.seqs)
         return self.commit_host(num_accepted, gamma + 1)
@@ -276,9 +287,9 @@ class TorchBackend:
         if gamma is not None:
             for arm, d in enumerate(self.drafts):
                 if d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
-                    captured += self.graphs.capture(("spec", arm, gamma, sampling),
+                    captured += self.graphs.capture(("spec", arm, gamma, sampling, self.free_gamma),
                                                     self.graphed_step(arm, gamma, sampling), self.state())
-        return captured + self.graphs.capture(("plain", sampling), self.graphed_decode(sampling), self.state())
+        return captured + self.graphs.capture(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
 
     def set_counters(self, seed, offset: int) -> None:
         """The step's seed / offset into the buffers the graphs read."""
@@ -328,7 +339,7 @@ class TorchBackend:
         if not self.graphed:
             return self.commit(self.sample_next(sampling, seed, offset))
         self.set_counters(seed, offset)
-        num_accepted = self.graphs.replay(("plain", sampling), self.graphed_decode(sampling), self.state())
+        num_accepted = self.graphs.replay(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
         return self.commit_host(num_accepted, 2)
 
     def sample_next(self, sampling: SamplingConfig, seed, offset) -> VerifyResult:
@@ -347,9 +358,18 @@ class TorchBackend:
         self.commit_device(result)
         return self.commit_host(result.num_accepted, result.tokens.shape[1])
 
+    def score_free(self, gamma: int) -> int:
+        """From now on every step also scores each recomputable draft at ``gamma`` tokens against what it
+        emitted (``flashspec_torch.free``; 0: stop). Steps are captured per G of scoring. Returns the drafts scored."""
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= 64:
+            raise ValueError(f"gamma={gamma!r} must be an integer in [0, 64] (0: no full-information scoring)")
+        self.free_gamma = gamma
+        return len(recomputable(self.drafts)) if gamma else 0
+
     def commit_device(self, result: VerifyResult) -> None:
         """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place."""
         seqs = self.seqs
+        proposals = free_proposals(self.drafts, seqs, self.free_gamma) if self.free_gamma else []
         length_before = seqs.length.clone()
         args = (result.num_accepted, result.tokens, self.eos, seqs.tokens, seqs.length, self.prompt_len,
                 self.max_new, self.done, self.active)
@@ -358,13 +378,15 @@ class TorchBackend:
         else:
             commit_reference(*args)
         discard_flagged(self.bad, length_before, seqs.length, self.done, self.active)  # NaN / inf logits
+        if proposals:
+            score_into(self.free, proposals, result.tokens, result.num_accepted)
 
     def commit_host(self, num_accepted: torch.Tensor, width: int) -> AsyncHandle:
         """Host bookkeeping of a committed step; starts the asynchronous copy of its results."""
         seqs = self.seqs
         seqs.max_len_bound = min(seqs.max_len_bound + width, seqs.tokens.shape[1])
         seqs.step += 1
-        return self.mirror.start(num_accepted, self.active, self.done, self.bad)
+        return self.mirror.start(num_accepted, self.active, self.done, self.bad, self.free if self.free_gamma else None)
 
     def outputs(self) -> list[list[int]]:
         tokens = self.seqs.tokens.cpu().numpy()

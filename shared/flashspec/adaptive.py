@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Backend, StepHandle
+from .backend import Backend, FreeScoring, StepHandle, StepView
 from .bandits import expected_accepted
 from .config import SamplingConfig
 from .faults import check_finite
@@ -218,6 +218,12 @@ class AdaptivePolicy:
         self.fail[draft] += np.count_nonzero(accepted < drafted)
 
 
+def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
+    """Turn on full-information scoring at the arms' longest length where the backend offers it
+    (``FreeScoring``; before ``prepare``, so the steps that score are the ones made ready). Returns the drafts scored."""
+    return backend.score_free(int(policy.arm_length.max())) if isinstance(backend, FreeScoring) else 0
+
+
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
                        first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
     """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
@@ -243,6 +249,17 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
         observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step)
 
 
+def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None) -> None:
+    """Full information: each draft but ``skip`` (the one the step ran) that the backend scored on this step
+    (``StepView.free_scored``) updates its posterior over the active rows it was scored on."""
+    if view.free_scored is None:
+        return
+    for d in range(min(len(view.free_scored), len(policy.succ))):
+        scored = np.asarray(view.free_scored[d])[view.active].astype(np.int64)
+        if d != skip and scored.any():
+            policy.observe_free(d, scored, np.asarray(view.free_accepted[d])[view.active].astype(np.int64))
+
+
 def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, *,
                      timer: StepTimer, on_step=None, step: int = -1) -> tuple[int, bool]:
     """Read a finished step, feed the policy, record it: (active rows, every row done)."""
@@ -258,6 +275,7 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
                             per_row)
         records.append(record)
         policy.observe(a, rows, accepted, seconds)
+        observe_free(policy, view, skip=arm.draft)
         if on_step:
             on_step(record)
     else:

@@ -4,7 +4,7 @@ arms, and the throughput choice under a simulated clock (step costs that grow wi
 import numpy as np
 import pytest
 
-from flashspec import loop
+from flashspec import adaptive, loop
 from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
 from flashspec.config import SamplingConfig
 from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
@@ -223,3 +223,24 @@ def test_full_information_moves_the_posterior_of_an_arm_not_run():
     p = AdaptivePolicy(make_arms(2, (4,)), 2)
     p.observe_free(1, np.array([3, 2, 4]), np.array([3, 0, 4]))
     assert (p.succ[1], p.fail[1]) == (7, 1) and (p.succ[0], p.fail[0]) == (0, 0)
+
+
+@pytest.mark.parametrize("free", [0, 4])
+def test_full_information_in_the_loop_scores_the_drafts_not_run(clock, free):
+    """A lookup draft that proposes the greedy chain and a useless one, speculative steps dearer than plain at
+    64 rows: plain decoding runs, and with the backend's full-information scoring (``score_free``) the right
+    draft's posterior still learns from every plain step (without it, only from its own steps)."""
+    target, _ = chain(2)
+    right = LookupDraft("right", target.argmax(-1))
+    wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)
+    backend = AsyncBackend(target, [wrong, right], clock, {0: 1.0, 2: 4.0, 4: 8.0})
+    policy = AdaptivePolicy(make_arms(2, (2, 4)), 2, rng=0, discount=1.0)
+    assert adaptive.use_free_scoring(backend, policy) == 2 and backend.free_gamma == 4  # the longest arm's G
+    backend.score_free(free)
+    _, records = run(backend, policy, [[0]] * 64, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=30))
+    own = sum(r.accepted for r in records if r.arm == 1)
+    if free:
+        assert policy.succ[1] > own + 64 * 5 and policy.mean_alpha()[1] > 0.9
+    else:
+        assert policy.succ[1] == own
+    assert all(r.arm == -1 for r in records[5:])  # each arm measured once, then plain decoding

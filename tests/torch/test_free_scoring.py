@@ -1,0 +1,46 @@
+"""Full-information scoring in the torch backend (``flashspec_torch.free``): a recomputable draft that was not
+run is scored exactly as if it had run (an identical copy of the running n-gram draft is credited with the
+running draft's accepted counts on every row and step), eagerly and with the graphed steps' code; on plain
+steps it is scored on the one emitted token."""
+
+import numpy as np
+import pytest
+import torch
+
+from flashspec.config import SamplingConfig
+from flashspec_torch.backend import TorchBackend
+from flashspec_torch.drafts import LookupDraft
+
+from fault_helpers import tiny_target
+from test_backend_graphs import PROMPTS
+
+GREEDY = SamplingConfig(0.0)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(0).model
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_copy_of_the_running_draft_is_scored_as_it_ran(target, graphs):
+    b = TorchBackend(target, [LookupDraft("a"), LookupDraft("b"), LookupDraft("c", max_n=1)], graphs=graphs)
+    assert b.score_free(3) == 3
+    with torch.inference_mode():
+        b.prefill(PROMPTS, 24)
+        for step in range(8):
+            plain = step % 3 == 2
+            view = (b.decode_one(GREEDY, 0, step) if plain else b.step(0, 3, GREEDY, 0, step)).fetch()
+            act = view.active
+            n = np.asarray(view.num_accepted)[act]
+            assert (view.free_scored[:, act] == (1 if plain else np.minimum(n + 1, 3))).all()
+            assert (view.free_accepted[:, act] <= view.free_scored[:, act]).all()
+            if not plain:
+                assert (view.free_accepted[1, act] == n).all() and (view.free_accepted[0, act] == n).all()
+        b.score_free(0)
+        assert b.step(0, 3, GREEDY, 0, 8).fetch().free_scored is None
+
+
+def test_bad_gamma_is_refused(target):
+    with pytest.raises(ValueError, match="gamma"):
+        TorchBackend(target, [LookupDraft()]).score_free(-1)
