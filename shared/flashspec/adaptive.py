@@ -13,8 +13,10 @@ The model (``AdaptivePolicy``):
 
 * acceptance: per draft a Beta posterior on the per-token acceptance probability alpha, the token
   likelihood of ``flashspec.bandits`` (a row that accepted n of L: a += n, b += [n < L]), shared by
-  every length of that draft and discounted by ``discount`` at each step of that draft, so that a
-  change of domain is forgotten in about 1 / (1 - discount) steps. Full information
+  every length of that draft and discounted by ``discount`` at every step, so that a change of
+  domain is forgotten in about 1 / (1 - discount) steps; a new batch (``new_batch``, each
+  ``speculate_adaptive`` call: a new request's rows) keeps at most ``carry`` rejections' worth of the
+  old evidence as its prior, so each request adapts to its own domain within a few steps. Full information
   (``observe_free``): a draft whose proposal can be recomputed from the emitted text (the n-gram
   lookup) is scored on steps that did not run it, with the same censored-window update.
 * cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (the time
@@ -108,7 +110,8 @@ class AdaptivePolicy:
     name = "adaptive"
 
     def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_discount: float = 0.9,
-                 remeasure: int = 256, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
+                 remeasure: int = 256, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16,
+                 carry: float = 4.0):
         if not arms:
             raise ValueError("arms must not be empty")
         if any(not a.plain and not 0 <= a.draft < num_drafts for a in arms):
@@ -128,6 +131,9 @@ class AdaptivePolicy:
         self.arm_length = np.array([a.length for a in self.arms], dtype=np.float64)  # [arms]
         self.discount, self.prior = float(discount), tuple(map(float, prior))
         self.cost_discount, self.remeasure = float(cost_discount), remeasure
+        if not (isinstance(carry, (int, float)) and carry > 0):
+            raise ValueError(f"carry={carry!r} must be a positive number (rejections' worth of evidence a new batch keeps)")
+        self.carry = float(carry)
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
         self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
         self.fail = np.zeros(num_drafts)  # per draft: rejections (discounted)
@@ -201,10 +207,17 @@ class AdaptivePolicy:
         w = self.cost_weight[b, arm] + 1.0
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
+        self.succ *= self.discount  # every draft forgets at every step, scored or not
+        self.fail *= self.discount
         if not a.plain:
-            self.succ[a.draft] *= self.discount
-            self.fail[a.draft] *= self.discount
             self._add(a.draft, np.full(len(accepted), a.length), np.asarray(accepted))
+
+    def new_batch(self) -> None:
+        """A new batch (request) starts: each draft's acceptance evidence is weakened to at most ``carry``
+        rejections' worth (the mean kept), a prior that the new rows' own steps soon outweigh."""
+        scale = np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))  # [drafts]
+        self.succ *= scale
+        self.fail *= scale
 
     def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray) -> None:
         """Full information: draft ``draft`` scored without being run, ``scored`` [rows] tokens of the emitted
@@ -232,6 +245,7 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
     pending: tuple[int, StepHandle] | None = None
     timer = StepTimer()
     policy.in_flight.clear()  # a run cut short leaves none behind
+    policy.new_batch()
     for step in range(spec.max_steps or spec.max_new_tokens):
         a = policy.choose(rows)
         arm = policy.arms[a]

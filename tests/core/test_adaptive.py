@@ -210,6 +210,8 @@ def test_arms_buckets_and_bad_input():
         AdaptivePolicy(make_arms(1), 1, discount=0.0)
     with pytest.raises(ValueError, match="cost_discount"):
         AdaptivePolicy(make_arms(1), 1, cost_discount=1.5)
+    with pytest.raises(ValueError, match="carry"):
+        AdaptivePolicy(make_arms(1), 1, carry=0)
     with pytest.raises(ValueError, match="remeasure"):
         AdaptivePolicy(make_arms(1), 1, remeasure=0)
     p = AdaptivePolicy(make_arms(1), 1)
@@ -244,3 +246,21 @@ def test_full_information_in_the_loop_scores_the_drafts_not_run(clock, free):
     else:
         assert policy.succ[1] == own
     assert all(r.arm == -1 for r in records[5:])  # each arm measured once, then plain decoding
+
+
+def test_each_request_of_a_mixed_stream_adapts_to_its_own_domain(clock):
+    """Requests alternate between two domains, each draft right (the greedy chain) in one and wrong in the
+    other; one policy serves the stream with full information: after the first request, each request runs
+    the draft that is right for it on most steps from its second step on (with all the old evidence kept,
+    ``carry`` unbounded, each switch takes about 20 steps)."""
+    target, _ = chain(2)
+    right, wrong = target.argmax(-1), (target.argmax(-1) + 1) % V
+    policy = AdaptivePolicy(make_arms(2, (2, 4)), 2, rng=0)
+    for i in range(6):
+        good = i % 2
+        drafts = [LookupDraft("a", right if good == 0 else wrong), LookupDraft("b", right if good == 1 else wrong)]
+        backend = AsyncBackend(target, drafts, clock, {0: 1.0, 2: 1.2, 4: 1.4})
+        adaptive.use_free_scoring(backend, policy)
+        _, records = run(backend, policy, [[i % V]] * 16, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=80))
+        on_good = np.mean([r.arm == good for r in records[2:]])
+        assert i == 0 or on_good > 0.8, (i, [r.arm for r in records])

@@ -1,0 +1,166 @@
+"""A mixed stream served with several drafts (issue #35): requests of three domains interleaved (code editing
+with long repeats, chat, prose), one batch of rows per request, one adaptive policy kept across the stream
+(as a server keeps it), against every single fixed (draft, G) and plain decoding over the whole stream.
+
+Random weights of a named shape (``adaptive_bench.SHAPES``), so the acceptance is controlled: beside the
+n-gram lookup, two ``replay`` drafts (``adaptive_bench.ReplayDraft``) propose plain decoding's own
+continuation, each kept with a per-domain probability (``KEEP``): "code" is good on code requests (long
+repeats), "chat" on chat requests, neither on prose. Greedy, so every configuration must emit plain
+decoding's tokens (the fraction of rows equal is reported: bf16 rounding, see adaptive_bench).
+
+    python benchmarks/adaptive_mixed.py --model llama3-8b --batch 16 --out $OUT/adaptive_mixed.json      # H100
+    python benchmarks/adaptive_mixed.py --device cpu --model tiny --batch 4 --requests 6 --tokens 16 --out /tmp/m.json
+
+Checks (pass/fail in the JSON): adaptive >= 1.15 x the best single fixed (draft, G) over the stream;
+adaptive >= 1.0 x plain over the stream and in each domain; every configuration's tokens equal plain's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]
+
+from adaptive_bench import GREEDY, LENGTHS, Fixed, ReplayDraft, load_model, rows_equal, timed  # noqa: E402
+from flashspec.adaptive import AdaptivePolicy, make_arms, speculate_adaptive, use_free_scoring  # noqa: E402
+from flashspec.loop import SpecConfig, decode_steps, speculate_steps  # noqa: E402
+from flashspec_torch.backend import TorchBackend  # noqa: E402
+from flashspec_torch.drafts import LookupDraft  # noqa: E402
+
+DOMAINS = ("code", "chat", "prose")
+KEEP = {"code": {"code": 0.95, "chat": 0.05}, "chat": {"code": 0.05, "chat": 0.7}, "prose": {"code": 0.05, "chat": 0.05}}
+
+
+def reference(prompts, outputs, width: int) -> torch.Tensor:  # [B, width]: prompt + plain decoding's tokens
+    ref = torch.zeros((len(prompts), width), dtype=torch.int64)
+    for i, (p, o) in enumerate(zip(prompts, outputs)):
+        ref[i, : len(p) + len(o)] = torch.tensor(p + o)
+    return ref
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=9, help="requests in the stream (domains in turn)")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--budget-s", type=float, default=1e9, help="serve no new request after this many seconds")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    start = time.perf_counter()
+    doc = dict(command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+               torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
+               model=args.model, batch=args.batch, tokens_per_row=args.tokens, keep=KEEP, lengths=LENGTHS,
+               complete=False, requests=[])
+    with torch.inference_mode():
+        serve(args, device, doc, start)
+
+
+def serve(args, device, doc: dict, start: float) -> None:
+    model, _ = load_model(args.model, device)
+    b, tokens, vocab = args.batch, args.tokens, model.config.vocab_size
+    seed = torch.zeros(b, dtype=torch.int64, device=device) if device.type == "cuda" else 0
+    width = args.prompt_len + tokens + 80
+    blank = torch.zeros((b, width), dtype=torch.int64, device=device)
+    drafts = [LookupDraft(), ReplayDraft(blank, 0.0, vocab, "code", 1), ReplayDraft(blank, 0.0, vocab, "chat", 2)]
+    plain_backend = TorchBackend(model, [LookupDraft()], eos_ids=[])
+    backend = TorchBackend(model, drafts, eos_ids=[])
+    policy = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
+    names = [f"{d.name}:G{g}" for d in drafts for g in LENGTHS]
+    prompts = torch.randint(0, vocab, (b, args.prompt_len), generator=torch.Generator().manual_seed(0)).tolist()
+    for bk, frees in ((plain_backend, (0,)), (backend, (0, max(LENGTHS)))):  # every step kind made ready first
+        for free in frees:
+            bk.score_free(free)
+            for g in LENGTHS:
+                bk.prefill(prompts, tokens)
+                bk.prepare(g, GREEDY)
+    plain = lambda rec: decode_steps(plain_backend, sampling=GREEDY, max_new_tokens=tokens, seed=seed, first_offset=0,
+                                     on_step=None, records=rec)
+    timed(plain_backend, prompts, tokens, plain)  # warm-up
+    for i in range(args.requests):
+        if time.perf_counter() - start > args.budget_s:
+            doc["stopped"] = f"--budget-s {args.budget_s} spent after {i} requests"
+            break
+        domain = DOMAINS[i % len(DOMAINS)]
+        prompts = torch.randint(0, vocab, (b, args.prompt_len), generator=torch.Generator().manual_seed(i + 1)).tolist()
+        ref_out, plain_s, _ = timed(plain_backend, prompts, tokens, plain)
+        ref = reference(prompts, ref_out, width).to(device)
+        for d in drafts[1:]:
+            d.load(ref, KEEP[domain][d.name], seed=100 * i + len(d.name))
+        row = dict(request=i, domain=domain, plain_s=plain_s, fixed_s={}, tokens_equal={})
+        backend.score_free(0)
+        for d in range(len(drafts)):
+            for g in LENGTHS:
+                run = lambda rec, d=d, g=g: speculate_steps(backend, Fixed(d), sampling=GREEDY, spec=SpecConfig(g, tokens),
+                                                           seed=seed, first_offset=0, on_step=None, records=rec)
+                out, s, _ = timed(backend, prompts, tokens, run)
+                row["fixed_s"][f"{drafts[d].name}:G{g}"] = s
+                row["tokens_equal"][f"{drafts[d].name}:G{g}"] = rows_equal(out, ref_out)
+        use_free_scoring(backend, policy)
+        run = lambda rec: speculate_adaptive(backend, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens),
+                                             seed=seed, rows=b, records=rec)
+        out, s, rec = timed(backend, prompts, tokens, run)
+        row.update(adaptive_s=s, adaptive_steps=pulls(rec, drafts))
+        row["tokens_equal"]["adaptive"] = rows_equal(out, ref_out)
+        doc["requests"].append(row)
+        print(json.dumps({k: row[k] for k in ("request", "domain", "adaptive_steps")}), flush=True)
+        summarize(doc, names, b * tokens)
+        write(args.out, doc, start)
+    doc["complete"] = "stopped" not in doc
+    write(args.out, doc, start)
+
+
+def pulls(records, drafts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in records:
+        name = "plain" if r.arm < 0 else f"{drafts[r.arm].name}:G{r.drafted // max(r.rows, 1)}"
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def summarize(doc: dict, names: list[str], new_per_request: int) -> None:
+    """Stream tokens/s per configuration, per domain, and the checks."""
+    reqs = doc["requests"]
+
+    def tps(key, rows):
+        return new_per_request * len(rows) / sum(r[key] if isinstance(key, str) else r["fixed_s"][key[0]] for r in rows)
+
+    configs = {"plain": "plain_s", "adaptive": "adaptive_s", **{n: (n,) for n in names}}
+    doc["tokens_per_s"] = {c: tps(k, reqs) for c, k in configs.items()}
+    doc["by_domain"] = {dom: {c: tps(k, rows) for c, k in configs.items()}
+                        for dom in DOMAINS if (rows := [r for r in reqs if r["domain"] == dom])}
+    best = max(names, key=lambda n: doc["tokens_per_s"][n])
+    t = doc["tokens_per_s"]
+    doc["best_fixed"] = best
+    doc["checks"] = {
+        "adaptive_vs_best_fixed": t["adaptive"] / t[best],
+        "adaptive_ge_1.15_best_fixed": t["adaptive"] >= 1.15 * t[best],
+        "adaptive_vs_plain": t["adaptive"] / t["plain"],
+        "adaptive_ge_plain": t["adaptive"] >= t["plain"],
+        "adaptive_ge_plain_each_domain": all(v["adaptive"] >= v["plain"] for v in doc["by_domain"].values()),
+        "tokens_equal_plain": all(v == 1.0 for r in reqs for v in r["tokens_equal"].values()),
+    }
+
+
+def write(out: Path, doc: dict, start: float) -> None:
+    doc["seconds"] = time.perf_counter() - start
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
