@@ -37,6 +37,7 @@ class AsyncHandle:
     bad: torch.Tensor
     event: torch.cuda.Event | None
     free: torch.Tensor | None = None  # [2, D, B] int32: flashspec_torch.free's counts; None: not scored
+    drafted: torch.Tensor | None = None  # [B] int32: tokens each row proposed; None: not recorded
 
     def fetch(self) -> StepView:
         if self.event is not None:
@@ -44,7 +45,8 @@ class AsyncHandle:
         free = None if self.free is None else self.free.numpy().copy()
         return StepView(self.num_accepted.numpy().copy(), self.active.numpy().copy(), self.done.numpy().copy(),
                         self.bad.numpy().copy(), free_scored=None if free is None else free[0],
-                        free_accepted=None if free is None else free[1])
+                        free_accepted=None if free is None else free[1],
+                        drafted=None if self.drafted is None else self.drafted.numpy().copy())
 
 
 class HostMirror:
@@ -57,24 +59,28 @@ class HostMirror:
         if device.type == "cuda":
             self.slots = [
                 [torch.empty(batch, dtype=dt, pin_memory=True) for dt in (torch.int32, torch.bool, torch.bool, torch.uint8)]
-                + [torch.empty((2, drafts, batch), dtype=torch.int32, pin_memory=True)]
+                + [torch.empty((2, drafts, batch), dtype=torch.int32, pin_memory=True),
+                   torch.empty(batch, dtype=torch.int32, pin_memory=True)]
                 for _ in range(2)
             ]
 
-    def start(self, num_accepted, active, done, bad, free=None) -> AsyncHandle:
-        """``free``: [2, D, B] int32 full-information counts (flashspec_torch.free), or None."""
+    def start(self, num_accepted, active, done, bad, free=None, drafted=None) -> AsyncHandle:
+        """``free``: [2, D, B] int32 full-information counts (flashspec_torch.free), or None; ``drafted``:
+        [B] int32 tokens each row proposed, or None."""
         if self.device.type != "cuda":
             return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), bad.clone(), None,
-                               None if free is None else free.clone())
+                               None if free is None else free.clone(), None if drafted is None else drafted.clone())
         slot = self.slots[self.turn]
         self.turn ^= 1
         for h, t in zip(slot, (num_accepted.to(torch.int32), active, done, bad)):
             h.copy_(t, non_blocking=True)
         if free is not None:
             slot[4].copy_(free, non_blocking=True)
+        if drafted is not None:
+            slot[5].copy_(drafted, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return AsyncHandle(*slot[:4], event, None if free is None else slot[4])
+        return AsyncHandle(*slot[:4], event, None if free is None else slot[4], None if drafted is None else slot[5])
 
 
 class StepGraphs:
@@ -227,6 +233,7 @@ class TorchBackend:
         self.cache = self.target.new_cache(batch, s_max)
         self.mirror = HostMirror(batch, dev, len(self.drafts))
         self.free = torch.zeros((2, len(self.drafts), batch), dtype=torch.int32, device=dev)  # flashspec_torch.free
+        self.drafted = torch.zeros(batch, dtype=torch.int32, device=dev)  # per row: tokens proposed by the last step
         self.shape = (batch, s_max)
         if self.graphs is not None:
             self.graphs.clear()
@@ -246,7 +253,8 @@ class TorchBackend:
         draft = self.drafts[arm]
         if not self.graphed or not draft.capturable:  # e.g. a transformers model with growing inputs
             proposal = self.draft(arm, gamma, sampling, seed, offset)
-            return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset))
+            return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset),
+                               gamma if proposal.lengths is None else proposal.lengths)
         if draft.lagging(self.seqs):
             draft.catch_up(self.seqs, gamma)
         self.set_counters(seed, offset)
@@ -262,7 +270,7 @@ class TorchBackend:
         def run():
             p = draft.propose(self.seqs, gamma, sampling, self.seed, self.offset, graphed=True)
             r = self.verify(self.score(p), p, sampling, self.seed, self.offset)
-            self.commit_device(r)
+            self.commit_device(r, gamma if p.lengths is None else p.lengths)
             return r.num_accepted
 
         return run
@@ -270,7 +278,7 @@ class TorchBackend:
     def graphed_decode(self, sampling: SamplingConfig):
         def run():
             r = self.sample_next(sampling, self.seed, self.offset)
-            self.commit_device(r)
+            self.commit_device(r, 0)
             return r.num_accepted
 
         return run
@@ -337,7 +345,7 @@ class TorchBackend:
     def decode_one(self, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
         """Plain autoregressive decoding on the same engine: one target forward, one token."""
         if not self.graphed:
-            return self.commit(self.sample_next(sampling, seed, offset))
+            return self.commit(self.sample_next(sampling, seed, offset), 0)
         self.set_counters(seed, offset)
         num_accepted = self.graphs.replay(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
         return self.commit_host(num_accepted, 2)
@@ -354,8 +362,8 @@ class TorchBackend:
 
     # -- commit
 
-    def commit(self, result: VerifyResult) -> AsyncHandle:
-        self.commit_device(result)
+    def commit(self, result: VerifyResult, drafted: torch.Tensor | int | None = None) -> AsyncHandle:
+        self.commit_device(result, drafted)
         return self.commit_host(result.num_accepted, result.tokens.shape[1])
 
     def score_free(self, gamma: int) -> int:
@@ -366,9 +374,14 @@ class TorchBackend:
         self.free_gamma = gamma
         return len(recomputable(self.drafts)) if gamma else 0
 
-    def commit_device(self, result: VerifyResult) -> None:
-        """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place."""
+    def commit_device(self, result: VerifyResult, drafted: torch.Tensor | int | None = None) -> None:
+        """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place;
+        ``drafted``: the tokens each row proposed ([B] or one for all; None: not recorded)."""
         seqs = self.seqs
+        if isinstance(drafted, torch.Tensor):
+            self.drafted.copy_(drafted)
+        elif drafted is not None:
+            self.drafted.fill_(drafted)
         proposals = free_proposals(self.drafts, seqs, self.free_gamma) if self.free_gamma else []
         length_before = seqs.length.clone()
         args = (result.num_accepted, result.tokens, self.eos, seqs.tokens, seqs.length, self.prompt_len,
@@ -386,7 +399,8 @@ class TorchBackend:
         seqs = self.seqs
         seqs.max_len_bound = min(seqs.max_len_bound + width, seqs.tokens.shape[1])
         seqs.step += 1
-        return self.mirror.start(num_accepted, self.active, self.done, self.bad, self.free if self.free_gamma else None)
+        return self.mirror.start(num_accepted, self.active, self.done, self.bad, self.free if self.free_gamma else None,
+                                 self.drafted)
 
     def outputs(self) -> list[list[int]]:
         tokens = self.seqs.tokens.cpu().numpy()

@@ -57,7 +57,7 @@ from .backend import Backend, FreeScoring, StepHandle, StepView
 from .bandits import expected_accepted
 from .config import SamplingConfig
 from .faults import check_finite
-from .loop import SpecConfig, StepRecord, StepTimer
+from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
@@ -193,8 +193,9 @@ class AdaptivePolicy:
         measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
         return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
-    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
-        """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
+    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None) -> None:
+        """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
+        ``drafted`` [rows]: the tokens each row proposed (None: the arm's length)."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
@@ -210,7 +211,8 @@ class AdaptivePolicy:
         self.succ *= self.discount  # every draft forgets at every step, scored or not
         self.fail *= self.discount
         if not a.plain:
-            self._add(a.draft, np.full(len(accepted), a.length), np.asarray(accepted))
+            lengths = np.full(len(accepted), a.length) if drafted is None else np.asarray(drafted)
+            self._add(a.draft, lengths, np.asarray(accepted))
 
     def new_batch(self) -> None:
         """A new batch (request) starts: each draft's acceptance evidence is weakened to at most ``carry``
@@ -283,12 +285,13 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
     if rows:
         arm = policy.arms[a]
         accepted = np.asarray(view.num_accepted)[view.active].astype(np.int64)
+        lengths = drafted_per_row(view, arm.length)  # [rows]
         total = int(accepted.sum())
         per_row = tuple(int(n) if act else -1 for n, act in zip(view.num_accepted, view.active))
-        record = StepRecord(-1 if arm.plain else arm.draft, arm.length * rows, total, total + rows, rows, seconds,
+        record = StepRecord(-1 if arm.plain else arm.draft, int(lengths.sum()), total, total + rows, rows, seconds,
                             per_row)
         records.append(record)
-        policy.observe(a, rows, accepted, seconds)
+        policy.observe(a, rows, accepted, seconds, drafted=lengths)
         observe_free(policy, view, skip=arm.draft)
         if on_step:
             on_step(record)

@@ -30,6 +30,7 @@ class StepView:
     # and how many of them it would have had accepted (0 scored: not scored); None: nothing scored
     free_scored: np.ndarray | None = None  # [D, B] int
     free_accepted: np.ndarray | None = None  # [D, B] int
+    drafted: np.ndarray | None = None  # [B] int: tokens each row proposed (L_b <= G under a dynamic length); None: G
 
 
 @runtime_checkable

@@ -22,6 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from .backend import Backend, StepHandle
 from .config import SamplingConfig
 from .faults import check_finite
@@ -45,7 +47,7 @@ class SpecConfig:
 @dataclass(frozen=True)
 class StepRecord:
     arm: int
-    drafted: int  # tokens drafted over the active rows
+    drafted: int  # tokens proposed over the active rows (each row's L_b under a dynamic draft length)
     accepted: int  # drafted tokens accepted over the active rows
     emitted: int  # tokens emitted (accepted + one per active row)
     rows: int  # active rows
@@ -133,14 +135,23 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
     rows = int(view.active.sum())
     if rows:
         accepted = int(view.num_accepted[view.active].sum())
+        lengths = drafted_per_row(view, gamma)  # [rows]
         per_row = tuple(int(n) if a else -1 for n, a in zip(view.num_accepted, view.active))
-        record = StepRecord(arm, gamma * rows, accepted, accepted + rows, rows, seconds, per_row)
+        record = StepRecord(arm, int(lengths.sum()), accepted, accepted + rows, rows, seconds, per_row)
         records.append(record)
-        for n in view.num_accepted[view.active]:  # each row is one trial; it bears its share of the time
-            policy.observe(arm, gamma, int(n), record.seconds / rows)
+        for n, g in zip(view.num_accepted[view.active], lengths):  # each row is one trial; it bears its share of the time
+            policy.observe(arm, int(g), int(n), record.seconds / rows)
         if on_step:
             on_step(record)
     return bool(view.done.all())
+
+
+def drafted_per_row(view, gamma: int) -> np.ndarray:  # [active rows] int64
+    """The tokens each active row really proposed: ``StepView.drafted`` (a dynamic draft length stops rows
+    early), or ``gamma`` for every row where the backend does not say."""
+    if view.drafted is None:
+        return np.full(int(view.active.sum()), gamma, np.int64)
+    return np.asarray(view.drafted)[view.active].astype(np.int64)
 
 
 def decode(

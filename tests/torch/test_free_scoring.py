@@ -44,3 +44,24 @@ def test_a_copy_of_the_running_draft_is_scored_as_it_ran(target, graphs):
 def test_bad_gamma_is_refused(target):
     with pytest.raises(ValueError, match="gamma"):
         TorchBackend(target, [LookupDraft()]).score_free(-1)
+
+
+def test_a_dynamic_draft_length_records_what_was_proposed(target):
+    """``stop_below``: rows stop drafting early; ``StepView.drafted`` says how many tokens each row proposed
+    (plain steps: 0) and the loop's records count those, not G per row."""
+    from flashspec.loop import SpecConfig, speculate
+    from flashspec_torch.drafts import ModelDraft
+
+    class First:
+        def choose(self):
+            return 0
+
+        def observe(self, *args):
+            pass
+
+    b = TorchBackend(target, [ModelDraft("skip", target, frozenset({1}), stop_below=0.5)])
+    with torch.inference_mode():
+        _, records = speculate(b, First(), PROMPTS, sampling=GREEDY, spec=SpecConfig(gamma=4, max_new_tokens=12))
+        assert b.decode_one(GREEDY, 0, 99).fetch().drafted.tolist() == [0] * len(PROMPTS)
+    assert all(r.accepted <= r.drafted <= 4 * r.rows and r.drafted >= r.rows for r in records)
+    assert any(r.drafted < 4 * r.rows for r in records)
