@@ -143,6 +143,9 @@ class AdaptivePolicy:
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
         self.in_flight: set[int] = set()  # arms chosen and not yet observed
+        self.row_succ: np.ndarray | None = None  # [drafts, B]: per row of the batch (``new_batch``), as succ
+        self.row_fail: np.ndarray | None = None  # [drafts, B]
+        self.row_active: np.ndarray | None = None  # [B] bool: the rows active in the last finished step
 
     @property
     def cost(self) -> np.ndarray:  # [buckets, arms]
@@ -166,17 +169,38 @@ class AdaptivePolicy:
             return self.launch(a)
         a = self.best(rows, b, self.mean_alpha())
         if not self.arms[a].plain:  # plain decoding, best on the posterior means, is taken at once; else Thompson
-            a = self.best(rows, b, self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail))
+            a = self.best(rows, b, self.sample_alpha())
         self.period[b, a] = self.remeasure
         return self.launch(a)
 
-    def mean_alpha(self) -> np.ndarray:  # [drafts]
-        """The posterior mean of each draft's per-token acceptance."""
-        return (self.prior[0] + self.succ) / (self.prior[0] + self.prior[1] + self.succ + self.fail)
+    def counts(self) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
+        """(accepted, rejections) per draft and active row of the batch: the row's own counts plus the pooled
+        ones weakened to ``carry`` rejections' worth (R = 1: the pooled counts alone, before ``new_batch``
+        gave the policy rows). A row with no evidence of its own follows the pool; its own steps soon lead."""
+        if self.row_succ is None or not self.row_active.any():
+            return self.succ[:, None], self.fail[:, None]
+        scale = self.weakened()[:, None]
+        return (self.succ[:, None] * scale + self.row_succ[:, self.row_active],
+                self.fail[:, None] * scale + self.row_fail[:, self.row_active])
+
+    def weakened(self) -> np.ndarray:  # [drafts]
+        """The factor that weakens each draft's pooled counts to at most ``carry`` rejections' worth."""
+        return np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))
+
+    def mean_alpha(self) -> np.ndarray:  # [drafts, R]
+        """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""
+        succ, fail = self.counts()
+        return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
+
+    def sample_alpha(self) -> np.ndarray:  # [drafts, R]
+        succ, fail = self.counts()
+        return self.rng.beta(self.prior[0] + succ, self.prior[1] + fail)
 
     def value(self, rows: int, b: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
-        """log(rows x expected emitted tokens per row / capped cost) of every arm in bucket ``b`` (NaN costs: -inf)."""
-        emitted = 1.0 + np.where(self.arm_plain, 0.0, expected_accepted(alpha[self.arm_draft], self.arm_length))
+        """log(rows x expected emitted tokens per row / capped cost) of every arm in bucket ``b`` (NaN costs: -inf);
+        ``alpha`` [drafts, R]: the rows' expected emitted tokens are averaged (a step's cost is its longest length's)."""
+        accepted = expected_accepted(alpha[self.arm_draft], self.arm_length[:, None]).mean(axis=1)  # [arms]
+        emitted = 1.0 + np.where(self.arm_plain, 0.0, accepted)
         v = np.log(rows * emitted) - self.capped_log_cost(b)
         return np.where(self.cost_weight[b] > 0, v, -np.inf)
 
@@ -193,9 +217,11 @@ class AdaptivePolicy:
         measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
         return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
-    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None) -> None:
+    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
+                where: np.ndarray | None = None) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
-        ``drafted`` [rows]: the tokens each row proposed (None: the arm's length)."""
+        ``drafted`` [rows]: the tokens each row proposed (None: the arm's length); ``where`` [rows]: those rows'
+        indices in the batch (None: no per-row statistics)."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
@@ -210,27 +236,40 @@ class AdaptivePolicy:
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
         self.succ *= self.discount  # every draft forgets at every step, scored or not
         self.fail *= self.discount
+        if self.row_succ is not None and where is not None:
+            self.row_succ *= self.discount
+            self.row_fail *= self.discount
+            self.row_active = np.zeros_like(self.row_active)
+            self.row_active[where] = True
         if not a.plain:
             lengths = np.full(len(accepted), a.length) if drafted is None else np.asarray(drafted)
-            self._add(a.draft, lengths, np.asarray(accepted))
+            self._add(a.draft, lengths, np.asarray(accepted), where)
 
-    def new_batch(self) -> None:
-        """A new batch (request) starts: each draft's acceptance evidence is weakened to at most ``carry``
-        rejections' worth (the mean kept), a prior that the new rows' own steps soon outweigh."""
-        scale = np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))  # [drafts]
+    def new_batch(self, rows: int | None = None) -> None:
+        """A new batch (request) of ``rows`` rows starts: each draft's pooled acceptance evidence is weakened to at
+        most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero."""
+        scale = self.weakened()
         self.succ *= scale
         self.fail *= scale
+        if rows is not None:
+            self.row_succ = np.zeros((len(self.succ), rows))
+            self.row_fail = np.zeros((len(self.succ), rows))
+            self.row_active = np.ones(rows, bool)
 
-    def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray) -> None:
+    def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         """Full information: draft ``draft`` scored without being run, ``scored`` [rows] tokens of the emitted
-        window each, ``accepted`` [rows] leading matches (no failure where the window ended without a mismatch)."""
-        self._add(draft, np.asarray(scored), np.asarray(accepted))
+        window each, ``accepted`` [rows] leading matches (no failure where the window ended without a mismatch);
+        ``where`` as ``observe``'s."""
+        self._add(draft, np.asarray(scored), np.asarray(accepted), where)
 
-    def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> None:
+    def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):
             raise ValueError("accepted must be in [0, drafted] for every row")
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
+        if self.row_succ is not None and where is not None:
+            self.row_succ[draft, where] += accepted
+            self.row_fail[draft, where] += accepted < drafted
 
 
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
@@ -247,7 +286,7 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
     pending: tuple[int, StepHandle] | None = None
     timer = StepTimer()
     policy.in_flight.clear()  # a run cut short leaves none behind
-    policy.new_batch()
+    policy.new_batch(rows)
     for step in range(spec.max_steps or spec.max_new_tokens):
         a = policy.choose(rows)
         arm = policy.arms[a]
@@ -265,7 +304,7 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
         observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step)
 
 
-def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None) -> None:
+def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None, where: np.ndarray) -> None:
     """Full information: each draft but ``skip`` (the one the step ran) that the backend scored on this step
     (``StepView.free_scored``) updates its posterior over the active rows it was scored on."""
     if view.free_scored is None:
@@ -273,7 +312,7 @@ def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None) -> No
     for d in range(min(len(view.free_scored), len(policy.succ))):
         scored = np.asarray(view.free_scored[d])[view.active].astype(np.int64)
         if d != skip and scored.any():
-            policy.observe_free(d, scored, np.asarray(view.free_accepted[d])[view.active].astype(np.int64))
+            policy.observe_free(d, scored, np.asarray(view.free_accepted[d])[view.active].astype(np.int64), where)
 
 
 def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, *,
@@ -291,8 +330,9 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
         record = StepRecord(-1 if arm.plain else arm.draft, int(lengths.sum()), total, total + rows, rows, seconds,
                             per_row)
         records.append(record)
-        policy.observe(a, rows, accepted, seconds, drafted=lengths)
-        observe_free(policy, view, skip=arm.draft)
+        where = np.nonzero(view.active)[0]
+        policy.observe(a, rows, accepted, seconds, drafted=lengths, where=where)
+        observe_free(policy, view, skip=arm.draft, where=where)
         if on_step:
             on_step(record)
     else:
