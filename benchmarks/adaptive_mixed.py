@@ -2,14 +2,23 @@
 with long repeats, chat, prose), one batch of rows per request, one adaptive policy kept across the stream
 (as a server keeps it), against every single fixed (draft, G) and plain decoding over the whole stream.
 
-Random weights of a named shape (``adaptive_bench.SHAPES``), so the acceptance is controlled: beside the
-n-gram lookup, two ``replay`` drafts (``adaptive_bench.ReplayDraft``) propose plain decoding's own
-continuation, each kept with a per-domain probability (``KEEP``): "code" is good on code requests (long
-repeats), "chat" on chat requests, neither on prose. Greedy, so every configuration must emit plain
-decoding's tokens (the fraction of rows equal is reported: bf16 rounding, see adaptive_bench).
+Two kinds of stream:
+
+* random weights of a named shape (``adaptive_bench.SHAPES``; the GPU run), so the acceptance is
+  controlled: beside the n-gram lookup, two ``replay`` drafts (``adaptive_bench.ReplayDraft``) propose
+  plain decoding's own continuation, each kept with a per-domain probability (``KEEP``): "code" is good
+  on code requests (long repeats), "chat" on chat requests, neither on prose;
+* ``--model embedded`` (the CPU run): SmolLM2-135M-Instruct's real weights and real prompts of the three
+  domains (``drafts_common``: the first half of standard-library functions to continue, chat requests
+  through the chat template, documentation prose), served with the n-gram lookup and a layer-skipping
+  self-draft (the target without its upper half of layers).
+
+Greedy, so every configuration must emit plain decoding's tokens (the fraction of rows equal is reported:
+in bf16 a near-tie can round differently, see adaptive_bench).
 
     python benchmarks/adaptive_mixed.py --model llama3-8b --batch 16 --out $OUT/adaptive_mixed.json      # H100
-    python benchmarks/adaptive_mixed.py --device cpu --model tiny --batch 4 --requests 6 --tokens 16 --out /tmp/m.json
+    python benchmarks/adaptive_mixed.py --device cpu --model embedded --batch 1 --requests 6 --tokens 32 \
+        --out benchmarks/results/adaptive_mixed_cpu.json                                              # CPU, < 2 min
 
 Checks (pass/fail in the JSON): adaptive >= 1.15 x the best single fixed (draft, G) over the stream;
 adaptive >= 1.0 x plain over the stream and in each domain; every configuration's tokens equal plain's.
@@ -64,24 +73,72 @@ def main() -> None:
     doc = dict(command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
-               model=args.model, batch=args.batch, tokens_per_row=args.tokens, keep=KEEP, lengths=LENGTHS,
+               model=args.model, batch=args.batch, tokens_per_row=args.tokens, lengths=LENGTHS,
+               keep=None if args.model == "embedded" else KEEP,
                complete=False, requests=[])
     with torch.inference_mode():
         serve(args, device, doc, start)
 
 
+class RandomStream:
+    """Random prompts on random weights; the replay drafts' acceptance set per request's domain."""
+
+    def __init__(self, model, args, device):
+        self.b, self.vocab, self.prompt_len = args.batch, model.config.vocab_size, args.prompt_len
+        self.width = args.prompt_len + args.tokens + 80
+        blank = torch.zeros((self.b, self.width), dtype=torch.int64, device=device)
+        self.drafts = [LookupDraft(), ReplayDraft(blank, 0.0, self.vocab, "code", 1),
+                       ReplayDraft(blank, 0.0, self.vocab, "chat", 2)]
+        self.device = device
+
+    def prompts(self, i: int) -> list[list[int]]:
+        g = torch.Generator().manual_seed(i + 1)
+        return torch.randint(0, self.vocab, (self.b, self.prompt_len), generator=g).tolist()
+
+    def before(self, i: int, prompts, ref_out) -> None:
+        ref = reference(prompts, ref_out, self.width).to(self.device)
+        for d in self.drafts[1:]:
+            d.load(ref, KEEP[DOMAINS[i % len(DOMAINS)]][d.name], seed=100 * i + len(d.name))
+
+
+class EmbeddedStream:
+    """Real prompts of the three domains on the embedded model; the n-gram lookup and a layer-skip self-draft."""
+
+    def __init__(self, args, device):
+        from drafts_common import prompts as domain_prompts
+        from flashspec_torch.drafts import ModelDraft
+        from flashspec_torch.engine import Engine
+
+        eng = Engine(None, ("ngram",), device=str(device))
+        self.model = eng.target.model
+        half = self.model.config.num_layers // 2
+        self.drafts = [LookupDraft(), ModelDraft("skip", self.model, frozenset(range(half, self.model.config.num_layers)))]
+        per = -(-args.requests // len(DOMAINS))
+        texts = {d: domain_prompts(d, 0, per * args.batch) for d in DOMAINS}
+        self.requests = [[eng.encode(t, d == "chat") for t in texts[d][(i // len(DOMAINS)) * args.batch:][:args.batch]]
+                         for i, d in ((i, DOMAINS[i % len(DOMAINS)]) for i in range(args.requests))]
+
+    def prompts(self, i: int) -> list[list[int]]:
+        return self.requests[i]
+
+    def before(self, i: int, prompts, ref_out) -> None:
+        pass
+
+
 def serve(args, device, doc: dict, start: float) -> None:
-    model, _ = load_model(args.model, device)
-    b, tokens, vocab = args.batch, args.tokens, model.config.vocab_size
+    if args.model == "embedded":
+        stream = EmbeddedStream(args, device)
+        model = stream.model
+    else:
+        model, _ = load_model(args.model, device)
+        stream = RandomStream(model, args, device)
+    b, tokens, drafts = args.batch, args.tokens, stream.drafts
     seed = torch.zeros(b, dtype=torch.int64, device=device) if device.type == "cuda" else 0
-    width = args.prompt_len + tokens + 80
-    blank = torch.zeros((b, width), dtype=torch.int64, device=device)
-    drafts = [LookupDraft(), ReplayDraft(blank, 0.0, vocab, "code", 1), ReplayDraft(blank, 0.0, vocab, "chat", 2)]
     plain_backend = TorchBackend(model, [LookupDraft()], eos_ids=[])
     backend = TorchBackend(model, drafts, eos_ids=[])
     policy = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
     names = [f"{d.name}:G{g}" for d in drafts for g in LENGTHS]
-    prompts = torch.randint(0, vocab, (b, args.prompt_len), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = stream.prompts(0)
     for bk, frees in ((plain_backend, (0,)), (backend, (0, max(LENGTHS)))):  # every step kind made ready first
         for free in frees:
             bk.score_free(free)
@@ -96,11 +153,9 @@ def serve(args, device, doc: dict, start: float) -> None:
             doc["stopped"] = f"--budget-s {args.budget_s} spent after {i} requests"
             break
         domain = DOMAINS[i % len(DOMAINS)]
-        prompts = torch.randint(0, vocab, (b, args.prompt_len), generator=torch.Generator().manual_seed(i + 1)).tolist()
+        prompts = stream.prompts(i)
         ref_out, plain_s, _ = timed(plain_backend, prompts, tokens, plain)
-        ref = reference(prompts, ref_out, width).to(device)
-        for d in drafts[1:]:
-            d.load(ref, KEEP[domain][d.name], seed=100 * i + len(d.name))
+        stream.before(i, prompts, ref_out)
         row = dict(request=i, domain=domain, plain_s=plain_s, fixed_s={}, tokens_equal={})
         backend.score_free(0)
         for d in range(len(drafts)):
