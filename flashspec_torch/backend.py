@@ -23,7 +23,7 @@ from .layers import default_impl
 from .model import Llama
 from .sampling import sample
 from .device import next_pow2
-from .free import free_proposals, recomputable, score_into
+from .free import expand, free_proposals, recomputable, score_into
 from .verify import verify
 
 
@@ -36,13 +36,15 @@ class AsyncHandle:
     done: torch.Tensor
     bad: torch.Tensor
     event: torch.cuda.Event | None
-    free: torch.Tensor | None = None  # [2, D, B] int32: flashspec_torch.free's counts; None: not scored
+    free: torch.Tensor | None = None  # [2, R, B] int32: flashspec_torch.free's counts; None: not scored
+    free_drafts: tuple[int, ...] = ()  # (D, then the R recomputable drafts' indices, in free's order)
     drafted: torch.Tensor | None = None  # [B] int32: tokens each row proposed; None: not recorded
 
     def fetch(self) -> StepView:
         if self.event is not None:
             self.event.synchronize()
-        free = None if self.free is None else self.free.numpy().copy()
+        free = None if self.free is None else [expand(c, self.free_drafts[0], list(self.free_drafts[1:]))
+                                               for c in self.free.numpy()]
         return StepView(self.num_accepted.numpy().copy(), self.active.numpy().copy(), self.done.numpy().copy(),
                         self.bad.numpy().copy(), free_scored=None if free is None else free[0],
                         free_accepted=None if free is None else free[1],
@@ -54,22 +56,24 @@ class HostMirror:
     committed, so a slot is never overwritten before it was read. (Allocating pinned memory every
     step costs milliseconds; pageable memory would make the copy block the host.)"""
 
-    def __init__(self, batch: int, device: torch.device, drafts: int = 0):
-        self.device, self.turn = device, 0
+    def __init__(self, batch: int, device: torch.device, drafts: Sequence[int] = (0,)):
+        """``drafts``: (D, then the recomputable drafts' indices) for flashspec_torch.free's counts."""
+        self.device, self.turn, self.drafts = device, 0, tuple(drafts)
         if device.type == "cuda":
             self.slots = [
                 [torch.empty(batch, dtype=dt, pin_memory=True) for dt in (torch.int32, torch.bool, torch.bool, torch.uint8)]
-                + [torch.empty((2, drafts, batch), dtype=torch.int32, pin_memory=True),
+                + [torch.empty((2, len(drafts) - 1, batch), dtype=torch.int32, pin_memory=True),
                    torch.empty(batch, dtype=torch.int32, pin_memory=True)]
                 for _ in range(2)
             ]
 
     def start(self, num_accepted, active, done, bad, free=None, drafted=None) -> AsyncHandle:
-        """``free``: [2, D, B] int32 full-information counts (flashspec_torch.free), or None; ``drafted``:
+        """``free``: [2, R, B] int32 full-information counts (flashspec_torch.free), or None; ``drafted``:
         [B] int32 tokens each row proposed, or None."""
         if self.device.type != "cuda":
             return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), bad.clone(), None,
-                               None if free is None else free.clone(), None if drafted is None else drafted.clone())
+                               None if free is None else free.clone(), self.drafts,
+                               None if drafted is None else drafted.clone())
         slot = self.slots[self.turn]
         self.turn ^= 1
         for h, t in zip(slot, (num_accepted.to(torch.int32), active, done, bad)):
@@ -80,7 +84,8 @@ class HostMirror:
             slot[5].copy_(drafted, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return AsyncHandle(*slot[:4], event, None if free is None else slot[4], None if drafted is None else slot[5])
+        return AsyncHandle(*slot[:4], event, None if free is None else slot[4], self.drafts,
+                           None if drafted is None else slot[5])
 
 
 class StepGraphs:
@@ -231,8 +236,9 @@ class TorchBackend:
         self.seed = torch.zeros(batch, **i64)
         self.offset = torch.zeros((), **i64)
         self.cache = self.target.new_cache(batch, s_max)
-        self.mirror = HostMirror(batch, dev, len(self.drafts))
-        self.free = torch.zeros((2, len(self.drafts), batch), dtype=torch.int32, device=dev)  # flashspec_torch.free
+        scored = recomputable(self.drafts)
+        self.mirror = HostMirror(batch, dev, (len(self.drafts), *scored))
+        self.free = torch.zeros((2, len(scored), batch), dtype=torch.int32, device=dev)  # flashspec_torch.free
         self.drafted = torch.zeros(batch, dtype=torch.int32, device=dev)  # per row: tokens proposed by the last step
         self.shape = (batch, s_max)
         if self.graphs is not None:

@@ -20,22 +20,32 @@ def recomputable(drafts) -> list[int]:
     return [i for i, d in enumerate(drafts) if getattr(d, "recomputable", False)]
 
 
-def free_proposals(drafts, seqs, gamma: int) -> list[tuple[int, torch.Tensor]]:
-    """(draft index, proposal tokens [B, gamma]) of every recomputable draft, on the history before a commit."""
-    return [(i, drafts[i].propose(seqs, gamma, None, None, None, graphed=True).tokens) for i in recomputable(drafts)]
+def free_proposals(drafts, seqs, gamma: int) -> list[torch.Tensor]:
+    """The proposal tokens [B, gamma] of every recomputable draft (``recomputable`` order), on the history
+    before a commit."""
+    return [drafts[i].propose(seqs, gamma, None, None, None, graphed=True).tokens for i in recomputable(drafts)]
 
 
 def score_into(
-    out: torch.Tensor,  # [2, D, B] int32, written: (tokens scored, leading matches) per draft and row
-    proposals: list[tuple[int, torch.Tensor]],  # from free_proposals: (draft, [B, G] tokens)
+    out: torch.Tensor,  # [2, R, B] int32, written: (tokens scored, leading matches) per recomputable draft and row
+    proposals: list[torch.Tensor],  # from free_proposals: R tensors [B, G]
     emitted: torch.Tensor,  # [B, W] int: the step's num_accepted + 1 tokens, then anything
     num_accepted: torch.Tensor,  # [B] int
 ) -> None:
-    """Score each proposal against the emitted tokens, in place (rows of drafts not listed keep 0 scored)."""
-    for d, tokens in proposals:
-        w = min(tokens.shape[1], emitted.shape[1])
-        scored = torch.clamp(num_accepted.to(torch.int64) + 1, max=w)  # [B]
-        j = torch.arange(w, device=emitted.device)
-        match = (tokens[:, :w] == emitted[:, :w].to(tokens.dtype)) & (j[None] < scored[:, None])  # [B, w]
-        out[0, d].copy_(scored)
-        out[1, d].copy_(match.to(torch.int32).cumprod(1).sum(1))
+    """Score every proposal against the emitted tokens, in place, in a few launches for all drafts."""
+    tokens = torch.stack(proposals)  # [R, B, G]
+    w = min(tokens.shape[2], emitted.shape[1])
+    scored = torch.clamp(num_accepted.to(torch.int32) + 1, max=w)  # [B]
+    j = torch.arange(w, device=emitted.device, dtype=torch.int32)
+    match = (tokens[:, :, :w] == emitted[None, :, :w].to(tokens.dtype)) & (j < scored[:, None])  # [R, B, w]
+    out[0].copy_(scored.expand(out.shape[1], -1))
+    out[1].copy_(match.to(torch.int32).cumprod(2).sum(2))
+
+
+def expand(counts: "np.ndarray", drafts: int, which: list[int]) -> "np.ndarray":  # [R, B] -> [D, B]
+    """Counts of the recomputable drafts ``which`` placed at their draft indices; 0 for the other drafts."""
+    import numpy as np
+
+    full = np.zeros((drafts, counts.shape[1]), counts.dtype)
+    full[which] = counts
+    return full

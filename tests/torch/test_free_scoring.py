@@ -9,7 +9,7 @@ import torch
 
 from flashspec.config import SamplingConfig
 from flashspec_torch.backend import TorchBackend
-from flashspec_torch.drafts import LookupDraft
+from flashspec_torch.drafts import LookupDraft, ModelDraft
 
 from fault_helpers import tiny_target
 from test_backend_graphs import PROMPTS
@@ -24,8 +24,9 @@ def target():
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_a_copy_of_the_running_draft_is_scored_as_it_ran(target, graphs):
-    b = TorchBackend(target, [LookupDraft("a"), LookupDraft("b"), LookupDraft("c", max_n=1)], graphs=graphs)
-    assert b.score_free(3) == 3
+    drafts = [LookupDraft("a"), ModelDraft("m", target, frozenset({1})), LookupDraft("b"), LookupDraft("c", max_n=1)]
+    b = TorchBackend(target, drafts, graphs=graphs)
+    assert b.score_free(3) == 3  # the model draft is not recomputable
     with torch.inference_mode():
         b.prefill(PROMPTS, 24)
         for step in range(8):
@@ -33,10 +34,11 @@ def test_a_copy_of_the_running_draft_is_scored_as_it_ran(target, graphs):
             view = (b.decode_one(GREEDY, 0, step) if plain else b.step(0, 3, GREEDY, 0, step)).fetch()
             act = view.active
             n = np.asarray(view.num_accepted)[act]
-            assert (view.free_scored[:, act] == (1 if plain else np.minimum(n + 1, 3))).all()
+            scored = view.free_scored[[0, 2, 3]][:, act]
+            assert (scored == (1 if plain else np.minimum(n + 1, 3))).all() and not view.free_scored[1].any()
             assert (view.free_accepted[:, act] <= view.free_scored[:, act]).all()
             if not plain:
-                assert (view.free_accepted[1, act] == n).all() and (view.free_accepted[0, act] == n).all()
+                assert (view.free_accepted[2, act] == n).all() and (view.free_accepted[0, act] == n).all()
         b.score_free(0)
         assert b.step(0, 3, GREEDY, 0, 8).fetch().free_scored is None
 
@@ -50,7 +52,6 @@ def test_a_dynamic_draft_length_records_what_was_proposed(target):
     """``stop_below``: rows stop drafting early; ``StepView.drafted`` says how many tokens each row proposed
     (plain steps: 0) and the loop's records count those, not G per row."""
     from flashspec.loop import SpecConfig, speculate
-    from flashspec_torch.drafts import ModelDraft
 
     class First:
         def choose(self):
