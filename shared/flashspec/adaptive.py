@@ -156,13 +156,17 @@ class AdaptivePolicy:
         """The arm index for the next step, given the active rows of the last finished step."""
         b = min(bucket(rows), self.cost_weight.shape[0] - 1)
         untried = (self.cost_weight[b] == 0) & ~np.isin(np.arange(len(self.arms)), list(self.in_flight))
-        if untried.any():  # each unmeasured arm once (not twice because its first step is not read yet)
-            return self.launch(int(np.argmax(untried)))
-        if (self.cost_weight[b] == 0).any():  # the rest are in flight: the cheapest-looking measured arm meanwhile
+        hopeless = self.hopeless(rows, b)
+        unmeasured = self.cost_weight[b] == 0
+        untried &= ~(self.dearer.T & unmeasured[None, :]).any(axis=1)  # an arm it includes is measured first
+        if (untried & ~hopeless).any():  # each unmeasured arm once (not twice because its first step is not read yet)
+            return self.launch(int(np.argmax(untried & ~hopeless)))
+        if ((self.cost_weight[b] == 0) & ~hopeless).any():  # the rest are in flight: the best measured arm meanwhile
             return self.launch(self.best(rows, b, self.mean_alpha()))
         capped = self.capped_log_cost(b)
         inconsistent = self.log_cost[b] > capped + SPIKE  # re-measured after 1, 2, 4 ... steps
-        stale = self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])
+        stale = (self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])) \
+            & (self.cost_weight[b] > 0)  # a hopeless arm never measured waits until its acceptance gives it hope
         if stale.any():  # forced re-measurement; the next one of this arm waits twice as long
             a = int(np.argmax(stale))
             self.period[b, a] *= 2
@@ -186,6 +190,19 @@ class AdaptivePolicy:
     def weakened(self) -> np.ndarray:  # [drafts]
         """The factor that weakens each draft's pooled counts to at most ``carry`` rejections' worth."""
         return np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))
+
+    def hopeless(self, rows: int, b: int) -> np.ndarray:  # [arms] bool
+        """Unmeasured arms that cannot beat the best measured one even at the least they can cost (the dearest
+        measured arm whose work they include: plain decoding's, or a shorter length's of the same draft), on the
+        posterior means: not explored (``choose`` measures the arms an arm includes before it)."""
+        measured = self.cost_weight[b] > 0
+        if not measured.any():
+            return np.zeros(len(self.arms), bool)
+        own = np.where(measured, self.log_cost[b], -np.inf)
+        floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
+        accepted = expected_accepted(self.mean_alpha()[self.arm_draft], self.arm_length[:, None]).mean(axis=1)
+        best_possible = np.log(rows * (1.0 + np.where(self.arm_plain, 0.0, accepted))) - floor
+        return ~measured & (best_possible < self.value(rows, b, self.mean_alpha()).max())
 
     def mean_alpha(self) -> np.ndarray:  # [drafts, R]
         """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""

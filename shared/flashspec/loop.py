@@ -59,16 +59,17 @@ class StepTimer:
     """Seconds per step of a loop that launches step k + 1 and then reads step k (module docstring)."""
 
     def __init__(self):
-        self.read_end: float | None = None  # when the last read returned (the first launch's start before any)
+        self.read_end: float | None = None  # when the last read returned (the first launch's end before any)
         self.launches: list[float] = []  # host seconds inside each launched step not yet read, oldest first
 
     def launch(self, start):
         """Call ``start()`` (launch one step) and return its handle, timing the host's part."""
         t0 = time.perf_counter()
-        if self.read_end is None:
-            self.read_end = t0
         handle = start()
-        self.launches.append(time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        if self.read_end is None:  # the first step's own launch is added back at its read, so it starts the clock
+            self.read_end = t1
+        self.launches.append(t1 - t0)
         return handle
 
     def read(self, handle: StepHandle):
