@@ -5,9 +5,10 @@ with long repeats, chat, prose), one batch of rows per request, one adaptive pol
 Two kinds of stream:
 
 * random weights of a named shape (``adaptive_bench.SHAPES``; the GPU run), so the acceptance is
-  controlled: beside the n-gram lookup, two ``replay`` drafts (``adaptive_bench.ReplayDraft``) propose
-  plain decoding's own continuation, each kept with a per-domain probability (``KEEP``): "code" is good
-  on code requests (long repeats), "chat" on chat requests, neither on prose;
+  controlled: two ``replay`` drafts (``adaptive_bench.ReplayDraft``) propose plain decoding's own
+  continuation, each kept with a per-domain probability (``KEEP``): "code" is good on code requests
+  (long repeats), "chat" on chat requests, neither on prose. No n-gram draft: greedy decoding of
+  random weights falls into loops, so its acceptance follows the looping, not the domain;
 * ``--model embedded`` (the CPU run): SmolLM2-135M-Instruct's real weights and real prompts of the three
   domains (``drafts_common``: the first half of standard-library functions to continue, chat requests
   through the chat template, documentation prose), served with two lookup drafts (the n-gram lookup
@@ -87,8 +88,7 @@ class RandomStream:
         self.b, self.vocab, self.prompt_len = args.batch, model.config.vocab_size, args.prompt_len
         self.width = args.prompt_len + args.tokens + 80
         blank = torch.zeros((self.b, self.width), dtype=torch.int64, device=device)
-        self.drafts = [LookupDraft(), ReplayDraft(blank, 0.0, self.vocab, "code", 1),
-                       ReplayDraft(blank, 0.0, self.vocab, "chat", 2)]
+        self.drafts = [ReplayDraft(blank, 0.0, self.vocab, "code", 1), ReplayDraft(blank, 0.0, self.vocab, "chat", 2)]
         self.device = device
 
     def prompts(self, i: int) -> list[list[int]]:
@@ -97,8 +97,8 @@ class RandomStream:
 
     def before(self, i: int, prompts, ref_out) -> None:
         ref = reference(prompts, ref_out, self.width).to(self.device)
-        for d in self.drafts[1:]:
-            d.load(ref, KEEP[DOMAINS[i % len(DOMAINS)]][d.name], seed=100 * i + len(d.name))
+        for k, d in enumerate(self.drafts):
+            d.load(ref, KEEP[DOMAINS[i % len(DOMAINS)]][d.name], seed=100 * i + k)
 
 
 class EmbeddedStream:

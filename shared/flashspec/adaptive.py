@@ -19,13 +19,14 @@ The model (``AdaptivePolicy``):
   old evidence as its prior, so each request adapts to its own domain within a few steps. Full information
   (``observe_free``): a draft whose proposal can be recomputed from the emitted text (the n-gram
   lookup) is scored on steps that did not run it, with the same censored-window update.
-* cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (the time
-  from a step's start to the next step's start, which the loop records one step late): each
-  measurement adds weight 1 and every step in the bucket multiplies the weights of all its arms
-  by ``cost_discount``, so a measurement k steps old counts cost_discount^k.
-  bucket = ceil(log2(rows)), so the choice follows the batch size as rows finish.
-* value: rows * (1 + E[accepted | alpha, L]) / cost, alpha drawn from the posterior (Thompson
-  sampling); plain decoding: rows / cost.
+* cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (each
+  step's own time, ``flashspec.loop.StepTimer``, read one step late): each measurement adds weight 1
+  and every step in the bucket multiplies the weights of all its arms by ``cost_discount``, so a
+  measurement k steps old counts cost_discount^k. bucket = ceil(log2(B)) with B the batch's rows
+  (``new_batch``), finished or not: a step computes them all.
+* value: active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost, each row's alpha_b
+  from its own counts over the pooled ones; plain decoding: rows / cost. Plain decoding is taken at
+  once when best on the posterior means, else alpha is drawn from the posteriors (Thompson sampling).
 * monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
   does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
   of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
@@ -146,6 +147,7 @@ class AdaptivePolicy:
         self.row_succ: np.ndarray | None = None  # [drafts, B]: per row of the batch (``new_batch``), as succ
         self.row_fail: np.ndarray | None = None  # [drafts, B]
         self.row_active: np.ndarray | None = None  # [B] bool: the rows active in the last finished step
+        self.batch: int | None = None  # the batch's rows (``new_batch``): the cost bucket's size
 
     @property
     def cost(self) -> np.ndarray:  # [buckets, arms]
@@ -154,7 +156,7 @@ class AdaptivePolicy:
 
     def choose(self, rows: int) -> int:
         """The arm index for the next step, given the active rows of the last finished step."""
-        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
+        b = self.bucket_of(rows)
         untried = (self.cost_weight[b] == 0) & ~np.isin(np.arange(len(self.arms)), list(self.in_flight))
         hopeless = self.hopeless(rows, b)
         unmeasured = self.cost_weight[b] == 0
@@ -243,7 +245,7 @@ class AdaptivePolicy:
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
         self.in_flight.discard(arm)
-        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
+        b = self.bucket_of(rows)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
         if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
@@ -262,12 +264,19 @@ class AdaptivePolicy:
             lengths = np.full(len(accepted), a.length) if drafted is None else np.asarray(drafted)
             self._add(a.draft, lengths, np.asarray(accepted), where)
 
+    def bucket_of(self, rows: int) -> int:
+        """The cost bucket of a step over ``rows`` active rows: the batch's own size once ``new_batch`` gave it
+        (a step computes every row of its batch, finished or not: its cost follows the batch, not the active
+        rows), else ``rows``'."""
+        return min(bucket(self.batch or rows), self.cost_weight.shape[0] - 1)
+
     def new_batch(self, rows: int | None = None) -> None:
         """A new batch (request) of ``rows`` rows starts: each draft's pooled acceptance evidence is weakened to at
         most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero."""
         scale = self.weakened()
         self.succ *= scale
         self.fail *= scale
+        self.batch = rows
         if rows is not None:
             self.row_succ = np.zeros((len(self.succ), rows))
             self.row_fail = np.zeros((len(self.succ), rows))

@@ -295,3 +295,12 @@ def test_arms_that_cannot_beat_plain_decoding_even_at_its_cost_are_never_run(clo
     adaptive.use_free_scoring(backend, policy)
     _, records = run(backend, policy, [[0]] * 64, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=40))
     assert [r.drafted // r.rows for r in records if r.arm == 0] == [2] and np.isnan(policy.cost[6, 2])
+
+
+def test_a_batchs_cost_bucket_is_its_size_not_its_active_rows():
+    """A step computes every row of its batch, finished or not: with 3 of 8 rows still active the step is
+    timed in the 8-row bucket, so the arms are not explored again as rows finish."""
+    p = AdaptivePolicy(make_arms(1, (2,)), 1)
+    p.new_batch(8)
+    p.observe(0, 3, np.zeros(3, int), 1.0, where=np.arange(3))
+    assert p.cost_weight[bucket(8), 0] > 0 and p.cost_weight[bucket(3), 0] == 0
