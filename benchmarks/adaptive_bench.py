@@ -118,8 +118,9 @@ def timed(backend, prompts, tokens: int, run) -> tuple[list[list[int]], float, l
     return backend.outputs(), time.perf_counter() - start, records
 
 
-def load_model(name: str, device: torch.device):
-    """(model, prompts' token lists or None for random prompts)."""
+def load_model(name: str, device: torch.device, dtype: torch.dtype | None = None):
+    """(model, prompts' token lists or None for random prompts); random weights in ``dtype`` (None: bf16 on a
+    GPU, fp32 on the CPU)."""
     if name == "embedded":
         from flashspec_torch.engine import Engine
 
@@ -130,7 +131,7 @@ def load_model(name: str, device: torch.device):
     torch.manual_seed(0)
     with device:
         m = Llama(LlamaConfig(**SHAPES[name], max_position_embeddings=4096))
-    m = m.to(torch.bfloat16 if device.type == "cuda" else torch.float32)
+    m = m.to(dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32))
     for p in m.parameters():
         p.data.normal_(0, 0.02)
     return m.eval().requires_grad_(False), None

@@ -17,7 +17,7 @@ Two kinds of stream:
 Greedy, so every configuration must emit plain decoding's tokens (the fraction of rows equal is reported:
 in bf16 a near-tie can round differently, see adaptive_bench).
 
-    python benchmarks/adaptive_mixed.py --model llama3-8b --batch 16 --out $OUT/adaptive_mixed.json      # H100
+    python benchmarks/adaptive_mixed.py --model smollm2-135m --batch 64 --out $OUT/adaptive_mixed.json  # H100, fp32
     python benchmarks/adaptive_mixed.py --device cpu --model embedded --batch 1 --requests 6 --tokens 32 \
         --out benchmarks/results/adaptive_mixed_cpu.json                                              # CPU, < 2 min
 
@@ -67,6 +67,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--budget-s", type=float, default=1e9, help="serve no new request after this many seconds")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="random weights' dtype: in bf16 a row's greedy tokens drift from plain decoding's at a "
+                         "near-tie (scoring G + 1 positions rounds differently), and the replay drafts, which "
+                         "replay plain decoding, then miss for the rest of the row")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -74,7 +78,7 @@ def main() -> None:
     doc = dict(command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
-               model=args.model, batch=args.batch, tokens_per_row=args.tokens, lengths=LENGTHS,
+               model=args.model, batch=args.batch, tokens_per_row=args.tokens, lengths=LENGTHS, dtype=args.dtype,
                keep=None if args.model == "embedded" else KEEP,
                complete=False, requests=[])
     with torch.inference_mode():
@@ -129,7 +133,7 @@ def serve(args, device, doc: dict, start: float) -> None:
         stream = EmbeddedStream(args, device)
         model = stream.model
     else:
-        model, _ = load_model(args.model, device)
+        model, _ = load_model(args.model, device, getattr(torch, args.dtype))
         stream = RandomStream(model, args, device)
     b, tokens, drafts = args.batch, args.tokens, stream.drafts
     seed = torch.zeros(b, dtype=torch.int64, device=device) if device.type == "cuda" else 0
