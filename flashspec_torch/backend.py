@@ -24,6 +24,7 @@ from .model import Llama
 from .parallel import is_split
 from .sampling import sample
 from .device import next_pow2
+from .free import expand, free_proposals, recomputable, score_into
 from .verify import verify
 
 
@@ -36,12 +37,19 @@ class AsyncHandle:
     done: torch.Tensor
     bad: torch.Tensor
     event: torch.cuda.Event | None
+    free: torch.Tensor | None = None  # [2, R, B] int32: flashspec_torch.free's counts; None: not scored
+    free_drafts: tuple[int, ...] = ()  # (D, then the R recomputable drafts' indices, in free's order)
+    drafted: torch.Tensor | None = None  # [B] int32: tokens each row proposed; None: not recorded
 
     def fetch(self) -> StepView:
         if self.event is not None:
             self.event.synchronize()
+        free = None if self.free is None else [expand(c, self.free_drafts[0], list(self.free_drafts[1:]))
+                                               for c in self.free.numpy()]
         return StepView(self.num_accepted.numpy().copy(), self.active.numpy().copy(), self.done.numpy().copy(),
-                        self.bad.numpy().copy())
+                        self.bad.numpy().copy(), free_scored=None if free is None else free[0],
+                        free_accepted=None if free is None else free[1],
+                        drafted=None if self.drafted is None else self.drafted.numpy().copy())
 
 
 class HostMirror:
@@ -49,24 +57,36 @@ class HostMirror:
     committed, so a slot is never overwritten before it was read. (Allocating pinned memory every
     step costs milliseconds; pageable memory would make the copy block the host.)"""
 
-    def __init__(self, batch: int, device: torch.device):
-        self.device, self.turn = device, 0
+    def __init__(self, batch: int, device: torch.device, drafts: Sequence[int] = (0,)):
+        """``drafts``: (D, then the recomputable drafts' indices) for flashspec_torch.free's counts."""
+        self.device, self.turn, self.drafts = device, 0, tuple(drafts)
         if device.type == "cuda":
             self.slots = [
                 [torch.empty(batch, dtype=dt, pin_memory=True) for dt in (torch.int32, torch.bool, torch.bool, torch.uint8)]
+                + [torch.empty((2, len(drafts) - 1, batch), dtype=torch.int32, pin_memory=True),
+                   torch.empty(batch, dtype=torch.int32, pin_memory=True)]
                 for _ in range(2)
             ]
 
-    def start(self, num_accepted, active, done, bad) -> AsyncHandle:
+    def start(self, num_accepted, active, done, bad, free=None, drafted=None) -> AsyncHandle:
+        """``free``: [2, R, B] int32 full-information counts (flashspec_torch.free), or None; ``drafted``:
+        [B] int32 tokens each row proposed, or None."""
         if self.device.type != "cuda":
-            return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), bad.clone(), None)
+            return AsyncHandle(num_accepted.clone(), active.clone(), done.clone(), bad.clone(), None,
+                               None if free is None else free.clone(), self.drafts,
+                               None if drafted is None else drafted.clone())
         slot = self.slots[self.turn]
         self.turn ^= 1
         for h, t in zip(slot, (num_accepted.to(torch.int32), active, done, bad)):
             h.copy_(t, non_blocking=True)
+        if free is not None:
+            slot[4].copy_(free, non_blocking=True)
+        if drafted is not None:
+            slot[5].copy_(drafted, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return AsyncHandle(*slot, event)
+        return AsyncHandle(*slot[:4], event, None if free is None else slot[4], self.drafts,
+                           None if drafted is None else slot[5])
 
 
 class StepGraphs:
@@ -170,6 +190,7 @@ class TorchBackend:
                              "collectives inside are the GPU (NCCL) path; on the CPU leave graphs None (eager steps)")
         self.graphs = (StepGraphs() if self.device.type == "cuda" else StaticSteps()) if self.graphed else None
         self.shape: tuple[int, int] | None = None  # (B, S) of the buffers below
+        self.free_gamma = 0  # score_free's G (0: no full-information scoring)
 
     # -- the batch
 
@@ -219,7 +240,10 @@ class TorchBackend:
         self.seed = torch.zeros(batch, **i64)
         self.offset = torch.zeros((), **i64)
         self.cache = self.target.new_cache(batch, s_max)
-        self.mirror = HostMirror(batch, dev)
+        scored = recomputable(self.drafts)
+        self.mirror = HostMirror(batch, dev, (len(self.drafts), *scored))
+        self.free = torch.zeros((2, len(scored), batch), dtype=torch.int32, device=dev)  # flashspec_torch.free
+        self.drafted = torch.zeros(batch, dtype=torch.int32, device=dev)  # per row: tokens proposed by the last step
         self.shape = (batch, s_max)
         if self.graphs is not None:
             self.graphs.clear()
@@ -239,11 +263,12 @@ class TorchBackend:
         draft = self.drafts[arm]
         if not self.graphed or not draft.capturable:  # e.g. a transformers model with growing inputs
             proposal = self.draft(arm, gamma, sampling, seed, offset)
-            return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset))
+            return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset),
+                               gamma if proposal.lengths is None else proposal.lengths)
         if draft.lagging(self.seqs):
             draft.catch_up(self.seqs, gamma)
         self.set_counters(seed, offset)
-        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),
+        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling, self.free_gamma), self.graphed_step(arm, gamma, sampling),
                                           self.state())
         draft.mark_used(self.seqs)
         return self.commit_host(num_accepted, gamma + 1)
@@ -255,7 +280,7 @@ class TorchBackend:
         def run():
             p = draft.propose(self.seqs, gamma, sampling, self.seed, self.offset, graphed=True)
             r = self.verify(self.score(p), p, sampling, self.seed, self.offset)
-            self.commit_device(r)
+            self.commit_device(r, gamma if p.lengths is None else p.lengths)
             return r.num_accepted
 
         return run
@@ -263,7 +288,7 @@ class TorchBackend:
     def graphed_decode(self, sampling: SamplingConfig):
         def run():
             r = self.sample_next(sampling, self.seed, self.offset)
-            self.commit_device(r)
+            self.commit_device(r, 0)
             return r.num_accepted
 
         return run
@@ -280,9 +305,9 @@ class TorchBackend:
         if gamma is not None:
             for arm, d in enumerate(self.drafts):
                 if d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
-                    captured += self.graphs.capture(("spec", arm, gamma, sampling),
+                    captured += self.graphs.capture(("spec", arm, gamma, sampling, self.free_gamma),
                                                     self.graphed_step(arm, gamma, sampling), self.state())
-        return captured + self.graphs.capture(("plain", sampling), self.graphed_decode(sampling), self.state())
+        return captured + self.graphs.capture(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
 
     def set_counters(self, seed, offset: int) -> None:
         """The step's seed / offset into the buffers the graphs read."""
@@ -330,9 +355,9 @@ class TorchBackend:
     def decode_one(self, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
         """Plain autoregressive decoding on the same engine: one target forward, one token."""
         if not self.graphed:
-            return self.commit(self.sample_next(sampling, seed, offset))
+            return self.commit(self.sample_next(sampling, seed, offset), 0)
         self.set_counters(seed, offset)
-        num_accepted = self.graphs.replay(("plain", sampling), self.graphed_decode(sampling), self.state())
+        num_accepted = self.graphs.replay(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
         return self.commit_host(num_accepted, 2)
 
     def sample_next(self, sampling: SamplingConfig, seed, offset) -> VerifyResult:
@@ -347,13 +372,27 @@ class TorchBackend:
 
     # -- commit
 
-    def commit(self, result: VerifyResult) -> AsyncHandle:
-        self.commit_device(result)
+    def commit(self, result: VerifyResult, drafted: torch.Tensor | int | None = None) -> AsyncHandle:
+        self.commit_device(result, drafted)
         return self.commit_host(result.num_accepted, result.tokens.shape[1])
 
-    def commit_device(self, result: VerifyResult) -> None:
-        """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place."""
+    def score_free(self, gamma: int) -> int:
+        """From now on every step also scores each recomputable draft at ``gamma`` tokens against what it
+        emitted (``flashspec_torch.free``; 0: stop). Steps are captured per G of scoring. Returns the drafts scored."""
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= 64:
+            raise ValueError(f"gamma={gamma!r} must be an integer in [0, 64] (0: no full-information scoring)")
+        self.free_gamma = gamma
+        return len(recomputable(self.drafts)) if gamma else 0
+
+    def commit_device(self, result: VerifyResult, drafted: torch.Tensor | int | None = None) -> None:
+        """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place;
+        ``drafted``: the tokens each row proposed ([B] or one for all; None: not recorded)."""
         seqs = self.seqs
+        if isinstance(drafted, torch.Tensor):
+            self.drafted.copy_(drafted)
+        elif drafted is not None:
+            self.drafted.fill_(drafted)
+        proposals = free_proposals(self.drafts, seqs, self.free_gamma) if self.free_gamma else []
         length_before = seqs.length.clone()
         args = (result.num_accepted, result.tokens, self.eos, seqs.tokens, seqs.length, self.prompt_len,
                 self.max_new, self.done, self.active)
@@ -362,6 +401,8 @@ class TorchBackend:
         else:
             commit_reference(*args)
         discard_flagged(self.bad, length_before, seqs.length, self.done, self.active)  # NaN / inf logits
+        if proposals:
+            score_into(self.free, proposals, result.tokens, result.num_accepted)
 
     def commit_host(self, num_accepted: torch.Tensor, width: int) -> AsyncHandle:
         """Host bookkeeping of a committed step; starts the asynchronous copy of its results."""
@@ -371,7 +412,8 @@ class TorchBackend:
             bound = int(seqs.length.max())
         seqs.max_len_bound = min(bound, seqs.tokens.shape[1])
         seqs.step += 1
-        return self.mirror.start(num_accepted, self.active, self.done, self.bad)
+        return self.mirror.start(num_accepted, self.active, self.done, self.bad, self.free if self.free_gamma else None,
+                                 self.drafted)
 
     def outputs(self) -> list[list[int]]:
         tokens = self.seqs.tokens.cpu().numpy()

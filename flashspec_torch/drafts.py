@@ -161,6 +161,7 @@ class LookupDraft(Stateless):
     """Prompt lookup: match the last n tokens (n = max_n .. 1) against the history."""
 
     capturable = True
+    recomputable = True  # the proposal is a function of the history and G alone (flashspec_torch.free)
 
     def __init__(self, name: str = "ngram", max_n: int = 3, impl: str | None = None):
         if max_n < 1:

@@ -13,17 +13,20 @@ The model (``AdaptivePolicy``):
 
 * acceptance: per draft a Beta posterior on the per-token acceptance probability alpha, the token
   likelihood of ``flashspec.bandits`` (a row that accepted n of L: a += n, b += [n < L]), shared by
-  every length of that draft and discounted by ``discount`` at each step of that draft, so that a
-  change of domain is forgotten in about 1 / (1 - discount) steps. Full information
+  every length of that draft and discounted by ``discount`` at every step, so that a change of
+  domain is forgotten in about 1 / (1 - discount) steps; a new batch (``new_batch``, each
+  ``speculate_adaptive`` call: a new request's rows) keeps at most ``carry`` rejections' worth of the
+  old evidence as its prior, so each request adapts to its own domain within a few steps. Full information
   (``observe_free``): a draft whose proposal can be recomputed from the emitted text (the n-gram
   lookup) is scored on steps that did not run it, with the same censored-window update.
-* cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (the time
-  from a step's start to the next step's start, which the loop records one step late): each
-  measurement adds weight 1 and every step in the bucket multiplies the weights of all its arms
-  by ``cost_discount``, so a measurement k steps old counts cost_discount^k.
-  bucket = ceil(log2(rows)), so the choice follows the batch size as rows finish.
-* value: rows * (1 + E[accepted | alpha, L]) / cost, alpha drawn from the posterior (Thompson
-  sampling); plain decoding: rows / cost.
+* cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (each
+  step's own time, ``flashspec.loop.StepTimer``, read one step late): each measurement adds weight 1
+  and every step in the bucket multiplies the weights of all its arms by ``cost_discount``, so a
+  measurement k steps old counts cost_discount^k. bucket = ceil(log2(B)) with B the batch's rows
+  (``new_batch``), finished or not: a step computes them all.
+* value: active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost, each row's alpha_b
+  from its own counts over the pooled ones; plain decoding: rows / cost. Plain decoding is taken at
+  once when best on the posterior means, else alpha is drawn from the posteriors (Thompson sampling).
 * monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
   does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
   of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
@@ -46,17 +49,16 @@ from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), n
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Backend, StepHandle
+from .backend import Backend, FreeScoring, StepHandle, StepView
 from .bandits import expected_accepted
 from .config import SamplingConfig
 from .faults import check_finite
-from .loop import SpecConfig, StepRecord
+from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
@@ -109,7 +111,8 @@ class AdaptivePolicy:
     name = "adaptive"
 
     def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_discount: float = 0.9,
-                 remeasure: int = 256, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16):
+                 remeasure: int = 256, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16,
+                 carry: float = 4.0):
         if not arms:
             raise ValueError("arms must not be empty")
         if any(not a.plain and not 0 <= a.draft < num_drafts for a in arms):
@@ -129,6 +132,9 @@ class AdaptivePolicy:
         self.arm_length = np.array([a.length for a in self.arms], dtype=np.float64)  # [arms]
         self.discount, self.prior = float(discount), tuple(map(float, prior))
         self.cost_discount, self.remeasure = float(cost_discount), remeasure
+        if not (isinstance(carry, (int, float)) and carry > 0):
+            raise ValueError(f"carry={carry!r} must be a positive number (rejections' worth of evidence a new batch keeps)")
+        self.carry = float(carry)
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
         self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
         self.fail = np.zeros(num_drafts)  # per draft: rejections (discounted)
@@ -137,6 +143,11 @@ class AdaptivePolicy:
         self.cost_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
+        self.in_flight: set[int] = set()  # arms chosen and not yet observed
+        self.row_succ: np.ndarray | None = None  # [drafts, B]: per row of the batch (``new_batch``), as succ
+        self.row_fail: np.ndarray | None = None  # [drafts, B]
+        self.row_active: np.ndarray | None = None  # [B] bool: the rows active in the last finished step
+        self.batch: int | None = None  # the batch's rows (``new_batch``): the cost bucket's size
 
     @property
     def cost(self) -> np.ndarray:  # [buckets, arms]
@@ -145,34 +156,96 @@ class AdaptivePolicy:
 
     def choose(self, rows: int) -> int:
         """The arm index for the next step, given the active rows of the last finished step."""
-        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
-        untried = self.cost_weight[b] == 0
-        if untried.any():
-            return int(np.argmax(untried))
+        b = self.bucket_of(rows)
+        untried = (self.cost_weight[b] == 0) & ~np.isin(np.arange(len(self.arms)), list(self.in_flight))
+        hopeless = self.hopeless(rows, b)
+        unmeasured = self.cost_weight[b] == 0
+        untried &= ~(self.dearer.T & unmeasured[None, :]).any(axis=1)  # an arm it includes is measured first
+        if (untried & ~hopeless).any():  # each unmeasured arm once (not twice because its first step is not read yet)
+            return self.launch(int(np.argmax(untried & ~hopeless)))
+        if ((self.cost_weight[b] == 0) & ~hopeless).any():  # the rest are in flight: the best measured arm meanwhile
+            return self.launch(self.best(rows, b, self.mean_alpha()))
         capped = self.capped_log_cost(b)
         inconsistent = self.log_cost[b] > capped + SPIKE  # re-measured after 1, 2, 4 ... steps
-        stale = self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])
+        stale = (self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])) \
+            & (self.cost_weight[b] > 0)  # a hopeless arm never measured waits until its acceptance gives it hope
         if stale.any():  # forced re-measurement; the next one of this arm waits twice as long
             a = int(np.argmax(stale))
             self.period[b, a] *= 2
-            return a
-        alpha = self.rng.beta(self.prior[0] + self.succ, self.prior[1] + self.fail)  # [drafts]
-        emitted = 1.0 + np.where(self.arm_plain, 0.0, expected_accepted(alpha[self.arm_draft], self.arm_length))
-        a = int(np.argmax(np.log(rows * emitted) - capped))
+            return self.launch(a)
+        a = self.best(rows, b, self.mean_alpha())
+        if not self.arms[a].plain:  # plain decoding, best on the posterior means, is taken at once; else Thompson
+            a = self.best(rows, b, self.sample_alpha())
         self.period[b, a] = self.remeasure
+        return self.launch(a)
+
+    def counts(self) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
+        """(accepted, rejections) per draft and active row of the batch: the row's own counts plus the pooled
+        ones weakened to ``carry`` rejections' worth (R = 1: the pooled counts alone, before ``new_batch``
+        gave the policy rows). A row with no evidence of its own follows the pool; its own steps soon lead."""
+        if self.row_succ is None or not self.row_active.any():
+            return self.succ[:, None], self.fail[:, None]
+        scale = self.weakened()[:, None]
+        return (self.succ[:, None] * scale + self.row_succ[:, self.row_active],
+                self.fail[:, None] * scale + self.row_fail[:, self.row_active])
+
+    def weakened(self) -> np.ndarray:  # [drafts]
+        """The factor that weakens each draft's pooled counts to at most ``carry`` rejections' worth."""
+        return np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))
+
+    def hopeless(self, rows: int, b: int) -> np.ndarray:  # [arms] bool
+        """Unmeasured arms that cannot beat the best measured one even at the least they can cost (the dearest
+        measured arm whose work they include: plain decoding's, or a shorter length's of the same draft), on the
+        posterior means: not explored (``choose`` measures the arms an arm includes before it)."""
+        measured = self.cost_weight[b] > 0
+        if not measured.any():
+            return np.zeros(len(self.arms), bool)
+        own = np.where(measured, self.log_cost[b], -np.inf)
+        floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
+        accepted = expected_accepted(self.mean_alpha()[self.arm_draft], self.arm_length[:, None]).mean(axis=1)
+        best_possible = np.log(rows * (1.0 + np.where(self.arm_plain, 0.0, accepted))) - floor
+        return ~measured & (best_possible < self.value(rows, b, self.mean_alpha()).max())
+
+    def mean_alpha(self) -> np.ndarray:  # [drafts, R]
+        """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""
+        succ, fail = self.counts()
+        return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
+
+    def sample_alpha(self) -> np.ndarray:  # [drafts, R]
+        succ, fail = self.counts()
+        return self.rng.beta(self.prior[0] + succ, self.prior[1] + fail)
+
+    def value(self, rows: int, b: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
+        """log(rows x expected emitted tokens per row / capped cost) of every arm in bucket ``b`` (NaN costs: -inf);
+        ``alpha`` [drafts, R]: the rows' expected emitted tokens are averaged (a step's cost is its longest length's)."""
+        accepted = expected_accepted(alpha[self.arm_draft], self.arm_length[:, None]).mean(axis=1)  # [arms]
+        emitted = 1.0 + np.where(self.arm_plain, 0.0, accepted)
+        v = np.log(rows * emitted) - self.capped_log_cost(b)
+        return np.where(self.cost_weight[b] > 0, v, -np.inf)
+
+    def best(self, rows: int, b: int, alpha: np.ndarray) -> int:
+        return int(np.argmax(self.value(rows, b, alpha)))
+
+    def launch(self, a: int) -> int:
+        self.in_flight.add(a)
         return a
 
     def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
         """Bucket ``b``'s log costs, each capped by those of the arms that do its work and more."""
         own = self.log_cost[b]
-        return np.minimum(own, np.where(self.dearer, own[None, :], np.inf).min(axis=1))
+        measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
+        return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
-    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float) -> None:
-        """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain)."""
+    def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
+                where: np.ndarray | None = None) -> None:
+        """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
+        ``drafted`` [rows]: the tokens each row proposed (None: the arm's length); ``where`` [rows]: those rows'
+        indices in the batch (None: no per-row statistics)."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
-        b = min(bucket(rows), self.cost_weight.shape[0] - 1)
+        self.in_flight.discard(arm)
+        b = self.bucket_of(rows)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
         if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
@@ -180,61 +253,114 @@ class AdaptivePolicy:
         w = self.cost_weight[b, arm] + 1.0
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
+        self.succ *= self.discount  # every draft forgets at every step, scored or not
+        self.fail *= self.discount
+        if self.row_succ is not None and where is not None:
+            self.row_succ *= self.discount
+            self.row_fail *= self.discount
+            self.row_active = np.zeros_like(self.row_active)
+            self.row_active[where] = True
         if not a.plain:
-            self.succ[a.draft] *= self.discount
-            self.fail[a.draft] *= self.discount
-            self._add(a.draft, np.full(len(accepted), a.length), np.asarray(accepted))
+            lengths = np.full(len(accepted), a.length) if drafted is None else np.asarray(drafted)
+            self._add(a.draft, lengths, np.asarray(accepted), where)
 
-    def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray) -> None:
+    def bucket_of(self, rows: int) -> int:
+        """The cost bucket of a step over ``rows`` active rows: the batch's own size once ``new_batch`` gave it
+        (a step computes every row of its batch, finished or not: its cost follows the batch, not the active
+        rows), else ``rows``'."""
+        return min(bucket(self.batch or rows), self.cost_weight.shape[0] - 1)
+
+    def new_batch(self, rows: int | None = None) -> None:
+        """A new batch (request) of ``rows`` rows starts: each draft's pooled acceptance evidence is weakened to at
+        most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero."""
+        scale = self.weakened()
+        self.succ *= scale
+        self.fail *= scale
+        self.batch = rows
+        if rows is not None:
+            self.row_succ = np.zeros((len(self.succ), rows))
+            self.row_fail = np.zeros((len(self.succ), rows))
+            self.row_active = np.ones(rows, bool)
+
+    def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         """Full information: draft ``draft`` scored without being run, ``scored`` [rows] tokens of the emitted
-        window each, ``accepted`` [rows] leading matches (no failure where the window ended without a mismatch)."""
-        self._add(draft, np.asarray(scored), np.asarray(accepted))
+        window each, ``accepted`` [rows] leading matches (no failure where the window ended without a mismatch);
+        ``where`` as ``observe``'s."""
+        self._add(draft, np.asarray(scored), np.asarray(accepted), where)
 
-    def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> None:
+    def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):
             raise ValueError("accepted must be in [0, drafted] for every row")
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
+        if self.row_succ is not None and where is not None:
+            self.row_succ[draft, where] += accepted
+            self.row_fail[draft, where] += accepted < drafted
+
+
+def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
+    """Turn on full-information scoring at the arms' longest length where the backend offers it
+    (``FreeScoring``; before ``prepare``, so the steps that score are the ones made ready). Returns the drafts scored."""
+    return backend.score_free(int(policy.arm_length.max())) if isinstance(backend, FreeScoring) else 0
 
 
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
                        first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
     """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
-    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``."""
-    pending: tuple[int, StepHandle, float] | None = None
+    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``;
+    step seconds come from ``flashspec.loop.StepTimer`` (each step's own time, not its predecessor's)."""
+    pending: tuple[int, StepHandle] | None = None
+    timer = StepTimer()
+    policy.in_flight.clear()  # a run cut short leaves none behind
+    policy.new_batch(rows)
     for step in range(spec.max_steps or spec.max_new_tokens):
         a = policy.choose(rows)
         arm = policy.arms[a]
-        start = time.perf_counter()
         if arm.plain:
-            handle = backend.decode_one(sampling, seed, first_offset + step)
+            handle = timer.launch(lambda: backend.decode_one(sampling, seed, first_offset + step))
         else:
-            handle = backend.step(arm.draft, arm.length, sampling, seed, first_offset + step)
+            handle = timer.launch(lambda: backend.step(arm.draft, arm.length, sampling, seed, first_offset + step))
         if pending is not None:
-            rows, done = observe_adaptive(policy, records, *pending, end=start, on_step=on_step, step=step - 1)
+            rows, done = observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step - 1)
             pending = None
             if done:
                 break
-        pending = (a, handle, start)
+        pending = (a, handle)
     if pending is not None:
-        observe_adaptive(policy, records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
+        observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step)
 
 
-def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, start: float, *,
-                     end: float, on_step=None, step: int = -1) -> tuple[int, bool]:
+def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None, where: np.ndarray) -> None:
+    """Full information: each draft but ``skip`` (the one the step ran) that the backend scored on this step
+    (``StepView.free_scored``) updates its posterior over the active rows it was scored on."""
+    if view.free_scored is None:
+        return
+    for d in range(min(len(view.free_scored), len(policy.succ))):
+        scored = np.asarray(view.free_scored[d])[view.active].astype(np.int64)
+        if d != skip and scored.any():
+            policy.observe_free(d, scored, np.asarray(view.free_accepted[d])[view.active].astype(np.int64), where)
+
+
+def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, *,
+                     timer: StepTimer, on_step=None, step: int = -1) -> tuple[int, bool]:
     """Read a finished step, feed the policy, record it: (active rows, every row done)."""
-    view = handle.fetch()
+    view, seconds = timer.read(handle)
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
         arm = policy.arms[a]
         accepted = np.asarray(view.num_accepted)[view.active].astype(np.int64)
+        lengths = drafted_per_row(view, arm.length)  # [rows]
         total = int(accepted.sum())
         per_row = tuple(int(n) if act else -1 for n, act in zip(view.num_accepted, view.active))
-        record = StepRecord(-1 if arm.plain else arm.draft, arm.length * rows, total, total + rows, rows, end - start,
+        record = StepRecord(-1 if arm.plain else arm.draft, int(lengths.sum()), total, total + rows, rows, seconds,
                             per_row)
         records.append(record)
-        policy.observe(a, rows, accepted, max(record.seconds, 1e-9))
+        where = np.nonzero(view.active)[0]
+        policy.observe(a, rows, accepted, seconds, drafted=lengths, where=where)
+        observe_free(policy, view, skip=arm.draft, where=where)
         if on_step:
             on_step(record)
+    else:
+        policy.in_flight.discard(a)
     return max(rows, 1), bool(view.done.all())

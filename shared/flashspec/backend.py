@@ -26,6 +26,11 @@ class StepView:
     done: np.ndarray  # [B] bool: the row has finished (EOS or length) after this step
     bad: np.ndarray | None = None  # [B] uint8: flashspec.faults bits, the model(s) whose logits were not finite
     emitted: np.ndarray | None = None  # [B, W] int: the tokens appended to each row by this step, then -1 (slot steps)
+    # full information (``FreeScoring``): per draft and row, the emitted tokens a draft not run was scored on
+    # and how many of them it would have had accepted (0 scored: not scored); None: nothing scored
+    free_scored: np.ndarray | None = None  # [D, B] int
+    free_accepted: np.ndarray | None = None  # [D, B] int
+    drafted: np.ndarray | None = None  # [B] int: tokens each row proposed (L_b <= G under a dynamic length); None: G
 
 
 @runtime_checkable
@@ -48,6 +53,15 @@ def feature_layers(drafts) -> tuple[int, ...]:
     if len(wanted) > 1:
         raise ValueError(f"draft heads reading different target layers {sorted(wanted)} cannot share one engine")
     return wanted.pop() if wanted else ()
+
+
+@runtime_checkable
+class FreeScoring(Protocol):
+    """A backend that can score, on every step, the drafts it did not run (``StepView.free_scored``)."""
+
+    def score_free(self, gamma: int) -> int:
+        """From now on score each draft whose proposal can be recomputed from the history at ``gamma``
+        tokens on every step (0: stop). Returns how many drafts are scored."""
 
 
 class StepHandle(Protocol):

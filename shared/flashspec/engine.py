@@ -79,6 +79,8 @@ class EngineBase:
         backend, r = self.backend, request
         seed = self.seed_array(r.seeds)
         backend.prefill(r.ids, r.spec.max_new_tokens)
+        if r.speculation and self.policy_name == adaptive.NAME:
+            adaptive.use_free_scoring(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]))
         backend.prepare(r.spec.gamma if r.speculation else None, r.sampling)
         if r.speculation and self.policy_name == adaptive.NAME:
             for g in adaptive.engine_lengths(r.spec.gamma):  # every arm's step kind, so no capture is timed

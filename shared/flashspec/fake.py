@@ -67,6 +67,12 @@ class MarkovBackend:
         self.drafts = list(drafts)
         self.draft_names = [d.name for d in self.drafts]
         self.eos = eos
+        self.free_gamma = 0  # score_free's G (0: off)
+
+    def score_free(self, gamma: int) -> int:
+        """``flashspec.backend.FreeScoring``: score every LookupDraft (recomputable from the last token) on each step."""
+        self.free_gamma = gamma
+        return sum(isinstance(d, LookupDraft) for d in self.drafts) if gamma else 0
 
     def prefill(self, prompts, max_new_tokens):
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -120,6 +126,7 @@ class MarkovBackend:
 
     def commit(self, result: VerifyResult) -> DoneHandle:
         active = ~self.done
+        free = self.free_scores(result) if self.free_gamma else (None, None)
         for b in np.nonzero(active)[0]:
             n = int(result.num_accepted[b])
             new = [int(t) for t in result.tokens[b, : n + 1]]
@@ -130,7 +137,26 @@ class MarkovBackend:
             self.out[b].extend(new[:room])
             self.last[b] = self.out[b][-1]
             self.done[b] |= len(self.out[b]) >= self.max_new
-        return DoneHandle(StepView(np.asarray(result.num_accepted).copy(), active, self.done.copy()))
+        return DoneHandle(StepView(np.asarray(result.num_accepted).copy(), active, self.done.copy(),
+                                   free_scored=free[0], free_accepted=free[1]))
+
+    def free_scores(self, result: VerifyResult) -> tuple[np.ndarray, np.ndarray]:  # [D, B] each
+        """(tokens scored, leading matches) of each LookupDraft's proposal from the rows' last tokens against
+        the step's emitted tokens (min(G, accepted + 1) scored), as flashspec_torch.free does."""
+        n = np.asarray(result.num_accepted, np.int64)
+        scored = np.zeros((len(self.drafts), len(n)), np.int64)
+        accepted = np.zeros_like(scored)
+        for d, draft in enumerate(self.drafts):
+            if not isinstance(draft, LookupDraft):
+                continue
+            prev = self.last.copy()
+            scored[d] = np.minimum(n + 1, self.free_gamma)
+            alive = np.ones(len(n), bool)
+            for i in range(self.free_gamma):
+                prev = draft.guess[prev]
+                alive &= (i < scored[d]) & (prev == np.asarray(result.tokens)[:, min(i, result.tokens.shape[1] - 1)])
+                accepted[d] += alive
+        return scored, accepted
 
     def outputs(self) -> list[list[int]]:
         return [list(o) for o in self.out]

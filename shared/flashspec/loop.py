@@ -7,12 +7,22 @@ It calls only what ``flashspec.backend.Backend`` declares.
 
 Exactness holds for any draft choice made before the step's verification randomness is drawn
 (SPEC.md's theorem); reading results one step late only delays what the policy learns.
+
+Step times (``StepTimer``): the loop launches step k + 1 before it reads step k, so on an
+asynchronous device the read of step k returns when the device finishes step k, while on a
+synchronous one (the CPU) the launch does the work. A step's seconds are the time between the
+previous read's end and its own read's end, less the next step's launch (which fell in between),
+plus its own launch: the device time of step k when the device is the bottleneck, the host time
+of step k when the host is. (Timing the interval between two launches instead measures step k - 1
+on an asynchronous device: the launch of step k + 1 follows the read of step k - 1.)
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from .backend import Backend, StepHandle
 from .config import SamplingConfig
@@ -37,12 +47,39 @@ class SpecConfig:
 @dataclass(frozen=True)
 class StepRecord:
     arm: int
-    drafted: int  # tokens drafted over the active rows
+    drafted: int  # tokens proposed over the active rows (each row's L_b under a dynamic draft length)
     accepted: int  # drafted tokens accepted over the active rows
     emitted: int  # tokens emitted (accepted + one per active row)
     rows: int  # active rows
-    seconds: float  # wall time from this step's start to the next step's start
+    seconds: float  # this step's own time (``StepTimer``)
     row_accepted: tuple[int, ...] | None = None  # per batch row: drafted tokens it accepted (-1: not active); None: unknown
+
+
+class StepTimer:
+    """Seconds per step of a loop that launches step k + 1 and then reads step k (module docstring)."""
+
+    def __init__(self):
+        self.read_end: float | None = None  # when the last read returned (the first launch's end before any)
+        self.launches: list[float] = []  # host seconds inside each launched step not yet read, oldest first
+
+    def launch(self, start):
+        """Call ``start()`` (launch one step) and return its handle, timing the host's part."""
+        t0 = time.perf_counter()
+        handle = start()
+        t1 = time.perf_counter()
+        if self.read_end is None:  # the first step's own launch is added back at its read, so it starts the clock
+            self.read_end = t1
+        self.launches.append(t1 - t0)
+        return handle
+
+    def read(self, handle: StepHandle):
+        """(``handle.fetch()``, the oldest unread step's seconds)."""
+        view = handle.fetch()
+        t = time.perf_counter()
+        own = self.launches.pop(0)
+        seconds = t - self.read_end - sum(self.launches) + own
+        self.read_end = t
+        return view, max(seconds, 1e-9)
 
 
 class Policy:
@@ -77,36 +114,45 @@ def speculate(
 def speculate_steps(backend: Backend, policy: Policy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
                     first_offset: int, on_step, records: list[StepRecord]) -> None:
     """``speculate``'s steps on the batch the backend holds (after ``prefill``, and ``prepare`` if wanted)."""
-    pending: tuple[int, StepHandle, float] | None = None
+    pending: tuple[int, StepHandle] | None = None
+    timer = StepTimer()
     max_steps = spec.max_steps or spec.max_new_tokens
     for step in range(max_steps):
         arm = policy.choose()
-        start = time.perf_counter()
-        handle = backend.step(arm, spec.gamma, sampling, seed, first_offset + step)
-        if pending is not None and observe(policy, records, spec.gamma, *pending, end=start, on_step=on_step, step=step - 1):
+        handle = timer.launch(lambda: backend.step(arm, spec.gamma, sampling, seed, first_offset + step))
+        if pending is not None and observe(policy, records, spec.gamma, *pending, timer=timer, on_step=on_step, step=step - 1):
             pending = None
             break
-        pending = (arm, handle, start)
+        pending = (arm, handle)
     if pending is not None:
-        observe(policy, records, spec.gamma, *pending, end=time.perf_counter(), on_step=on_step, step=step)
+        observe(policy, records, spec.gamma, *pending, timer=timer, on_step=on_step, step=step)
 
 
-def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, start: float, *,
-            end: float, on_step=None, step: int = -1) -> bool:
+def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, handle: StepHandle, *,
+            timer: StepTimer, on_step=None, step: int = -1) -> bool:
     """Read a finished step, feed the policy, record it; True when every row is done."""
-    view = handle.fetch()
+    view, seconds = timer.read(handle)
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
         accepted = int(view.num_accepted[view.active].sum())
+        lengths = drafted_per_row(view, gamma)  # [rows]
         per_row = tuple(int(n) if a else -1 for n, a in zip(view.num_accepted, view.active))
-        record = StepRecord(arm, gamma * rows, accepted, accepted + rows, rows, end - start, per_row)
+        record = StepRecord(arm, int(lengths.sum()), accepted, accepted + rows, rows, seconds, per_row)
         records.append(record)
-        for n in view.num_accepted[view.active]:  # each row is one trial; it bears its share of the time
-            policy.observe(arm, gamma, int(n), record.seconds / rows)
+        for n, g in zip(view.num_accepted[view.active], lengths):  # each row is one trial; it bears its share of the time
+            policy.observe(arm, int(g), int(n), record.seconds / rows)
         if on_step:
             on_step(record)
     return bool(view.done.all())
+
+
+def drafted_per_row(view, gamma: int) -> np.ndarray:  # [active rows] int64
+    """The tokens each active row really proposed: ``StepView.drafted`` (a dynamic draft length stops rows
+    early), or ``gamma`` for every row where the backend does not say."""
+    if view.drafted is None:
+        return np.full(int(view.active.sum()), gamma, np.int64)
+    return np.asarray(view.drafted)[view.active].astype(np.int64)
 
 
 def decode(
@@ -132,24 +178,24 @@ def decode_steps(backend: Backend, *, sampling: SamplingConfig, max_new_tokens: 
                  records: list[StepRecord]) -> None:
     """``decode``'s steps on the batch the backend holds (after ``prefill``, and ``prepare`` if wanted)."""
     pending = None
+    timer = StepTimer()
     for step in range(max_new_tokens):
-        start = time.perf_counter()
-        handle = backend.decode_one(sampling, seed, first_offset + step)
-        if pending is not None and _observe_plain(records, *pending, end=start, on_step=on_step, step=step - 1):
+        handle = timer.launch(lambda: backend.decode_one(sampling, seed, first_offset + step))
+        if pending is not None and _observe_plain(records, pending, timer=timer, on_step=on_step, step=step - 1):
             pending = None
             break
-        pending = (handle, start)
+        pending = handle
     if pending is not None:
-        _observe_plain(records, *pending, end=time.perf_counter(), on_step=on_step, step=step)
+        _observe_plain(records, pending, timer=timer, on_step=on_step, step=step)
 
 
-def _observe_plain(records: list[StepRecord], handle: StepHandle, start: float, *, end: float, on_step=None,
+def _observe_plain(records: list[StepRecord], handle: StepHandle, *, timer: StepTimer, on_step=None,
                    step: int = -1) -> bool:
-    view = handle.fetch()
+    view, seconds = timer.read(handle)
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
-        records.append(StepRecord(-1, 0, 0, rows, rows, end - start, tuple(0 if a else -1 for a in view.active)))
+        records.append(StepRecord(-1, 0, 0, rows, rows, seconds, tuple(0 if a else -1 for a in view.active)))
         if on_step:
             on_step(records[-1])
     return bool(view.done.all())

@@ -1,0 +1,66 @@
+"""The issue #35 GPU run in one command, each part under its own time limit so a slow part cannot eat the
+other: ``adaptive_bench.py`` (adaptive vs every fixed (draft, G) vs plain decoding at batch 1, 4, 16, 64, 256
+for Llama-3-8B's and SmolLM2-135M's shapes) and ``adaptive_mixed.py`` (the mixed stream, SmolLM2-135M's shape in
+fp32 at batch 64: in bf16 the replay drafts lose their rows at the first near-tie). Writes
+adaptive_gpu.json, adaptive_mixed.json, their logs and summary.json (at most 5 files) under ``--out``.
+
+    export PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks TRITON_INTERPRET=0
+    python benchmarks/adaptive_gpu.py --out $OUT            # H100, < 4 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def part(name: str, args: list[str], out: Path, limit: float) -> dict:
+    """Run one benchmark script under ``limit`` seconds; its stdout and stderr go to ``out``/name.log."""
+    start = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        try:
+            rc = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *args], stdout=log, stderr=subprocess.STDOUT,
+                                timeout=limit).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return dict(rc=rc, seconds=round(time.perf_counter() - start, 1), limit_s=limit)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--bench-s", type=float, default=165.0, help="the batch sweep's limit")
+    ap.add_argument("--mixed-s", type=float, default=60.0, help="the mixed stream's limit")
+    ap.add_argument("--models", default="llama3-8b,smollm2-135m")
+    ap.add_argument("--batches", default="1,4,16,64,256")
+    ap.add_argument("--mixed-model", default="smollm2-135m")
+    ap.add_argument("--mixed-batch", type=int, default=64)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {"command": "python " + " ".join(sys.argv)}
+    summary["adaptive_bench"] = part("adaptive_bench", [
+        "--device", args.device, "--models", args.models, "--batches", args.batches, "--tokens", str(args.tokens),
+        "--budget-s", str(args.bench_s - 35), "--out", str(args.out / "adaptive_gpu.json")], args.out, args.bench_s)
+    summary["adaptive_mixed"] = part("adaptive_mixed", [
+        "--device", args.device, "--model", args.mixed_model, "--batch", str(args.mixed_batch), "--tokens", "96",
+        "--budget-s", str(args.mixed_s - 25), "--out", str(args.out / "adaptive_mixed.json")], args.out, args.mixed_s)
+    for key, file in (("adaptive_bench", "adaptive_gpu.json"), ("adaptive_mixed", "adaptive_mixed.json")):
+        path = args.out / file
+        if path.exists():
+            doc = json.loads(path.read_text())
+            summary[key].update({k: doc.get(k) for k in ("complete", "speed_pass", "all_pass", "checks", "skipped",
+                                                         "stopped") if k in doc})
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
