@@ -26,7 +26,9 @@ def test_prompts_are_twenty_of_mixed_kinds():
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_speculation_equals_greedy_decoding(engine, batch):
     common = dict(temperature=0.0, max_new_tokens=20, chat=False)
-    prompts = PROMPTS[::4] if batch == 1 else PROMPTS  # one at a time: every fourth (code, SQL, prose, chat, a repeat)
+    # one at a time: every fourth prompt (code, SQL, prose, chat, a repeat); in batches of 4 (4, 4, 2 rows): the ten
+    # odd ones (code, prose, chat, lists, verse), so the two cover 15 of the 20
+    prompts = PROMPTS[::4] if batch == 1 else PROMPTS[1::2]
     for i in range(0, len(prompts), batch):
         group = prompts[i : i + batch]
         plain = engine.generate(group, speculation=False, **common)
