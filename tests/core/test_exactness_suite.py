@@ -117,6 +117,8 @@ def test_kolmogorov_sf_matches_scipy():
 
 def test_suite_false_alarm_rate_is_honest_across_seeds():
     """The reference under fresh seeds: the Bonferroni family must pass (it fails with
-    probability <= 0.01 per run, so 3 independent runs all pass with probability >= 0.97)."""
+    probability <= 0.01 per run, so 3 independent runs all pass with probability >= 0.97). At 20,000
+    samples per case, the size the torch backend's suite runs (the JAX suite runs 10,000); the default's
+    100,000 is run by test_reference_passes_the_whole_suite."""
     for seed in (11, 222, 3333):
-        assert run_suite(verify, seed=seed, n_samples=50_000).passed
+        assert run_suite(verify, seed=seed, n_samples=20_000).passed

@@ -54,19 +54,18 @@ def test_logits_match_the_torch_model(torch_engine, jax_engine):
 
 
 def test_greedy_tokens_equal_the_torch_backend(torch_engine, jax_engine):
-    """10 prompts of mixed kinds (every other one) in batches of 5: JAX speculative (adaptive policy,
-    n-gram and layer-skip drafts) and JAX plain decoding == torch plain decoding, token for token."""
+    """5 prompts of mixed kinds (code, prose, chat; every other one of the first ten) in one batch: JAX
+    speculative (adaptive policy, n-gram and layer-skip drafts) and JAX plain decoding == torch plain
+    decoding, token for token. (The sampled tests below compare the two backends on these prompts too.)"""
     common = dict(temperature=0.0, max_new_tokens=16, chat=False)
-    prompts = PROMPTS[::2]
-    for i in range(0, len(prompts), 5):
-        group = prompts[i : i + 5]
-        want = torch_engine.generate(group, speculation=False, **common)["tokens"]
-        spec = jax_engine.generate(group, speculation=True, gamma=4, **common)
-        plain = jax_engine.generate(group, speculation=False, **common)["tokens"]
-        for prompt, a, b, c in zip(group, want, spec["tokens"], plain):
-            assert b == a, f"{prompt!r}: jax speculative {b} != torch {a}"
-            assert c == a, f"{prompt!r}: jax plain {c} != torch {a}"
-        assert sum(spec["arm_pulls"].values()) == spec["steps"] >= 1
+    group = PROMPTS[0:10:2]
+    want = torch_engine.generate(group, speculation=False, **common)["tokens"]
+    spec = jax_engine.generate(group, speculation=True, gamma=4, **common)
+    plain = jax_engine.generate(group, speculation=False, **common)["tokens"]
+    for prompt, a, b, c in zip(group, want, spec["tokens"], plain):
+        assert b == a, f"{prompt!r}: jax speculative {b} != torch {a}"
+        assert c == a, f"{prompt!r}: jax plain {c} != torch {a}"
+    assert sum(spec["arm_pulls"].values()) == spec["steps"] >= 1
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
@@ -86,26 +85,26 @@ def fixed_arm_run(engine, arm: int, prompts, sampling, seeds, **spec):
 
 @pytest.mark.parametrize("arm", [0, 1], ids=["ngram", "layerskip"])
 def test_sampled_tokens_agree_with_the_torch_backend(torch_engine, jax_engine, arm, capsys):
-    """Same seeds, same fixed draft, T = 0.8, top-p 0.95, 10 prompts (every other one) x 16 tokens: the
-    shared generator makes the tokens identical unless float32 rounding of the two models' logits flips
-    a near-tie of a Gumbel argmax or an accept test. Measured on this CPU: 20 of 20 sequences identical
-    with either draft over all 20 prompts; the bound asserted leaves room for one flip."""
+    """Same seeds, same fixed draft, T = 0.8, top-p 0.95, 5 prompts of mixed kinds in one batch x 16 tokens:
+    the shared generator makes the tokens identical unless float32 rounding of the two models' logits
+    flips a near-tie of a Gumbel argmax or an accept test. Measured on this CPU: 20 of 20 sequences
+    identical with either draft over all 20 prompts; the bound asserted leaves room for one flip (a
+    wrong stream or offset makes the sequences differ from the first sampled token)."""
     sampling = SamplingConfig(0.8, top_p=0.95)
-    a, b = [], []
-    prompts = PROMPTS[::2]
-    for i in range(0, len(prompts), 5):
-        seeds = list(range(100 + i, 105 + i))
-        a += fixed_arm_run(torch_engine, arm, prompts[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
-        b += fixed_arm_run(jax_engine, arm, prompts[i : i + 5], sampling, seeds, gamma=4, max_new_tokens=16)[0]
+    prompts, seeds = PROMPTS[0:10:2], list(range(100, 105))
+    a = fixed_arm_run(torch_engine, arm, prompts, sampling, seeds, gamma=4, max_new_tokens=16)[0]
+    b = fixed_arm_run(jax_engine, arm, prompts, sampling, seeds, gamma=4, max_new_tokens=16)[0]
     same, prefix = agreement(a, b)
     with capsys.disabled():
         print(f"\n[arm {arm}] sampled agreement with torch: {same:.3f} of sequences identical, "
               f"{prefix:.3f} of tokens before the first difference")
-    assert same >= 0.9 and prefix >= 0.9
+    assert same >= 0.8 and prefix >= 0.85
 
 
 def test_sampled_first_tokens_follow_the_target(jax_engine):
-    """With a draft in the loop, the first emitted token ~ the target's next-token distribution."""
+    """With a draft in the loop, the first emitted token ~ the target's next-token distribution. One step
+    (max_new_tokens=1): the first token is that step's accepted draft or its corrected draw, and a
+    second step (the loop issues it before reading the first) would not change it."""
     from flashspec_jax.kernels.verify import log_probs
 
     prompt, n = "The capital of France is", 300
@@ -116,7 +115,7 @@ def test_sampled_first_tokens_follow_the_target(jax_engine):
     outs, records = [], []
     for lo in range(0, n, 100):  # batches of 100 rows (one compiled shape): a batch of 400 took 9.5 GB on the CPU
         o, r = fixed_arm_run(jax_engine, 1, [prompt] * 100, SamplingConfig(1.0, top_k=8), list(range(lo, lo + 100)),
-                             gamma=2, max_new_tokens=2)  # layer-skip draft: q != p, often accepted
+                             gamma=2, max_new_tokens=1)  # layer-skip draft: q != p, often accepted
         outs, records = outs + o, records + r
     first = np.array([t[0] for t in outs])
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)

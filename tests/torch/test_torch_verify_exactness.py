@@ -42,8 +42,22 @@ def numpy_adapter(impl: str, config: KernelConfig | None = None):
     return verify_np
 
 
-@pytest.mark.parametrize("impl,config", [("reference", None), ("triton", None), ("triton", SLOTS)],
-                         ids=["reference", "triton", "triton-slots"])
-def test_shared_exactness_suite(impl, config):
-    report = testing.assert_exact(numpy_adapter(impl, config), n_samples=N_SAMPLES, ks_samples=KS_SAMPLES)
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_shared_exactness_suite(impl):
+    report = testing.assert_exact(numpy_adapter(impl), n_samples=N_SAMPLES, ks_samples=KS_SAMPLES)
     assert len(report.checks) > 50
+
+
+def test_slot_vote_equals_the_oracle_on_every_suite_case():
+    """The slot vote prunes only tiles that cannot win, so on every case of the suite it returns the NumPy
+    oracle's tokens exactly (the oracle passes the suite at 100,000 samples in tests/core): 4,096 rows per
+    case (one program), compared row by row, and the argmax rule at T = 0."""
+    from flashspec.reference import verify as oracle
+
+    slots = numpy_adapter("triton", SLOTS)
+    for k, case in enumerate(testing.standard_cases()):
+        _, n_want, t_want = testing.run_case(oracle, case, 4096, seed=7 + k, offset=7 * k)
+        _, n_got, t_got = testing.run_case(slots, case, 4096, seed=7 + k, offset=7 * k)
+        np.testing.assert_array_equal(n_got, n_want, err_msg=f"{case.name}: num_accepted")
+        np.testing.assert_array_equal(t_got, t_want, err_msg=f"{case.name}: tokens")
+    assert testing.check_greedy(slots).passed
