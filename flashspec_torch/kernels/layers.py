@@ -120,14 +120,15 @@ def silu_mul_kernel(
 @triton.jit
 def decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr,  # q [B, H, T, D]; k, v [B, H_kv, S, D]; pos [B, T]; out [B, T, H D]
-    T, S, attend, scale,
+    T, S, attend, scale, T_PIECE,
     H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr = True,
     USE_PDL: tl.constexpr = False,
 ):
-    """Attention of a few new tokens (T <= BLOCK_Q / group) over the cache: one program per
-    (row, KV head) holds that head's group of query heads times T tokens, streams the slots
-    [0, attend) once with an online softmax, and writes [B, T, H D] (the o-projection's layout).
+    """Attention of a few new tokens over the cache: program (row x KV head, piece) holds that head's
+    group of query heads times the piece's T_PIECE tokens [piece T_PIECE, (piece + 1) T_PIECE) of T
+    (T_PIECE <= BLOCK_Q / group), streams the slots [0, attend) once with an online softmax, and writes
+    [B, T, H D] (the o-projection's layout).
     A query at position p sees slots s <= p, so the loop stops after the row's last position.
     BLOCK_D: D rounded up to a power of two (>= 16, for tl.dot); q, k and v load zeros in the lanes
     d >= D, which add nothing to the scores and are not stored. ``USE_DOT`` False: both products by
@@ -137,8 +138,8 @@ def decode_attention_kernel(
     kv = tl.program_id(0) % H_KV
     GROUP: tl.constexpr = H // H_KV
     r = tl.arange(0, BLOCK_Q)  # query rows: head-in-group major, token minor
-    head, t = kv * GROUP + r // T, r % T
-    row_ok = r < GROUP * T
+    head, t = kv * GROUP + r // T_PIECE, tl.program_id(1) * T_PIECE + r % T_PIECE
+    row_ok = (r < GROUP * T_PIECE) & (t < T)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     q = tl.load(q_ptr + ((b * H + head[:, None]) * T + t[:, None]) * D + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
