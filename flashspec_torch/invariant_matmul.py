@@ -74,7 +74,7 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
     while -(-chunks_k // chunks) > 1 and -(-chunks_k // chunks) * n > MAX_SPLIT_COLUMNS:
         chunks *= 2
     chunks = min(chunks, chunks_k)
-    return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 64 // block_n)))
+    return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 32 // block_n)))
 
 
 def invariant_matmul(

@@ -129,6 +129,7 @@ def invariant_matmul_kernel(
         if PROLOGUE == ADD_RMS_NORM:
             tl.store(sq_base + pid_s * M + m, ss, mask=m_ok)
         counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
+        tl.debug_barrier()  # every thread's partial stored before the (one-thread) release below
         if tl.atomic_add(counter, 1, sem="acq_rel") == SPLITS - 1:  # the last of the slices: add them in order
             total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             ss = tl.zeros([BLOCK_M, 1], tl.float32)
