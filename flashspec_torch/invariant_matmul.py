@@ -124,6 +124,10 @@ def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool, tiling: Inva
     m, (n, k) = x.shape[0], w.shape
     t = invariant_tiling(n, k, x.dtype) if tiling is None else tiling
     splits, grid = t.splits(k), (-(-m // t.block_m), -(-n // t.block_n))
+    rows = COUNTERS // grid[1] * t.block_m  # the most rows one launch's counters cover
+    if splits > 1 and m > rows:  # pieces of whole row tiles: a row's bits do not depend on its launch
+        cut = lambda a, i: None if a is None else a.view(m, -1)[i : i + rows]  # noqa: E731
+        return torch.cat([launch(prologue, x[i : i + rows], cut(d, i), g, w, cut(h_out, i), eps, pdl, t) for i in range(0, m, rows)])
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = sq = count = y
     if splits > 1:
@@ -142,7 +146,7 @@ def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool, tiling: Inva
     return y
 
 
-COUNTERS = 1 << 20  # tiles per launch at most: 1024 row tiles (M 16384) x 1024 column tiles
+COUNTERS = 1 << 20  # tiles per launch at most (4 MB): 2978 row tiles (M 47648) of TinyLlama's gate_up (352 column tiles)
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
@@ -151,8 +155,7 @@ def counters(device: torch.device, tiles: int) -> torch.Tensor:
     program that adds a tile's partials resets its counter). Made at the first launch on the device
     (an eager one: the engine warms up before it captures a CUDA graph) and shared by every launch,
     which run one after another on one stream."""
-    if tiles > COUNTERS:
-        raise ValueError(f"the batch-invariant product's grid has {tiles} tiles, at most {COUNTERS}: fewer rows per call")
+    assert tiles <= COUNTERS, tiles  # launch cuts larger grids into pieces
     if device not in _counters:
         _counters[device] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
     return _counters[device]

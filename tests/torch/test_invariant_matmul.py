@@ -133,3 +133,13 @@ def test_any_split_keeps_a_rows_bits_and_agrees_with_the_reference(chunks):
         assert invariance_failures(fn, x, d, w) == []
         want = I.invariant_matmul_add_rms_norm_reference(x, d, g, 1e-5, w)[0]
         torch.testing.assert_close(fn(x, d, w), want, rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+def test_more_rows_than_the_counters_cover_run_in_pieces(monkeypatch):
+    """A grid with more tiles than the counters runs as launches of whole row tiles (here 16 + 1 rows):
+    the same bits and the same residual as one launch."""
+    x, d, g, w = operands("add_rms_norm", torch.bfloat16)
+    whole, hn = I.invariant_matmul_add_rms_norm(x, d, g, 1e-5, w)
+    monkeypatch.setattr(I, "COUNTERS", 3)  # 3 column tiles: one row tile per launch
+    pieces, hn2 = I.invariant_matmul_add_rms_norm(x, d, g, 1e-5, w)
+    assert torch.equal(pieces, whole) and torch.equal(hn2, hn)
