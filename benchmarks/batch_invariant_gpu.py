@@ -16,7 +16,9 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
   graphs on; the ratios batch-invariant / default and / cuBLAS (issue #40's bar: <= 1.15 at batch 1,
   <= 1.25 at batch 64).
 * ``products``: (``--product-shapes``) each projection's batch-invariant product alone at M = 1, 5,
-  16, 64, 320: us per call against cuBLAS, and row 0's bits == alone (pass).
+  16, 64, 320: us per call against cuBLAS, and row 0's bits == alone (pass); ``attention``: decode
+  attention at contexts 128, 1024, 4096 (1, 4, 16 KV splits) invariant vs default, and a position's
+  bits alone == as a scoring row == in a prefill pass (pass).
 * ``distinct``: (first shape only, eager) 100 greedy runs of request 0, alternately plain and
   speculative, each inside a batch of random size (1-32) of random other requests at a random row:
   the number of distinct completions, batch-invariant vs default.
@@ -203,6 +205,36 @@ def products(name: str, ms, device: str) -> list[dict]:
     return out
 
 
+def attention_part(name: str, contexts, device: str) -> list[dict]:
+    """Decode attention of one row (random bf16 cache of ``context`` slots, the shape's heads): us per call
+    invariant (query tile max(16, group), KV splits of 256 slots, merged in order) vs the default kernel
+    (``do_bench``), and whether the last position's bits alone == as the last of 5 scoring rows == in a
+    prefill pass of the last 40 positions (pass)."""
+    from flashspec_torch.layers import attention
+
+    c = SHAPES[name]
+    h, kv, hd = c["num_heads"], c["num_kv_heads"], c["head_dim"]
+    g = torch.Generator(device=device).manual_seed(1)
+    out = []
+    for context in contexts:
+        k, v = (torch.randn(1, kv, context, hd, generator=g, device=device).to(torch.bfloat16) for _ in range(2))
+        q = torch.randn(1, h, 40, hd, generator=g, device=device).to(torch.bfloat16)
+        pos = torch.arange(context - 40, context, device=device)[None]
+
+        def run(t0, invariant):
+            return attention(q[:, :, t0:].contiguous(), k, v, pos[:, t0:], None, kv, "triton", True, context,
+                             invariant=invariant)[0, -1]
+
+        row = dict(context=context, splits=-(-context // 256),
+                   **{"pass": bool(torch.equal(run(39, True), run(35, True)) and torch.equal(run(39, True), run(0, True)))})
+        if device == "cuda":
+            row["invariant_us"] = triton.testing.do_bench(lambda: run(39, True)) * 1e3
+            row["default_us"] = triton.testing.do_bench(lambda: run(39, False)) * 1e3
+            row["invariant_over_default"] = row["invariant_us"] / row["default_us"]
+        out.append(row)
+    return out
+
+
 def run_shape(name: str, args, rng, result: dict, save) -> None:
     cfg = LlamaConfig(**SHAPES[name], max_position_embeddings=4096)
     m = random_model(cfg, args.device)
@@ -233,6 +265,7 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
         if name in args.product_shapes and not over_budget(args, "products"):
             t = time.perf_counter()
             row["products"] = products(name, (1, 5, 16, 64, 320) if not args.tiny else (1, 5, 17), args.device)
+            row["attention"] = attention_part(name, (128, 1024, 4096) if not args.tiny else (48, 300), args.device)
             row["products_s"] = time.perf_counter() - t
             save()
         if args.distinct and name == args.shapes[0] and not over_budget(args, "distinct"):
@@ -282,7 +315,7 @@ def over_budget(args, part: str) -> bool:
 
 
 def summary(result: dict) -> dict:
-    checks = [c for s in result["shapes"].values() for c in s.get("checks", []) + s.get("products", [])]
+    checks = [c for s in result["shapes"].values() for c in s.get("checks", []) + s.get("products", []) + s.get("attention", [])]
     parts = [s["distinct"] for s in result["shapes"].values() if "distinct" in s]
     parts += [result["real_weights"]] if "pass" in result.get("real_weights", {}) else []
     passed = sum(c["pass"] for c in checks) + sum(p["pass"] for p in parts)
