@@ -15,8 +15,9 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
   step) at batch 1 and 64, in batch-invariant mode, the default mode and cuBLAS-only products, CUDA
   graphs on; the ratios batch-invariant / default and / cuBLAS (issue #40's bar: <= 1.15 at batch 1,
   <= 1.25 at batch 64).
-* ``products``: (``--product-shapes``) each projection's batch-invariant product alone at M = 1, 5,
-  16, 64, 320: us per call against cuBLAS, and row 0's bits == alone (pass); ``attention``: decode
+* ``products``: (``--product-shapes``) each projection alone at M = 1, 5, 16, 64, 320: us per call of
+  the engine's prologue kernel + batch-invariant product, of the product with the prologue fused, of
+  the product with 64-row tiles, against cuBLAS, and row 0's bits == alone in each (pass); ``attention``: decode
   attention at contexts 128, 1024, 4096 (1, 4, 16 KV splits) invariant vs default, and a position's
   bits alone == as a scoring row == in a prefill pass (pass).
 * ``distinct``: (first shape only, eager) 100 greedy runs of request 0, alternately plain and
@@ -166,10 +167,15 @@ def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng)
 
 
 def products(name: str, ms, device: str) -> list[dict]:
-    """The batch-invariant product of every projection of a shape (random bf16, its engine tiling) at each
-    M in ``ms``: us per call (CUDA graphs off, L2 flushed: ``triton.testing.do_bench``) beside cuBLAS
-    (``F.linear`` on the product's own input), and whether row 0 has the same bits as alone (pass)."""
+    """Every projection of a shape (random bf16) at each M in ``ms``, us per call (CUDA graphs off, L2
+    flushed: ``triton.testing.do_bench``): ``engine_us`` what the engine runs (the per-row add + RMSNorm or
+    SwiGLU kernel, then the batch-invariant product at its tiling), ``fused_us`` the product with that
+    prologue inside, ``block_m64_us`` the plain product at the same tiling with 64-row tiles, and cuBLAS
+    (``F.linear`` on the product's own input); pass: row 0 has the same bits as alone in all three."""
+    from dataclasses import replace
+
     from flashspec_torch import invariant_matmul as I
+    from flashspec_torch.layers import add_rms_norm, silu_mul
 
     c = SHAPES[name]
     h, i, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
@@ -182,24 +188,34 @@ def products(name: str, ms, device: str) -> list[dict]:
         w, norm = rnd(n, k) * 0.05, rnd(k)
         big = max(ms)
         x, d = rnd(big, 2 * k if prologue == "silu_mul" else k), rnd(big, k)
-
-        def call(m):
-            if prologue == "none":
-                return I.invariant_matmul(x[:m], w)
-            if prologue == "silu_mul":
-                return I.invariant_matmul_silu_mul(x[:m], w)
-            return I.invariant_matmul_add_rms_norm(x[:m], d[:m], norm, 1e-5, w)[0]
-
-        alone = call(1)
         tiling = I.invariant_tiling(n, k, torch.bfloat16)
+        wide = replace(tiling, block_m=64)
+
+        def before(m):  # the engine's prologue kernel (h is not written: a copy each call)
+            if prologue == "none":
+                return x[:m]
+            if prologue == "silu_mul":
+                return silu_mul(x[:m], "triton", True)
+            return add_rms_norm(x[:m].clone(), d[:m], norm, 1e-5, "triton", True)[1]
+
+        def fused(m):
+            if prologue == "none":
+                return I.invariant_matmul(x[:m], w, True)
+            if prologue == "silu_mul":
+                return I.invariant_matmul_silu_mul(x[:m], w, True)
+            return I.invariant_matmul_add_rms_norm(x[:m], d[:m], norm, 1e-5, w, True)[0]
+
+        variants = dict(engine=lambda m: I.invariant_matmul(before(m), w, True), fused=fused,
+                        block_m64=lambda m: I.launch("none", before(m).contiguous(), None, None, w, None, 0.0, True, wide))
+        alone = {v: fn(1) for v, fn in variants.items()}
         for m in ms:
             xin = x[:m, :k].contiguous()
             row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(tiling), splits=tiling.splits(k),
-                       invariant_us=triton.testing.do_bench(lambda: call(m)) * 1e3 if device == "cuda" else None,
-                       cublas_us=triton.testing.do_bench(lambda: F.linear(xin, w)) * 1e3 if device == "cuda" else None)
-            row["pass"] = bool(torch.equal(call(m)[:1], alone))
-            if row["invariant_us"]:
-                row["invariant_over_cublas"] = row["invariant_us"] / row["cublas_us"]
+                       **{"pass": all(torch.equal(fn(m)[:1], alone[v]) for v, fn in variants.items())})
+            if device == "cuda":
+                row.update({f"{v}_us": triton.testing.do_bench(lambda: fn(m)) * 1e3 for v, fn in variants.items()})
+                row["cublas_us"] = triton.testing.do_bench(lambda: F.linear(xin, w)) * 1e3
+                row.update({f"{v}_over_cublas": row[f"{v}_us"] / row["cublas_us"] for v in variants})
             out.append(row)
         del w, x, d
     return out
