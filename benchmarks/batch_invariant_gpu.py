@@ -9,17 +9,23 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
 * ``checks``: requests 0-3 (random prompts of 8-40 tokens, each its own seed) decoded alone, inside
   a batch of 16 and inside a batch of 64 (reversed, so request 0 is the last row), each plainly and
   with the n-gram draft (G = 4, fixed draft choice), greedy and sampled (T = 0.8): pass when all six
-  token lists of a request are equal. Run in batch-invariant mode, and (greedy, as "before") in the
-  default mode.
+  token lists of a request are equal. Run in batch-invariant mode, and (greedy, as "before", first
+  shape only) in the default mode.
 * ``timing``: ms per plain token at batch 1, 16, 64 and ms per speculative step (with its tokens per
   step) at batch 1 and 64, in batch-invariant mode, the default mode and cuBLAS-only products, CUDA
   graphs on; the ratios batch-invariant / default and / cuBLAS (issue #40's bar: <= 1.15 at batch 1,
   <= 1.25 at batch 64).
+* ``products``: (``--product-shapes``) each projection alone at M = 1, 5, 16, 64, 320: us per call of
+  the engine's prologue kernel + batch-invariant product, of the product with the prologue fused, of
+  the product with 64-row tiles, against cuBLAS, and row 0's bits == alone in each (pass); ``attention``: decode
+  attention at contexts 128, 1024, 4096 (1, 4, 16 KV splits) invariant vs default, and a position's
+  bits alone == as a scoring row == in a prefill pass (pass).
 * ``distinct``: (first shape only, eager) 100 greedy runs of request 0, alternately plain and
   speculative, each inside a batch of random size (1-32) of random other requests at a random row:
   the number of distinct completions, batch-invariant vs default.
 
-The JSON is rewritten after each part, so a run cut short keeps what it finished. Every check has
+The JSON is rewritten after each part, so a run cut short keeps what it finished; a part that would
+start after ``--budget-s`` seconds is skipped and named in ``skipped``. Every check has
 ``pass``; ``summary`` counts them. Small enough to test on the CPU under TRITON_INTERPRET=1 with
 ``--device cpu --tiny`` (a 2-layer model, a few tokens).
 """
@@ -36,7 +42,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import triton
+import triton.testing
 
 from flashspec.config import SamplingConfig
 from flashspec.loop import SpecConfig, decode, speculate
@@ -158,6 +166,91 @@ def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng)
     return out
 
 
+def products(name: str, ms, device: str) -> list[dict]:
+    """Every projection of a shape (random bf16) at each M in ``ms``, us per call (CUDA graphs off, L2
+    flushed: ``triton.testing.do_bench``): ``engine_us`` what the engine runs (the per-row add + RMSNorm or
+    SwiGLU kernel, then the batch-invariant product at its tiling), ``fused_us`` the product with that
+    prologue inside, ``block_m64_us`` the plain product at the same tiling with 64-row tiles, and cuBLAS
+    (``F.linear`` on the product's own input); pass: row 0 has the same bits as alone in all three."""
+    from dataclasses import replace
+
+    from flashspec_torch import invariant_matmul as I
+    from flashspec_torch.layers import add_rms_norm, silu_mul
+
+    c = SHAPES[name]
+    h, i, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    projections = (("qkv", "add_rms_norm", (c["num_heads"] + 2 * c["num_kv_heads"]) * hd, h), ("o", "none", h, c["num_heads"] * hd),
+                   ("gate_up", "add_rms_norm", 2 * i, h), ("down", "silu_mul", h, i), ("lm_head", "add_rms_norm", c["vocab_size"], h))
+    g = torch.Generator(device=device).manual_seed(0)
+    out = []
+    for proj, prologue, n, k in projections:
+        rnd = lambda *s: (torch.randn(*s, generator=g, device=device) * 0.5).to(torch.bfloat16)  # noqa: E731
+        w, norm = rnd(n, k) * 0.05, rnd(k)
+        big = max(ms)
+        x, d = rnd(big, 2 * k if prologue == "silu_mul" else k), rnd(big, k)
+        tiling = I.invariant_tiling(n, k, torch.bfloat16)
+        wide = replace(tiling, block_m=64)
+
+        def before(m):  # the engine's prologue kernel (h is not written: a copy each call)
+            if prologue == "none":
+                return x[:m]
+            if prologue == "silu_mul":
+                return silu_mul(x[:m], "triton", True)
+            return add_rms_norm(x[:m].clone(), d[:m], norm, 1e-5, "triton", True)[1]
+
+        def fused(m):
+            if prologue == "none":
+                return I.invariant_matmul(x[:m], w, True)
+            if prologue == "silu_mul":
+                return I.invariant_matmul_silu_mul(x[:m], w, True)
+            return I.invariant_matmul_add_rms_norm(x[:m], d[:m], norm, 1e-5, w, True)[0]
+
+        variants = dict(engine=lambda m: I.invariant_matmul(before(m), w, True), fused=fused,
+                        block_m64=lambda m: I.launch("none", before(m).contiguous(), None, None, w, None, 0.0, True, wide))
+        alone = {v: fn(1) for v, fn in variants.items()}
+        for m in ms:
+            xin = x[:m, :k].contiguous()
+            row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(tiling), splits=tiling.splits(k),
+                       **{"pass": all(torch.equal(fn(m)[:1], alone[v]) for v, fn in variants.items())})
+            if device == "cuda":
+                row.update({f"{v}_us": triton.testing.do_bench(lambda: fn(m)) * 1e3 for v, fn in variants.items()})
+                row["cublas_us"] = triton.testing.do_bench(lambda: F.linear(xin, w)) * 1e3
+                row.update({f"{v}_over_cublas": row[f"{v}_us"] / row["cublas_us"] for v in variants})
+            out.append(row)
+        del w, x, d
+    return out
+
+
+def attention_part(name: str, contexts, device: str) -> list[dict]:
+    """Decode attention of one row (random bf16 cache of ``context`` slots, the shape's heads): us per call
+    invariant (query tile max(16, group), KV splits of 256 slots, merged in order) vs the default kernel
+    (``do_bench``), and whether the last position's bits alone == as the last of 5 scoring rows == in a
+    prefill pass of the last 40 positions (pass)."""
+    from flashspec_torch.layers import attention
+
+    c = SHAPES[name]
+    h, kv, hd = c["num_heads"], c["num_kv_heads"], c["head_dim"]
+    g = torch.Generator(device=device).manual_seed(1)
+    out = []
+    for context in contexts:
+        k, v = (torch.randn(1, kv, context, hd, generator=g, device=device).to(torch.bfloat16) for _ in range(2))
+        q = torch.randn(1, h, 40, hd, generator=g, device=device).to(torch.bfloat16)
+        pos = torch.arange(context - 40, context, device=device)[None]
+
+        def run(t0, invariant):
+            return attention(q[:, :, t0:].contiguous(), k, v, pos[:, t0:], None, kv, "triton", True, context,
+                             invariant=invariant)[0, -1]
+
+        row = dict(context=context, splits=-(-context // 256),
+                   **{"pass": bool(torch.equal(run(39, True), run(35, True)) and torch.equal(run(39, True), run(0, True)))})
+        if device == "cuda":
+            row["invariant_us"] = triton.testing.do_bench(lambda: run(39, True)) * 1e3
+            row["default_us"] = triton.testing.do_bench(lambda: run(39, False)) * 1e3
+            row["invariant_over_default"] = row["invariant_us"] / row["default_us"]
+        out.append(row)
+    return out
+
+
 def run_shape(name: str, args, rng, result: dict, save) -> None:
     cfg = LlamaConfig(**SHAPES[name], max_position_embeddings=4096)
     m = random_model(cfg, args.device)
@@ -170,11 +263,12 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
         set_mode(m, "invariant")
         backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
         row["checks"] = invariance_checks(backend, requests, seeds, (GREEDY, SAMPLED), args.tokens, f"{name} invariant")
-        set_mode(m, "default")
-        backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
-        row["before"] = invariance_checks(backend, requests, seeds, (GREEDY,), args.tokens, f"{name} default")
-        for c in row["before"]:
-            c["informational"] = True  # the default mode is not expected to pass
+        if name == args.shapes[0]:  # the default mode on the first shape only (device time)
+            set_mode(m, "default")
+            backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
+            row["before"] = invariance_checks(backend, requests, seeds, (GREEDY,), args.tokens, f"{name} default")
+            for c in row["before"]:
+                c["informational"] = True  # the default mode is not expected to pass
         del backend
         row["checks_s"] = time.perf_counter() - t
         save()
@@ -184,7 +278,13 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
         row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device)
         row["timing_s"] = time.perf_counter() - t
         save()
-        if args.distinct and name == args.shapes[0]:
+        if name in args.product_shapes and not over_budget(args, "products"):
+            t = time.perf_counter()
+            row["products"] = products(name, (1, 5, 16, 64, 320) if not args.tiny else (1, 5, 17), args.device)
+            row["attention"] = attention_part(name, (128, 1024, 4096) if not args.tiny else (48, 300), args.device)
+            row["products_s"] = time.perf_counter() - t
+            save()
+        if args.distinct and name == args.shapes[0] and not over_budget(args, "distinct"):
             t = time.perf_counter()
             row["distinct"] = distinct_completions(m, requests, seeds, args.distinct_tokens, args.distinct, rng)
             row["distinct_s"] = time.perf_counter() - t
@@ -222,8 +322,16 @@ def real_weights(path: str, args, result: dict, save) -> None:
     save()
 
 
+def over_budget(args, part: str) -> bool:
+    """Whether ``--budget-s`` is spent (the part is then skipped, and named in the JSON's ``skipped``)."""
+    if time.perf_counter() - args.start < args.budget_s:
+        return False
+    args.skipped.append(part)
+    return True
+
+
 def summary(result: dict) -> dict:
-    checks = [c for s in result["shapes"].values() for c in s.get("checks", [])]
+    checks = [c for s in result["shapes"].values() for c in s.get("checks", []) + s.get("products", []) + s.get("attention", [])]
     parts = [s["distinct"] for s in result["shapes"].values() if "distinct" in s]
     parts += [result["real_weights"]] if "pass" in result.get("real_weights", {}) else []
     passed = sum(c["pass"] for c in checks) + sum(p["pass"] for p in parts)
@@ -241,8 +349,11 @@ def main() -> None:
     ap.add_argument("--real-tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small sizes for a CPU test of the script")
+    ap.add_argument("--product-shapes", default="llama3-8b", help="shapes whose products are timed alone (comma-separated)")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start after this many seconds are skipped")
     args = ap.parse_args()
-    args.shapes = args.shapes.split(",")
+    args.shapes, args.product_shapes = args.shapes.split(","), args.product_shapes.split(",")
+    args.start, args.skipped = time.perf_counter(), []
     unknown = [s for s in args.shapes if s not in SHAPES]
     if unknown:
         ap.error(f"--shapes {unknown} unknown; choose from {sorted(SHAPES)}")
@@ -265,10 +376,13 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=1))
 
     rng = np.random.default_rng(0)
+    result["skipped"] = args.skipped
     for name in args.shapes:
+        if over_budget(args, name):
+            continue
         run_shape(name, args, rng, result, save)
         print(f"{name}: {result['summary']} after {time.perf_counter() - start:.0f} s", flush=True)
-    if args.gguf:
+    if args.gguf and not over_budget(args, "real_weights"):
         real_weights(args.gguf, args, result, save)
     save()
     print(json.dumps(result["summary"]), flush=True)

@@ -1,11 +1,12 @@
 """Registers and spills of the batch-invariant product on sm_90, without a GPU: compiles the kernel
-for sm_90a with ``triton.compile`` at TinyLlama-1.1B's shapes (bf16, the three prologues) and runs
-``ptxas -v`` on its PTX. Run without TRITON_INTERPRET:
+for sm_90a with ``triton.compile`` with the engine's tiling (``invariant_tiling``) of every projection
+of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16) and runs ``ptxas -v`` on its PTX. Run without
+TRITON_INTERPRET:
 
-    PYTHONPATH=$PWD/shared:$PWD python benchmarks/invariant_registers_sm90.py 128:3 128:1 256:3
+    PYTHONPATH=$PWD/shared:$PWD python benchmarks/invariant_registers_sm90.py [tinyllama llama3]
 
-(each argument block_k:num_stages, block_m 16, block_n 16, 4 warps; ~20 s per compile on a slow core).
-Prints one line per (prologue, N, K, block_k, stages): shared memory, registers, spill bytes.
+(~10-20 s per compile on a slow core). Prints one line per projection: its tiling, shared memory,
+registers, spill bytes.
 """
 
 import os
@@ -27,7 +28,12 @@ from flashspec_torch import invariant_matmul as I  # noqa: E402
 from flashspec_torch import layers  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 64)
-SHAPES = (("add_rms_norm", 2560, 2048), ("none", 2048, 2048), ("silu_mul", 2048, 5632))  # TinyLlama's qkv, o, down
+SHAPES = {  # (projection, prologue, N, K): qkv, o, gate_up, down, LM head
+    "tinyllama": (("qkv", "add_rms_norm", 2560, 2048), ("o", "none", 2048, 2048), ("gate_up", "add_rms_norm", 11264, 2048),
+                  ("down", "silu_mul", 2048, 5632), ("lm_head", "add_rms_norm", 32000, 2048)),
+    "llama3": (("qkv", "add_rms_norm", 6144, 4096), ("o", "none", 4096, 4096), ("gate_up", "add_rms_norm", 28672, 4096),
+               ("down", "silu_mul", 4096, 14336), ("lm_head", "add_rms_norm", 128256, 4096)),
+}
 
 
 def main() -> None:
@@ -50,15 +56,14 @@ def main() -> None:
     with mock.patch.object(JITFunction, "run", run), \
             mock.patch.object(torch.Tensor, "data_ptr", lambda t: ((id(t) & 0xFFFFFFFFFF) << 8) if t.is_meta else real_ptr(t)), \
             mock.patch.object(layers, "pdl_possible", lambda d: True), mock.patch.object(I, "interpreting", lambda: False):
-        for arg in sys.argv[1:] or ["128:3"]:
-            block_k, stages = map(int, arg.split(":"))
-            for prologue, n, k in SHAPES:
-                label[:] = [prologue, n, k, f"block_k {block_k}", f"stages {stages}:"]
+        for shape in sys.argv[1:] or list(SHAPES):
+            for proj, prologue, n, k in SHAPES[shape]:
+                t = I.invariant_tiling(n, k, torch.bfloat16)
+                label[:] = [shape, proj, n, k, f"{t} splits {t.splits(k)}:"]
                 e = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device=meta)  # noqa: E731
                 x = e(16, 2 * k if prologue == "silu_mul" else k)
                 d, g = (e(16, k), e(k)) if prologue == "add_rms_norm" else (None, None)
-                I.launch(prologue, x, d, g, e(n, k), d, 1e-5, True, I.InvariantTiling(16, 16, block_k, 4, stages))
-
+                I.launch(prologue, x, d, g, e(n, k), d, 1e-5, True)
 
 if __name__ == "__main__":
     main()

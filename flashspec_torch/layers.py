@@ -173,43 +173,57 @@ def attention(
 ) -> torch.Tensor:  # [B, T, H D]
     """The kernel serves a few new tokens per row (decode, drafting, scoring); long prompts go
     to SDPA in both implementations. ``invariant`` (batch-invariant mode, impl "triton"): the kernel
-    alone, with one query tile of ``INVARIANT_QUERY_ROWS`` rows whatever T is, the tokens in pieces
-    of ``INVARIANT_QUERY_ROWS // group``, so that a query's bits depend on its position and the
-    cache only (the KV loop walks the slots in fixed blocks from slot 0; blocks past a query's
-    position add exact zeros)."""
+    alone, with a query tile of ``invariant_query_rows(group)`` rows whatever T is, the tokens in
+    pieces of that tile (one program per piece, one launch), the slots in splits of
+    ``INVARIANT_KV_SPLIT`` (a program each, added in order by a second kernel when there are several),
+    so that a query's bits depend on its position and the cache only (each split walks its slots in
+    fixed blocks; blocks and splits past a query's position add nothing)."""
     b, h, t, d = q.shape
     if invariant:
         if impl != "triton" or d > MAX_KERNEL_HEAD_DIM:
             raise ValueError(f"invariant attention needs impl='triton' (got {impl!r}) and head_dim <= {MAX_KERNEL_HEAD_DIM}")
-        piece = INVARIANT_QUERY_ROWS // (h // kv_heads)
-        parts = [launch_attention(q[:, :, t0 : t0 + piece].contiguous(), k_cache, v_cache, positions[:, t0 : t0 + piece],
-                                  kv_heads, pdl, attend_len, INVARIANT_QUERY_ROWS, not interpreting())
-                 for t0 in range(0, t, piece)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        block_q = invariant_query_rows(h // kv_heads)
+        return launch_attention(q, k_cache, v_cache, positions, kv_heads, pdl, attend_len, block_q, not interpreting(),
+                                block_q // (h // kv_heads), INVARIANT_KV_SPLIT)
     if not kernel_attends(impl, h, kv_heads, t, d):
         return attention_reference(q, k_cache, v_cache, mask, kv_heads)
     attend = mask.shape[-1] if attend_len is None else attend_len
     return launch_attention(q, k_cache, v_cache, positions, kv_heads, pdl, attend, max(16, next_pow2(h // kv_heads * t)))
 
 
-INVARIANT_QUERY_ROWS = 64  # the query tile of invariant attention: kernel_attends' most rows per KV head
+def invariant_query_rows(group: int) -> int:
+    """The query tile of invariant attention: a decode token's group of heads, at least 16 (tl.dot's
+    least M), the same for every T."""
+    return max(16, next_pow2(group))
+
+
+INVARIANT_KV_SPLIT = 256  # cache slots per program of invariant attention: the split count follows the length only
 
 
 def launch_attention(q, k_cache, v_cache, positions, kv_heads: int, pdl: bool, attend: int, block_q: int,
-                     use_dot: bool = True) -> torch.Tensor:
-    """The attention kernel over q [B, H, T, D] (H // kv_heads * T <= block_q) -> [B, T, H D];
-    ``use_dot`` False: the score and value products by float32 sums of a fixed tree (the interpreter's
-    tl.dot is NumPy's matmul, whose row bits depend on the row's place in the tile)."""
+                     use_dot: bool = True, t_piece: int | None = None, kv_split: int = 0) -> torch.Tensor:
+    """The attention kernel over q [B, H, T, D] in pieces of ``t_piece`` tokens (None: all T in one,
+    H // kv_heads * t_piece <= block_q) -> [B, T, H D]; ``kv_split`` > 0 and ``attend`` above it: the slots
+    in splits of ``kv_split``, a program each, then ``attention_merge_kernel``; ``use_dot`` False: the score
+    and value products by float32 sums of a fixed tree (the interpreter's tl.dot is NumPy's matmul, whose
+    row bits depend on the row's place in the tile)."""
     b, h, t, d = q.shape
+    t_piece = t if t_piece is None else t_piece
     out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
     on = pdl_on(pdl, q)
     block_d, block_s, warps = attention_tiling(d)
-    kernels().decode_attention_kernel[(b * kv_heads,)](
-        q, k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2], attend, d ** -0.5,
+    splits = triton_cdiv(attend, kv_split) if kv_split else 1
+    grid = (b * kv_heads, triton_cdiv(t, t_piece), splits)
+    part = None if splits == 1 else torch.empty((*grid, block_q, block_d + 2), dtype=torch.float32, device=q.device)
+    kernels().decode_attention_kernel[grid](
+        q.contiguous(), k_cache, v_cache, positions.contiguous(), out, t, k_cache.shape[2], attend, d ** -0.5, t_piece,
         H=h, H_KV=kv_heads, D=d, BLOCK_D=block_d, BLOCK_Q=block_q, BLOCK_S=block_s,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_DOT=use_dot, USE_PDL=on, num_warps=warps,
-        num_stages=2, launch_pdl=on,
+        num_stages=2, launch_pdl=on, part_ptr=part, KV_SPLIT=0 if splits == 1 else kv_split,
     )
+    if splits > 1:
+        kernels().attention_merge_kernel[grid[:2]](part, out, t, t_piece, splits, H=h, H_KV=kv_heads, D=d, BLOCK_D=block_d,
+                                                   BLOCK_Q=block_q, num_warps=4)
     return out
 
 

@@ -17,7 +17,7 @@ from flashspec.config import LlamaConfig
 from . import gemv as fused
 from .device import interpreting
 from .family import family_block, family_logits, family_settings, local_tables, window_masks
-from .invariant_matmul import invariant_matmul, invariant_matmul_add_rms_norm, invariant_matmul_silu_mul
+from .invariant_matmul import invariant_matmul
 from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, narrow_linear,
                      narrow_product, rope_kv, silu_mul)
 from .shapes import check_shapes
@@ -124,15 +124,17 @@ class Block(nn.Module):
 
     def forward_invariant(self, h, d, cos, sin, k_cache, v_cache, positions, attend_len: int, pdl: bool):
         """``forward`` in batch-invariant mode (arguments as there): every product by the
-        batch-invariant one with its prologue inside, attention with a fixed query tile (5 launches
-        and RoPE), so that a row's bits depend neither on the batch nor on the number of tokens."""
+        batch-invariant one, add + RMSNorm and SwiGLU by their per-row kernels before it (once per
+        row, not per column tile of the product), attention with a fixed query tile and KV split,
+        so that a row's bits depend neither on the batch nor on the number of tokens."""
         c = self.c
-        qkv, h = invariant_matmul_add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, self.qkv.weight, pdl)
+        h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, "triton", pdl)
+        qkv = invariant_matmul(x, self.qkv.weight, pdl)
         q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, "triton", pdl)
         attn = attention(q, k_cache, v_cache, positions, None, c.num_kv_heads, "triton", pdl, attend_len, invariant=True)
-        o = invariant_matmul(attn, self.o.weight, pdl)
-        gate_up, h = invariant_matmul_add_rms_norm(h, o, self.mlp_norm, c.rms_norm_eps, self.gate_up.weight, pdl)
-        return h, invariant_matmul_silu_mul(gate_up, self.down.weight, pdl)
+        h, x = add_rms_norm(h, invariant_matmul(attn, self.o.weight, pdl), self.mlp_norm, c.rms_norm_eps, "triton", pdl)
+        gate_up = invariant_matmul(x, self.gate_up.weight, pdl)
+        return h, invariant_matmul(silu_mul(gate_up, "triton", pdl), self.down.weight, pdl)
 
 
 class Llama(nn.Module):
@@ -280,7 +282,8 @@ class Llama(nn.Module):
         elif logits_last is not None:
             h, d = h[:, -logits_last:].contiguous(), None if d is None else d[:, -logits_last:].contiguous()
         if linear_impl == "invariant":
-            return invariant_matmul_add_rms_norm(h, d, self.norm, c.rms_norm_eps, self.lm_head.weight, pdl)[0].float()
+            return invariant_matmul(add_rms_norm(h, d, self.norm, c.rms_norm_eps, "triton", pdl)[1], self.lm_head.weight,
+                                    pdl).float()
         if c.kernel_blockers:
             return family_logits(self, h, d)
         if "lm_head" in fused_projs and fusable(h, linear_impl, fused_rows, self.lm_head):

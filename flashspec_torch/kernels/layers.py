@@ -120,14 +120,18 @@ def silu_mul_kernel(
 @triton.jit
 def decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr,  # q [B, H, T, D]; k, v [B, H_kv, S, D]; pos [B, T]; out [B, T, H D]
-    T, S, attend, scale,
+    T, S, attend, scale, T_PIECE,
     H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr = True,
     USE_PDL: tl.constexpr = False,
+    part_ptr=None,  # KV_SPLIT: [programs, BLOCK_Q, BLOCK_D + 2] float32: acc, then m and l, per split program
+    KV_SPLIT: tl.constexpr = 0,  # > 0: program_id(2) takes slots [KV_SPLIT id, KV_SPLIT (id + 1)) and writes part
 ):
-    """Attention of a few new tokens (T <= BLOCK_Q / group) over the cache: one program per
-    (row, KV head) holds that head's group of query heads times T tokens, streams the slots
-    [0, attend) once with an online softmax, and writes [B, T, H D] (the o-projection's layout).
+    """Attention of a few new tokens over the cache: program (row x KV head, piece) holds that head's
+    group of query heads times the piece's T_PIECE tokens [piece T_PIECE, (piece + 1) T_PIECE) of T
+    (T_PIECE <= BLOCK_Q / group), streams the slots [0, attend) once with an online softmax, and writes
+    [B, T, H D] (the o-projection's layout); with KV_SPLIT, one split of the slots, its unnormalized
+    state to ``part`` (``attention_merge_kernel`` adds the splits).
     A query at position p sees slots s <= p, so the loop stops after the row's last position.
     BLOCK_D: D rounded up to a power of two (>= 16, for tl.dot); q, k and v load zeros in the lanes
     d >= D, which add nothing to the scores and are not stored. ``USE_DOT`` False: both products by
@@ -137,8 +141,8 @@ def decode_attention_kernel(
     kv = tl.program_id(0) % H_KV
     GROUP: tl.constexpr = H // H_KV
     r = tl.arange(0, BLOCK_Q)  # query rows: head-in-group major, token minor
-    head, t = kv * GROUP + r // T, r % T
-    row_ok = r < GROUP * T
+    head, t = kv * GROUP + r // T_PIECE, tl.program_id(1) * T_PIECE + r % T_PIECE
+    row_ok = (r < GROUP * T_PIECE) & (t < T)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     q = tl.load(q_ptr + ((b * H + head[:, None]) * T + t[:, None]) * D + d[None, :], mask=row_ok[:, None] & d_ok[None, :],
@@ -149,7 +153,11 @@ def decode_attention_kernel(
     acc = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
     base = (b * H_KV + kv).to(tl.int64) * S * D  # int64: B * H_kv * S * D passes 2**31 at serving sizes
     hi = tl.minimum(tl.max(pos, axis=0) + 1, attend)  # no query of this program sees a later slot
-    for lo in range(0, hi, BLOCK_S):
+    lo0 = 0
+    if KV_SPLIT > 0:
+        lo0 = tl.program_id(2) * KV_SPLIT
+        hi = tl.minimum(hi, lo0 + KV_SPLIT)
+    for lo in range(lo0, hi, BLOCK_S):
         s = lo + tl.arange(0, BLOCK_S)
         s_ok = s < hi
         kv_ok = s_ok[:, None] & d_ok[None, :]
@@ -168,9 +176,56 @@ def decode_attention_kernel(
                     PRECISION, USE_DOT)
         acc = acc * alpha[:, None] + pv
         m = m_new
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    if KV_SPLIT > 0:
+        at = part_ptr + ((tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
+                         + tl.program_id(2)) * BLOCK_Q * (BLOCK_D + 2) + r * (BLOCK_D + 2)  # [BQ]
+        tl.store(at[:, None] + d[None, :], acc)
+        tl.store(at + BLOCK_D, m)
+        tl.store(at + BLOCK_D + 1, l)
+    else:
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]
+        tl.store(out_ptr + ((b * T + t[:, None]) * H + head[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def attention_merge_kernel(
+    part_ptr, out_ptr,  # part [B H_kv, pieces, SPLITS, BLOCK_Q, BLOCK_D + 2] float32; out [B, T, H D]
+    T, T_PIECE, SPLITS,
+    H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+):
+    """The splits of ``decode_attention_kernel`` (KV_SPLIT) of program (row x KV head, piece) added in
+    split order: out = sum_s acc_s e^(m_s - m) / sum_s l_s e^(m_s - m), m the largest m_s. Splits that saw
+    no slot (m_s = -inf) are skipped, not added as zeros, and the first split taken is not added to a
+    zero: one split gives acc / l, the bits of the kernel without KV_SPLIT."""
+    b, kv = tl.program_id(0) // H_KV, tl.program_id(0) % H_KV
+    GROUP: tl.constexpr = H // H_KV
+    r = tl.arange(0, BLOCK_Q)
+    head, t = kv * GROUP + r // T_PIECE, tl.program_id(1) * T_PIECE + r % T_PIECE
+    row_ok = (r < GROUP * T_PIECE) & (t < T)
+    d = tl.arange(0, BLOCK_D)
+    base = part_ptr + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * SPLITS * BLOCK_Q * (BLOCK_D + 2) \
+        + r * (BLOCK_D + 2)  # [BQ]
+    m = tl.full((BLOCK_Q,), float("-inf"), tl.float32)
+    for sp in range(0, SPLITS):
+        m = tl.maximum(m, tl.load(base + sp * BLOCK_Q * (BLOCK_D + 2) + BLOCK_D))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    num = tl.zeros((BLOCK_Q, BLOCK_D), tl.float32)
+    den = tl.zeros((BLOCK_Q,), tl.float32)
+    started = tl.zeros((BLOCK_Q,), tl.int1)
+    for sp in range(0, SPLITS):
+        at = base + sp * BLOCK_Q * (BLOCK_D + 2)
+        m_s = tl.load(at + BLOCK_D)
+        f = tl.exp(m_s - m_safe)
+        acc = tl.load(at[:, None] + d[None, :]) * f[:, None]
+        l_s = tl.load(at + BLOCK_D + 1) * f
+        seen = m_s > float("-inf")
+        num = tl.where(seen[:, None], tl.where(started[:, None], num + acc, acc), num)
+        den = tl.where(seen, tl.where(started, den + l_s, l_s), den)
+        started = started | seen
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(out_ptr + ((b * T + t[:, None]) * H + head[:, None]) * D + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & d_ok[None, :])
+             mask=row_ok[:, None] & (d < D)[None, :])
 
 
 @triton.jit

@@ -57,7 +57,7 @@ def compile_layers() -> None:
             (layers.silu_mul_kernel, dict(gu_ptr=act, y_ptr=act), dict(BLOCK=2048), 4),
             (layers.decode_attention_kernel, dict(q_ptr=act, k_ptr=act, v_ptr=act, pos_ptr="*i64", out_ptr=act, scale="fp32"),
              dict(H=32, H_KV=8, D=128, BLOCK_D=128, BLOCK_Q=32, BLOCK_S=64, PRECISION="ieee" if dt == "fp32" else "tf32",
-                  USE_DOT=True), 4),
+                  USE_DOT=True, KV_SPLIT=0), 4),
             (layers.skinny_linear_kernel, dict(x_ptr=act, w_ptr=act, y_ptr=act),
              dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PRECISION="ieee" if dt == "fp32" else "tf32"), 4),
         ]

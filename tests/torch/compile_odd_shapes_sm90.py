@@ -139,7 +139,7 @@ WIDTH_2560 = llama(151936, 2560, 10240, 32, 32, 80)
 
 def ci() -> None:
     """Each kernel once per distinct shape that matters (49 compiles, and 5 of the batch-invariant scoring pass
-    at width 960): both models' decoding and scoring passes in bf16 with the H100 defaults (the 960 one's fused products at K = 960 and 2560, the 2560 one's
+    at width 960, 2 more with 600 cache slots: split attention and its merge): both models' decoding and scoring passes in bf16 with the H100 defaults (the 960 one's fused products at K = 960 and 2560, the 2560 one's
     add + RMSNorm at 4096 columns), decoding in float32 (the dtype of benchmarks/odd_shapes_gpu.py); RoPE and
     attention at head_dim 24, 96, 112 (bf16, and float32 at 24 and 112) and the largest tiles the attention kernel
     takes (float32, head_dim 256, 64 query rows); verify at V = 49153 (B = 1: 97 chunks,
@@ -152,6 +152,7 @@ def ci() -> None:
         forward(meta_model(config, torch.float32, batch_invariant=False), 1, 1)
     print("# batch-invariant scoring pass at width 960", flush=True)  # its products (3 prologues) and attention
     forward(meta_model(WIDTH_960, torch.bfloat16, batch_invariant=True), 2, 5)
+    forward(meta_model(WIDTH_960, torch.bfloat16, batch_invariant=True), 2, 5, cache_len=600)  # 3 KV splits, the merge
     for head_dim in (24, 96, 112):
         print(f"# head_dim {head_dim}", flush=True)
         head_kernels(head_dim, torch.bfloat16)

@@ -145,3 +145,34 @@ def test_invariant_attention_gives_a_query_the_same_bits_as_decode_scoring_or_pr
         assert torch.equal(attend([1], t, t + 1)[0, 0], prefill[t]), t
     assert torch.equal(attend([1], 30, 35)[0], prefill[30:35])
     assert torch.equal(attend([0, 1, 2], 30, 35)[1], prefill[30:35])
+
+
+def test_invariant_attention_split_over_the_slots_keeps_a_querys_bits(monkeypatch):
+    """Splits of 16 slots (3 over the 48-slot cache, a program each, added in order): a query at
+    position p alone == among scoring rows == in a prefill pass; and a query that sees only the first
+    split gets the bits of the one-split (no merge) launch, however many splits the batch's length makes."""
+    from flashspec_torch import layers
+
+    monkeypatch.setattr(layers, "INVARIANT_KV_SPLIT", 16)
+    g = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, s = 4, 2, 16, 48
+    k, v = (torch.randn(1, kv_heads, s, dim, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, heads, 40, dim, generator=g).to(torch.bfloat16)
+    pos = torch.arange(40)[None]
+
+    def attend(t0, t1, attend_len=s):
+        return layers.attention(q[:, :, t0:t1].contiguous(), k, v, pos[:, t0:t1], None, kv_heads, "triton",
+                                attend_len=attend_len, invariant=True)[0]
+
+    prefill = attend(0, 40)
+    for t in (5, 17, 39):
+        assert torch.equal(attend(t, t + 1)[0], prefill[t]), t
+    assert torch.equal(attend(30, 35), prefill[30:35])
+    assert torch.equal(attend(5, 6, attend_len=16)[0], prefill[5])  # one split: no merge kernel
+
+    def unsplit(t):  # the kernel without KV splits
+        return layers.launch_attention(q[:, :, t : t + 1].contiguous(), k, v, pos[:, t : t + 1], kv_heads, False, s, 16,
+                                       False, 8)[0, 0]
+
+    assert torch.equal(unsplit(5), prefill[5])  # the merge of one split that saw slots is that split's acc / l
+    assert not torch.equal(unsplit(39), prefill[39])  # 3 splits that saw slots: another sum

@@ -108,22 +108,36 @@ def test_bad_input_is_refused_by_name():
 
 
 def test_the_tiling_depends_on_the_weight_and_dtype_only():
-    """One tiling per (N, K, dtype): the launcher has no M to choose by."""
-    assert I.invariant_tiling(32000, 2048, torch.bfloat16).block_n == 64
-    assert I.invariant_tiling(2048, 2048, torch.bfloat16) == I.InvariantTiling(16, 16, 128)
+    """One tiling per (N, K, dtype): the launcher has no M to choose by. K is split into slices so that
+    a decode row's launch has ~1024 programs, the partials bounded by N."""
+    head = I.invariant_tiling(32000, 2048, torch.bfloat16)
+    assert (head.block_n, head.splits(2048)) == (64, 2)
+    assert I.invariant_tiling(2048, 2048, torch.bfloat16) == I.InvariantTiling(16, 16, 128, 2, 2)
+    assert I.invariant_tiling(2048, 5632, torch.bfloat16).splits(5632) == 11  # the last slice partial
+    assert I.invariant_tiling(128256, 4096, torch.bfloat16).splits(4096) == 1  # 2004 column tiles: no split
     assert I.invariant_tiling(2048, 2048, torch.float32).block_k == 64
 
 
-def test_a_measured_tiling_in_the_table_is_the_one_launched(monkeypatch):
-    """INVARIANT_CONFIGS (benchmarks/invariant_tune_gpu.py's winners) replaces the default for its (N, K, dtype)
-    only, and a row's bits stay independent of the batch under it."""
-    measured = I.InvariantTiling(16, 32, 64, 4, 1)
-    x, d, g, w = operands("none", torch.float32)
-    default = I.invariant_matmul(x, w)
-    monkeypatch.setitem(I.INVARIANT_CONFIGS, (N, K, torch.float32), I.InvariantTiling(16, 16, 128))
-    assert not torch.equal(I.invariant_matmul(x, w), default)  # launched: K chunks of 128, not 64, another sum
-    monkeypatch.setitem(I.INVARIANT_CONFIGS, (N, K, torch.bfloat16), measured)
-    assert I.invariant_tiling(N, K, torch.bfloat16) == measured
-    assert I.invariant_tiling(N + 16, K, torch.bfloat16) == I.InvariantTiling(16, 16, 128)  # others: the default
+def test_a_split_or_none_keeps_a_rows_bits_and_agrees_with_the_reference():
+    """Slices of 3 chunks (2 slices of float32's 4 chunks, the last partial; the default tiling has 4 of 1)
+    and no split at all: rows 0, 8 and 16 of a 17-row pass have their bits alone, and the sum of the
+    slices agrees with the reference."""
+    x, d, g, w = operands("add_rms_norm", torch.float32)
+    want = I.invariant_matmul_add_rms_norm_reference(x, d, g, 1e-5, w)[0]
+    for tiling in (I.InvariantTiling(16, 16, 64, 3, 1), I.InvariantTiling(16, 16, 64, 4, 2)):
+        def fn(rows):
+            return I.launch("add_rms_norm", x[rows], d[rows], g, w, torch.empty_like(x[rows]), 1e-5, False, tiling)
+
+        got = fn(slice(0, 17))
+        assert all(torch.equal(fn(slice(i, i + 1)), got[i : i + 1]) for i in (0, 8, 16)), tiling
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+def test_more_rows_than_the_counters_cover_run_in_pieces(monkeypatch):
+    """A grid with more tiles than the counters runs as launches of whole row tiles (here 16 + 1 rows):
+    the same bits and the same residual as one launch."""
     x, d, g, w = operands("add_rms_norm", torch.bfloat16)
-    assert invariance_failures(lambda x, d, w: product("add_rms_norm", x, d, g, w), x, d, w) == []
+    whole, hn = I.invariant_matmul_add_rms_norm(x, d, g, 1e-5, w)
+    monkeypatch.setattr(I, "COUNTERS", 3)  # 3 column tiles: one row tile per launch
+    pieces, hn2 = I.invariant_matmul_add_rms_norm(x, d, g, 1e-5, w)
+    assert torch.equal(pieces, whole) and torch.equal(hn2, hn)

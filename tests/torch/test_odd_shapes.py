@@ -134,7 +134,7 @@ def test_odd_shape_launches_compile_for_sm90():
     names = {line.split()[1] for line in lines}
     assert names == {"gemv_kernel", "add_rms_norm_kernel", "rope_kv_kernel", "decode_attention_kernel",
                      "silu_mul_kernel", "verify_stats_kernel", "verify_final_kernel", "greedy_next_kernel",
-                     "invariant_matmul_kernel"}, names
+                     "invariant_matmul_kernel", "attention_merge_kernel"}, names
     for d in HEAD_DIMS:
         assert any(line.startswith("ok decode_attention_kernel") and f"'D': {d}," in line for line in lines), d
     for k in WIDTHS:
