@@ -72,7 +72,7 @@ class Environment:
         ):
             raise ValueError(f"switch_at={s!r} must be increasing integers >= 1")
         c = self.costs
-        if c is not None and (len(c) != len(m) or not all(
+        if c is not None and (not isinstance(c, (tuple, list)) or len(c) != len(m) or not all(
             isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in c
         )):
             raise ValueError(f"costs={c!r} must be one positive number per arm")

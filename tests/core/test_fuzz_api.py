@@ -77,6 +77,7 @@ def test_policies(fields, name, num_arms, batch, observations):
        switch_at=st.one_of(st.tuples(st.integers(-1, 30)), st.just(()), junk),
        costs=st.one_of(st.none(), st.tuples(st.floats(-1, 2), st.floats(-1, 2)), junk),
        rounds=st.one_of(st.integers(-1, 30), junk_size), seeds=st.one_of(st.integers(-1, 4), junk_size))
+@example(means=(0.0,), reward="bernoulli", gamma=4, switch_at=(), costs=False, rounds=1, seeds=1)  # found: len(False)
 def test_simulator(means, reward, gamma, switch_at, costs, rounds, seeds):
     try:
         env = Environment(means, reward=reward, gamma=gamma, switch_at=switch_at, costs=costs)
@@ -118,6 +119,8 @@ GENERATE_OPTIONS = ["--gamma", "--temperature", "--top-k", "--top-p", "--max-new
 
 class FakeEngine:
     """Stands in for the model: the fuzz checks the CLI's own parsing and checks, in microseconds."""
+
+    rank = 0  # one process: this rank prints
 
     def generate(self, prompt, **kw):
         return {"text": "ok", "tokens": [1], "new_tokens": 1, "tokens_per_s": 1.0, "steps": 1, "acceptance": 0.5,
