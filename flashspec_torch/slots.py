@@ -173,13 +173,30 @@ class TorchSlotBackend(TorchBackend):
         for i, c in enumerate(cached):  # the rest of a prompt whose first chunks are in its row already
             if c and len(prompts[i]) - 1 > c:
                 self.fill_row(int(slots[i]), tokens[i : i + 1, c : len(prompts[i]) - 1], c)
-        for d in self.drafts:
-            if isinstance(d, (ModelDraft, FeatureDraft)):
-                d.valid[idx] = 0
-                d.used_at = None  # its next use catches every row up
+        self.catch_up_admitted([int(s) for s in slots], [len(p) for p in prompts])
         self.done[idx] = False
         self.bound[list(slots)] = lens.numpy()
         self.seqs.max_len_bound = min(int(self.bound.max()), self.shape[1])
+
+    def catch_up_admitted(self, slots: list[int], lens: list[int]) -> None:
+        """Each draft with a cache of its own (a model draft, a head) fed the admitted rows' prompts
+        now, row by row over views of those rows, so that the next step's fixed-shape ``propose``
+        finds them as current as the others: the rows already running are not fed again."""
+        seqs = self.seqs
+        for d in self.drafts:
+            if not isinstance(d, (ModelDraft, FeatureDraft)):
+                continue
+            cache, valid, used_at = d.cache, d.valid, d.used_at
+            try:
+                for s, n in zip(slots, lens):
+                    d.cache = CacheView(cache.k[:, s : s + 1], cache.v[:, s : s + 1])
+                    d.valid, d.used_at = valid[s : s + 1], None
+                    d.valid.zero_()
+                    row = Sequences(seqs.tokens[s : s + 1], seqs.length[s : s + 1], n, seqs.step,
+                                    None if seqs.features is None else seqs.features[s : s + 1])
+                    d.catch_up(row, 1)  # positions 0 .. n - 1 (used_at None: the row's whole prompt)
+            finally:
+                d.cache, d.valid, d.used_at = cache, valid, used_at
 
     def prefill_chunk(self, slot: int, tokens: Sequence[int], start: int) -> None:
         """K/V (and the feature drafts' features) of a free slot's prompt tokens at positions
