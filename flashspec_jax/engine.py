@@ -26,9 +26,9 @@ from flashspec.engine import EngineBase, Request
 from flashspec.loop import StepRecord
 
 from . import whole
-from .backend import JaxBackend
 from .drafts import LookupDraft, ModelDraft
 from .heads import HeadDraft, load_draft_head
+from .slots import JaxSlotBackend
 from .weights import LoadedModel, load
 
 LOOPS = ("host", "device")
@@ -71,7 +71,7 @@ class Engine(EngineBase):
             self.policy_name, self.objective, self.loop = policy, objective, loop
             BanditConfig(objective=objective)  # validate now
             config = self.target.model.config
-            self.backend = JaxBackend(self.target.model, sorted(set(config.eos_token_ids)), verify_impl)
+            self.backend = JaxSlotBackend(self.target.model, sorted(set(config.eos_token_ids)), verify_impl)
             self.backend.set_drafts([self.make_draft(d) for d in drafts])
             self.whole = whole.Whole(self.backend) if loop == "device" else None
 

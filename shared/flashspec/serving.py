@@ -182,12 +182,9 @@ class Service:
                  gamma: int = 4, speculation: bool = True, prefill_chunk: int = 512, observer=None):
         backend = engine.backend
         self.engine, self.tokenizer = engine, engine.tokenizer
-        limit = getattr(getattr(backend, "target", None), "config", None)
+        limit = getattr(getattr(backend, "target", None), "config", None) or getattr(backend, "config", None)
         limit = limit.max_position_embeddings if limit is not None else 2048
         self.context = min(limit, 2048) if context is None else context
-        if getattr(engine, "backend_name", "") != "torch":
-            raise ValueError(f"serving needs the torch backend: the {engine.backend_name!r} backend does not implement "
-                             "flashspec.backend.SlotBackend (continuous batching); use --backend torch")
         policy = engine.policy_for(gamma, 0) if speculation else None
         self.scheduler = Scheduler(backend, policy, slots=max_batch, context=self.context, gamma=gamma,
                                    speculation=speculation, max_queue=max_queue, prefill_chunk=prefill_chunk,
