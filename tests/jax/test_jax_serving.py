@@ -77,3 +77,28 @@ def test_unsupported_drafts_and_bad_slots_are_refused(engine):
         engine.backend.admit([2], [[5, 6]], [4], [0])
     with pytest.raises(ValueError, match="does not fit a slot of 64 tokens"):
         engine.backend.admit([0], [[5] * 60], [8], [0])
+
+
+def test_the_http_app_serves_with_the_jax_backend(engine):
+    """``flashspec serve --backend jax``'s app in process: a completion and a stream with usage."""
+    pytest.importorskip("fastapi")
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from flashspec.server.app import create_app
+    from flashspec.server.metrics import Metrics
+
+    metrics = Metrics("tiny", ["ngram"], 2)
+    alone = engine.generate("abc", seed=0, gamma=3, max_new_tokens=3, chat=False, temperature=0.0)["tokens"]
+    service = Service(engine, max_batch=2, context=64, gamma=3, observer=metrics)  # opens the slots
+    with TestClient(create_app(service, metrics, drain_timeout=1)) as client:
+        r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
+        assert r.json()["choices"][0]["text"] == CharTokenizer().decode(alone)
+        body = {"prompt": "abc", "max_tokens": 3, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        with client.stream("POST", "/v1/completions", json=body) as s:
+            data = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] == 3
+        assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-2]) == r.json()["choices"][0]["text"]

@@ -1,6 +1,5 @@
 """The HTTP app in process (FastAPI's TestClient) over a tiny random model: a full queue answers 429
-with OpenAI's error body, a completion and a stream still work, and ``flashspec serve --backend jax``
-is refused in one line before anything loads."""
+with OpenAI's error body, and a completion and a stream still work."""
 
 import json
 
@@ -10,7 +9,6 @@ pytest.importorskip("fastapi")
 
 from fault_helpers import tiny_target
 
-from flashspec.cli import main
 from flashspec.server.app import create_app
 from flashspec.server.metrics import Metrics
 from flashspec.serving import Service
@@ -42,9 +40,3 @@ def test_a_full_queue_answers_429_and_requests_are_served():
         assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-2]) == r.json()["choices"][0]["text"]
         metrics = client.get("/metrics").text
         assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"} 2.0' in metrics
-
-
-def test_serve_with_the_jax_backend_is_refused(capsys):
-    assert main(["serve", "--backend", "jax"]) == 2
-    err = capsys.readouterr().err
-    assert "--backend jax cannot serve" in err and "--backend torch" in err and len(err.strip().splitlines()) == 1
