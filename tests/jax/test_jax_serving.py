@@ -57,7 +57,13 @@ def test_each_request_equals_itself_alone(engine, speculation):
     want = [engine.generate(p, seed=seed, speculation=speculation, gamma=3, max_new_tokens=n, chat=False, **s)["tokens"]
             for p, seed, s, n in cases]
     svc = Service(engine, max_batch=3, context=64, gamma=3, speculation=speculation, prefill_chunk=16)
-    assert svc.prepare([0.0]) > 0  # every bucket's steps compiled ahead (all rows held: nothing changes)
+    admitted, admit = [], engine.backend.admit
+    engine.backend.admit = lambda slots, prompts, *a: (admitted.append(len(prompts[0])), admit(slots, prompts, *a))[1]
+    try:  # every bucket's steps compiled ahead (all rows held: nothing changes), every prefill class run
+        assert svc.prepare([0.0]) > 0
+    finally:
+        del engine.backend.admit
+    assert admitted == [n + 1 for n in (1, 2, 3, 4, 5, 8, 9, 16)]  # K/V lengths up to the chunk of 16
     with svc:  # 6 requests, 3 slots: some wait, some join while others run, the long one in chunks of 16
         streams = serve_together(svc, cases)
     for (p, seed, s, n), w, st in zip(cases, want, streams):
