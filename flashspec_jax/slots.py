@@ -9,8 +9,9 @@ row in use, so jit compiles one step per (k, step kind, sampling), not one per r
 outside ``rows`` or released are held (marked finished for the commit, then restored: nothing
 emitted, step counter unchanged). The state is donated on a GPU.
 
-Drafts: the n-gram lookup and plain decoding. Model drafts and draft heads keep caches of their
-own that this backend does not fill per row yet: ``open_slots`` refuses them.
+Drafts: every kind ``generate`` runs (the n-gram lookup, model drafts, draft heads). A draft with
+a cache of its own is fed an admitted row's prompt with the target (the same pieces, that row
+only), so a step never catches up more than its usual positions.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from flashspec.backend import StepView
 from flashspec.config import SamplingConfig
 
 from .backend import JaxBackend
-from .drafts import LookupDraft, Seeds, make_seeds
+from .drafts import Seeds, make_seeds
+from .heads import HeadDraft
 from .model import KVCache
 from .steps import BUCKET, MARGIN, PREFIX_BUCKET, State, Steps, round_up
 from .verify import on_gpu
@@ -61,19 +63,37 @@ class SlotHandle:
         return StepView(n, active, done, None, emitted)
 
 
+def rows_of(tree, take):
+    """``take(array, axis)`` over every per-row array of a State-like tree: a KVCache's batch axis is 1."""
+    if isinstance(tree, KVCache):
+        return KVCache(take(tree.k, 1), take(tree.v, 1))
+    if isinstance(tree, tuple):
+        return type(tree)(*(rows_of(t, take) for t in tree)) if hasattr(tree, "_fields") else tuple(
+            rows_of(t, take) for t in tree)
+    return None if tree is None else take(tree, 0)
+
+
 def first_rows(state: State, k: int) -> State:
-    """The first k rows of every per-row array (the caches' batch axis is 1)."""
-    seqs = jax.tree.map(lambda a: a[:k], state.seqs)
-    return State(seqs, KVCache(state.cache.k[:, :k], state.cache.v[:, :k]), state.drafts)
+    """The first k rows of every per-row array (the drafts' states too)."""
+    return rows_of(state, lambda a, axis: lax.slice_in_dim(a, 0, k, axis=axis))
 
 
 def put_rows(state: State, sub: State, k: int) -> State:
     """``state`` with its first k rows replaced by ``sub``'s."""
     if k == state.seqs.tokens.shape[0]:
         return sub
-    seqs = jax.tree.map(lambda a, b: a.at[:k].set(b), state.seqs, sub.seqs)
-    cache = KVCache(state.cache.k.at[:, :k].set(sub.cache.k), state.cache.v.at[:, :k].set(sub.cache.v))
-    return State(seqs, cache, sub.drafts)
+    parts = iter(jax.tree.leaves(sub))
+    return rows_of(state, lambda a, axis: lax.dynamic_update_slice_in_dim(a, next(parts), 0, axis=axis))
+
+
+def row_of(state: State, slot) -> State:
+    """Row ``slot`` of every per-row array, kept as a batch of one."""
+    return rows_of(state, lambda a, axis: lax.dynamic_slice_in_dim(a, slot, 1, axis=axis))
+
+
+def put_row(state: State, row: State, slot) -> State:
+    parts = iter(jax.tree.leaves(row))
+    return rows_of(state, lambda a, axis: lax.dynamic_update_slice_in_dim(a, next(parts), slot, axis=axis))
 
 
 class SlotSteps:
@@ -107,24 +127,40 @@ class SlotSteps:
         rows = rows._replace(offset=rows.offset.at[:k].add(out.active.astype(jnp.int32)))
         return put_rows(state, sub, k), rows, SlotOut(out.num_accepted.astype(jnp.int32), out.active, done, emitted)
 
-    def set_row(self, state: State, rows: Rows, slot, tokens, length, max_new, seed_lo, seed_hi):
+    def set_row(self, state: State, rows: Rows, slot, tokens, length, max_new, seed_lo, seed_hi, cached):
         """A request into row ``slot``: its tokens [S] (prompt, zero padded), length, budget, seed;
-        step counter 0, not finished."""
+        step counter 0, not finished; each draft cache holds its first ``cached`` positions."""
         q = state.seqs
         seqs = q._replace(tokens=q.tokens.at[slot].set(tokens), length=q.length.at[slot].set(length),
                           prompt_len=q.prompt_len.at[slot].set(length), done=q.done.at[slot].set(False),
                           max_new=q.max_new.at[slot].set(max_new))
+        drafts = tuple(d if d == () else (d[0], d[1].at[slot].set(cached)) for d in state.drafts)
         rows = Rows(rows.seed_lo.at[slot].set(seed_lo), rows.seed_hi.at[slot].set(seed_hi), rows.offset.at[slot].set(0))
-        return state._replace(seqs=seqs), rows
+        return State(seqs, state.cache, drafts), rows
 
-    def fill(self, weights, state: State, slot, tokens, start):
-        """K/V of row ``slot``'s tokens [1, T] at positions start .. start + T - 1, over its cache
-        (earlier pieces); computed on that row alone."""
-        row = KVCache(*(lax.dynamic_slice_in_dim(c, slot, 1, axis=1) for c in state.cache))
-        pos = start + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
-        _, row = self.steps.target(weights)(tokens, pos, row, logits=False)
-        cache = KVCache(*(lax.dynamic_update_slice_in_dim(c, r, slot, axis=1) for c, r in zip(state.cache, row)))
-        return state._replace(cache=cache)
+    def fill(self, weights, state: State, slot, tokens, start, n):
+        """Row ``slot``'s first ``n`` tokens of tokens [1, T] at positions start .. start + n - 1 (the
+        rest is padding: its K/V land past them, stale): into the row's token history, the target's
+        cache (and features) and each draft's cache, whose ``valid`` becomes start + n. Computed on
+        that row alone."""
+        s = self.steps
+        row = row_of(state, slot)
+        j = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+        pos = start + j
+        old = jnp.take_along_axis(row.seqs.tokens, jnp.minimum(pos, row.seqs.tokens.shape[1] - 1), axis=1)
+        seqs = row.seqs._replace(tokens=row.seqs.tokens.at[0, pos[0]].set(jnp.where(j < n, tokens, old)[0], mode="drop"))
+        _, seqs, cache = s.run_target(weights, seqs, tokens, pos, row.cache, logits=False)
+        drafts = []
+        for d, (dcache, valid) in ((d, st) for d, st in zip(s.drafts, row.drafts) if st != ()):
+            if isinstance(d, HeadDraft):
+                p, embed = d.parts(weights)
+                _, dcache = d.feed(p, embed, seqs, dcache, jnp.full((1,), start, jnp.int32), tokens.shape[1])
+            else:
+                _, dcache = d.model(weights)(tokens, pos, dcache, skip=d.skip, logits=False)
+            drafts.append((dcache, jnp.full_like(valid, start + n)))
+        drafts = iter(drafts)
+        row = State(seqs, cache, tuple(st if st == () else next(drafts) for st in row.drafts))
+        return put_row(state, row, slot)
 
     def set_length(self, state: State, slot, length):
         return state._replace(seqs=state.seqs._replace(length=state.seqs.length.at[slot].set(length)))
@@ -152,11 +188,6 @@ class JaxSlotBackend(JaxBackend):
     def open_slots(self, slots: int, context: int) -> None:
         if self.steps is None:
             raise ValueError("set_drafts(...) must be called before open_slots")
-        other = [d.name for d in self.drafts if not isinstance(d, LookupDraft)]
-        if other:
-            raise ValueError(f"draft(s) {other}: serving with the JAX backend runs the n-gram draft and plain "
-                             "decoding only (model drafts and draft heads are not implemented there); use "
-                             "--draft ngram, --no-speculation, or --backend torch")
         limit = self.config.max_position_embeddings
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValueError(f"slots={slots!r} must be an integer >= 1 (the most requests served at once)")
@@ -197,7 +228,7 @@ class JaxSlotBackend(JaxBackend):
             row[: len(p)] = p
             lo, hi = make_seeds(np.uint64(int(seed) % 2**64))
             self.state, self.rows = self.set_row_jit(self.state, self.rows, jnp.int32(slot), jnp.asarray(row),
-                                                     jnp.int32(len(p)), jnp.int32(m), lo, hi)
+                                                     jnp.int32(len(p)), jnp.int32(m), lo, hi, jnp.int32(c))
             if len(p) - 1 > c:  # K/V of every prompt token but the last (the first step feeds that)
                 self.fill_row(int(slot), row[c : len(p) - 1], c)
             self.live[slot] = True
@@ -209,7 +240,8 @@ class JaxSlotBackend(JaxBackend):
         t = max(PREFIX_BUCKET, 1 << (len(tokens) - 1).bit_length())
         padded = np.zeros((1, t), np.int32)
         padded[0, : len(tokens)] = tokens
-        self.state = self.fill_jit(self.weights, self.state, jnp.int32(slot), jnp.asarray(padded), jnp.int32(start))
+        self.state = self.fill_jit(self.weights, self.state, jnp.int32(slot), jnp.asarray(padded), jnp.int32(start),
+                                   jnp.int32(len(tokens)))
 
     def prefill_chunk(self, slot: int, tokens: Sequence[int], start: int) -> None:
         """K/V of a free slot's prompt tokens at positions ``start`` .., over its earlier chunks; the
