@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from flashspec.backend import StepView
+from flashspec.backend import StepView, check_admit, check_open_slots
 from flashspec.config import SamplingConfig
 
 from .backend import JaxBackend
@@ -189,10 +189,7 @@ class JaxSlotBackend(JaxBackend):
         if self.steps is None:
             raise ValueError("set_drafts(...) must be called before open_slots")
         limit = self.config.max_position_embeddings
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"slots={slots!r} must be an integer >= 1 (the most requests served at once)")
-        if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= limit:
-            raise ValueError(f"context={context!r} must be an integer in [2, {limit}] (the model's context)")
+        check_open_slots(slots, context, limit)
         s_max = round_up(context + MARGIN, BUCKET)
         tokens = np.zeros((slots, s_max), np.int32)
         ones = np.ones(slots, np.int32)
@@ -214,15 +211,7 @@ class JaxSlotBackend(JaxBackend):
 
     def admit(self, slots, prompts, max_new_tokens, seeds, cached=None) -> None:
         self.check_slots(slots)
-        cached = [0] * len(slots) if cached is None else [int(c) for c in cached]
-        if not (len(slots) == len(prompts) == len(max_new_tokens) == len(seeds) == len(cached)) or not slots:
-            raise ValueError("admit takes one prompt, max_new_tokens, seed and cached count per slot, for at least one slot")
-        for p, m, c in zip(prompts, max_new_tokens, cached):
-            if len(p) == 0 or m < 1 or len(p) + m > self.context:
-                raise ValueError(f"a prompt of {len(p)} tokens with max_new_tokens={m} does not fit a slot of "
-                                 f"{self.context} tokens (each needs >= 1)")
-            if not 0 <= c < len(p):
-                raise ValueError(f"cached={c}: a prompt of {len(p)} tokens has 0 to {len(p) - 1} tokens prefilled")
+        cached = check_admit(slots, prompts, max_new_tokens, seeds, cached, self.context)
         for slot, p, m, seed, c in zip(slots, prompts, max_new_tokens, seeds, cached):
             row = np.zeros(self.s_max, np.int32)
             row[: len(p)] = p

@@ -11,22 +11,10 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 from flashspec.serving import Service, check_params  # noqa: E402
+from serving_checks import VOCAB, CharTokenizer, complete_and_stream  # noqa: E402
 
-VOCAB = 64
 PROMPTS = ["abcabcab", "hello world", "zyx", "hello world", "the cat sat on the mat and the cat sat", "q"]
 SAMPLINGS = [dict(temperature=1.0, top_k=20), dict(temperature=0.0), dict(temperature=0.7, top_p=0.9)]
-
-
-class CharTokenizer:
-    """What the engine and the service use of a tokenizer: ids 4..63 for printable characters."""
-
-    chat_template = None
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": [4 + (ord(c) - 32) % (VOCAB - 4) for c in text]}
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) -> str:
-        return "".join(chr(32 + (i - 4) % (VOCAB - 4)) for i in ids if i >= 4)
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +101,6 @@ def test_bad_slots_are_refused(engine):
 def test_the_http_app_serves_with_the_jax_backend(engine):
     """``flashspec serve --backend jax``'s app in process: a completion and a stream with usage."""
     pytest.importorskip("fastapi")
-    import json
-
     from fastapi.testclient import TestClient
 
     from flashspec.server.app import create_app
@@ -124,12 +110,4 @@ def test_the_http_app_serves_with_the_jax_backend(engine):
     alone = engine.generate("abc", seed=0, gamma=3, max_new_tokens=3, chat=False, temperature=0.0)["tokens"]
     service = Service(engine, max_batch=2, context=64, gamma=3, observer=metrics)  # opens the slots
     with TestClient(create_app(service, metrics, drain_timeout=1)) as client:
-        r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "temperature": 0})
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
-        assert r.json()["choices"][0]["text"] == CharTokenizer().decode(alone)
-        body = {"prompt": "abc", "max_tokens": 3, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
-        with client.stream("POST", "/v1/completions", json=body) as s:
-            data = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
-        assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] == 3
-        assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-2]) == r.json()["choices"][0]["text"]
+        assert complete_and_stream(client) == CharTokenizer().decode(alone)
