@@ -78,11 +78,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def measure(args) -> dict:
-    """Every chunk setting of ``args`` (main's options) on the embedded model: the JSON document."""
-    from flashspec_torch.engine import Engine
+def measure(args, eng=None) -> dict:
+    """Every chunk setting of ``args`` (main's options) on the embedded model (or the engine ``eng``): the
+    JSON document."""
+    if eng is None:
+        from flashspec_torch.engine import Engine
 
-    eng = Engine(args.gguf, ("ngram",), policy="fixed", device=args.device)
+        eng = Engine(args.gguf, ("ngram",), policy="fixed", device=args.device)
     texts = serve_bench.prompts()
     short_ids = [list(eng.tokenizer(texts[i % len(texts)])["input_ids"]) for i in range(args.streams)]
     long_ids = []

@@ -65,7 +65,7 @@ def sample(
     w: jax.Array,  # [B, V] raw logits
     cfg: SamplingConfig,
     seeds: Seeds,
-    offset: jax.Array,  # [] int
+    offset: jax.Array,  # [] int, or [B] (each row's own step counter)
     position: int = 0,
     stream: int = DRAFT,
 ) -> tuple[jax.Array, jax.Array]:  # tokens [B] int32, log q(token) [B] float32
@@ -86,7 +86,8 @@ def gumbel_noise(seeds: Seeds, offset, b: int, position, vocab: jax.Array, strea
     col = lambda a: jnp.reshape(a, (b,) + (1,) * pos.ndim)  # noqa: E731
     lo, hi = (col(jnp.broadcast_to(a, (b,))) for a in seeds)
     row = col(jnp.zeros(b, jnp.uint32) if jnp.ndim(seeds.lo) == 1 else jnp.arange(b, dtype=jnp.uint32))
-    u = rng.uniform(lo, hi, rng.as_u32(offset), row, pos[None], vocab.astype(jnp.uint32), stream)
+    off = col(jnp.broadcast_to(rng.as_u32(offset), (b,)))  # one offset, or each row's own (slots)
+    u = rng.uniform(lo, hi, off, row, pos[None], vocab.astype(jnp.uint32), stream)
     return rng.gumbel_from_uniform(u)
 
 

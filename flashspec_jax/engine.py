@@ -26,9 +26,9 @@ from flashspec.engine import EngineBase, Request
 from flashspec.loop import StepRecord
 
 from . import parallel, whole
-from .backend import JaxBackend
 from .drafts import LookupDraft, ModelDraft
 from .heads import HeadDraft, load_draft_head
+from .slots import JaxSlotBackend
 from .weights import LoadedModel, load
 
 LOOPS = ("host", "device")
@@ -73,7 +73,8 @@ class Engine(EngineBase):
             BanditConfig(objective=objective)  # validate now
             config = self.target.model.config
             self.tensor_parallel = tensor_parallel
-            self.backend = JaxBackend(self.split_target(tensor_parallel), sorted(set(config.eos_token_ids)), verify_impl)
+            eos = sorted(set(config.eos_token_ids))
+            self.backend = JaxSlotBackend(self.split_target(tensor_parallel), eos, verify_impl)
             self.backend.set_drafts([self.make_draft(d) for d in drafts])
             self.whole = whole.Whole(self.backend) if loop == "device" else None
 

@@ -143,7 +143,7 @@ class HeadDraft:
         start = torch.minimum(self.valid, seqs.length - 1)
         s_max = self.cache.max_len
         chunk = min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
-        self.feed(seqs, start, chunk, min(seqs.max_len_bound, s_max))
+        self.feed(seqs, start, chunk, min(seqs.max_len_bound, s_max), select=torch.zeros_like(start))  # no logits kept
         self.valid.copy_(torch.maximum(self.valid, seqs.length - 1))
 
     def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:

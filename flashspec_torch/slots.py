@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flashspec.backend import FeatureDraft, StepView
+from flashspec.backend import FeatureDraft, StepView, check_admit, check_open_slots
 from flashspec.config import SamplingConfig
 
 from .backend import TorchBackend
@@ -97,10 +97,7 @@ class TorchSlotBackend(TorchBackend):
 
     def open_slots(self, slots: int, context: int) -> None:
         limit = self.target.config.max_position_embeddings
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ValueError(f"slots={slots!r} must be an integer >= 1 (the most requests served at once)")
-        if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= limit:
-            raise ValueError(f"context={context!r} must be an integer in [2, {limit}] (the model's context)")
+        check_open_slots(slots, context, limit)
         self.allocate(slots, context + MARGIN)
         dev = self.device
         self.context = context
@@ -135,15 +132,7 @@ class TorchSlotBackend(TorchBackend):
 
     def admit(self, slots, prompts, max_new_tokens, seeds, cached=None) -> None:
         idx = self.check_slots(slots)
-        cached = [0] * len(slots) if cached is None else [int(c) for c in cached]
-        if not (len(slots) == len(prompts) == len(max_new_tokens) == len(seeds) == len(cached)) or not slots:
-            raise ValueError("admit takes one prompt, max_new_tokens, seed and cached count per slot, for at least one slot")
-        for p, m, c in zip(prompts, max_new_tokens, cached):
-            if len(p) == 0 or m < 1 or len(p) + m > self.context:
-                raise ValueError(f"a prompt of {len(p)} tokens with max_new_tokens={m} does not fit a slot of "
-                                 f"{self.context} tokens (each needs >= 1)")
-            if not 0 <= c < len(p):
-                raise ValueError(f"cached={c}: a prompt of {len(p)} tokens has 0 to {len(p) - 1} tokens prefilled")
+        cached = check_admit(slots, prompts, max_new_tokens, seeds, cached, self.context)
         n, longest = len(slots), max(len(p) for p in prompts)
         host = torch.zeros((n, longest), dtype=torch.int64)
         for i, p in enumerate(prompts):
@@ -173,13 +162,30 @@ class TorchSlotBackend(TorchBackend):
         for i, c in enumerate(cached):  # the rest of a prompt whose first chunks are in its row already
             if c and len(prompts[i]) - 1 > c:
                 self.fill_row(int(slots[i]), tokens[i : i + 1, c : len(prompts[i]) - 1], c)
-        for d in self.drafts:
-            if isinstance(d, (ModelDraft, FeatureDraft)):
-                d.valid[idx] = 0
-                d.used_at = None  # its next use catches every row up
+        self.catch_up_admitted([int(s) for s in slots], [len(p) for p in prompts])
         self.done[idx] = False
         self.bound[list(slots)] = lens.numpy()
         self.seqs.max_len_bound = min(int(self.bound.max()), self.shape[1])
+
+    def catch_up_admitted(self, slots: list[int], lens: list[int]) -> None:
+        """Each draft with a cache of its own (a model draft, a head) fed the admitted rows' prompts
+        now, row by row over views of those rows, so that the next step's fixed-shape ``propose``
+        finds them as current as the others: the rows already running are not fed again."""
+        seqs = self.seqs
+        for d in self.drafts:
+            if not isinstance(d, (ModelDraft, FeatureDraft)):
+                continue
+            cache, valid, used_at = d.cache, d.valid, d.used_at
+            try:
+                for s, n in zip(slots, lens):
+                    d.cache = CacheView(cache.k[:, s : s + 1], cache.v[:, s : s + 1])
+                    d.valid, d.used_at = valid[s : s + 1], None
+                    d.valid.zero_()
+                    row = Sequences(seqs.tokens[s : s + 1], seqs.length[s : s + 1], n, seqs.step,
+                                    None if seqs.features is None else seqs.features[s : s + 1])
+                    d.catch_up(row, 1)  # positions 0 .. n - 1 (used_at None: the row's whole prompt)
+            finally:
+                d.cache, d.valid, d.used_at = cache, valid, used_at
 
     def prefill_chunk(self, slot: int, tokens: Sequence[int], start: int) -> None:
         """K/V (and the feature drafts' features) of a free slot's prompt tokens at positions

@@ -134,3 +134,26 @@ class SlotBackend(Backend, Protocol):
 
     def decode_slots(self, sampling: SamplingConfig, rows: np.ndarray) -> StepHandle:
         """``decode_one`` over the rows where ``rows`` is set, as ``step_slots``."""
+
+
+def check_open_slots(slots, context, limit: int) -> None:
+    """``open_slots``' arguments (``limit``: the model's context)."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ValueError(f"slots={slots!r} must be an integer >= 1 (the most requests served at once)")
+    if isinstance(context, bool) or not isinstance(context, int) or not 2 <= context <= limit:
+        raise ValueError(f"context={context!r} must be an integer in [2, {limit}] (the model's context)")
+
+
+def check_admit(slots, prompts, max_new_tokens, seeds, cached, context: int) -> list[int]:
+    """``admit``'s per-request lists (the slots themselves are the backend's to check); returns
+    ``cached`` as a list of ints (None: zeros)."""
+    cached = [0] * len(slots) if cached is None else [int(c) for c in cached]
+    if not (len(slots) == len(prompts) == len(max_new_tokens) == len(seeds) == len(cached)) or not slots:
+        raise ValueError("admit takes one prompt, max_new_tokens, seed and cached count per slot, for at least one slot")
+    for p, m, c in zip(prompts, max_new_tokens, cached):
+        if len(p) == 0 or m < 1 or len(p) + m > context:
+            raise ValueError(f"a prompt of {len(p)} tokens with max_new_tokens={m} does not fit a slot of "
+                             f"{context} tokens (each needs >= 1)")
+        if not 0 <= c < len(p):
+            raise ValueError(f"cached={c}: a prompt of {len(p)} tokens has 0 to {len(p) - 1} tokens prefilled")
+    return cached

@@ -136,6 +136,23 @@ class Scheduler:
         with self.running():
             backend.open_slots(slots, context)
 
+    def warm_prefill(self) -> int:
+        """Before ``start``: run a prompt's prefill once at every length class a request can meet
+        (``prefill_lengths``: powers of two and one more, up to a chunk) and one chunk of
+        ``prefill_chunk``, in slot 0, released at once, so that compiling a kernel variant or a
+        jitted shape happens here and not in a request's time to first token. Returns the
+        prefills run."""
+        if self.thread is not None:
+            raise RuntimeError("warm_prefill before start: the scheduler's thread owns the backend once started")
+        lengths = prefill_lengths(min(self.prefill_chunk, self.context - 2))
+        with self.running():
+            for n in lengths:  # n prompt tokens of K/V: a prompt of n + 1 tokens
+                self.backend.admit([0], [[0] * (n + 1)], [1], [0])
+                self.backend.release([0])
+            if self.prefill_chunk + 1 < self.context:  # a long prompt's first chunk (the slot stays free)
+                self.backend.prefill_chunk(0, [0] * self.prefill_chunk, 0)
+        return len(lengths) + (self.prefill_chunk + 1 < self.context)
+
     # -- any thread
 
     def submit(self, submission: Submission, on_event: Callable[[Ticket, list[int]], None]) -> Ticket:
@@ -358,3 +375,15 @@ class Scheduler:
         self.owner = [None] * self.slots
         if broken:
             self.backend.open_slots(self.slots, self.context)
+
+
+def prefill_lengths(limit: int) -> list[int]:
+    """The prompt K/V lengths that meet each of a prefill's shape classes up to ``limit``: every
+    power of two and the length one past it (kernels specialise on powers of two of the tokens
+    and on divisibility by 16; the JAX backend pads pieces to powers of two), and ``limit``."""
+    out = {limit}
+    t = 1
+    while t <= limit:
+        out.update(n for n in (t, t + 1) if n <= limit)
+        t *= 2
+    return sorted(out)

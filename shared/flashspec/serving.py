@@ -182,12 +182,9 @@ class Service:
                  gamma: int = 4, speculation: bool = True, prefill_chunk: int = 512, observer=None):
         backend = engine.backend
         self.engine, self.tokenizer = engine, engine.tokenizer
-        limit = getattr(getattr(backend, "target", None), "config", None)
+        limit = getattr(getattr(backend, "target", None), "config", None) or getattr(backend, "config", None)
         limit = limit.max_position_embeddings if limit is not None else 2048
         self.context = min(limit, 2048) if context is None else context
-        if getattr(engine, "backend_name", "") != "torch":
-            raise ValueError(f"serving needs the torch backend: the {engine.backend_name!r} backend does not implement "
-                             "flashspec.backend.SlotBackend (continuous batching); use --backend torch")
         policy = engine.policy_for(gamma, 0) if speculation else None
         self.scheduler = Scheduler(backend, policy, slots=max_batch, context=self.context, gamma=gamma,
                                    speculation=speculation, max_queue=max_queue, prefill_chunk=prefill_chunk,
@@ -196,12 +193,14 @@ class Service:
         self.model_name = getattr(getattr(engine, "target", None), "name", "flashspec")
 
     def prepare(self, temperatures=(0.0, 1.0), top_k: int = 0, top_p: float = 1.0) -> int:
-        """Capture now (torch on a GPU) the steps of requests with these settings, for every
-        slot-count bucket, so that no request waits for a capture; call before ``start``.
-        Returns the number of CUDA graphs captured (0 off CUDA)."""
+        """Make ready now the steps of requests with these settings, for every slot-count bucket
+        (torch on a GPU: captures their CUDA graphs; JAX: compiles them), and run the prefill at
+        every prompt-length class (``Scheduler.warm_prefill``), so that no request waits for a
+        capture or a compile; call before ``start``. Returns the step kinds made ready."""
         if self.scheduler.thread is not None:
             raise RuntimeError("prepare before start: the scheduler's thread owns the backend once started")
         gamma = self.scheduler.gamma if self.scheduler.speculation else None
+        self.scheduler.warm_prefill()
         with self.engine.running():
             return sum(self.scheduler.backend.prepare(gamma, SamplingConfig(t, top_k, top_p)) for t in temperatures)
 

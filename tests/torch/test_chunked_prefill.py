@@ -131,3 +131,24 @@ def test_bad_chunk_settings_are_refused(tiny):
             eng.backend.prefill_chunk(0, [1] * 8, 60)
         with pytest.raises(ValueError, match="cached=9"):
             eng.backend.admit([0], [[1] * 9], [4], [0], cached=[9])
+
+
+def test_an_admission_feeds_the_draft_head_its_own_rows_only(tiny):
+    """A request entering while others run: its prompt reaches the head row by row in ``admit``; the
+    next step feeds every row its usual G + 1 positions, never the running rows' histories again."""
+    eng = engine(tiny, "head", graphs=True)
+    b, head = eng.backend, eng.drafts[0].head
+    fed, run = [], head.run
+    head.run = lambda target, tokens, *a, **k: (fed.append(tuple(tokens.shape)), run(target, tokens, *a, **k))[1]
+    greedy, rows = SamplingConfig(0.0, 0, 1.0), np.ones(4, bool)
+    with torch.inference_mode():
+        b.open_slots(4, 128)
+        b.admit([0, 1], [[5, 6, 7, 8, 9], [3, 4]], [40, 40], [0, 1])
+        for _ in range(3):
+            b.step_slots(0, 3, greedy, rows).fetch()
+        fed.clear()
+        b.admit([2], [list(range(10, 30))], [40], [2])
+        assert fed == [(1, 20)]  # the admitted row's prompt, nothing of rows 0 and 1
+        fed.clear()
+        b.step_slots(0, 3, greedy, rows).fetch()
+    assert fed == [(4, 4), (4, 1), (4, 1)]  # the graphed propose: G + 1 positions, then G - 1 single tokens

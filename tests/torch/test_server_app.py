@@ -1,16 +1,13 @@
 """The HTTP app in process (FastAPI's TestClient) over a tiny random model: a full queue answers 429
-with OpenAI's error body, a completion and a stream still work, and ``flashspec serve --backend jax``
-is refused in one line before anything loads."""
-
-import json
+with OpenAI's error body, and a completion and a stream still work."""
 
 import pytest
 
 pytest.importorskip("fastapi")
 
 from fault_helpers import tiny_target
+from serving_checks import complete_and_stream
 
-from flashspec.cli import main
 from flashspec.server.app import create_app
 from flashspec.server.metrics import Metrics
 from flashspec.serving import Service
@@ -32,19 +29,6 @@ def test_a_full_queue_answers_429_and_requests_are_served():
         r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3})
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full", r.text
     with TestClient(app_with(max_queue=4)) as client:
-        r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 3, "temperature": 0})
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3, r.text
-        body = {"prompt": "abc", "max_tokens": 3, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
-        with client.stream("POST", "/v1/completions", json=body) as s:
-            data = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
-        assert data[-1] == "[DONE]" and json.loads(data[-2])["usage"]["completion_tokens"] == 3
-        assert "".join(json.loads(d)["choices"][0]["text"] for d in data[:-2]) == r.json()["choices"][0]["text"]
+        complete_and_stream(client)
         metrics = client.get("/metrics").text
         assert 'vllm:request_success_total{finished_reason="length",model_name="tiny"} 2.0' in metrics
-
-
-def test_serve_with_the_jax_backend_is_refused(capsys):
-    assert main(["serve", "--backend", "jax"]) == 2
-    err = capsys.readouterr().err
-    assert "--backend jax cannot serve" in err and "--backend torch" in err and len(err.strip().splitlines()) == 1

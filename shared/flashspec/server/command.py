@@ -43,9 +43,8 @@ def add_serve(sub, positive_int) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    if args.backend != "torch":
-        raise ValueError(f"--backend {args.backend} cannot serve: continuous batching (flashspec.backend.SlotBackend) "
-                         "is implemented by the torch backend only; use --backend torch")
+    if args.backend != "torch" and args.batch_invariant:
+        raise ValueError("--batch-invariant is an option of --backend torch (its batch-invariant kernels)")
     if args.max_queue < 0 or not 0 <= args.port < 65536 or args.drain_timeout < 0:
         raise ValueError("--max-queue and --drain-timeout must be >= 0 and --port in [0, 65535]")
     try:
@@ -58,8 +57,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..engine import engine_class
     from ..serving import Service
 
-    eng = engine_class(args.backend)(args.target, tuple(args.draft or ("ngram",)), policy=args.policy,
-                                     device=args.device, batch_invariant=args.batch_invariant)
+    make, drafts = engine_class(args.backend), tuple(args.draft or ("ngram",))
+    if args.batch_invariant:
+        eng = make(args.target, drafts, policy=args.policy, device=args.device, batch_invariant=True)
+    else:  # the JAX engine has no batch-invariant mode
+        eng = make(args.target, drafts, policy=args.policy, device=args.device)
     metrics = Metrics(eng.target.name, list(eng.backend.draft_names), args.max_batch)
     service = Service(eng, max_batch=args.max_batch, max_queue=args.max_queue, context=args.context,
                       gamma=args.gamma, speculation=not args.no_speculation, prefill_chunk=args.prefill_chunk,
@@ -71,7 +73,7 @@ def run_serve(args: argparse.Namespace) -> int:
     captured = service.prepare(temperatures)
     app = create_app(service, metrics, drain_timeout=args.drain_timeout)
     print(f"flashspec serve: {service.model_name} on http://{args.host}:{args.port} ({args.max_batch} slots of "
-          f"{service.context} tokens; {captured} CUDA graphs captured)", file=sys.stderr, flush=True)
+          f"{service.context} tokens; {captured} step kinds prepared ahead)", file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.drain_timeout + 5)
     return 0
