@@ -33,9 +33,13 @@ from jax import lax
 from flashspec.config import LlamaConfig
 from flashspec.contract import check_vocab
 
+from .kernels import attention as kernel_attention
+from .kernels.attention import attention_reference
+
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 
+ATTENTION_IMPLS = ("xla", "pallas")
 SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
 
 
@@ -88,21 +92,17 @@ def write_cache(cache: jax.Array, new: jax.Array, layer, positions: jax.Array) -
     return cache.at[layer, rows, :, positions].set(new.astype(cache.dtype), mode="drop")
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 0.0,
-              softcap: float = 0.0) -> jax.Array:
-    """q [B, T, H, D]; k, v [B, H_kv, S, D]; mask [B, T, S] -> [B, T, H, D] (GQA, float32 softmax).
-    Scores times ``scale`` (0: 1 / sqrt(D)), then ``softcap * tanh(scores / softcap)`` when set."""
-    b, t, h, d = q.shape
-    h_kv = k.shape[1]
-    q = q.reshape(b, t, h_kv, h // h_kv, d)
-    s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
-    s = s * np.float32(scale) if scale else s / np.float32(math.sqrt(d))
-    if softcap:
-        s = jnp.tanh(s / np.float32(softcap)) * np.float32(softcap)
-    s = jnp.where(mask[:, None, None], s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", p, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, h, d).astype(q.dtype)
+def attention(c: LlamaConfig, q: jax.Array, cache: KVCache, layer, positions: jax.Array, mask: jax.Array, window=0,
+              impl: str = "xla") -> jax.Array:
+    """q [B, T, H, D] against layer ``layer`` of the cache ([L, B, H_kv, S, D]); positions [B, T];
+    mask [B, T, S] (the slots each query sees: slot <= position, within ``window`` if not 0).
+    ``impl`` "xla": the einsum over every slot (``attention_reference``); "pallas": the kernel that
+    reads only the visible blocks (``kernels.attention.decode_attention``) where it takes the shape
+    (a few rows per KV head: decoding and scoring), the einsum otherwise (a long prefill)."""
+    if impl == "pallas" and kernel_attention.supported(q.shape[1], c.num_heads, c.num_kv_heads, c.head_dim):
+        return kernel_attention.decode_attention(q, cache.k, cache.v, layer, positions, window, scale=c.query_scale,
+                                                 softcap=c.attn_softcap, interpret=jax.default_backend() != "gpu")
+    return attention_reference(q, cache.k[layer], cache.v[layer], mask, c.query_scale, c.attn_softcap)
 
 
 class Layers(NamedTuple):
@@ -153,8 +153,9 @@ def norm(c: LlamaConfig, x: jax.Array, weight: jax.Array | None) -> jax.Array:
     return x if weight is None else rms_norm(x, weight, c.rms_norm_eps, c.norm_offset)
 
 
-def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask):
-    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]."""
+def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window=0, attn: str = "xla"):
+    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]
+    (from ``window``, 0: none); ``attn`` the attention's implementation (``attention``)."""
     b, t, _ = h.shape
     qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
     nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -163,8 +164,8 @@ def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positio
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
     cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
-    attn = attention(q, cache.k[layer], cache.v[layer], mask, c.query_scale, c.attn_softcap)
-    h = h + norm(c, dense(attn.reshape(b, t, nq), w.o, w.o_bias), w.post_attn_norm)
+    out = attention(c, q, cache, layer, positions, mask, window, attn)
+    h = h + norm(c, dense(out.reshape(b, t, nq), w.o, w.o_bias), w.post_attn_norm)
     gate, up = jnp.split(dense(norm(c, h, w.mlp_norm), w.gate_up, w.gate_up_bias), 2, axis=-1)
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
     return h + norm(c, dense(act * up, w.down, w.down_bias), w.post_mlp_norm), cache
@@ -174,10 +175,12 @@ class Llama(nnx.Module):
     """Embedding, a stack of blocks (weights [L, ...]), final norm, LM head (tied or not)."""
 
     def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02,
-                 scan_layers: bool | None = None):
+                 scan_layers: bool | None = None, attention_impl: str | None = None):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
         self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
+        self.attention_impl = attention_impl  # "xla", "pallas" (``attention``); None: ``attention_choice``
+        self.attention_choice()
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
 
@@ -209,6 +212,12 @@ class Llama(nnx.Module):
             return True
         per_layer = sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
         return per_layer < SCAN_BELOW_BYTES
+
+    def attention_choice(self) -> str:
+        """``attention_impl``, or by default the einsum ("xla") on every platform."""
+        if self.attention_impl not in (None, *ATTENTION_IMPLS):
+            raise ValueError(f"attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS} or None (by platform)")
+        return self.attention_impl or "xla"
 
     def layers(self) -> Layers:
         return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
@@ -265,7 +274,7 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
         w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
         seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
         cs = (jnp.where(is_local, local[0], rope[0]), jnp.where(is_local, local[1], rope[1]))
-        h, cache = block(c, w, h, *cs, cache, i, positions, seen)
+        h, cache = block(c, w, h, *cs, cache, i, positions, seen, window, m.attention_choice())
         if feats is not None:
             at = jnp.maximum(j, 0)
             feats = lax.dynamic_update_index_in_dim(feats, jnp.where(j >= 0, h, feats[at]), at, 0)
@@ -292,7 +301,8 @@ def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, p
         window = c.window(i)
         seen = mask & (slots > positions[:, :, None] - window) if window else mask
         w = jax.tree.map(lambda a, i=i: a[i], layers)
-        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen)
+        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen, window,
+                         m.attention_choice())
         if i in hidden:
             kept_streams[i] = h
     feats = jnp.concatenate([kept_streams[i] for i in hidden], axis=-1) if hidden else None

@@ -1,0 +1,144 @@
+"""Decode attention over the static KV cache in Pallas (Triton lowering), with its jnp reference.
+
+The model's einsum attention (``attention_reference``) reads every slot of the static cache and
+masks; this kernel reads only the blocks of slots a row can see. Program (b, kh) of the grid
+``(B, H_kv)`` takes the query rows of KV head kh (the T positions times the G = H / H_kv query
+heads of its GQA group, padded to a power of two of at least 16 rows for the Triton dot), and
+streams the cache's slots ``[block_s]`` at a time from the first block any row sees to the last,
+with an online softmax in float32. Row r sees slots ``lo[r] <= s <= hi[r]`` (``hi``: its position;
+``lo``: 0, or position - window + 1 for a sliding window). The cache is the model's whole
+``[L, B, H_kv, S, D]`` stack and the layer a traced scalar, so neither loop over layers copies a
+layer's cache out first.
+
+Used for the few rows of decoding and scoring (``MAX_ROWS``); the prefill's long prompts keep the
+einsum (``flashspec_jax.model.attention``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+MAX_ROWS = 128  # T * G query rows per program at most (registers); more: the einsum
+MIN_ROWS = 16  # the Triton dot's smallest M
+
+
+def supported(t: int, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether the kernel takes T positions of this attention shape (else the einsum runs)."""
+    pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
+    return pow2 and t * (heads // kv_heads) <= MAX_ROWS
+
+
+def scores(s: jax.Array, d: int, scale: float, softcap: float) -> jax.Array:  # f32, any shape
+    """Raw q.k products -> the attention scores (times ``scale``, 0: 1 / sqrt(D); then the softcap)."""
+    s = s * np.float32(scale) if scale else s / np.float32(math.sqrt(d))
+    if softcap:
+        s = jnp.tanh(s / np.float32(softcap)) * np.float32(softcap)
+    return s
+
+
+def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, block_s: int, scale: float,
+                     softcap: float):
+    """q [B, H_kv, R, D]; k, v [L, B, H_kv, S, D]; layer [1] int32; lo, hi [B, R] int32; o [B, H_kv, R, D]."""
+    b, kh = pl.program_id(0), pl.program_id(1)
+    num_rows, d = q_ref.shape[2], q_ref.shape[3]
+    slots = k_ref.shape[3]
+    layer = layer_ref[0]
+    rows, dims = jnp.arange(num_rows, dtype=jnp.int32), jnp.arange(d, dtype=jnp.int32)
+    q = plt.load(q_ref.at[b, kh, rows[:, None], dims[None, :]])  # [R, D]
+    lo, hi = plt.load(lo_ref.at[b, rows]), plt.load(hi_ref.at[b, rows])  # [R]
+    first = jnp.min(lo) // block_s
+    last = jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1
+
+    def body(j, carry):
+        m, l, acc = carry  # [R], [R], [R, D] f32
+        cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)  # [BS]
+        at = (layer, b, kh, cols[:, None], dims[None, :])
+        live = cols[:, None] < slots
+        k = plt.load(k_ref.at[at], mask=live, other=0)  # [BS, D]
+        v = plt.load(v_ref.at[at], mask=live, other=0)
+        s = scores(jnp.dot(q, k.T, preferred_element_type=jnp.float32), d, scale, softcap)  # [R, BS]
+        seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+        s = jnp.where(seen, s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        base = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row that has seen nothing yet
+        alpha = jnp.exp(m - base)
+        p = jnp.exp(s - base[:, None])
+        l = l * alpha + jnp.sum(p, axis=1)
+        acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return m_new, l, acc
+
+    init = (jnp.full((num_rows,), -jnp.inf, jnp.float32), jnp.zeros((num_rows,), jnp.float32),
+            jnp.zeros((num_rows, d), jnp.float32))
+    _, l, acc = lax.fori_loop(first, last, body, init)
+    out = acc / jnp.where(l == 0, 1.0, l)[:, None]  # padding rows see nothing: 0
+    plt.store(o_ref.at[b, kh, rows[:, None], dims[None, :]], out.astype(o_ref.dtype))
+
+
+def bounds(positions: jax.Array, window) -> tuple[jax.Array, jax.Array]:  # [B, T] -> ([B, T], [B, T]) int32
+    """The first and last slot each position sees (``window`` 0: from slot 0; may be traced)."""
+    hi = positions.astype(jnp.int32)
+    lo = jnp.where(window > 0, hi - window + 1, 0)
+    return jnp.maximum(lo, 0), hi
+
+
+def decode_attention(
+    q: jax.Array,  # [B, T, H, D]
+    k: jax.Array,  # [L, B, H_kv, S, D]
+    v: jax.Array,  # [L, B, H_kv, S, D]
+    layer,  # int or int32 scalar: the layer of the cache to read
+    positions: jax.Array,  # [B, T] int: each query's position (it sees slots <= its position)
+    window=0,  # int or int32 scalar: 0 full attention, else a sliding window of this many slots
+    *,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    block_s: int = 64,
+    num_warps: int = 4,
+    interpret: bool = False,
+) -> jax.Array:  # [B, T, H, D]
+    """``attention_reference`` over layer ``layer`` of the cache, reading only the visible blocks."""
+    b, t, h, d = q.shape
+    h_kv, slots = k.shape[2], k.shape[3]
+    if not supported(t, h, h_kv, d):
+        raise ValueError(f"decode_attention: T={t} positions x {h // h_kv} heads per KV head, head_dim={d}: needs "
+                         f"head_dim a power of two >= 16 and at most {MAX_ROWS} rows; use attention_reference")
+    g = h // h_kv
+    rows = max(MIN_ROWS, 1 << (t * g - 1).bit_length())
+    qr = q.reshape(b, t, h_kv, g, d).transpose(0, 2, 1, 3, 4).reshape(b, h_kv, t * g, d)
+    qr = jnp.pad(qr, ((0, 0), (0, 0), (0, rows - t * g), (0, 0)))  # [B, H_kv, R, D]
+    lo, hi = bounds(positions, window)
+    pad = ((0, 0), (0, rows - t * g))
+    lo = jnp.pad(jnp.repeat(lo, g, axis=1), pad, constant_values=slots)  # [B, R]: padding rows see nothing
+    hi = jnp.pad(jnp.repeat(hi, g, axis=1), pad, constant_values=-1)
+    kernel = functools.partial(attention_kernel, block_s=block_s, scale=scale, softcap=softcap)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(qr.shape, q.dtype),
+        grid=(b, h_kv),
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=2),
+        interpret=interpret,
+        name="flashspec_decode_attention",
+    )(qr, k, v, jnp.asarray(layer, jnp.int32).reshape(1), lo, hi)
+    out = out[:, :, : t * g].reshape(b, h_kv, t, g, d).transpose(0, 2, 1, 3, 4)
+    return out.reshape(b, t, h, d)
+
+
+def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 0.0,
+                        softcap: float = 0.0) -> jax.Array:
+    """q [B, T, H, D]; k, v [B, H_kv, S, D]; mask [B, T, S] -> [B, T, H, D] (GQA, float32 softmax over
+    every slot of the cache, the masked ones at -inf)."""
+    b, t, h, d = q.shape
+    h_kv = k.shape[1]
+    q = q.reshape(b, t, h_kv, h // h_kv, d)
+    s = scores(jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32), d, scale, softcap)
+    s = jnp.where(mask[:, None, None], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksd->btkgd", p, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, d).astype(q.dtype)
