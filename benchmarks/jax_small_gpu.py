@@ -1,0 +1,301 @@
+"""The JAX engine's plain decode step at small shapes (issue #37): its kernels, and variants timed.
+
+    python benchmarks/jax_small_gpu.py --out DIR --budget-s 200    # on the H100 (random bf16 weights)
+    python benchmarks/jax_small_gpu.py --dry-run --out DIR         # a tiny config on the CPU, JAX only
+
+Per shape (SmolLM2-135M, TinyLlama-1.1B; batch 1, 128-token prompt, greedy), per variant of the
+model (``LOOP:ATTENTION``: the layer loop, ``flashspec_jax.model.Llama.scan_layers``, and the
+attention, ``Llama.attention_impl``: ``xla`` the einsum over every cache slot, ``pallas`` the
+decode-attention kernel):
+
+* plain decoding's ms per token through the engine's loop (``flashspec.loop.decode`` over
+  ``JaxBackend``: wall time / tokens, and the mean launch-to-launch step time the torch rows use)
+  and its greedy tokens, compared with the first variant's;
+* a ``jax.profiler`` trace of ``--trace-steps`` decode steps (``JaxBackend.decode_jit``, the state
+  donated as the engine does), parsed (``parse_trace``): per kernel name its count per step and
+  device time, the device's busy time per step and the step's span from first kernel start to
+  last kernel end, so the launch gaps show (span - busy);
+* torch's plain ms per token once per shape (CUDA graphs, ``engine_gpu.time_engine``), for the ratio.
+
+``--budget-s`` bounds the run: a part that would start past it is skipped (recorded as skipped).
+One JSON to ``--out``/jax_small.json (the traces are parsed in a temporary directory, not kept).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SHAPES = {  # engine_gpu.py's (that module imports torch)
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                         num_kv_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True),
+    "tinyllama-1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32,
+                           num_kv_heads=4, head_dim=64),
+}
+TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=6, num_kv_heads=2,
+            head_dim=16)
+VARIANTS = "default:xla,default:pallas,scan:xla,scan:pallas,unrolled:xla,unrolled:pallas"
+HOST_NOISE = ("end: ", "$")  # CPU trace: thunk end markers and Python frames are not kernels
+
+
+# -- the trace
+
+
+def load_trace(trace_dir: Path) -> dict:
+    """The perfetto JSON (``create_perfetto_trace=True``) under a ``jax.profiler.trace`` directory,
+    else the TensorBoard ``*.trace.json.gz`` (the same Chrome trace format)."""
+    found = sorted(trace_dir.rglob("perfetto_trace.json.gz")) or sorted(trace_dir.rglob("*.trace.json.gz"))
+    if not found:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz or *.trace.json.gz under {trace_dir}")
+    with gzip.open(found[-1], "rt") as f:
+        return json.load(f)
+
+
+def kernel_events(trace: dict) -> tuple[list[dict], str]:
+    """The trace's device work: complete ('X') events on a device's stream threads (a GPU: processes
+    named ``/device:GPU:N``, threads named ``Stream ...``); where there are none (the CPU), the XLA
+    thunks on host threads (events with an ``hlo_op`` argument). Returns (events, which)."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    procs, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            procs[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    device = [e for e in complete if procs.get(e.get("pid"), "").startswith("/device:")
+              and "stream" in threads.get((e.get("pid"), e.get("tid")), "").lower()]
+    if device:
+        return device, "device streams"
+    thunks = [e for e in complete if "hlo_op" in e.get("args", {}) and not e["name"].startswith(HOST_NOISE)]
+    return thunks, "host thunks (no device stream in the trace)"
+
+
+def parse_trace(trace: dict, steps: int, top: int = 40) -> dict:
+    """Per kernel name: count per step, total and mean device time; the device's busy time (union of
+    kernel intervals) per step, the span from first start to last end per step, and the host's time
+    in ``PjitFunction`` events (dispatch, nested events counted once each) per step."""
+    events, source = kernel_events(trace)
+    if not events:
+        return dict(source=source, kernels_per_step=0, error="no kernel events in the trace")
+    by_name = defaultdict(lambda: [0, 0.0, None])
+    for e in events:
+        rec = by_name[e["name"]]
+        rec[0] += 1
+        rec[1] += float(e["dur"])
+        rec[2] = rec[2] or e.get("args", {}).get("hlo_op")
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events)
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:  # the union of the intervals (kernels on several streams may overlap)
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    span = max(b for _, b in spans) - spans[0][0]
+    raw = trace["traceEvents"] if isinstance(trace, dict) else trace
+    dispatch = [float(e["dur"]) for e in raw if e.get("ph") == "X" and str(e.get("name", "")).startswith("PjitFunction")]
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])
+    kernels = [dict(name=n[:160], hlo_op=op, per_step=c / steps, us_per_step=t / steps, mean_us=t / c)
+               for n, (c, t, op) in rows[:top]]
+    return dict(source=source, steps=steps, kernels_per_step=len(events) / steps, distinct_kernels=len(by_name),
+                busy_us_per_step=busy / steps, span_us_per_step=span / steps, gap_us_per_step=(span - busy) / steps,
+                host_dispatch_us_per_step=sum(dispatch) / steps if dispatch else None, top_kernels=kernels)
+
+
+# -- JAX
+
+
+def variant_model(m, variant: str):
+    loop, attn = variant.split(":")
+    m.scan_layers = None if loop == "default" else loop == "scan"
+    m.attention_impl = attn
+    return m
+
+
+def jax_variant(m, variant: str, prompts, tokens: int, trace_steps: int) -> dict:
+    import jax
+    import numpy as np
+
+    from flashspec.config import SamplingConfig
+    from flashspec.loop import decode
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+
+    variant_model(m, variant)
+    row = dict(variant=variant, layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice())
+    backend = JaxBackend(m, eos_ids=[])
+    backend.set_drafts([LookupDraft()])
+    greedy, seed = SamplingConfig(0.0), np.zeros(len(prompts), np.uint64)
+    t0 = time.perf_counter()
+    decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)  # compiles
+    row["compile_and_first_run_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    outs, rec = decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)
+    wall = time.perf_counter() - t0
+    row.update(ms_per_token=wall * 1e3 / len(rec), step_ms_launch_to_launch=statistics.mean(r.seconds for r in rec) * 1e3,
+               tokens=outs)
+    state = backend.start_state(prompts, tokens)
+    step = lambda st: backend.decode_jit(backend.weights, st, greedy, backend._seeds(0), np.uint32(0), rows=1)[0]  # noqa: E731
+    for _ in range(3):
+        state = step(state)
+    jax.block_until_ready(state)
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(trace_steps):
+                state = step(state)
+            jax.block_until_ready(state)
+        try:
+            row["trace"] = parse_trace(load_trace(Path(d)), trace_steps)
+        except Exception as e:  # the timings stand without the trace
+            row["trace"] = dict(error=f"{type(e).__name__}: {e}"[:500])
+    del backend, state
+    return row
+
+
+def torch_plain(dims: dict, prompts, tokens: int) -> dict:
+    import engine_gpu
+    import torch
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.drafts import LookupDraft as TorchLookup
+    from flashspec_torch.model import LlamaConfig as TorchConfig
+
+    m = engine_gpu.random_model(TorchConfig(**dims, max_position_embeddings=8192))
+    with torch.inference_mode():
+        backend = TorchBackend(m, [TorchLookup()], eos_ids=[], verify_impl="triton", graphs=True)
+        r = engine_gpu.time_engine(backend, prompts, tokens, torch.zeros(len(prompts), dtype=torch.int64, device="cuda"))
+    del backend, m
+    torch.cuda.empty_cache()
+    return dict(ms_per_token=r["ar_ms_per_token"], wall_ms_per_token=r["ar_wall_ms"] / tokens)
+
+
+def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from flashspec_jax.model import LlamaConfig
+    from flashspec_jax.weights import random_model
+
+    cfg = LlamaConfig(**dims, max_position_embeddings=8192)
+    prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, args.prompt_len)).tolist()
+    row = dict(shape=name, config=dims, batch=1, prompt_len=args.prompt_len, new_tokens=args.tokens, variants={})
+    if args.torch:
+        row["torch"] = guarded(lambda: torch_plain(dims, prompts, args.tokens), deadline)
+    dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+    m = random_model(cfg, dtype=dtype, seed=0)
+    row["dtype"] = str(jnp.dtype(dtype))
+    for v in variants:
+        row["variants"][v] = guarded(lambda v=v: jax_variant(m, v, prompts, args.tokens, args.trace_steps), deadline)
+        print(json.dumps({k: x for k, x in row["variants"][v].items() if k not in ("tokens", "trace")}), flush=True)
+    first = next((r["tokens"] for r in row["variants"].values() if "tokens" in r), None)
+    for r in row["variants"].values():
+        if "tokens" in r:
+            r["tokens_equal_first_variant"] = r.pop("tokens") == first
+    tms = row.get("torch", {}).get("ms_per_token")
+    for r in row["variants"].values():
+        if tms and "ms_per_token" in r:
+            r["over_torch"] = r["ms_per_token"] / tms
+    del m
+    return row
+
+
+def guarded(fn, deadline: float) -> dict:
+    """fn() unless the budget is spent; an exception is recorded, not raised (one part must not lose the others)."""
+    if time.perf_counter() > deadline:
+        return dict(skipped="--budget-s spent")
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:
+        out = dict(error=f"{type(e).__name__}: {e}"[:1000])
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["shape | variant | loop | attention | ms/token | JAX/torch | kernels/step | busy us | span us | gap us | tokens = first"]
+    for r in rows:
+        tms = r.get("torch", {}).get("ms_per_token", float("nan"))
+        lines.append(f"{r['shape']} | torch (CUDA graphs) | | | {tms:.3f} | | | | | |")
+        for v, x in r["variants"].items():
+            if "ms_per_token" not in x:
+                lines.append(f"{r['shape']} | {v} | {x.get('error') or x.get('skipped')}"[:240])
+                continue
+            t = x.get("trace", {})
+            lines.append(f"{r['shape']} | {v} | {x['layer_loop']} | {x['attention']} | {x['ms_per_token']:.3f} | "
+                         f"{x.get('over_torch', float('nan')):.2f} | {t.get('kernels_per_step', float('nan')):.0f} | "
+                         f"{t.get('busy_us_per_step', float('nan')):.0f} | {t.get('span_us_per_step', float('nan')):.0f} | "
+                         f"{t.get('gap_us_per_step', float('nan')):.0f} | {x.get('tokens_equal_first_variant')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION, LOOP in default/scan/unrolled, ATTENTION in xla/pallas")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--trace-steps", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start after this many seconds are skipped")
+    ap.add_argument("--no-torch", dest="torch", action="store_false")
+    ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    deadline = start + args.budget_s
+    variants = args.variants.split(",")
+    for v in variants:
+        loop, _, attn = v.partition(":")
+        if loop not in ("default", "scan", "unrolled") or attn not in ("xla", "pallas"):
+            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION with LOOP in default/scan/unrolled, ATTENTION in xla/pallas")
+    if args.dry_run:
+        shapes, args.tokens, args.prompt_len, args.torch, args.trace_steps = {"tiny": TINY}, 8, 16, False, 2
+    else:
+        unknown = set(args.shapes.split(",")) - set(SHAPES)
+        if unknown:
+            ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {sorted(SHAPES)}")
+        shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
+    import jax
+
+    rows = [run_shape(n, dims, args, variants, deadline) for n, dims in shapes.items()]
+    versions = dict(jax=jax.__version__, python=platform.python_version())
+    if args.torch:
+        import torch
+        import triton
+
+        versions.update(torch=torch.__version__, triton=triton.__version__)
+    checks = {f"{r['shape']}_{v}_ran": "ms_per_token" in x for r in rows for v, x in r["variants"].items()}
+    checks |= {f"{r['shape']}_{v}_tokens_equal_first_variant": x["tokens_equal_first_variant"]
+               for r in rows for v, x in r["variants"].items() if "tokens_equal_first_variant" in x}
+    dev = jax.devices()[0]
+    result = dict(script="benchmarks/jax_small_gpu.py", argv=sys.argv[1:], device=getattr(dev, "device_kind", str(dev)),
+                  platform=jax.default_backend(), versions=versions, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                  date=datetime.now(timezone.utc).isoformat(timespec="seconds"), dry_run=args.dry_run,
+                  wall_s=time.perf_counter() - start, checks=checks, passed=all(checks.values()),
+                  notes="ms_per_token: the engine's plain decoding, wall / tokens; torch: mean launch-to-launch step "
+                        "(engine_gpu.time_engine). trace: busy = union of kernel intervals, span = first start to last "
+                        "end, gap = span - busy, all per decode step. Tokens: greedy, bf16 random weights; a variant "
+                        "whose rounding differs may part from the first on near-tied logits.", rows=rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / ("jax_small_dry_run.json" if args.dry_run else "jax_small.json")
+    path.write_text(json.dumps(result, indent=1))
+    print(path)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
