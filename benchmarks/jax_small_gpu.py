@@ -4,7 +4,8 @@
     python benchmarks/jax_small_gpu.py --dry-run --out DIR         # a tiny config on the CPU, JAX only
 
 Per shape (SmolLM2-135M, TinyLlama-1.1B; batch 1, 128-token prompt, greedy), per variant of the
-model (``LOOP:ATTENTION``: the layer loop, ``flashspec_jax.model.Llama.scan_layers``, and the
+model (``LOOP:ATTENTION``: the layer loop, ``flashspec_jax.model.Llama.scan_layers`` (``default``: the
+model's choice at the shape, ``other``: the opposite), and the
 attention, ``Llama.attention_impl``: ``xla`` the einsum over every cache slot, ``pallas`` the
 decode-attention kernel):
 
@@ -49,7 +50,8 @@ SHAPES = {  # engine_gpu.py's (that module imports torch)
 }
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=6, num_kv_heads=2,
             head_dim=16)
-VARIANTS = "default:xla,default:pallas,scan:xla,scan:pallas,unrolled:xla,unrolled:pallas"
+VARIANTS = "default:xla,default:pallas,other:xla,other:pallas"
+LOOPS = ("default", "other", "scan", "unrolled")  # default: the model's choice for the shape (Llama.uses_scan); other: the opposite
 HOST_NOISE = ("end: ", "$")  # CPU trace: thunk end markers and Python frames are not kernels
 
 
@@ -119,10 +121,18 @@ def parse_trace(trace: dict, steps: int, top: int = 40) -> dict:
 # -- JAX
 
 
+def resolve(m, variants: list[str]) -> list[str]:
+    """``default`` and ``other`` loops named as the model runs them at this shape (duplicates dropped)."""
+    m.scan_layers = None
+    default = "scan" if m.uses_scan() else "unrolled"
+    other = {"scan": "unrolled", "unrolled": "scan"}[default]
+    named = [v.replace("default:", f"{default}:").replace("other:", f"{other}:") for v in variants]
+    return list(dict.fromkeys(named))
+
+
 def variant_model(m, variant: str):
     loop, attn = variant.split(":")
-    m.scan_layers = None if loop == "default" else loop == "scan"
-    m.attention_impl = attn
+    m.scan_layers, m.attention_impl = loop == "scan", attn
     return m
 
 
@@ -182,7 +192,7 @@ def torch_plain(dims: dict, prompts, tokens: int) -> dict:
     return dict(ms_per_token=r["ar_ms_per_token"], wall_ms_per_token=r["ar_wall_ms"] / tokens)
 
 
-def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float) -> dict:
+def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float, save) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -198,9 +208,10 @@ def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float)
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     m = random_model(cfg, dtype=dtype, seed=0)
     row["dtype"] = str(jnp.dtype(dtype))
-    for v in variants:
+    for v in resolve(m, variants):
         row["variants"][v] = guarded(lambda v=v: jax_variant(m, v, prompts, args.tokens, args.trace_steps), deadline)
         print(json.dumps({k: x for k, x in row["variants"][v].items() if k not in ("tokens", "trace")}), flush=True)
+        save(row)
     first = next((r["tokens"] for r in row["variants"].values() if "tokens" in r), None)
     for r in row["variants"].values():
         if "tokens" in r:
@@ -246,7 +257,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION, LOOP in default/scan/unrolled, ATTENTION in xla/pallas")
+    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION, LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--trace-steps", type=int, default=10)
@@ -260,8 +271,8 @@ def main(argv=None) -> None:
     variants = args.variants.split(",")
     for v in variants:
         loop, _, attn = v.partition(":")
-        if loop not in ("default", "scan", "unrolled") or attn not in ("xla", "pallas"):
-            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION with LOOP in default/scan/unrolled, ATTENTION in xla/pallas")
+        if loop not in LOOPS or attn not in ("xla", "pallas"):
+            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION with LOOP in {'/'.join(LOOPS)}, ATTENTION in xla/pallas")
     if args.dry_run:
         shapes, args.tokens, args.prompt_len, args.torch, args.trace_steps = {"tiny": TINY}, 8, 16, False, 2
     else:
@@ -271,7 +282,16 @@ def main(argv=None) -> None:
         shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
     import jax
 
-    rows = [run_shape(n, dims, args, variants, deadline) for n, dims in shapes.items()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / ("jax_small_dry_run.json" if args.dry_run else "jax_small.json")
+    rows = []
+
+    def partial(row):  # what has run so far, in case the caller's timeout stops the run
+        path.write_text(json.dumps(dict(script="benchmarks/jax_small_gpu.py", argv=sys.argv[1:], partial=True,
+                                        rows=[*rows, row]), indent=1))
+
+    for n, dims in shapes.items():
+        rows.append(run_shape(n, dims, args, variants, deadline, partial))
     versions = dict(jax=jax.__version__, python=platform.python_version())
     if args.torch:
         import torch
@@ -290,8 +310,6 @@ def main(argv=None) -> None:
                         "(engine_gpu.time_engine). trace: busy = union of kernel intervals, span = first start to last "
                         "end, gap = span - busy, all per decode step. Tokens: greedy, bf16 random weights; a variant "
                         "whose rounding differs may part from the first on near-tied logits.", rows=rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / ("jax_small_dry_run.json" if args.dry_run else "jax_small.json")
     path.write_text(json.dumps(result, indent=1))
     print(path)
     print(table(rows))
