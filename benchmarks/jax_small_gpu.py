@@ -7,7 +7,7 @@ Per shape (SmolLM2-135M, TinyLlama-1.1B; batch 1, 128-token prompt, greedy), per
 model (``LOOP:ATTENTION``: the layer loop, ``flashspec_jax.model.Llama.scan_layers`` (``default``: the
 model's choice at the shape, ``other``: the opposite), and the
 attention, ``Llama.attention_impl``: ``xla`` the einsum over every cache slot, ``pallas`` the
-decode-attention kernel):
+decode-attention kernel, ``fused`` one kernel for RoPE, the cache write and the attention):
 
 * plain decoding's ms per token through the engine's loop (``flashspec.loop.decode`` over
   ``JaxBackend``: wall time / tokens, and the mean launch-to-launch step time the torch rows use)
@@ -18,7 +18,8 @@ decode-attention kernel):
   last kernel end, so the launch gaps show (span - busy);
 * torch's plain ms per token once per shape (CUDA graphs, ``engine_gpu.time_engine``), for the ratio.
 
-``--budget-s`` bounds the run: a part that would start past it is skipped (recorded as skipped).
+``--budget-s`` bounds the run, shared equally by the shapes: a part that would start past its
+shape's share is skipped (recorded as skipped).
 One JSON to ``--out``/jax_small.json (the traces are parsed in a temporary directory, not kept).
 """
 
@@ -50,7 +51,8 @@ SHAPES = {  # engine_gpu.py's (that module imports torch)
 }
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=6, num_kv_heads=2,
             head_dim=16)
-VARIANTS = "default:xla,default:pallas,other:xla,other:pallas"
+VARIANTS = "default:xla,default:fused,default:pallas,other:fused,other:xla"
+ATTENTIONS = ("xla", "pallas", "fused")  # flashspec_jax.model.ATTENTION_IMPLS
 LOOPS = ("default", "other", "scan", "unrolled")  # default: the model's choice for the shape (Llama.uses_scan); other: the opposite
 HOST_NOISE = ("end: ", "$")  # CPU trace: thunk end markers and Python frames are not kernels
 
@@ -257,7 +259,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION, LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas")
+    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION, LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas/fused")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--trace-steps", type=int, default=10)
@@ -267,12 +269,11 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    deadline = start + args.budget_s
     variants = args.variants.split(",")
     for v in variants:
         loop, _, attn = v.partition(":")
-        if loop not in LOOPS or attn not in ("xla", "pallas"):
-            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION with LOOP in {'/'.join(LOOPS)}, ATTENTION in xla/pallas")
+        if loop not in LOOPS or attn not in ATTENTIONS:
+            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION with LOOP in {'/'.join(LOOPS)}, ATTENTION in {'/'.join(ATTENTIONS)}")
     if args.dry_run:
         shapes, args.tokens, args.prompt_len, args.torch, args.trace_steps = {"tiny": TINY}, 8, 16, False, 2
     else:
@@ -290,8 +291,8 @@ def main(argv=None) -> None:
         path.write_text(json.dumps(dict(script="benchmarks/jax_small_gpu.py", argv=sys.argv[1:], partial=True,
                                         rows=[*rows, row]), indent=1))
 
-    for n, dims in shapes.items():
-        rows.append(run_shape(n, dims, args, variants, deadline, partial))
+    for i, (n, dims) in enumerate(shapes.items()):  # each shape its share of the budget
+        rows.append(run_shape(n, dims, args, variants, start + args.budget_s * (i + 1) / len(shapes), partial))
     versions = dict(jax=jax.__version__, python=platform.python_version())
     if args.torch:
         import torch

@@ -39,7 +39,7 @@ from .kernels.attention import attention_reference
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 
-ATTENTION_IMPLS = ("xla", "pallas")
+ATTENTION_IMPLS = ("xla", "pallas", "fused")
 SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
 
 
@@ -153,19 +153,32 @@ def norm(c: LlamaConfig, x: jax.Array, weight: jax.Array | None) -> jax.Array:
     return x if weight is None else rms_norm(x, weight, c.rms_norm_eps, c.norm_offset)
 
 
-def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window=0, attn: str = "xla"):
-    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]
-    (from ``window``, 0: none); ``attn`` the attention's implementation (``attention``)."""
-    b, t, _ = h.shape
-    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
+def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, positions, mask, window, attn: str):
+    """qkv [B, T, (H + 2 H_kv) D] -> (attention output [B, T, H, D], the cache with this layer's new K/V):
+    q/k norms and RoPE, the cache write, ``attention``; with ``attn`` "fused" one kernel does all three
+    (``kernels.attention.fused_attention``) where it takes the config and shape, else as "pallas"."""
+    b, t, _ = qkv.shape
+    if attn == "fused" and not c.qk_norm and kernel_attention.supported(t, c.num_heads, c.num_kv_heads, c.head_dim):
+        out, k, v = kernel_attention.fused_attention(
+            qkv, cos[:, :, 0], sin[:, :, 0], cache.k, cache.v, layer, positions, window, heads=c.num_heads,
+            scale=c.query_scale, softcap=c.attn_softcap, interpret=jax.default_backend() != "gpu")
+        return out, KVCache(k, v)
     nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     q = norm(c, qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), w.q_norm)
     k = norm(c, qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), w.k_norm)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
     cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
-    out = attention(c, q, cache, layer, positions, mask, window, attn)
-    h = h + norm(c, dense(out.reshape(b, t, nq), w.o, w.o_bias), w.post_attn_norm)
+    return attention(c, q, cache, layer, positions, mask, window, "pallas" if attn == "fused" else attn), cache
+
+
+def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window=0, attn: str = "xla"):
+    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]
+    (from ``window``, 0: none); ``attn`` the attention's implementation (``attend``)."""
+    b, t, _ = h.shape
+    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
+    out, cache = attend(c, w, qkv, cos, sin, cache, layer, positions, mask, window, attn)
+    h = h + norm(c, dense(out.reshape(b, t, -1), w.o, w.o_bias), w.post_attn_norm)
     gate, up = jnp.split(dense(norm(c, h, w.mlp_norm), w.gate_up, w.gate_up_bias), 2, axis=-1)
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
     return h + norm(c, dense(act * up, w.down, w.down_bias), w.post_mlp_norm), cache
@@ -179,7 +192,7 @@ class Llama(nnx.Module):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
         self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
-        self.attention_impl = attention_impl  # "xla", "pallas" (``attention``); None: ``attention_choice``
+        self.attention_impl = attention_impl  # "xla", "pallas", "fused" (``attend``); None: ``attention_choice``
         self.attention_choice()
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)

@@ -142,3 +142,125 @@ def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arra
     p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", p, v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, h, d).astype(q.dtype)
+
+
+def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, window_ref, o_ref, ko_ref, vo_ref, *,
+                 heads: int, rows: int, new: int, block_s: int, scale: float, softcap: float):
+    """qkv [B, T, (H + 2 H_kv) D]; cos, sin [B, T, D]; pos [B, T] int32; k, v [L, B, H_kv, S, D] (aliased to
+    ko, vo); layer, window [1] int32; o [B, H_kv, R, D]. R = ``rows`` query rows (t, j) -> t * G + j,
+    ``new`` >= T the padded count of new keys."""
+    b, kh = pl.program_id(0), pl.program_id(1)
+    t_len, d = qkv_ref.shape[1], cos_ref.shape[2]
+    kv_heads, slots = k_ref.shape[2], k_ref.shape[3]
+    g = heads // kv_heads
+    layer, window = layer_ref[0], window_ref[0]
+    dims = jnp.arange(d, dtype=jnp.int32)
+    half = dims < d // 2
+    turn = jnp.where(half, dims + d // 2, dims - d // 2)  # rotate-half: [-x2, x1]
+
+    def roped(t, col0):  # t [N] clamped positions' indices, col0 [N] first column -> [N, D] f32 with RoPE
+        x = plt.load(qkv_ref.at[b, t[:, None], col0[:, None] + dims[None, :]]).astype(jnp.float32)
+        xr = plt.load(qkv_ref.at[b, t[:, None], col0[:, None] + turn[None, :]]).astype(jnp.float32)
+        xr = jnp.where(half[None, :], -xr, xr)
+        c = plt.load(cos_ref.at[b, t[:, None], dims[None, :]]).astype(jnp.float32)
+        s = plt.load(sin_ref.at[b, t[:, None], dims[None, :]]).astype(jnp.float32)
+        return x * c + xr * s
+
+    r = jnp.arange(rows, dtype=jnp.int32)
+    live_r = r < t_len * g
+    t_r = jnp.minimum(r // g, t_len - 1)
+    q = roped(t_r, (kh * g + r % g) * d).astype(k_ref.dtype)  # [R, D] (rounded as the model rounds q)
+    pos_r = plt.load(pos_ref.at[b, t_r])
+    hi = jnp.where(live_r, pos_r, -1)
+    lo = jnp.where(live_r, jnp.where(window > 0, jnp.maximum(pos_r - window + 1, 0), 0), slots)
+    n = jnp.arange(new, dtype=jnp.int32)
+    t_n = jnp.minimum(n, t_len - 1)
+    pos_n = jnp.where(n < t_len, plt.load(pos_ref.at[b, t_n]), -1)  # [N]: -1 for padding
+
+    def update(carry, s, v):  # online softmax over a block of scores s [R, N] (masked at -inf) and values v [N, D]
+        m, l, acc = carry
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        base = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        alpha = jnp.exp(m - base)
+        p = jnp.exp(s - base[:, None])
+        return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + jnp.dot(
+            p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+
+    def body(j, carry):  # cache slots, the new positions' slots left out (their keys come from qkv)
+        cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)
+        at = (layer, b, kh, cols[:, None], dims[None, :])
+        k = plt.load(k_ref.at[at], mask=cols[:, None] < slots, other=0)
+        v = plt.load(v_ref.at[at], mask=cols[:, None] < slots, other=0)
+        s = scores(jnp.dot(q, k.T, preferred_element_type=jnp.float32), d, scale, softcap)
+        fresh = jnp.max(jnp.where(cols[:, None] == pos_n[None, :], 1, 0), axis=1) > 0  # [BS]
+        seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]) & ~fresh[None, :]
+        return update(carry, jnp.where(seen, s, -jnp.inf), v)
+
+    init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows, d), jnp.float32))
+    first = jnp.min(lo) // block_s
+    last = jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1
+    carry = lax.fori_loop(first, last, body, init)
+    k_new = roped(t_n, jnp.full((new,), (heads + kh) * d, jnp.int32)).astype(k_ref.dtype)  # [N, D]
+    v_new = plt.load(qkv_ref.at[b, t_n[:, None], (heads + kv_heads + kh) * d + dims[None, :]])
+    s = scores(jnp.dot(q, k_new.T, preferred_element_type=jnp.float32), d, scale, softcap)  # [R, N]
+    seen = (pos_n[None, :] >= lo[:, None]) & (pos_n[None, :] <= hi[:, None]) & (pos_n[None, :] < slots)
+    _, l, acc = update(carry, jnp.where(seen, s, -jnp.inf), v_new.astype(k_ref.dtype))
+    out = acc / jnp.where(l == 0, 1.0, l)[:, None]
+    plt.store(o_ref.at[b, kh, r[:, None], dims[None, :]], out.astype(o_ref.dtype))
+
+    def write(t, carry):  # one new position at a time (a dropped one, past the cache, writes nothing)
+        p = pos_ref[b, t]
+        keep = (dims < d) & (p < slots)
+        at = (layer, b, kh, jnp.minimum(p, slots - 1), dims)
+        col = jnp.full((1,), (heads + kh) * d, jnp.int32)
+        plt.store(ko_ref.at[at], roped(jnp.full((1,), t, jnp.int32), col)[0].astype(ko_ref.dtype), mask=keep)
+        plt.store(vo_ref.at[at], plt.load(qkv_ref.at[b, t, (heads + kv_heads + kh) * d + dims]).astype(vo_ref.dtype),
+                  mask=keep)
+        return carry
+
+    lax.fori_loop(0, t_len, write, 0)
+
+
+def fused_attention(
+    qkv: jax.Array,  # [B, T, (H + 2 H_kv) D]: the q, k, v projections before RoPE
+    cos: jax.Array,  # [B, T, D]
+    sin: jax.Array,  # [B, T, D]
+    k: jax.Array,  # [L, B, H_kv, S, D]
+    v: jax.Array,  # [L, B, H_kv, S, D]
+    layer,  # int or int32 scalar
+    positions: jax.Array,  # [B, T] int
+    window=0,  # int or int32 scalar: 0 full attention
+    *,
+    heads: int,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    block_s: int = 64,
+    num_warps: int = 4,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # ([B, T, H, D], k, v)
+    """RoPE on q and k, the new k and v written into layer ``layer`` of the cache at ``positions``
+    (dropped past its end), and ``decode_attention`` of q over the cache, in one kernel: what the
+    model's ``apply_rope``, ``write_cache`` and ``attention_reference`` compute (no q/k norm)."""
+    b, t, width = qkv.shape
+    kv_heads, d = k.shape[2], k.shape[4]
+    if width != (heads + 2 * kv_heads) * d or not supported(t, heads, kv_heads, d):
+        raise ValueError(f"fused_attention: qkv width {width}, T={t}, {heads} heads, {kv_heads} KV heads, head_dim={d}: "
+                         f"needs width (H + 2 H_kv) D, head_dim a power of two >= 16 and at most {MAX_ROWS} rows")
+    g = heads // kv_heads
+    rows = max(MIN_ROWS, 1 << (t * g - 1).bit_length())
+    new = max(MIN_ROWS, 1 << (t - 1).bit_length())
+    kernel = functools.partial(fused_kernel, heads=heads, rows=rows, new=new, block_s=block_s, scale=scale,
+                               softcap=softcap)
+    scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
+    out, k, v = pl.pallas_call(
+        kernel,
+        out_shape=[jax.ShapeDtypeStruct((b, kv_heads, rows, d), qkv.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        grid=(b, kv_heads),
+        input_output_aliases={4: 1, 5: 2},
+        compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=2),
+        interpret=interpret,
+        name="flashspec_fused_attention",
+    )(qkv, cos, sin, positions.astype(jnp.int32), k, v, scalar(layer), scalar(window))
+    out = out[:, :, : t * g].reshape(b, kv_heads, t, g, d).transpose(0, 2, 1, 3, 4)
+    return out.reshape(b, t, heads, d), k, v

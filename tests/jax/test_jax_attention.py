@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flashspec_jax.kernels.attention import attention_reference, bounds, decode_attention, supported
-from flashspec_jax.model import Llama, LlamaConfig
+from flashspec_jax.kernels.attention import attention_reference, bounds, decode_attention, fused_attention, supported
+from flashspec_jax.model import Llama, LlamaConfig, apply_rope, write_cache
 
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
 GEMMA3ISH = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
-                 head_dim=16, qk_norm=True, sliding_windows=(3, 0, 3, 0), local_rope_theta=1000.0, attn_softcap=30.0,
+                 head_dim=16, sliding_windows=(3, 0, 3, 0), local_rope_theta=1000.0, attn_softcap=30.0,
                  final_softcap=20.0, norm_offset=1.0, embed_scale=8.0)
 
 
@@ -44,6 +44,27 @@ def test_kernel_equals_reference(t, heads, kv, window, scale, softcap):
     assert not np.allclose(np.asarray(out), np.asarray(other), atol=1e-2)  # it read layer 1, not another
 
 
+def test_fused_kernel_equals_rope_write_and_reference():
+    """RoPE, the cache write and the attention in one kernel against the model's three steps: ragged
+    rows, a sliding window, row 1's last position past the 100-slot cache (its write dropped)."""
+    h, kv, d, t = 9, 3, 16, 5
+    rng = np.random.default_rng(0)
+    qkv = jnp.asarray(rng.standard_normal((2, t, (h + 2 * kv) * d), np.float32))
+    angles = jnp.asarray(rng.standard_normal((2, t, d // 2), np.float32))
+    cos, sin = (jnp.concatenate([f(angles)] * 2, -1) for f in (jnp.cos, jnp.sin))
+    k, v = (jnp.asarray(rng.standard_normal((3, 2, kv, 100, d), np.float32)) for _ in range(2))
+    positions = jnp.array([[3], [96]]) + jnp.arange(t)[None]
+    f = jax.jit(lambda *a: fused_attention(*a, heads=h, block_s=32, interpret=True))
+    out, k2, v2 = f(qkv, cos, sin, k, v, jnp.int32(1), positions, jnp.int32(4))
+    q = apply_rope(qkv[..., : h * d].reshape(2, t, h, d), cos[:, :, None], sin[:, :, None])
+    kn = apply_rope(qkv[..., h * d : (h + kv) * d].reshape(2, t, kv, d), cos[:, :, None], sin[:, :, None])
+    kr, vr = write_cache(k, kn, 1, positions), write_cache(v, qkv[..., (h + kv) * d :].reshape(2, t, kv, d), 1, positions)
+    np.testing.assert_allclose(np.asarray(k2), np.asarray(kr), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(v2), np.asarray(vr))
+    ref = reference(q, kr, vr, 1, positions, 4)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+
+
 def test_kernel_refuses_what_it_does_not_take():
     assert supported(5, 9, 3, 64) and not supported(1, 4, 2, 96) and not supported(200, 4, 2, 64)
     q = jnp.zeros((1, 1, 4, 96))
@@ -59,10 +80,11 @@ def gemma3ish():
     return Llama(LlamaConfig(**GEMMA3ISH), rngs=nnx.Rngs(4), std=0.2)
 
 
-def test_model_with_the_kernel_computes_what_the_einsum_computes(gemma3ish):
+@pytest.mark.parametrize("impl", ["pallas", "fused"])
+def test_model_with_the_kernel_computes_what_the_einsum_computes(gemma3ish, impl):
     """The layer scan (the kernel reads the layer a traced index names; the unrolled loop's static
     index lowers in the export test): a 6-position pass then a 1-position step through one cache,
-    every per-layer feature on (sliding windows, softcap, q/k norms)."""
+    the per-layer features on (sliding windows, local RoPE, softcap, biases)."""
     from flax import nnx
 
     m = gemma3ish
@@ -70,8 +92,8 @@ def test_model_with_the_kernel_computes_what_the_einsum_computes(gemma3ish):
     tokens = jnp.arange(14).reshape(2, 7) % 97
     pos = jnp.array([[0], [4]]) + jnp.arange(7)[None]
     outs = []
-    for impl in ("xla", "pallas"):
-        m.scan_layers, m.attention_impl = True, impl
+    for attn in ("xla", impl):
+        m.scan_layers, m.attention_impl = True, attn
         cache = m.new_cache(2, 24)
         zs = []
         for a, b in ((0, 6), (6, 7)):
@@ -92,17 +114,17 @@ def test_attention_impl_is_checked(gemma3ish):
     assert gemma3ish.attention_choice() == "xla"  # the default on every platform
 
 
-@pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
-def test_decode_step_with_the_kernel_exports_for_cuda(scan, monkeypatch):
-    """The one-token forward with attention_impl="pallas" lowers to Triton on this CPU: one kernel
-    per layer (one in the scan's body), the einsum gone."""
+@pytest.mark.parametrize("scan,impl", [(True, "pallas"), (False, "pallas"), (False, "fused")])
+def test_decode_step_with_the_kernel_exports_for_cuda(scan, impl, monkeypatch):
+    """The one-token forward with attention_impl "pallas" or "fused" lowers to Triton on this CPU:
+    one kernel per layer (one in the scan's body), the einsum gone."""
     from flax import nnx
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the kernel compiled, not interpreted
 
     cfg = LlamaConfig(vocab_size=97, hidden_size=192, intermediate_size=256, num_layers=3, num_heads=9,
                       num_kv_heads=3, head_dim=64)
-    m = nnx.eval_shape(lambda: Llama(cfg, dtype=jnp.bfloat16, scan_layers=scan, attention_impl="pallas"))
+    m = nnx.eval_shape(lambda: Llama(cfg, dtype=jnp.bfloat16, scan_layers=scan, attention_impl=impl))
     graphdef, params = nnx.split(m)
     cache = jax.eval_shape(lambda: m.new_cache(1, 384))
     x = jax.ShapeDtypeStruct((1, 1), jnp.int32)
@@ -111,3 +133,4 @@ def test_decode_step_with_the_kernel_exports_for_cuda(scan, monkeypatch):
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(params, x, x, cache).mlir_module()
     assert sum(text.count(name) for name in TRITON_CALLS) == (1 if scan else cfg.num_layers)
     assert text.count("stablehlo.dot_general") == (4 if scan else 4 * cfg.num_layers) + 1  # products, LM head
+    assert ("stablehlo.scatter" in text) == (impl == "pallas")  # the fused kernel writes the cache itself
