@@ -7,7 +7,9 @@ Per shape (SmolLM2-135M, TinyLlama-1.1B; batch 1, 128-token prompt, greedy), per
 model (``LOOP:ATTENTION``: the layer loop, ``flashspec_jax.model.Llama.scan_layers`` (``default``: the
 model's choice at the shape, ``other``: the opposite), and the
 attention, ``Llama.attention_impl``: ``xla`` the einsum over every cache slot, ``pallas`` the
-decode-attention kernel, ``fused`` one kernel for RoPE, the cache write and the attention):
+decode-attention kernel, ``fused`` one kernel for RoPE, the cache write and the attention; and
+optionally the products, ``Llama.gemv_impl``: ``xla`` (the default) or ``pallas``, the norm /
+residual / SwiGLU fused into the Pallas products, ``flashspec_jax.model.block_gemv``):
 
 * plain decoding's ms per token through the engine's loop (``flashspec.loop.decode`` over
   ``JaxBackend``: wall time / tokens, and the mean launch-to-launch step time the torch rows use)
@@ -51,7 +53,7 @@ SHAPES = {  # engine_gpu.py's (that module imports torch)
 }
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=6, num_kv_heads=2,
             head_dim=16)
-VARIANTS = "default:xla,default:fused,default:pallas,other:fused,other:xla"
+VARIANTS = "default:xla,default:fused:pallas,other:fused:pallas,default:fused,other:xla,default:pallas"
 ATTENTIONS = ("xla", "pallas", "fused")  # flashspec_jax.model.ATTENTION_IMPLS
 LOOPS = ("default", "other", "scan", "unrolled")  # default: the model's choice for the shape (Llama.uses_scan); other: the opposite
 HOST_NOISE = ("end: ", "$")  # CPU trace: thunk end markers and Python frames are not kernels
@@ -133,8 +135,8 @@ def resolve(m, variants: list[str]) -> list[str]:
 
 
 def variant_model(m, variant: str):
-    loop, attn = variant.split(":")
-    m.scan_layers, m.attention_impl = loop == "scan", attn
+    loop, attn, gemv = (variant + ":xla").split(":")[:3]
+    m.scan_layers, m.attention_impl, m.gemv_impl = loop == "scan", attn, gemv
     return m
 
 
@@ -148,7 +150,8 @@ def jax_variant(m, variant: str, prompts, tokens: int, trace_steps: int) -> dict
     from flashspec_jax.drafts import LookupDraft
 
     variant_model(m, variant)
-    row = dict(variant=variant, layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice())
+    row = dict(variant=variant, layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice(),
+               gemv=m.gemv_choice())
     backend = JaxBackend(m, eos_ids=[])
     backend.set_drafts([LookupDraft()])
     greedy, seed = SamplingConfig(0.0), np.zeros(len(prompts), np.uint64)
@@ -240,16 +243,16 @@ def guarded(fn, deadline: float) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["shape | variant | loop | attention | ms/token | JAX/torch | kernels/step | busy us | span us | gap us | tokens = first"]
+    lines = ["shape | variant | ms/token | JAX/torch | kernels/step | busy us | span us | gap us | tokens = first"]
     for r in rows:
         tms = r.get("torch", {}).get("ms_per_token", float("nan"))
-        lines.append(f"{r['shape']} | torch (CUDA graphs) | | | {tms:.3f} | | | | | |")
+        lines.append(f"{r['shape']} | torch (CUDA graphs) | {tms:.3f} | | | | | |")
         for v, x in r["variants"].items():
             if "ms_per_token" not in x:
                 lines.append(f"{r['shape']} | {v} | {x.get('error') or x.get('skipped')}"[:240])
                 continue
             t = x.get("trace", {})
-            lines.append(f"{r['shape']} | {v} | {x['layer_loop']} | {x['attention']} | {x['ms_per_token']:.3f} | "
+            lines.append(f"{r['shape']} | {v} | {x['ms_per_token']:.3f} | "
                          f"{x.get('over_torch', float('nan')):.2f} | {t.get('kernels_per_step', float('nan')):.0f} | "
                          f"{t.get('busy_us_per_step', float('nan')):.0f} | {t.get('span_us_per_step', float('nan')):.0f} | "
                          f"{t.get('gap_us_per_step', float('nan')):.0f} | {x.get('tokens_equal_first_variant')}")
@@ -259,7 +262,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION, LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas/fused")
+    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION[:GEMV], LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas/fused, GEMV in xla/pallas")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--trace-steps", type=int, default=10)
@@ -271,9 +274,11 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     variants = args.variants.split(",")
     for v in variants:
-        loop, _, attn = v.partition(":")
-        if loop not in LOOPS or attn not in ATTENTIONS:
-            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION with LOOP in {'/'.join(LOOPS)}, ATTENTION in {'/'.join(ATTENTIONS)}")
+        parts = v.split(":")
+        loop, attn, gemv = (parts + ["xla"])[:3] if len(parts) in (2, 3) else ("", "", "")
+        if loop not in LOOPS or attn not in ATTENTIONS or gemv not in ("xla", "pallas"):
+            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION[:GEMV] with LOOP in {'/'.join(LOOPS)}, ATTENTION in "
+                     f"{'/'.join(ATTENTIONS)}, GEMV in xla/pallas")
     if args.dry_run:
         shapes, args.tokens, args.prompt_len, args.torch, args.trace_steps = {"tiny": TINY}, 8, 16, False, 2
     else:
