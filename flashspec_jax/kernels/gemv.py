@@ -100,14 +100,16 @@ def project(
     norm: jax.Array | None = None,  # [L, K]: the RMSNorm weights (prologue "norm"; layer ``layer``'s is used)
     residual: jax.Array | None = None,  # [M, K]: added to x before the norm (prologue "norm")
     eps: float = 1e-6,
-    block_n: int = 32,
+    block_n: int = 0,
     block_k: int = 128,
     num_warps: int = 4,
     interpret: bool = False,
 ):  # -> y [M, N]; with residual: (y, x + residual)
-    """The prologue of ``x`` times ``w[layer]`` transposed (``project_reference``)."""
+    """The prologue of ``x`` times ``w[layer]`` transposed (``project_reference``). ``block_n`` 0: 32
+    where that still gives 132 programs (an H100's SMs), else 16."""
     m, k_in = x.shape
     n, k = w.shape[1], w.shape[2]
+    block_n = block_n or (32 if pl.cdiv(n, 32) >= 132 else 16)
     if prologue not in PROLOGUES or m > MAX_ROWS or k_in != (2 * k if prologue == "swiglu" else k):
         raise ValueError(f"project: prologue={prologue!r} (one of {PROLOGUES}), x {x.shape} against w {w.shape}: needs "
                          f"at most {MAX_ROWS} rows and K = {k} ({2 * k} for swiglu)")
