@@ -72,6 +72,20 @@ def load_trace(trace_dir: Path) -> dict:
         return json.load(f)
 
 
+def thread_names(trace: dict) -> dict:
+    """"process / thread" -> its number of complete events (the 20 busiest): what the trace holds."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+            names[(e.get("pid"), e.get("tid") if e["name"] == "thread_name" else None)] = str(e.get("args", {}).get("name", ""))
+    counts = defaultdict(int)
+    for e in events:
+        if e.get("ph") == "X":
+            counts[f"{names.get((e.get('pid'), None), e.get('pid'))} / {names.get((e.get('pid'), e.get('tid')), e.get('tid'))}"] += 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:20])
+
+
 def kernel_events(trace: dict) -> tuple[list[dict], str]:
     """The trace's device work: complete ('X') events on a device's stream threads (a GPU: processes
     named ``/device:GPU:N``, threads named ``Stream ...``); where there are none (the CPU), the XLA
@@ -98,7 +112,7 @@ def parse_trace(trace: dict, steps: int, top: int = 40) -> dict:
     in ``PjitFunction`` events (dispatch, nested events counted once each) per step."""
     events, source = kernel_events(trace)
     if not events:
-        return dict(source=source, kernels_per_step=0, error="no kernel events in the trace")
+        return dict(source=source, kernels_per_step=0, error="no kernel events in the trace", threads=thread_names(trace))
     by_name = defaultdict(lambda: [0, 0.0, None])
     for e in events:
         rec = by_name[e["name"]]
@@ -119,7 +133,8 @@ def parse_trace(trace: dict, steps: int, top: int = 40) -> dict:
                for n, (c, t, op) in rows[:top]]
     return dict(source=source, steps=steps, kernels_per_step=len(events) / steps, distinct_kernels=len(by_name),
                 busy_us_per_step=busy / steps, span_us_per_step=span / steps, gap_us_per_step=(span - busy) / steps,
-                host_dispatch_us_per_step=sum(dispatch) / steps if dispatch else None, top_kernels=kernels)
+                host_dispatch_us_per_step=sum(dispatch) / steps if dispatch else None, top_kernels=kernels,
+                threads=thread_names(trace))
 
 
 # -- JAX
@@ -177,7 +192,6 @@ def jax_variant(m, variant: str, prompts, tokens: int, trace_steps: int) -> dict
             row["trace"] = parse_trace(load_trace(Path(d)), trace_steps)
         except Exception as e:  # the timings stand without the trace
             row["trace"] = dict(error=f"{type(e).__name__}: {e}"[:500])
-    del backend, state
     return row
 
 
@@ -225,7 +239,6 @@ def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float,
     for r in row["variants"].values():
         if tms and "ms_per_token" in r:
             r["over_torch"] = r["ms_per_token"] / tms
-    del m
     return row
 
 

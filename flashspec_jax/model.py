@@ -5,7 +5,8 @@ The same semantics as ``flashspec_torch.model``: every row has its own positions
 K/V at ``positions`` and lets each query attend to cache slots ``s <= its position``, so stale
 entries past a row's length are never attended before they are overwritten and rolling back
 rejected tokens is free. Shapes are fixed: attention runs over the whole static cache with a
-mask, so nothing recompiles as sequences grow.
+mask (or, ``Llama.attention_impl`` "pallas" / "fused", a kernel that reads only the blocks of
+slots a row sees: ``kernels/attention.py``), so nothing recompiles as sequences grow.
 
 The layers' weights are stacked along a leading layer axis ([L, ...]). Two loops over them, one
 math (``Llama.scan_layers``; None: ``Llama.uses_scan``): one ``lax.scan`` over
@@ -14,7 +15,10 @@ the indices of the layers it runs (one compiled layer whatever the depth: the CP
 GPU needs: there a static slice of the stack is read in place by the product, while the scan's
 dynamic slice is first copied out (each weight read twice and written once; docs/jax.md has the
 H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
-nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. Weights use the
+nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. For
+the few rows of decoding and scoring, ``Llama.gemv_impl`` "pallas" runs the block's products as
+Pallas kernels that take the whole stack and the layer index (no copy in either loop), with the
+norms, the residual add and SiLU * up fused in (``block_gemv``, ``kernels/gemv.py``). Weights use the
 fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the
 one converted cache on disk loads into either backend.
 """

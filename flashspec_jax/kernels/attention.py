@@ -44,6 +44,17 @@ def scores(s: jax.Array, d: int, scale: float, softcap: float) -> jax.Array:  # 
     return s
 
 
+def online_update(carry, s: jax.Array, v: jax.Array):  # (m [R], l [R], acc [R, D]), s [R, N] f32 (-inf: unseen), v [N, D]
+    """One block of the online softmax: rescale the running sums to the new row maxima, add the block."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    base = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row that has seen nothing yet
+    alpha = jnp.exp(m - base)
+    p = jnp.exp(s - base[:, None])
+    return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + jnp.dot(
+        p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+
+
 def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, block_s: int, scale: float,
                      softcap: float):
     """q [B, H_kv, R, D]; k, v [L, B, H_kv, S, D]; layer [1] int32; lo, hi [B, R] int32; o [B, H_kv, R, D]."""
@@ -58,7 +69,6 @@ def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, b
     last = jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1
 
     def body(j, carry):
-        m, l, acc = carry  # [R], [R], [R, D] f32
         cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)  # [BS]
         at = (layer, b, kh, cols[:, None], dims[None, :])
         live = cols[:, None] < slots
@@ -66,14 +76,7 @@ def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, b
         v = plt.load(v_ref.at[at], mask=live, other=0)
         s = scores(jnp.dot(q, k.T, preferred_element_type=jnp.float32), d, scale, softcap)  # [R, BS]
         seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
-        s = jnp.where(seen, s, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        base = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # a row that has seen nothing yet
-        alpha = jnp.exp(m - base)
-        p = jnp.exp(s - base[:, None])
-        l = l * alpha + jnp.sum(p, axis=1)
-        acc = acc * alpha[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return m_new, l, acc
+        return online_update(carry, jnp.where(seen, s, -jnp.inf), v)
 
     init = (jnp.full((num_rows,), -jnp.inf, jnp.float32), jnp.zeros((num_rows,), jnp.float32),
             jnp.zeros((num_rows, d), jnp.float32))
@@ -155,16 +158,7 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
     g = heads // kv_heads
     layer, window = layer_ref[0], window_ref[0]
     dims = jnp.arange(d, dtype=jnp.int32)
-    half = dims < d // 2
-    turn = jnp.where(half, dims + d // 2, dims - d // 2)  # rotate-half: [-x2, x1]
-
-    def roped(t, col0):  # t [N] clamped positions' indices, col0 [N] first column -> [N, D] f32 with RoPE
-        x = plt.load(qkv_ref.at[b, t[:, None], col0[:, None] + dims[None, :]]).astype(jnp.float32)
-        xr = plt.load(qkv_ref.at[b, t[:, None], col0[:, None] + turn[None, :]]).astype(jnp.float32)
-        xr = jnp.where(half[None, :], -xr, xr)
-        c = plt.load(cos_ref.at[b, t[:, None], dims[None, :]]).astype(jnp.float32)
-        s = plt.load(sin_ref.at[b, t[:, None], dims[None, :]]).astype(jnp.float32)
-        return x * c + xr * s
+    roped = functools.partial(load_roped, qkv_ref, cos_ref, sin_ref, b)
 
     r = jnp.arange(rows, dtype=jnp.int32)
     live_r = r < t_len * g
@@ -177,15 +171,6 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
     t_n = jnp.minimum(n, t_len - 1)
     pos_n = jnp.where(n < t_len, plt.load(pos_ref.at[b, t_n]), -1)  # [N]: -1 for padding
 
-    def update(carry, s, v):  # online softmax over a block of scores s [R, N] (masked at -inf) and values v [N, D]
-        m, l, acc = carry
-        m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        base = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        alpha = jnp.exp(m - base)
-        p = jnp.exp(s - base[:, None])
-        return m_new, l * alpha + jnp.sum(p, axis=1), acc * alpha[:, None] + jnp.dot(
-            p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-
     def body(j, carry):  # cache slots, the new positions' slots left out (their keys come from qkv)
         cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)
         at = (layer, b, kh, cols[:, None], dims[None, :])
@@ -194,7 +179,7 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
         s = scores(jnp.dot(q, k.T, preferred_element_type=jnp.float32), d, scale, softcap)
         fresh = jnp.max(jnp.where(cols[:, None] == pos_n[None, :], 1, 0), axis=1) > 0  # [BS]
         seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]) & ~fresh[None, :]
-        return update(carry, jnp.where(seen, s, -jnp.inf), v)
+        return online_update(carry, jnp.where(seen, s, -jnp.inf), v)
 
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows, d), jnp.float32))
     first = jnp.min(lo) // block_s
@@ -204,11 +189,33 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
     v_new = plt.load(qkv_ref.at[b, t_n[:, None], (heads + kv_heads + kh) * d + dims[None, :]])
     s = scores(jnp.dot(q, k_new.T, preferred_element_type=jnp.float32), d, scale, softcap)  # [R, N]
     seen = (pos_n[None, :] >= lo[:, None]) & (pos_n[None, :] <= hi[:, None]) & (pos_n[None, :] < slots)
-    _, l, acc = update(carry, jnp.where(seen, s, -jnp.inf), v_new.astype(k_ref.dtype))
+    _, l, acc = online_update(carry, jnp.where(seen, s, -jnp.inf), v_new.astype(k_ref.dtype))
     out = acc / jnp.where(l == 0, 1.0, l)[:, None]
     plt.store(o_ref.at[b, kh, r[:, None], dims[None, :]], out.astype(o_ref.dtype))
+    write_new(qkv_ref, pos_ref, ko_ref, vo_ref, roped, b, kh, layer, heads)
 
-    def write(t, carry):  # one new position at a time (a dropped one, past the cache, writes nothing)
+
+def load_roped(qkv_ref, cos_ref, sin_ref, b, t, col0):  # t [N] indices into T, col0 [N] first columns -> [N, D] f32
+    """Rows of qkv [B, T, W] at (b, t, col0 + [0, D)) with RoPE (rotate-half: x cos + [-x2, x1] sin)."""
+    d = cos_ref.shape[2]
+    dims = jnp.arange(d, dtype=jnp.int32)
+    half = dims < d // 2
+    turn = jnp.where(half, dims + d // 2, dims - d // 2)
+    x = plt.load(qkv_ref.at[b, t[:, None], col0[:, None] + dims[None, :]]).astype(jnp.float32)
+    xr = plt.load(qkv_ref.at[b, t[:, None], col0[:, None] + turn[None, :]]).astype(jnp.float32)
+    xr = jnp.where(half[None, :], -xr, xr)
+    c = plt.load(cos_ref.at[b, t[:, None], dims[None, :]]).astype(jnp.float32)
+    s = plt.load(sin_ref.at[b, t[:, None], dims[None, :]]).astype(jnp.float32)
+    return x * c + xr * s
+
+
+def write_new(qkv_ref, pos_ref, ko_ref, vo_ref, roped, b, kh, layer, heads: int):
+    """The T new keys (with RoPE) and values of KV head kh into the cache at their positions, one
+    position at a time (one past the cache's end writes nothing)."""
+    kv_heads, slots, d = ko_ref.shape[2], ko_ref.shape[3], ko_ref.shape[4]
+    dims = jnp.arange(d, dtype=jnp.int32)
+
+    def write(t, carry):
         p = pos_ref[b, t]
         keep = (dims < d) & (p < slots)
         at = (layer, b, kh, jnp.minimum(p, slots - 1), dims)
@@ -218,7 +225,7 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
                   mask=keep)
         return carry
 
-    lax.fori_loop(0, t_len, write, 0)
+    lax.fori_loop(0, qkv_ref.shape[1], write, 0)
 
 
 def fused_attention(
