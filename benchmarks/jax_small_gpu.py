@@ -9,7 +9,8 @@ model's choice at the shape, ``other``: the opposite), and the
 attention, ``Llama.attention_impl``: ``xla`` the einsum over every cache slot, ``pallas`` the
 decode-attention kernel, ``fused`` one kernel for RoPE, the cache write and the attention; and
 optionally the products, ``Llama.gemv_impl``: ``xla`` (the default) or ``pallas``, the norm /
-residual / SwiGLU fused into the Pallas products, ``flashspec_jax.model.block_gemv``):
+residual / SwiGLU fused into the Pallas products, ``flashspec_jax.model.block_gemv``; and
+optionally the attention kernels' cache slots per loop step, ``kernels.attention.BLOCK_S``, 64 unless given):
 
 * plain decoding's ms per token through the engine's loop (``flashspec.loop.decode`` over
   ``JaxBackend``: wall time / tokens, and the mean launch-to-launch step time the torch rows use)
@@ -48,7 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SMALL = "smollm2-135m,tinyllama-1.1b"  # engine_gpu.SHAPES' names (imported in main: that module imports torch)
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=6, num_kv_heads=2,
             head_dim=16)
-VARIANTS = "default:xla,default:fused:pallas,other:fused:pallas,default:fused,other:xla,default:pallas"
+VARIANTS = ("default:fused,default:fused:pallas,default:fused:xla:128,other:fused:pallas,default:fused:pallas:128,"
+            "default:xla")
 ATTENTIONS = ("xla", "pallas", "fused")  # flashspec_jax.model.ATTENTION_IMPLS
 LOOPS = ("default", "other", "scan", "unrolled")  # default: the model's choice for the shape (Llama.uses_scan); other: the opposite
 HOST_NOISE = ("end: ", "$")  # CPU trace: thunk end markers and Python frames are not kernels
@@ -144,9 +146,19 @@ def resolve(m, variants: list[str]) -> list[str]:
     return list(dict.fromkeys(named))
 
 
+def parse_variant(v: str) -> list[str]:
+    """LOOP:ATTENTION[:GEMV[:BLOCK_S]] -> [LOOP, ATTENTION, GEMV, BLOCK_S] (GEMV xla, BLOCK_S 64 unless given; [] if malformed)."""
+    parts = v.split(":")
+    return parts + ["", "", "xla", "64"][len(parts):] if 2 <= len(parts) <= 4 else []
+
+
 def variant_model(m, variant: str):
-    loop, attn, gemv = (variant + ":xla").split(":")[:3]
+    """A variant onto the model (BLOCK_S: the attention kernels' slots per step, a module default)."""
+    from flashspec_jax.kernels import attention
+
+    loop, attn, gemv, block = parse_variant(variant)
     m.scan_layers, m.attention_impl, m.gemv_impl = loop == "scan", attn, gemv
+    attention.BLOCK_S = int(block)
     return m
 
 
@@ -230,10 +242,11 @@ def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float,
     for r in row["variants"].values():
         if "tokens" in r:
             r["tokens_equal_first_variant"] = r.pop("tokens") == first
-    tms = row.get("torch", {}).get("ms_per_token")
-    for r in row["variants"].values():
-        if tms and "ms_per_token" in r:
-            r["over_torch"] = r["ms_per_token"] / tms
+    t = row.get("torch", {})
+    for r in row["variants"].values():  # like with like: launch-to-launch steps, and wall time per token
+        if "ms_per_token" in t and "ms_per_token" in r:
+            r["over_torch"] = r["step_ms_launch_to_launch"] / t["ms_per_token"]
+            r["over_torch_wall"] = r["ms_per_token"] / t["wall_ms_per_token"]
     return row
 
 
@@ -251,17 +264,19 @@ def guarded(fn, deadline: float) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["shape | variant | ms/token | JAX/torch | kernels/step | busy us | span us | gap us | tokens = first"]
+    lines = ["shape | variant | ms/token (wall) | step ms | JAX/torch (steps) | JAX/torch (wall) | kernels/step | busy us | span us | gap us | tokens = first"]
     for r in rows:
-        tms = r.get("torch", {}).get("ms_per_token", float("nan"))
-        lines.append(f"{r['shape']} | torch (CUDA graphs) | {tms:.3f} | | | | | |")
+        t = r.get("torch", {})
+        lines.append(f"{r['shape']} | torch (CUDA graphs) | {t.get('wall_ms_per_token', float('nan')):.3f} | "
+                     f"{t.get('ms_per_token', float('nan')):.3f} | | | | | | |")
         for v, x in r["variants"].items():
             if "ms_per_token" not in x:
                 lines.append(f"{r['shape']} | {v} | {x.get('error') or x.get('skipped')}"[:240])
                 continue
             t = x.get("trace", {})
-            lines.append(f"{r['shape']} | {v} | {x['ms_per_token']:.3f} | "
-                         f"{x.get('over_torch', float('nan')):.2f} | {t.get('kernels_per_step', float('nan')):.0f} | "
+            lines.append(f"{r['shape']} | {v} | {x['ms_per_token']:.3f} | {x['step_ms_launch_to_launch']:.3f} | "
+                         f"{x.get('over_torch', float('nan')):.2f} | {x.get('over_torch_wall', float('nan')):.2f} | "
+                         f"{t.get('kernels_per_step', float('nan')):.0f} | "
                          f"{t.get('busy_us_per_step', float('nan')):.0f} | {t.get('span_us_per_step', float('nan')):.0f} | "
                          f"{t.get('gap_us_per_step', float('nan')):.0f} | {x.get('tokens_equal_first_variant')}")
     return "\n".join(lines)
@@ -270,7 +285,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=SMALL)
-    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION[:GEMV], LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas/fused, GEMV in xla/pallas")
+    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION[:GEMV[:BLOCK_S]], LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas/fused, GEMV in xla/pallas, BLOCK_S (the attention kernels' slots per step, kernels.attention.BLOCK_S) 16/32/64/128")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--trace-steps", type=int, default=10)
@@ -282,11 +297,10 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     variants = args.variants.split(",")
     for v in variants:
-        parts = v.split(":")
-        loop, attn, gemv = (parts + ["xla"])[:3] if len(parts) in (2, 3) else ("", "", "")
-        if loop not in LOOPS or attn not in ATTENTIONS or gemv not in ("xla", "pallas"):
-            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION[:GEMV] with LOOP in {'/'.join(LOOPS)}, ATTENTION in "
-                     f"{'/'.join(ATTENTIONS)}, GEMV in xla/pallas")
+        loop, attn, gemv, block = parse_variant(v) or ("", "", "", "")
+        if loop not in LOOPS or attn not in ATTENTIONS or gemv not in ("xla", "pallas") or block not in ("16", "32", "64", "128"):
+            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION[:GEMV[:BLOCK_S]] with LOOP in {'/'.join(LOOPS)}, ATTENTION "
+                     f"in {'/'.join(ATTENTIONS)}, GEMV in xla/pallas, BLOCK_S in 16/32/64/128")
     if args.dry_run:
         shapes, args.tokens, args.prompt_len, args.torch, args.trace_steps = {"tiny": TINY}, 8, 16, False, 2
     else:
@@ -322,8 +336,9 @@ def main(argv=None) -> None:
                   platform=jax.default_backend(), versions=versions, xla_flags=os.environ.get("XLA_FLAGS", ""),
                   date=datetime.now(timezone.utc).isoformat(timespec="seconds"), dry_run=args.dry_run,
                   wall_s=time.perf_counter() - start, checks=checks, passed=all(checks.values()),
-                  notes="ms_per_token: the engine's plain decoding, wall / tokens; torch: mean launch-to-launch step "
-                        "(engine_gpu.time_engine). trace: busy = union of kernel intervals, span = first start to last "
+                  notes="ms_per_token: the engine's plain decoding, wall / tokens (torch: wall_ms_per_token); "
+                        "step_ms_launch_to_launch: the mean launch-to-launch step (torch: ms_per_token, "
+                        "engine_gpu.time_engine); over_torch compares steps, over_torch_wall walls. trace: busy = union of kernel intervals, span = first start to last "
                         "end, gap = span - busy, all per decode step. Tokens: greedy, bf16 random weights; a variant "
                         "whose rounding differs may part from the first on near-tied logits.", rows=rows)
     path.write_text(json.dumps(result, indent=1))

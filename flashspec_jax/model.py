@@ -41,13 +41,15 @@ from flashspec.contract import check_vocab
 from .kernels import attention as kernel_attention
 from .kernels import gemv as kernel_gemv
 from .kernels.attention import attention_reference
+from .verify import on_gpu
 
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 
 ATTENTION_IMPLS = ("xla", "pallas", "fused")
 GEMV_IMPLS = ("xla", "pallas")
-SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
+SCAN_BELOW_BYTES = 32 << 20
+KERNELS_BELOW_BYTES = 128 << 20  # a layer's weights: the GPU's default attention is "fused" below (measured at 7 and 88 MB)  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
 
 
 class KVCache(NamedTuple):
@@ -108,7 +110,7 @@ def attention(c: LlamaConfig, q: jax.Array, cache: KVCache, layer, positions: ja
     (a few rows per KV head: decoding and scoring), the einsum otherwise (a long prefill)."""
     if impl == "pallas" and kernel_attention.supported(q.shape[1], c.num_heads, c.num_kv_heads, c.head_dim):
         return kernel_attention.decode_attention(q, cache.k, cache.v, layer, positions, window, scale=c.query_scale,
-                                                 softcap=c.attn_softcap, interpret=jax.default_backend() != "gpu")
+                                                 softcap=c.attn_softcap, interpret=not on_gpu())
     return attention_reference(q, cache.k[layer], cache.v[layer], mask, c.query_scale, c.attn_softcap)
 
 
@@ -168,7 +170,7 @@ def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, posi
     if attn == "fused" and not c.qk_norm and kernel_attention.supported(t, c.num_heads, c.num_kv_heads, c.head_dim):
         out, k, v = kernel_attention.fused_attention(
             qkv, cos[:, :, 0], sin[:, :, 0], cache.k, cache.v, layer, positions, window, heads=c.num_heads,
-            scale=c.query_scale, softcap=c.attn_softcap, interpret=jax.default_backend() != "gpu")
+            scale=c.query_scale, softcap=c.attn_softcap, interpret=not on_gpu())
         return out, KVCache(k, v)
     nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     q = norm(c, qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), w.q_norm)
@@ -208,7 +210,7 @@ def block_gemv(c: LlamaConfig, w: Layers, stack: Layers, h, cos, sin, cache: KVC
     the down product's."""
     b, t, width = h.shape
     x = h.reshape(b * t, width)
-    run = functools.partial(kernel_gemv.project, layer=layer, eps=c.rms_norm_eps, interpret=jax.default_backend() != "gpu")
+    run = functools.partial(kernel_gemv.project, layer=layer, eps=c.rms_norm_eps, interpret=not on_gpu())
     qkv = run(x, stack.qkv, prologue="norm", norm=stack.attn_norm)
     out, cache = attend(c, w, qkv.reshape(b, t, -1), cos, sin, cache, layer, positions, mask, window, attn)
     o = run(out.reshape(b * t, -1), stack.o)
@@ -226,7 +228,6 @@ class Llama(nnx.Module):
         self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
         self.attention_impl = attention_impl  # "xla", "pallas", "fused" (``attend``); None: ``attention_choice``
         self.gemv_impl = gemv_impl  # "xla", "pallas" (``block_gemv``); None: ``gemv_choice``
-        self.attention_choice(), self.gemv_choice()
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
 
@@ -241,6 +242,7 @@ class Llama(nnx.Module):
             setattr(self, name, ones(L, *shape) if "norm" in name else normal(L, *shape))
         self.norm = ones(c.hidden_size)
         self.lm_head = None if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
+        self.attention_choice(), self.gemv_choice()  # the choices' names checked
 
     @property
     def dtype(self):
@@ -256,14 +258,21 @@ class Llama(nnx.Module):
             return bool(self.scan_layers)
         if jax.default_backend() == "cpu":
             return True
-        per_layer = sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
-        return per_layer < SCAN_BELOW_BYTES
+        return self.layer_bytes() < SCAN_BELOW_BYTES
 
     def attention_choice(self) -> str:
-        """``attention_impl``, or by default the einsum ("xla") on every platform."""
+        """``attention_impl``, or by default: the einsum ("xla") on the CPU, and on a GPU "fused" for
+        layers under KERNELS_BELOW_BYTES (SmolLM2's and TinyLlama's shapes, where the H100 measured it
+        faster: docs/jax.md), the einsum above (Llama-3-8B's 436 MB layers: not measured)."""
         if self.attention_impl not in (None, *ATTENTION_IMPLS):
             raise ValueError(f"attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS} or None (by platform)")
-        return self.attention_impl or "xla"
+        if self.attention_impl is not None:
+            return self.attention_impl
+        return "fused" if on_gpu() and self.layer_bytes() < KERNELS_BELOW_BYTES else "xla"
+
+    def layer_bytes(self) -> int:
+        """One layer's weight bytes."""
+        return sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
 
     def gemv_choice(self) -> str:
         """``gemv_impl``, or by default XLA's products ("xla") on every platform."""

@@ -26,6 +26,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+BLOCK_S = 64  # cache slots per step of a program's loop (the kernels' default block_s)
 MAX_ROWS = 128  # T * G query rows per program at most (registers); more: the einsum
 MIN_ROWS = 16  # the Triton dot's smallest M
 
@@ -102,7 +103,7 @@ def decode_attention(
     *,
     scale: float = 0.0,
     softcap: float = 0.0,
-    block_s: int = 64,
+    block_s: int = 0,
     num_warps: int = 4,
     interpret: bool = False,
 ) -> jax.Array:  # [B, T, H, D]
@@ -120,7 +121,7 @@ def decode_attention(
     pad = ((0, 0), (0, rows - t * g))
     lo = jnp.pad(jnp.repeat(lo, g, axis=1), pad, constant_values=slots)  # [B, R]: padding rows see nothing
     hi = jnp.pad(jnp.repeat(hi, g, axis=1), pad, constant_values=-1)
-    kernel = functools.partial(attention_kernel, block_s=block_s, scale=scale, softcap=softcap)
+    kernel = functools.partial(attention_kernel, block_s=block_s or BLOCK_S, scale=scale, softcap=softcap)
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(qr.shape, q.dtype),
@@ -241,7 +242,7 @@ def fused_attention(
     heads: int,
     scale: float = 0.0,
     softcap: float = 0.0,
-    block_s: int = 64,
+    block_s: int = 0,
     num_warps: int = 4,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # ([B, T, H, D], k, v)
@@ -256,7 +257,7 @@ def fused_attention(
     g = heads // kv_heads
     rows = max(MIN_ROWS, 1 << (t * g - 1).bit_length())
     new = max(MIN_ROWS, 1 << (t - 1).bit_length())
-    kernel = functools.partial(fused_kernel, heads=heads, rows=rows, new=new, block_s=block_s, scale=scale,
+    kernel = functools.partial(fused_kernel, heads=heads, rows=rows, new=new, block_s=block_s or BLOCK_S, scale=scale,
                                softcap=softcap)
     scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
     out, k, v = pl.pallas_call(

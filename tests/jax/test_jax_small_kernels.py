@@ -113,12 +113,25 @@ def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, im
     assert float(jnp.abs(outs[0][0]).max()) > 0.1  # not trivially zero
 
 
-def test_attention_impl_is_checked(gemma3ish):
+def test_kernel_choices_by_platform_and_checked(monkeypatch):
+    """attention_impl None: the einsum on the CPU; on a GPU the fused kernel for layers under
+    KERNELS_BELOW_BYTES, the einsum above; gemv_impl None: XLA's everywhere; a bad name is refused."""
     from flax import nnx
 
+    from flashspec_jax.model import KERNELS_BELOW_BYTES
+
     with pytest.raises(ValueError, match="attention_impl='triton'"):
-        Llama(LlamaConfig(**GEMMA3ISH), rngs=nnx.Rngs(0), attention_impl="triton")
-    assert gemma3ish.attention_choice() == "xla"  # the default on every platform
+        Llama(LlamaConfig(**PLAIN), rngs=nnx.Rngs(0), attention_impl="triton")
+    small = nnx.eval_shape(lambda: Llama(LlamaConfig(**PLAIN), dtype=jnp.bfloat16))
+    wide = LlamaConfig(vocab_size=97, hidden_size=4096, intermediate_size=14336, num_layers=1, num_heads=32,
+                       num_kv_heads=8, head_dim=128)  # Llama-3-8B's layer: 436 MB in bf16
+    big = nnx.eval_shape(lambda: Llama(wide, dtype=jnp.bfloat16))
+    assert (small.attention_choice(), big.attention_choice(), small.gemv_choice()) == ("xla", "xla", "xla")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert big.layer_bytes() > KERNELS_BELOW_BYTES > small.layer_bytes()
+    assert (small.attention_choice(), big.attention_choice(), small.gemv_choice()) == ("fused", "xla", "xla")
+    big.attention_impl = "pallas"
+    assert big.attention_choice() == "pallas"
 
 
 @pytest.mark.parametrize("scan,impl,gemv", [(True, "pallas", "xla"), (False, "pallas", "xla"), (False, "fused", "xla"),
