@@ -19,6 +19,10 @@ optionally the attention kernels' cache slots per loop step, ``kernels.attention
   donated as the engine does), parsed (``parse_trace``): per kernel name its count per step and
   device time, the device's busy time per step and the step's span from first kernel start to
   last kernel end, so the launch gaps show (span - busy);
+* ``logits_check``: the scan's logits with the kernels against the einsum's, one 1- and one
+  5-position forward from the same cache (relative max difference < 0.05 is the check: bf16 rounding
+  differs, a wrong kernel does not come close); greedy tokens are information only (random bf16
+  weights have near-tied logits, so any rounding change may part them);
 * torch's plain ms per token once per shape (CUDA graphs, ``engine_gpu.time_engine``), for the ratio.
 
 ``--budget-s`` bounds the run, shared equally by the shapes: a part that would start past its
@@ -202,6 +206,35 @@ def jax_variant(m, variant: str, prompts, tokens: int, trace_steps: int) -> dict
     return row
 
 
+def logits_check(m, prompts, variants=("scan:xla", "scan:fused:pallas")) -> dict:
+    """Each variant's logits against the first's on one 1-position and one 5-position forward from the
+    same prefilled cache (the scan: one compiled layer): max |difference| / max |logit| and whether
+    each position's argmax agrees. bf16 rounding differs between the implementations; a wrong kernel
+    shows as a large difference."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    prompt = jnp.asarray(prompts)[:, :-5]  # [1, P - 5]
+    b, p = prompt.shape
+    cache = m.new_cache(b, 384)
+    pos = jnp.arange(p)[None]
+    variant_model(m, variants[0])
+    _, cache = nnx.jit(lambda m, x, q, c: m(x, q, c, logits=False))(m, prompt, pos, cache)
+    out, ref = {}, {}
+    for v in variants:
+        variant_model(m, v)
+        fwd = nnx.jit(lambda m, x, q, c: m(x, q, c)[0])
+        for t in (1, 5):
+            z = np.asarray(fwd(m, jnp.asarray(prompts)[:, p : p + t], p + jnp.arange(t)[None], cache), np.float32)
+            if v == variants[0]:
+                ref[t] = z
+                continue
+            out[f"{v}_t{t}"] = dict(rel_max_diff=float(np.abs(z - ref[t]).max() / np.abs(ref[t]).max()),
+                                    argmax_agree=bool((z.argmax(-1) == ref[t].argmax(-1)).all()))
+    return out
+
+
 def torch_plain(dims: dict, prompts, tokens: int) -> dict:
     import engine_gpu
     import torch
@@ -234,6 +267,7 @@ def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float,
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     m = random_model(cfg, dtype=dtype, seed=0)
     row["dtype"] = str(jnp.dtype(dtype))
+    row["logits_check"] = guarded(lambda: logits_check(m, prompts), deadline)
     for v in resolve(m, variants):
         row["variants"][v] = guarded(lambda v=v: jax_variant(m, v, prompts, args.tokens, args.trace_steps), deadline)
         print(json.dumps({k: x for k, x in row["variants"][v].items() if k not in ("tokens", "trace")}), flush=True)
@@ -329,13 +363,15 @@ def main(argv=None) -> None:
 
         versions.update(torch=torch.__version__, triton=triton.__version__)
     checks = {f"{r['shape']}_{v}_ran": "ms_per_token" in x for r in rows for v, x in r["variants"].items()}
-    checks |= {f"{r['shape']}_{v}_tokens_equal_first_variant": x["tokens_equal_first_variant"]
-               for r in rows for v, x in r["variants"].items() if "tokens_equal_first_variant" in x}
+    checks |= {f"{r['shape']}_logits_{k}_close": x["rel_max_diff"] < 0.05
+               for r in rows for k, x in r.get("logits_check", {}).items() if isinstance(x, dict)}
+    info = {f"{r['shape']}_{v}_tokens_equal_first_variant": x["tokens_equal_first_variant"]
+            for r in rows for v, x in r["variants"].items() if "tokens_equal_first_variant" in x}
     dev = jax.devices()[0]
     result = dict(script="benchmarks/jax_small_gpu.py", argv=sys.argv[1:], device=getattr(dev, "device_kind", str(dev)),
                   platform=jax.default_backend(), versions=versions, xla_flags=os.environ.get("XLA_FLAGS", ""),
                   date=datetime.now(timezone.utc).isoformat(timespec="seconds"), dry_run=args.dry_run,
-                  wall_s=time.perf_counter() - start, checks=checks, passed=all(checks.values()),
+                  wall_s=time.perf_counter() - start, checks=checks, passed=all(checks.values()), tokens_equal_first_variant=info,
                   notes="ms_per_token: the engine's plain decoding, wall / tokens (torch: wall_ms_per_token); "
                         "step_ms_launch_to_launch: the mean launch-to-launch step (torch: ms_per_token, "
                         "engine_gpu.time_engine); over_torch compares steps, over_torch_wall walls. trace: busy = union of kernel intervals, span = first start to last "
