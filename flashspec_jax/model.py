@@ -5,7 +5,8 @@ The same semantics as ``flashspec_torch.model``: every row has its own positions
 K/V at ``positions`` and lets each query attend to cache slots ``s <= its position``, so stale
 entries past a row's length are never attended before they are overwritten and rolling back
 rejected tokens is free. Shapes are fixed: attention runs over the whole static cache with a
-mask, so nothing recompiles as sequences grow.
+mask (or, ``Llama.attention_impl`` "pallas" / "fused", a kernel that reads only the blocks of
+slots a row sees: ``kernels/attention.py``), so nothing recompiles as sequences grow.
 
 The layers' weights are stacked along a leading layer axis ([L, ...]). Two loops over them, one
 math (``Llama.scan_layers``; None: ``Llama.uses_scan``): one ``lax.scan`` over
@@ -14,13 +15,17 @@ the indices of the layers it runs (one compiled layer whatever the depth: the CP
 GPU needs: there a static slice of the stack is read in place by the product, while the scan's
 dynamic slice is first copied out (each weight read twice and written once; docs/jax.md has the
 H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
-nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. Weights use the
+nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. For
+the few rows of decoding and scoring, ``Llama.gemv_impl`` "pallas" runs the block's products as
+Pallas kernels that take the whole stack and the layer index (no copy in either loop), with the
+norms, the residual add and SiLU * up fused in (``block_gemv``, ``kernels/gemv.py``). Weights use the
 fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the
 one converted cache on disk loads into either backend.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -34,10 +39,18 @@ from jax.sharding import NamedSharding, PartitionSpec
 from flashspec.config import LlamaConfig
 from flashspec.contract import check_vocab
 
+from .kernels import attention as kernel_attention
+from .kernels import gemv as kernel_gemv
+from .kernels.attention import attention_reference
+from .verify import on_gpu
+
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 
-SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
+ATTENTION_IMPLS = ("xla", "pallas", "fused")
+GEMV_IMPLS = ("xla", "pallas")
+SCAN_BELOW_BYTES = 32 << 20
+KERNELS_BELOW_BYTES = 128 << 20  # a layer's weights: the GPU's default attention is "fused" below (measured at 7 and 88 MB)  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
 
 
 class KVCache(NamedTuple):
@@ -89,21 +102,17 @@ def write_cache(cache: jax.Array, new: jax.Array, layer, positions: jax.Array) -
     return cache.at[layer, rows, :, positions].set(new.astype(cache.dtype), mode="drop")
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float = 0.0,
-              softcap: float = 0.0) -> jax.Array:
-    """q [B, T, H, D]; k, v [B, H_kv, S, D]; mask [B, T, S] -> [B, T, H, D] (GQA, float32 softmax).
-    Scores times ``scale`` (0: 1 / sqrt(D)), then ``softcap * tanh(scores / softcap)`` when set."""
-    b, t, h, d = q.shape
-    h_kv = k.shape[1]
-    q = q.reshape(b, t, h_kv, h // h_kv, d)
-    s = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
-    s = s * np.float32(scale) if scale else s / np.float32(math.sqrt(d))
-    if softcap:
-        s = jnp.tanh(s / np.float32(softcap)) * np.float32(softcap)
-    s = jnp.where(mask[:, None, None], s, -jnp.inf)
-    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bksd->btkgd", p, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, h, d).astype(q.dtype)
+def attention(c: LlamaConfig, q: jax.Array, cache: KVCache, layer, positions: jax.Array, mask: jax.Array, window=0,
+              impl: str = "xla") -> jax.Array:
+    """q [B, T, H, D] against layer ``layer`` of the cache ([L, B, H_kv, S, D]); positions [B, T];
+    mask [B, T, S] (the slots each query sees: slot <= position, within ``window`` if not 0).
+    ``impl`` "xla": the einsum over every slot (``attention_reference``); "pallas": the kernel that
+    reads only the visible blocks (``kernels.attention.decode_attention``) where it takes the shape
+    (a few rows per KV head: decoding and scoring), the einsum otherwise (a long prefill)."""
+    if impl == "pallas" and kernel_attention.supported(q.shape[1], c.num_heads, c.num_kv_heads, c.head_dim):
+        return kernel_attention.decode_attention(q, cache.k, cache.v, layer, positions, window, scale=c.query_scale,
+                                                 softcap=c.attn_softcap, interpret=not on_gpu())
+    return attention_reference(q, cache.k[layer], cache.v[layer], mask, c.query_scale, c.attn_softcap)
 
 
 class Layers(NamedTuple):
@@ -154,34 +163,79 @@ def norm(c: LlamaConfig, x: jax.Array, weight: jax.Array | None) -> jax.Array:
     return x if weight is None else rms_norm(x, weight, c.rms_norm_eps, c.norm_offset)
 
 
-def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, shards: int = 1):
-    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S].
-    ``shards`` > 1: ``qkv`` and ``gate_up`` are in the shard-major order of ``flashspec_jax.parallel``
-    (each shard's q, k, v heads, and its gate and up columns, side by side); 1: the fused layout."""
-    b, t, _ = h.shape
-    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias).reshape(b, t, shards, -1)  # [B, T, N, (H + 2 H_kv) D / N]
+def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, positions, mask, window, attn: str,
+           shards: int = 1):
+    """qkv [B, T, (H + 2 H_kv) D] -> (attention output [B, T, H, D], the cache with this layer's new K/V):
+    q/k norms and RoPE, the cache write, ``attention``; with ``attn`` "fused" one kernel does all three
+    (``kernels.attention.fused_attention``) where it takes the config and shape, else as "pallas".
+    ``shards`` > 1: qkv in the shard-major order of ``flashspec_jax.parallel`` (each shard's q, k, v heads
+    side by side; ``Llama.attention_choice`` is then "xla"); 1: the fused layout."""
+    b, t, _ = qkv.shape
+    if attn == "fused" and not c.qk_norm and kernel_attention.supported(t, c.num_heads, c.num_kv_heads, c.head_dim):
+        out, k, v = kernel_attention.fused_attention(
+            qkv, cos[:, :, 0], sin[:, :, 0], cache.k, cache.v, layer, positions, window, heads=c.num_heads,
+            scale=c.query_scale, softcap=c.attn_softcap, interpret=not on_gpu())
+        return out, KVCache(k, v)
+    qkv = qkv.reshape(b, t, shards, -1)  # [B, T, N, (H + 2 H_kv) D / N]
     nq, nk = c.num_heads * c.head_dim // shards, c.num_kv_heads * c.head_dim // shards
     q = norm(c, qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), w.q_norm)
     k = norm(c, qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), w.k_norm)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
     cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
-    attn = attention(q, cache.k[layer], cache.v[layer], mask, c.query_scale, c.attn_softcap)
-    h = h + norm(c, dense(attn.reshape(b, t, c.num_heads * c.head_dim), w.o, w.o_bias), w.post_attn_norm)
+    return attention(c, q, cache, layer, positions, mask, window, "pallas" if attn == "fused" else attn), cache
+
+
+def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window=0, attn: str = "xla",
+          stack: Layers | None = None, shards: int = 1):
+    """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]
+    (from ``window``, 0: none); ``attn`` the attention's implementation (``attend``). With ``stack`` (the
+    stacked weights: ``Llama.gemv_impl`` "pallas") ``block_gemv`` where it takes the config and rows.
+    ``shards`` > 1: qkv and gate_up in ``flashspec_jax.parallel``'s shard-major order (``attend``; each
+    shard's gate and up columns side by side)."""
+    b, t, _ = h.shape
+    if stack is not None and gemv_takes(c, b * t):
+        return block_gemv(c, w, stack, h, cos, sin, cache, layer, positions, mask, window, attn)
+    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
+    out, cache = attend(c, w, qkv, cos, sin, cache, layer, positions, mask, window, attn, shards)
+    h = h + norm(c, dense(out.reshape(b, t, -1), w.o, w.o_bias), w.post_attn_norm)
     gate_up = dense(norm(c, h, w.mlp_norm), w.gate_up, w.gate_up_bias).reshape(b, t, shards, 2, -1)  # [B, T, N, 2, F / N]
     gate, up = gate_up[..., 0, :].reshape(b, t, -1), gate_up[..., 1, :].reshape(b, t, -1)
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
     return h + norm(c, dense(act * up, w.down, w.down_bias), w.post_mlp_norm), cache
 
 
+def gemv_takes(c: LlamaConfig, rows: int) -> bool:
+    """Whether ``block_gemv`` computes this config's block for ``rows`` = B T rows: the plain Llama
+    block (no biases, no sandwich norms, no norm offset, SiLU) and at most ``kernels.gemv.MAX_ROWS``."""
+    plain = not (c.attention_bias or c.o_bias or c.mlp_bias or c.sandwich_norms or c.norm_offset)
+    return plain and c.activation == "silu" and rows <= kernel_gemv.MAX_ROWS
+
+
+def block_gemv(c: LlamaConfig, w: Layers, stack: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window, attn):
+    """``block`` with its four products as ``kernels.gemv.project`` over the stacked weights, the norms
+    (and the residual add before the second) fused into the products that read them, SiLU * up into
+    the down product's."""
+    b, t, width = h.shape
+    x = h.reshape(b * t, width)
+    run = functools.partial(kernel_gemv.project, layer=layer, eps=c.rms_norm_eps, interpret=not on_gpu())
+    qkv = run(x, stack.qkv, prologue="norm", norm=stack.attn_norm)
+    out, cache = attend(c, w, qkv.reshape(b, t, -1), cos, sin, cache, layer, positions, mask, window, attn)
+    o = run(out.reshape(b * t, -1), stack.o)
+    gate_up, x = run(o, stack.gate_up, prologue="norm", norm=stack.mlp_norm, residual=x)  # x: h + o
+    return (x + run(gate_up, stack.down, prologue="swiglu")).reshape(b, t, width), cache
+
+
 class Llama(nnx.Module):
     """Embedding, a stack of blocks (weights [L, ...]), final norm, LM head (tied or not)."""
 
     def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02,
-                 scan_layers: bool | None = None):
+                 scan_layers: bool | None = None, attention_impl: str | None = None, gemv_impl: str | None = None):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
         self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
+        self.attention_impl = attention_impl  # "xla", "pallas", "fused" (``attend``); None: ``attention_choice``
+        self.gemv_impl = gemv_impl  # "xla", "pallas" (``block_gemv``); None: ``gemv_choice``
         self.mesh = None  # a jax.sharding.Mesh with a "tp" axis: the weights are split over it (flashspec_jax.parallel)
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
@@ -197,6 +251,7 @@ class Llama(nnx.Module):
             setattr(self, name, ones(L, *shape) if "norm" in name else normal(L, *shape))
         self.norm = ones(c.hidden_size)
         self.lm_head = None if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
+        self.attention_choice(), self.gemv_choice()  # the choices' names checked
 
     @property
     def dtype(self):
@@ -222,8 +277,34 @@ class Llama(nnx.Module):
             return bool(self.scan_layers)
         if jax.default_backend() == "cpu":
             return True
-        per_layer = sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
-        return per_layer < SCAN_BELOW_BYTES
+        return self.layer_bytes() < SCAN_BELOW_BYTES
+
+    def attention_choice(self) -> str:
+        """``attention_impl``, or by default: the einsum ("xla") on the CPU, and on a GPU "fused" for
+        layers under KERNELS_BELOW_BYTES (SmolLM2's and TinyLlama's shapes, where the H100 measured it
+        faster: docs/jax.md), the einsum above (Llama-3-8B's 436 MB layers: not measured)."""
+        if self.attention_impl not in (None, *ATTENTION_IMPLS):
+            raise ValueError(f"attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS} or None (by platform)")
+        if self.attention_impl is not None:
+            if self.mesh is not None and self.attention_impl != "xla":
+                raise ValueError(f"attention_impl={self.attention_impl!r} runs on one device; a target split over "
+                                 "a mesh takes 'xla' (or None)")
+            return self.attention_impl
+        if self.mesh is not None:  # the Pallas kernels see one device's arrays: XLA partitions the einsum
+            return "xla"
+        return "fused" if on_gpu() and self.layer_bytes() < KERNELS_BELOW_BYTES else "xla"
+
+    def layer_bytes(self) -> int:
+        """One layer's weight bytes."""
+        return sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
+
+    def gemv_choice(self) -> str:
+        """``gemv_impl``, or by default XLA's products ("xla") on every platform."""
+        if self.gemv_impl not in (None, *GEMV_IMPLS):
+            raise ValueError(f"gemv_impl={self.gemv_impl!r}: choose one of {GEMV_IMPLS} or None (by platform)")
+        if self.mesh is not None and self.gemv_impl == "pallas":
+            raise ValueError("gemv_impl='pallas' runs on one device; a target split over a mesh takes XLA's products")
+        return self.gemv_impl or "xla"
 
     def layers(self) -> Layers:
         return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
@@ -274,6 +355,7 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
     windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
     uses_local = jnp.asarray([c.local_rope(i) for i in kept])
     layers = m.layers()
+    stack = layers if m.gemv_choice() == "pallas" else None  # block_gemv reads the stacked weights
     slot = jnp.asarray([hidden.index(i) if i in hidden else -1 for i in kept], jnp.int32)  # into feats
     feats = jnp.zeros((len(hidden), *h.shape), h.dtype) if hidden else None  # [k, B, T, C]: the streams kept
 
@@ -283,7 +365,7 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
         w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
         seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
         cs = (jnp.where(is_local, local[0], rope[0]), jnp.where(is_local, local[1], rope[1]))
-        h, cache = block(c, w, h, *cs, cache, i, positions, seen, m.shards)
+        h, cache = block(c, w, h, *cs, cache, i, positions, seen, window, m.attention_choice(), stack, m.shards)
         if feats is not None:
             at = jnp.maximum(j, 0)
             feats = lax.dynamic_update_index_in_dim(feats, jnp.where(j >= 0, h, feats[at]), at, 0)
@@ -305,12 +387,14 @@ def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, p
     slots = jnp.arange(cache.max_len)[None, None, :]
     mask = slots <= positions[:, :, None]  # [B, T, S]
     layers = m.layers()
+    stack = layers if m.gemv_choice() == "pallas" else None  # block_gemv reads the stacked weights
     kept_streams = {}
     for i in kept:
         window = c.window(i)
         seen = mask & (slots > positions[:, :, None] - window) if window else mask
         w = jax.tree.map(lambda a, i=i: a[i], layers)
-        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen, m.shards)
+        h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen, window,
+                         m.attention_choice(), stack, m.shards)
         if i in hidden:
             kept_streams[i] = h
     feats = jnp.concatenate([kept_streams[i] for i in hidden], axis=-1) if hidden else None

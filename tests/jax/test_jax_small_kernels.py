@@ -1,0 +1,161 @@
+"""The small-shape Pallas kernels (``flashspec_jax.kernels.attention``: decode attention, fused
+RoPE + cache write + attention; ``kernels.gemv``: products with their prologue) against their jnp
+references in interpret mode on the CPU, inside the model's layer loops, and lowered for CUDA."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flashspec_jax.kernels.attention import attention_reference, bounds, decode_attention, fused_attention, supported
+from flashspec_jax.kernels.gemv import project, project_reference
+from flashspec_jax.model import Llama, LlamaConfig, apply_rope, write_cache
+
+TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
+GEMMA3ISH = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
+                 head_dim=16, sliding_windows=(3, 0, 3, 0), local_rope_theta=1000.0, attn_softcap=30.0,
+                 final_softcap=20.0, norm_offset=1.0, embed_scale=8.0)
+
+
+def reference(q, k, v, layer, positions, window, **kw):
+    lo, hi = bounds(positions, window)
+    slots = jnp.arange(k.shape[3])
+    mask = (slots >= lo[..., None]) & (slots <= hi[..., None])  # [B, T, S]
+    return attention_reference(q, k[layer], v[layer], mask, **kw)
+
+
+def test_fused_kernel_equals_rope_write_and_reference():
+    """RoPE, the cache write and the attention in one kernel against the model's three steps: ragged
+    rows, a sliding window, row 1's last position past the 100-slot cache (its write dropped)."""
+    h, kv, d, t = 9, 3, 16, 5
+    rng = np.random.default_rng(0)
+    qkv = jnp.asarray(rng.standard_normal((2, t, (h + 2 * kv) * d), np.float32))
+    angles = jnp.asarray(rng.standard_normal((2, t, d // 2), np.float32))
+    cos, sin = (jnp.concatenate([f(angles)] * 2, -1) for f in (jnp.cos, jnp.sin))
+    k, v = (jnp.asarray(rng.standard_normal((3, 2, kv, 100, d), np.float32)) for _ in range(2))
+    positions = jnp.array([[3], [96]]) + jnp.arange(t)[None]
+    f = jax.jit(lambda *a: fused_attention(*a, heads=h, block_s=32, interpret=True))
+    out, k2, v2 = f(qkv, cos, sin, k, v, jnp.int32(1), positions, jnp.int32(4))
+    q = apply_rope(qkv[..., : h * d].reshape(2, t, h, d), cos[:, :, None], sin[:, :, None])
+    kn = apply_rope(qkv[..., h * d : (h + kv) * d].reshape(2, t, kv, d), cos[:, :, None], sin[:, :, None])
+    kr, vr = write_cache(k, kn, 1, positions), write_cache(v, qkv[..., (h + kv) * d :].reshape(2, t, kv, d), 1, positions)
+    np.testing.assert_allclose(np.asarray(k2), np.asarray(kr), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(v2), np.asarray(vr))
+    ref = reference(q, kr, vr, 1, positions, 4)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+
+
+def test_products_equal_reference():
+    """Two prologues (residual + RMSNorm, SiLU * up; the model test runs the others) over a stacked
+    weight, N and K not multiples of the blocks, 3 rows, the layer traced."""
+    rng = np.random.default_rng(1)
+    w, x, x2, norm, res = (jnp.asarray(rng.standard_normal(s, np.float32))
+                           for s in ((3, 40, 100), (3, 100), (3, 200), (3, 100), (3, 100)))
+    kw = dict(block_k=64, interpret=True)
+
+    @jax.jit
+    def run(x, x2, w, norm, res, layer):
+        return (project(x, w, layer, prologue="norm", norm=norm, residual=res, **kw),
+                project(x2, w, layer, prologue="swiglu", **kw))
+
+    outs = run(x, x2, w, norm, res, jnp.int32(1))
+    refs = (project_reference(x, w, 1, prologue="norm", norm=norm, residual=res),
+            project_reference(x2, w, 1, prologue="swiglu"))
+    for out, ref in zip(jax.tree.leaves(outs), jax.tree.leaves(refs)):
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-4)
+    other = project_reference(x, w, 2, prologue="norm", norm=norm, residual=res)[0]
+    assert not np.allclose(np.asarray(outs[0][0]), np.asarray(other), atol=1e-2)  # it read layer 1's weight
+
+
+def test_kernel_refuses_what_it_does_not_take():
+    assert supported(5, 9, 3, 64) and not supported(1, 4, 2, 96) and not supported(200, 4, 2, 64)
+    q = jnp.zeros((1, 1, 4, 96))
+    k = jnp.zeros((1, 1, 2, 8, 96))
+    with pytest.raises(ValueError, match="head_dim=96"):
+        decode_attention(q, k, k, 0, jnp.zeros((1, 1), jnp.int32), interpret=True)
+
+
+PLAIN = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=3, num_heads=6, num_kv_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def gemma3ish():
+    from flax import nnx
+
+    return Llama(LlamaConfig(**GEMMA3ISH), rngs=nnx.Rngs(4), std=0.2)
+
+
+@pytest.mark.parametrize("config,impl,gemv", [("gemma3ish", "pallas", "xla"), ("plain", "fused", "pallas")])
+def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, impl, gemv):
+    """In the layer scan (the kernels read the layer a traced index names; the unrolled loop's
+    static index lowers in the export test): XLA's prefill of 5 positions (ragged rows at 0 and 4),
+    then a 2-position step each way from that cache. Gemma-ish (sliding windows, local RoPE,
+    softcaps, norm offset: the products stay XLA's) with the attention kernel; a plain Llama block
+    with the fused attention and the Pallas products (4 rows)."""
+    from flax import nnx
+
+    m = gemma3ish if config == "gemma3ish" else Llama(LlamaConfig(**PLAIN), rngs=nnx.Rngs(5), std=0.2)
+    forward = nnx.jit(lambda m, x, p, cache: m(x, p, cache))
+    tokens = jnp.arange(14).reshape(2, 7) % 97
+    pos = jnp.array([[0], [4]]) + jnp.arange(7)[None]
+    m.scan_layers = True
+    _, cache = forward(m, tokens[:, :5], pos[:, :5], m.new_cache(2, 24))
+    outs = []
+    for attn, products in (("xla", "xla"), (impl, gemv)):
+        m.attention_impl, m.gemv_impl = attn, products
+        z, after = forward(m, tokens[:, 5:], pos[:, 5:], cache)
+        outs.append((z, after.k, after.v))
+    m.scan_layers = m.attention_impl = m.gemv_impl = None
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+    assert float(jnp.abs(outs[0][0]).max()) > 0.1  # not trivially zero
+
+
+def test_kernel_choices_by_platform_and_checked(monkeypatch):
+    """attention_impl None: the einsum on the CPU; on a GPU the fused kernel for layers under
+    KERNELS_BELOW_BYTES, the einsum above; gemv_impl None: XLA's everywhere; a bad name is refused."""
+    from flax import nnx
+
+    from flashspec_jax.model import KERNELS_BELOW_BYTES
+
+    with pytest.raises(ValueError, match="attention_impl='triton'"):
+        Llama(LlamaConfig(**PLAIN), rngs=nnx.Rngs(0), attention_impl="triton")
+    small = nnx.eval_shape(lambda: Llama(LlamaConfig(**PLAIN), dtype=jnp.bfloat16))
+    wide = LlamaConfig(vocab_size=97, hidden_size=4096, intermediate_size=14336, num_layers=1, num_heads=32,
+                       num_kv_heads=8, head_dim=128)  # Llama-3-8B's layer: 436 MB in bf16
+    big = nnx.eval_shape(lambda: Llama(wide, dtype=jnp.bfloat16))
+    assert (small.attention_choice(), big.attention_choice(), small.gemv_choice()) == ("xla", "xla", "xla")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert big.layer_bytes() > KERNELS_BELOW_BYTES > small.layer_bytes()
+    assert (small.attention_choice(), big.attention_choice(), small.gemv_choice()) == ("fused", "xla", "xla")
+    big.attention_impl = "pallas"
+    assert big.attention_choice() == "pallas"
+
+
+@pytest.mark.parametrize("scan,impl,gemv", [(True, "pallas", "xla"), (False, "pallas", "xla"), (False, "fused", "xla"),
+                                           (True, "fused", "pallas")])
+def test_decode_step_with_the_kernel_exports_for_cuda(scan, impl, gemv, monkeypatch):
+    """The one-token forward with attention_impl "pallas" or "fused" (and gemv_impl "pallas") lowers to
+    Triton on this CPU: one attention kernel per layer (one in the scan's body), the einsum gone; with
+    the Pallas products four more per layer and only the LM head's dot left."""
+    from flax import nnx
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the kernel compiled, not interpreted
+
+    cfg = LlamaConfig(vocab_size=97, hidden_size=192, intermediate_size=256, num_layers=3, num_heads=9,
+                      num_kv_heads=3, head_dim=64)
+    m = nnx.eval_shape(lambda: Llama(cfg, dtype=jnp.bfloat16, scan_layers=scan, attention_impl=impl,
+                                          gemv_impl=gemv))
+    graphdef, params = nnx.split(m)
+    cache = jax.eval_shape(lambda: m.new_cache(1, 384))
+    x = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    f = jax.jit(lambda p, x, pos, cache: nnx.merge(graphdef, p)(x, pos, cache))
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
+    text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(params, x, x, cache).mlir_module()
+    per_layer = 1 if gemv == "xla" else 5
+    assert sum(text.count(name) for name in TRITON_CALLS) == per_layer * (1 if scan else cfg.num_layers)
+    products = 0 if gemv == "pallas" else 4 if scan else 4 * cfg.num_layers
+    assert text.count("stablehlo.dot_general") == products + 1  # the LM head
+    assert ("stablehlo.scatter" in text) == (impl == "pallas")  # the fused kernel writes the cache itself
