@@ -110,8 +110,14 @@ class VocabParallelHead(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., C] -> [..., V]
         z = F.linear(x, self.weight).contiguous()  # [..., V / N]
         parts = torch.empty((self.world * z.shape[0], *z.shape[1:]), dtype=z.dtype, device=z.device)  # ranks along dim 0
-        dist.all_gather_into_tensor(parts, z)
+        gather_into(parts, z)
         return parts.view(self.world, *z.shape).movedim(0, -2).reshape(*z.shape[:-1], self.world * z.shape[-1])
+
+
+def gather_into(out: torch.Tensor, part: torch.Tensor) -> None:
+    """All ranks' ``part`` concatenated along dim 0 into ``out``: ``all_gather_single`` where torch has it
+    (2.13 deprecates ``all_gather_into_tensor``), else ``all_gather_into_tensor`` (torch 2.11 on the GPU machine)."""
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, part)
 
 
 def rows(full: nn.Linear, index: torch.Tensor) -> nn.Linear:
