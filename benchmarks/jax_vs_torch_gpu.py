@@ -403,7 +403,8 @@ def parse_args(argv):
     if args.dry_run:
         args.shapes, args.tokens, args.batch_tokens, args.prompt_len = "tiny", 8, 6, 12
         args.batches = "2" if args.batches == "8,64" else args.batches
-        args.contexts, args.attention_shapes, args.gemv_shapes, args.reps, args.torch = "16", "tiny", "tiny", 2, False
+        args.contexts, args.reps, args.torch = "16", 2, False
+        args.attention_shapes, args.gemv_shapes = (x.replace("llama3-8b", "tiny") for x in (args.attention_shapes, args.gemv_shapes))
     unknown = set(args.shapes.split(",")) - set(SHAPES) - ({"tiny"} if args.dry_run else set())
     if unknown:
         ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {sorted(SHAPES)}")
