@@ -4,9 +4,10 @@
 * ``attention_paths``: the attention of one decode token over all L layers (one jit, a Python loop
   over the layers as the unrolled model runs them, the cache donated): ``attend`` with "xla" (RoPE,
   two cache scatters and the einsum over every cache slot) against "fused" (one Pallas kernel per
-  layer, ``kernels.attention.fused_attention``), per context length; the cache holds context + 64
-  slots and the token sits at the context's position, the end of a generation of that length.
-  Checks the two outputs agree before timing.
+  layer, ``kernels.attention.fused_attention``, its slots split by ``choose_splits``) and against
+  "fused_unsplit" (the kernel with one program per row and KV head), per context length; the cache
+  holds context + 64 slots and the token sits at the context's position, the end of a generation of
+  that length. The outputs are compared with the einsum's.
 * ``gemv_paths``: the block's four products of one token over L layers (norms, the residual add
   and SiLU * up included, no attention), XLA's ``linear`` against ``kernels.gemv.project``; the
   layer weights cycle over ``stack`` distinct layers so that they do not stay in L2.
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flashspec_jax import model as model_lib
+from flashspec_jax.kernels import attention as kernel_attention
 from flashspec_jax.kernels import gemv as kernel_gemv
 from flashspec_jax.model import KVCache, Layers, LlamaConfig
 from flashspec_jax.verify import on_gpu
@@ -43,16 +45,29 @@ def median_ms(fn, state, reps: int):
     return statistics.median(times), state
 
 
+ATTENTIONS = ("xla", "fused", "fused_unsplit")
+
+
 def attention_step(c: LlamaConfig, impl: str, layers: int):
-    """fn(qkv [B, 1, W], cos [B, 1, 1, D], sin, cache, positions [B, 1]) -> (sum of outputs [B, 1, H, D], cache)."""
+    """fn(qkv [B, 1, W], cos [B, 1, 1, D], sin, cache, positions [B, 1]) -> (sum of outputs [B, 1, H, D], cache).
+    ``impl``: "xla" (``attend``'s einsum path), "fused" (``fused_attention``, its splits by
+    ``choose_splits``) or "fused_unsplit" (one program per row and KV head)."""
     empty = Layers(*[None] * 6)  # attend reads only q_norm / k_norm (None: no q/k norm)
+
+    def one(qkv, cos, sin, cache, i, positions, mask):
+        if impl == "xla":
+            return model_lib.attend(c, empty, qkv, cos, sin, cache, i, positions, mask, 0, "xla")
+        out, k, v = kernel_attention.fused_attention(
+            qkv, cos[:, :, 0], sin[:, :, 0], cache.k, cache.v, i, positions, 0, heads=c.num_heads,
+            splits=1 if impl == "fused_unsplit" else 0, interpret=not on_gpu())
+        return out, KVCache(k, v)
 
     def step(qkv, cos, sin, cache, positions):
         slots = jnp.arange(cache.max_len)[None, None, :]
         mask = slots <= positions[:, :, None]
         total = jnp.zeros(qkv.shape[:2] + (c.num_heads, c.head_dim), jnp.float32)
         for i in range(layers):
-            out, cache = model_lib.attend(c, empty, qkv, cos, sin, cache, i, positions, mask, 0, impl)
+            out, cache = one(qkv, cos, sin, cache, i, positions, mask)
             total = total + out.astype(jnp.float32)
         return total, cache
 
@@ -60,7 +75,8 @@ def attention_step(c: LlamaConfig, impl: str, layers: int):
 
 
 def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtype, deadline: float) -> dict:
-    """Per context: ms of the attention of one token over all layers, "xla" and "fused", and their agreement."""
+    """Per context: ms of the attention of one token over all layers, each of ``ATTENTIONS``, the
+    kernel's splits there, and each output's largest difference from the einsum's (relative)."""
     c = LlamaConfig(**dims, max_position_embeddings=max(contexts) + 128)
     key = jax.random.key(0)
     out = dict(batch=batch, layers=c.num_layers, contexts={})
@@ -72,9 +88,9 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
         qkv = jax.random.normal(key, (batch, 1, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim), dtype)
         positions = jnp.full((batch, 1), ctx, jnp.int32)
         cos, sin = model_lib.rope_table(c, positions, dtype)
-        row = {}
+        row = dict(slots=slots, splits=kernel_attention.choose_splits(batch, c.num_kv_heads, slots, kernel_attention.BLOCK_S))
         results = {}
-        for impl in ("xla", "fused"):
+        for impl in ATTENTIONS:
             shape = (c.num_layers, batch, c.num_kv_heads, slots, c.head_dim)
             cache = KVCache(*(0.5 * jax.random.normal(jax.random.key(i), shape, dtype) for i in (1, 2)))
             step = attention_step(c, impl, c.num_layers)
@@ -85,8 +101,9 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
             row[f"{impl}_ms"], cache = median_ms(lambda cc: step(qkv, cos, sin, cc, positions)[1], cache, reps)
             del cache
         ref = results["xla"]
-        row["rel_max_diff"] = float(np.abs(results["fused"] - ref).max() / max(1e-30, np.abs(ref).max()))
-        row["fused_over_xla"] = row["fused_ms"] / row["xla_ms"]
+        for impl in ATTENTIONS[1:]:
+            row[f"{impl}_rel_max_diff"] = float(np.abs(results[impl] - ref).max() / max(1e-30, np.abs(ref).max()))
+            row[f"{impl}_over_xla"] = row[f"{impl}_ms"] / row["xla_ms"]
         out["contexts"][ctx] = row
     return out
 

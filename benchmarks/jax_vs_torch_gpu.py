@@ -19,7 +19,8 @@ skipped; one that fails is recorded with its error and the others go on):
    the default ("fused" against the einsum "xla"), and its decode step's bytes: the default's choice
    (``KERNELS_BELOW_BYTES``) measured against the alternative on the same model;
 4. ``attention_paths`` (``--attention-shapes``): the attention of one token over all layers, alone,
-   "xla" against "fused", at each of ``--contexts`` (``jax_parts.attention_paths``);
+   "xla" against "fused" (its slots split for long caches) and the unsplit kernel, at each of
+   ``--contexts`` (``jax_parts.attention_paths``);
 5. ``jax_batches``: the JAX engine at ``--batches`` as at batch 1 (plain, host loop, while loop);
 6. ``gemv_paths`` (``--gemv-shapes``): the block's four products for one row over all layers, XLA's
    against the Pallas products (``jax_parts.gemv_paths``; not the model's default);
@@ -331,8 +332,9 @@ def checks_of(rows: list[dict]) -> tuple[dict, dict]:
         if "row_invariant_equals_spec" in r.get("row_invariant", {}):
             checks[f"{n}_row_invariant_equals_spec"] = r["row_invariant"]["row_invariant_equals_spec"]
         for ctx, a in r.get("attention_paths", {}).get("contexts", {}).items():
-            if "rel_max_diff" in a:
-                checks[f"{n}_attention_fused_close_to_xla_ctx{ctx}"] = a["rel_max_diff"] < 0.05
+            for impl in jax_parts.ATTENTIONS[1:]:
+                if f"{impl}_rel_max_diff" in a:
+                    checks[f"{n}_attention_{impl}_close_to_xla_ctx{ctx}"] = a[f"{impl}_rel_max_diff"] < 0.05
         if "rel_max_diff" in r.get("gemv_paths", {}):
             checks[f"{n}_gemv_pallas_close_to_xla"] = r["gemv_paths"]["rel_max_diff"] < 0.05
         parts = {**{f"torch_{k}": v for k, v in torch_runs.items()}, "torch_batches": r.get("torch", {}).get("batches"),
@@ -364,8 +366,9 @@ def table(rows: list[dict], batches: list[int]) -> str:
                          f"({f(s[f'b{b}_jax_spec_acceptance'], 2)})")
     for r in rows:
         for ctx, a in r.get("attention_paths", {}).get("contexts", {}).items():
-            lines.append(f"{r['shape']} attention alone, context {ctx}: xla {f(a.get('xla_ms', float('nan')))} ms, fused "
-                         f"{f(a.get('fused_ms', float('nan')))} ms per token over all layers")
+            lines.append(f"{r['shape']} attention alone, context {ctx} (ms per token over all layers): xla "
+                         f"{f(a.get('xla_ms', float('nan')))}, fused ({a.get('splits', '-')} splits) {f(a.get('fused_ms', float('nan')))}, "
+                         f"fused unsplit {f(a.get('fused_unsplit_ms', float('nan')))}")
         g = r.get("gemv_paths", {})
         if "xla_ms" in g:
             lines.append(f"{r['shape']} products alone: xla {f(g['xla_ms'])} ms ({f(g['xla_gb_per_s'], 0)} GB/s), pallas "
@@ -403,7 +406,7 @@ def parse_args(argv):
     if args.dry_run:
         args.shapes, args.tokens, args.batch_tokens, args.prompt_len = "tiny", 8, 6, 12
         args.batches = "2" if args.batches == "8,64" else args.batches
-        args.contexts, args.reps, args.torch = "16", 2, False
+        args.contexts, args.reps, args.torch = "1000", 2, False  # 1064 slots: the kernel in 2 splits
         args.attention_shapes, args.gemv_shapes = (x.replace("llama3-8b", "tiny") for x in (args.attention_shapes, args.gemv_shapes))
     unknown = set(args.shapes.split(",")) - set(SHAPES) - ({"tiny"} if args.dry_run else set())
     if unknown:

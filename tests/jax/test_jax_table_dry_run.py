@@ -20,7 +20,8 @@ def test_dry_run_writes_the_table(tmp_path, capsys):
     result = json.loads((tmp_path / "jax_vs_torch_dry_run.json").read_text())
     assert result["passed"] and not result["info"].get("tiny_jax", "").startswith("error")
     assert set(result["checks"]) == {"tiny_b1_while_within_1.05x_host_step", "tiny_b1_jax_while_tokens_equal_host",
-                                     "tiny_row_invariant_equals_spec", "tiny_attention_fused_close_to_xla_ctx16"}
+                                     "tiny_row_invariant_equals_spec", "tiny_attention_fused_close_to_xla_ctx1000",
+                                     "tiny_attention_fused_unsplit_close_to_xla_ctx1000"}
     s = result["summary"]["tiny"]
     assert s["jax_choices"]["attention"] == "xla" and s["jax_other_attention"] == "fused"  # the CPU's default, then the kernel
     assert all(math.isfinite(s[k]) and s[k] > 0 for k in ("jax_step_ms", "jax_other_step_ms", "weights_floor_ms",
@@ -28,3 +29,4 @@ def test_dry_run_writes_the_table(tmp_path, capsys):
     row = result["rows"][0]
     assert row["jax"]["spec_while"]["steps"] == row["jax"]["spec_host"]["steps"] > 0
     assert "tiny | " in capsys.readouterr().out  # the table
+    assert row["attention_paths"]["contexts"]["1000"]["splits"] == 2  # the combine ran
