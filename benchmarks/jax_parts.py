@@ -12,12 +12,11 @@
   and SiLU * up included, no attention), XLA's ``linear`` against ``kernels.gemv.project``; the
   layer weights cycle over ``stack`` distinct layers so that they do not stay in L2.
 
-Both time ``jax_profile_gpu.median_ms``-style: the median of ``reps`` calls after warm-ups.
+Both time with ``jax_profile_gpu.median_ms``: the median of ``reps`` calls after 3 warm-ups.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import jax
@@ -30,19 +29,7 @@ from flashspec_jax.kernels import gemv as kernel_gemv
 from flashspec_jax.model import KVCache, Layers, LlamaConfig
 from flashspec_jax.verify import on_gpu
 
-
-def median_ms(fn, state, reps: int):
-    """``state = fn(state)`` reps times after 2 warm-ups; the median ms of one call, and the state."""
-    for _ in range(2):
-        state = fn(state)
-    jax.block_until_ready(state)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        state = fn(state)
-        jax.block_until_ready(state)
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times), state
+from jax_profile_gpu import median_ms  # benchmarks/ is on sys.path
 
 
 ATTENTIONS = ("xla", "fused", "fused_unsplit")
