@@ -27,6 +27,8 @@ skipped; one that fails is recorded with its error and the others go on):
 7. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
    (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token.
 
+With torch, JAX takes the torch model's random weights (``jax_model``: each tensor handed over by
+DLPack, no host copy), so both engines decode the same model and the JAX model is not built anew.
 Every loop is ``flashspec.loop.decode`` / ``speculate`` over the engine's backend, run once to
 compile (or capture graphs) at the timed shapes, then timed once: ``step_ms`` is the mean
 launch-to-launch step of the loop's records, ``wall_s`` the whole call (prefill included),
@@ -63,7 +65,7 @@ from flashspec_jax import whole  # noqa: E402
 from flashspec_jax.backend import JaxBackend  # noqa: E402
 from flashspec_jax.drafts import LookupDraft  # noqa: E402
 from flashspec_jax.model import LlamaConfig  # noqa: E402
-from flashspec_jax.weights import random_model  # noqa: E402
+from flashspec_jax.weights import from_state, random_model  # noqa: E402
 
 import jax_parts  # noqa: E402  (benchmarks/ is on sys.path)
 import jax_profile_gpu  # noqa: E402
@@ -74,8 +76,8 @@ SHARES = {"smollm2-135m": 0.2, "tinyllama-1.1b": 0.25, "llama3-8b": 0.55}  # of 
 GREEDY = SamplingConfig(0.0)
 NOTES = ("step_ms: mean launch-to-launch step of flashspec.loop's records (steady-state decode ms/token at batch 1); "
          "ms_per_step_wall: wall (prefill included) / steps; tokens_per_s: new tokens of all rows / wall. JAX bytes: "
-         "compiled decode step's cost_analysis 'bytes accessed' (XLA ops; Pallas kernels count as unknown). Random "
-         "models differ between the engines (different generators), so speculative acceptance differs too.")
+         "compiled decode step's cost_analysis 'bytes accessed' (XLA ops; Pallas kernels count as unknown). With torch, "
+         "JAX runs the torch model's random weights (jax_weights; DLPack), so both engines decode the same model.")
 
 
 class Fixed:
@@ -164,6 +166,20 @@ class TorchSide:
             torch.cuda.empty_cache()
 
 
+def jax_model(dims: dict, torch_model, dtype):
+    """(the JAX model, where its weights came from): ``torch_model``'s weights when there is one (each
+    tensor handed over by DLPack, stacked over layers on the device: both engines then run the same
+    model), else ``random_model``'s (and when the handover fails, with its error)."""
+    cfg = LlamaConfig(**dims, max_position_embeddings=8192)
+    if torch_model is None:
+        return random_model(cfg, dtype=dtype, seed=0), "random_model"
+    try:
+        state = {k: jnp.from_dlpack(v.detach().contiguous()) for k, v in torch_model.state_dict().items()}
+        return from_state(cfg, state, dtype), "the torch model's (DLPack)"
+    except Exception as e:
+        return random_model(cfg, dtype=dtype, seed=0), f"random_model (DLPack handover failed: {type(e).__name__}: {e})"[:500]
+
+
 def jax_backend(m):
     backend = JaxBackend(m, eos_ids=[])
     backend.set_drafts([LookupDraft()])
@@ -248,7 +264,7 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
         save(row)
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     t0 = time.perf_counter()
-    m = random_model(LlamaConfig(**dims, max_position_embeddings=8192), dtype=dtype, seed=0)
+    m, row["jax_weights"] = jax_model(dims, side.model, dtype)
     jax.block_until_ready(nnx.state(m))
     row.update(dtype=str(jnp.dtype(dtype)), jax_build_s=time.perf_counter() - t0, layer_bytes=m.layer_bytes(),
                jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))

@@ -30,3 +30,30 @@ def test_dry_run_writes_the_table(tmp_path, capsys):
     assert row["jax"]["spec_while"]["steps"] == row["jax"]["spec_host"]["steps"] > 0
     assert "tiny | " in capsys.readouterr().out  # the table
     assert row["attention_paths"]["contexts"]["1000"]["splits"] == 2  # the combine ran
+
+
+def test_jax_takes_the_torch_models_weights():
+    """``jax_model`` hands a torch model's weights to JAX (DLPack): the two engines' greedy tokens agree
+    (float32 on the CPU), and the JAX model's weights are the torch model's."""
+    import numpy as np
+    import torch
+
+    from flashspec.config import SamplingConfig
+    from flashspec.loop import decode
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.drafts import LookupDraft
+    from flashspec_torch.model import Llama, LlamaConfig
+
+    bench = load_benchmark("jax_vs_torch_gpu")
+    torch.manual_seed(0)
+    tm = Llama(LlamaConfig(**bench.TINY, max_position_embeddings=8192)).eval().requires_grad_(False)
+    for p in tm.parameters():
+        p.data.normal_(0, 0.1)
+    jm, source = bench.jax_model(bench.TINY, tm, np.float32)
+    assert source == "the torch model's (DLPack)"
+    np.testing.assert_array_equal(np.asarray(jm.gate_up[...][1]), tm.state_dict()["layers.1.gate_up.weight"].numpy())
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9]]
+    with torch.inference_mode():
+        want, _ = decode(TorchBackend(tm, [LookupDraft()], eos_ids=[]), prompts, sampling=SamplingConfig(0.0), max_new_tokens=8)
+    got, _ = decode(bench.jax_backend(jm), prompts, sampling=SamplingConfig(0.0), max_new_tokens=8)
+    assert got == want
