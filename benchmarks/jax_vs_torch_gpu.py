@@ -21,7 +21,8 @@ skipped; one that fails is recorded with its error and the others go on):
 4. ``attention_paths`` (``--attention-shapes``): the attention of one token over all layers, alone,
    "xla" against "fused" (its slots split for long caches) and the unsplit kernel, at each of
    ``--contexts`` (``jax_parts.attention_paths``);
-5. ``jax_batches``: the JAX engine at ``--batches`` as at batch 1 (plain, host loop, while loop);
+5. ``jax_batches``: the JAX engine at ``--batches``: plain decoding and n-gram speculation (the host
+   loop, as torch's; the while loop is compared with it at batch 1);
 6. ``gemv_paths`` (``--gemv-shapes``): the block's four products for one row over all layers, XLA's
    against the Pallas products (``jax_parts.gemv_paths``; not the model's default);
 7. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
@@ -223,7 +224,7 @@ def jax_batches(m, args, batches: list[int], deadline: float) -> dict:
     for batch in batches:
         backend = jax_backend(m)
         run = lambda: loops(backend, prompts_for(m.config.vocab_size, batch, args.prompt_len), args.batch_tokens,  # noqa: E731
-                            args.gamma, np.zeros(batch, np.uint64), lambda: None, whole.Whole(backend))
+                            args.gamma, np.zeros(batch, np.uint64), lambda: None)
         out[f"batch_{batch}"] = guarded(run, deadline)
     return out
 
@@ -319,7 +320,7 @@ def summarize(row: dict, bw: float, batches: list[int]) -> dict:
     for b in batches:
         for side, part in (("torch", t.get("batches", {})), ("jax", row.get("jax_batches", {}))):
             r = get(part, f"batch_{b}", default={})
-            for run in ("plain", "spec_host", "spec_while"):
+            for run in ("plain", "spec_host"):
                 s[f"b{b}_{side}_{run}_tokens_per_s"] = get(r, run, "tokens_per_s")
             s[f"b{b}_{side}_spec_acceptance"] = get(r, "spec_host", "acceptance")
     return s
@@ -372,13 +373,13 @@ def table(rows: list[dict], batches: list[int]) -> str:
                      f"({s['jax_choices'].get('attention', '-')}) | {f(s['jax_over_torch_step'], 2)}, {f(s['jax_over_torch_wall'], 2)} | "
                      f"{f(s['jax_over_floor'], 2)} | {f(s['jax_other_step_ms'])} ({s['jax_other_attention']}) | "
                      f"{f(s['jax_bytes_accessed'] / 1e9)}, {f(s['jax_other_bytes_accessed'] / 1e9)} | {f(s['while_over_host_step'], 3)}")
-    lines.append("shape | batch | torch plain / spec tok/s (acceptance) | JAX plain / spec host / spec while tok/s (acceptance)")
+    lines.append("shape | batch | torch plain / n-gram tok/s (acceptance) | JAX plain / n-gram tok/s (acceptance)")
     for r in rows:
         s = r["summary"]
         for b in batches:
             lines.append(f"{r['shape']} | {b} | {f(s[f'b{b}_torch_plain_tokens_per_s'], 0)} / {f(s[f'b{b}_torch_spec_host_tokens_per_s'], 0)} "
                          f"({f(s[f'b{b}_torch_spec_acceptance'], 2)}) | {f(s[f'b{b}_jax_plain_tokens_per_s'], 0)} / "
-                         f"{f(s[f'b{b}_jax_spec_host_tokens_per_s'], 0)} / {f(s[f'b{b}_jax_spec_while_tokens_per_s'], 0)} "
+                         f"{f(s[f'b{b}_jax_spec_host_tokens_per_s'], 0)} "
                          f"({f(s[f'b{b}_jax_spec_acceptance'], 2)})")
     for r in rows:
         for ctx, a in r.get("attention_paths", {}).get("contexts", {}).items():
