@@ -152,10 +152,12 @@ class TorchSide:
 
     def build(self) -> dict:
         import engine_gpu
+        import torch
         from flashspec_torch.model import LlamaConfig as TorchConfig
 
         t0 = time.perf_counter()
         self.model = engine_gpu.random_model(TorchConfig(**self.dims, max_position_embeddings=8192))
+        torch.cuda.empty_cache()  # the float32 model it was cast from (32 GB at 8B): JAX allocates beside torch
         return dict(build_s=time.perf_counter() - t0,
                     weight_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()))
 
