@@ -45,6 +45,7 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -111,7 +112,7 @@ def loops(backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=Non
         s = time.perf_counter() - t0
         outs[name] = res
         r = dict(compile_and_first_s=first, wall_s=s, steps=len(rec), tokens_per_s=sum(map(len, res)) / s,
-                 ms_per_step_wall=s * 1e3 / max(1, len(rec)))
+                 ms_per_step_wall=s * 1e3 / max(1, len(rec)), tokens_sha1=hashlib.sha1(json.dumps(res).encode()).hexdigest())
         if name != "spec_while":  # the while loop's records carry no times
             r["step_ms"] = statistics.mean(x.seconds for x in rec) * 1e3
         if name != "plain":
@@ -345,6 +346,12 @@ def checks_of(rows: list[dict]) -> tuple[dict, dict]:
             if "spec_equals_plain" in part:
                 info[f"{n}_{key}_jax_spec_equals_plain_{r['dtype']}"] = part["spec_equals_plain"]
         torch_runs = {"batch_1": r.get("torch", {}).get("batch_1", {}), **r.get("torch", {}).get("batches", {})}
+        jax_runs = {"batch_1": r.get("jax", {}), **r.get("jax_batches", {})}
+        for k, v in torch_runs.items():  # the same weights (jax_weights): the engines' greedy tokens, bf16 rounding apart
+            for run in ("plain", "spec_host"):
+                a, b = get(v, run, "tokens_sha1", default=None), get(jax_runs.get(k, {}), run, "tokens_sha1", default=None)
+                if a and b and r.get("jax_weights", "").startswith("the torch model"):
+                    info[f"{n}_{k}_{run}_tokens_equal_torch_jax"] = a == b
         for k, v in torch_runs.items():
             if isinstance(v, dict) and "spec_equals_plain" in v:
                 info[f"{n}_{k}_torch_spec_equals_plain"] = v["spec_equals_plain"]
