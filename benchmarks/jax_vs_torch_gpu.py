@@ -24,7 +24,9 @@ skipped; one that fails is recorded with its error and the others go on):
 5. ``jax_batches``: the JAX engine at ``--batches``: plain decoding and n-gram speculation (the host
    loop, as torch's; the while loop is compared with it at batch 1);
 6. ``gemv_paths`` (``--gemv-shapes``): the block's four products for one row over all layers, XLA's
-   against the Pallas products (``jax_parts.gemv_paths``; not the model's default);
+   against the Pallas products (``jax_parts.gemv_paths``; not the model's default); then
+   ``jax_pallas_products``: plain decoding at batch 1 with the Pallas products in the model
+   (``gemv_impl="pallas"``, the norms and SwiGLU fused in; the default attention) and its bytes;
 7. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
    (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token.
 
@@ -222,6 +224,15 @@ def with_attention(m, impl: str | None, fn):
         m.attention_impl = None
 
 
+def with_products(m, impl: str | None, fn):
+    """fn() with ``m.gemv_impl = impl`` (the model's default restored after)."""
+    m.gemv_impl = impl
+    try:
+        return fn()
+    finally:
+        m.gemv_impl = None
+
+
 def jax_batches(m, args, batches: list[int], deadline: float) -> dict:
     out = {}
     for batch in batches:
@@ -279,6 +290,7 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
              ("torch_batches", lambda: {f"batch_{b}": guarded(lambda b=b: side.batch(b), deadline) for b in batches}),
              ("jax_batches", lambda: jax_batches(m, args, batches, deadline)),
              ("gemv_paths", lambda: jax_parts.gemv_paths(dims, 1, args.reps, dtype)),
+             ("jax_pallas_products", lambda: with_products(m, "pallas", lambda: jax_b1(m, args, device_loop=False))),
              ("row_invariant", lambda: row_invariant(m, args))]
     for part, fn in parts:
         if (part == "attention_paths" and name not in args.attention_shapes) or (part == "gemv_paths" and name not in
@@ -314,12 +326,14 @@ def summarize(row: dict, bw: float, batches: list[int]) -> dict:
              jax_wall_ms=get(j, "plain", "ms_per_step_wall"), jax_choices=get(j, "choices", default={}),
              jax_other_attention=get(o, "choices", "attention", default=None), jax_other_step_ms=get(o, "plain", "step_ms"),
              while_over_host_step=get(j, "while_over_host_step"),
+             jax_pallas_products_step_ms=get(row, "jax_pallas_products", "plain", "step_ms"),
              jax_bytes_accessed=get(j, "bytes_per_step", "cost_analysis", "bytes accessed"),
              jax_other_bytes_accessed=get(o, "bytes_per_step", "cost_analysis", "bytes accessed"))
     s["jax_over_torch_step"] = s["jax_step_ms"] / s["torch_step_ms"]
     s["jax_over_torch_wall"] = s["jax_wall_ms"] / s["torch_wall_ms"]
     s["jax_over_floor"] = s["jax_step_ms"] / s["weights_floor_ms"]
     s["other_attention_over_default"] = s["jax_other_step_ms"] / s["jax_step_ms"]
+    s["pallas_products_over_default"] = s["jax_pallas_products_step_ms"] / s["jax_step_ms"]
     for b in batches:
         for side, part in (("torch", t.get("batches", {})), ("jax", row.get("jax_batches", {}))):
             r = get(part, f"batch_{b}", default={})
@@ -365,7 +379,8 @@ def checks_of(rows: list[dict]) -> tuple[dict, dict]:
             checks[f"{n}_gemv_pallas_close_to_xla"] = r["gemv_paths"]["rel_max_diff"] < 0.05
         parts = {**{f"torch_{k}": v for k, v in torch_runs.items()}, "torch_batches": r.get("torch", {}).get("batches"),
                  **{f"jax_{k}": v for k, v in r.get("jax_batches", {}).items()},
-                 **{k: r[k] for k in ("jax", "jax_other_attention", "attention_paths", "gemv_paths", "row_invariant") if k in r}}
+                 **{k: r[k] for k in ("jax", "jax_other_attention", "attention_paths", "gemv_paths", "jax_pallas_products",
+                                 "row_invariant") if k in r}}
         for part, v in parts.items():
             if isinstance(v, dict) and ("error" in v or "skipped" in v):
                 info[f"{n}_{part}"] = v.get("error") or v.get("skipped")
@@ -375,12 +390,13 @@ def checks_of(rows: list[dict]) -> tuple[dict, dict]:
 def table(rows: list[dict], batches: list[int]) -> str:
     f = lambda x, p=3: "-" if x != x else f"{x:.{p}f}"  # noqa: E731
     lines = ["shape | floor ms | torch step ms | JAX step ms (attention) | JAX/torch (step, wall) | JAX/floor | other attention "
-             "step ms | JAX GB/step default, other | while/host"]
+             "step ms | Pallas products step ms | JAX GB/step default, other | while/host"]
     for r in rows:
         s = r["summary"]
         lines.append(f"{r['shape']} | {f(s['weights_floor_ms'])} | {f(s['torch_step_ms'])} | {f(s['jax_step_ms'])} "
                      f"({s['jax_choices'].get('attention', '-')}) | {f(s['jax_over_torch_step'], 2)}, {f(s['jax_over_torch_wall'], 2)} | "
                      f"{f(s['jax_over_floor'], 2)} | {f(s['jax_other_step_ms'])} ({s['jax_other_attention']}) | "
+                     f"{f(s['jax_pallas_products_step_ms'])} | "
                      f"{f(s['jax_bytes_accessed'] / 1e9)}, {f(s['jax_other_bytes_accessed'] / 1e9)} | {f(s['while_over_host_step'], 3)}")
     lines.append("shape | batch | torch plain / n-gram tok/s (acceptance) | JAX plain / n-gram tok/s (acceptance)")
     for r in rows:

@@ -24,7 +24,8 @@ def test_dry_run_writes_the_table(tmp_path, capsys):
                                      "tiny_attention_fused_unsplit_close_to_xla_ctx1000"}
     s = result["summary"]["tiny"]
     assert s["jax_choices"]["attention"] == "xla" and s["jax_other_attention"] == "fused"  # the CPU's default, then the kernel
-    assert all(math.isfinite(s[k]) and s[k] > 0 for k in ("jax_step_ms", "jax_other_step_ms", "weights_floor_ms",
+    assert all(math.isfinite(s[k]) and s[k] > 0 for k in ("jax_step_ms", "jax_other_step_ms", "jax_pallas_products_step_ms",
+                                                          "weights_floor_ms",
                                                           "jax_bytes_accessed", "jax_other_bytes_accessed"))
     row = result["rows"][0]
     assert row["jax"]["spec_while"]["steps"] == row["jax"]["spec_host"]["steps"] > 0
