@@ -2,7 +2,7 @@
 
 The model's einsum attention (``attention_reference``) reads every slot of the static cache and
 masks; this kernel reads only the blocks of slots a row can see. Program (b, kh) of the grid
-``(B, H_kv)`` takes the query rows of KV head kh (the T positions times the G = H / H_kv query
+``(B, H_kv)`` (one split of the slots, below) takes the query rows of KV head kh (the T positions times the G = H / H_kv query
 heads of its GQA group, padded to a power of two of at least 16 rows for the Triton dot), and
 streams the cache's slots ``[block_s]`` at a time from the first block any row sees to the last,
 with an online softmax in float32. Row r sees slots ``lo[r] <= s <= hi[r]`` (``hi``: its position;
@@ -10,9 +10,9 @@ with an online softmax in float32. Row r sees slots ``lo[r] <= s <= hi[r]`` (``h
 ``[L, B, H_kv, S, D]`` stack and the layer a traced scalar, so neither loop over layers copies a
 layer's cache out first.
 
-``fused_attention`` (RoPE, the cache write and the attention in one kernel) can also split the
-slots: grid ``(B, H_kv, P)``, program p streaming the p-th share of the blocks and writing its
-partial softmax sums, which ``combine_splits`` merges. One program per (row, KV head) is only
+Both kernels (``decode_attention``, and ``fused_attention``: RoPE, the cache write and the
+attention in one) can split the slots: grid ``(B, H_kv, P)``, program p streaming the p-th share
+of the blocks and writing its partial softmax sums, which ``combine_splits`` merges. One program per (row, KV head) is only
 B H_kv programs (8 for Llama-3-8B at batch 1, 3 for SmolLM2), each streaming the whole context
 alone; ``choose_splits`` gives long caches more programs and keeps P = 1 (no partial sums, no
 combine) below ``SPLIT_MIN_SLOTS`` slots.
@@ -65,18 +65,17 @@ def online_update(carry, s: jax.Array, v: jax.Array):  # (m [R], l [R], acc [R, 
         p.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
-def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, block_s: int, scale: float,
+def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, *out_refs, block_s: int, splits: int, scale: float,
                      softcap: float):
-    """q [B, H_kv, R, D]; k, v [L, B, H_kv, S, D]; layer [1] int32; lo, hi [B, R] int32; o [B, H_kv, R, D]."""
-    b, kh = pl.program_id(0), pl.program_id(1)
+    """q [B, H_kv, R, D]; k, v [L, B, H_kv, S, D]; layer [1] int32; lo, hi [B, R] int32; ``out_refs`` as
+    ``store_split``'s. Program (b, kh, p) streams split p's blocks."""
+    b, kh, part = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     num_rows, d = q_ref.shape[2], q_ref.shape[3]
     slots = k_ref.shape[3]
     layer = layer_ref[0]
     rows, dims = jnp.arange(num_rows, dtype=jnp.int32), jnp.arange(d, dtype=jnp.int32)
     q = plt.load(q_ref.at[b, kh, rows[:, None], dims[None, :]])  # [R, D]
     lo, hi = plt.load(lo_ref.at[b, rows]), plt.load(hi_ref.at[b, rows])  # [R]
-    first = jnp.min(lo) // block_s
-    last = jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1
 
     def body(j, carry):
         cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)  # [BS]
@@ -90,9 +89,46 @@ def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, b
 
     init = (jnp.full((num_rows,), -jnp.inf, jnp.float32), jnp.zeros((num_rows,), jnp.float32),
             jnp.zeros((num_rows, d), jnp.float32))
-    _, l, acc = lax.fori_loop(first, last, body, init)
-    out = acc / jnp.where(l == 0, 1.0, l)[:, None]  # padding rows see nothing: 0
-    plt.store(o_ref.at[b, kh, rows[:, None], dims[None, :]], out.astype(o_ref.dtype))
+    first, last = split_blocks(lo, hi, slots, block_s, part, splits)
+    store_split(out_refs, b, kh, part, lax.fori_loop(first, last, body, init), splits)
+
+
+def split_blocks(lo, hi, slots: int, block_s: int, part, splits: int):  # lo, hi [R] -> (first, last) block indices
+    """The blocks [first, last) of split ``part`` (of ``splits`` equal runs of blocks) that rows seeing
+    slots lo..hi need (none: first >= last)."""
+    span = pl.cdiv(pl.cdiv(slots, block_s), splits)
+    first = jnp.maximum(jnp.min(lo) // block_s, part * span)
+    last = jnp.minimum(jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1, (part + 1) * span)
+    return first, last
+
+
+def store_split(refs, b, kh, part, carry, splits: int) -> list:
+    """A program's softmax sums (m [R], l [R], acc [R, D] float32) into the first refs: one split (one
+    ref), the normalized output o [B, H_kv, R, D] (rows that saw nothing: 0); more (three), the
+    partial sums acc [B, H_kv, P, R, D], m and l [B, H_kv, P, R] for ``combine_splits``. Returns the
+    refs after them."""
+    m, l, acc = carry
+    r = jnp.arange(acc.shape[0], dtype=jnp.int32)
+    dims = jnp.arange(acc.shape[1], dtype=jnp.int32)
+    if splits == 1:
+        plt.store(refs[0].at[b, kh, r[:, None], dims[None, :]], (acc / jnp.where(l == 0, 1.0, l)[:, None]).astype(refs[0].dtype))
+        return list(refs[1:])
+    plt.store(refs[0].at[b, kh, part, r[:, None], dims[None, :]], acc)
+    plt.store(refs[1].at[b, kh, part, r], m)
+    plt.store(refs[2].at[b, kh, part, r], l)
+    return list(refs[3:])
+
+
+def split_shapes(b: int, kv_heads: int, rows: int, d: int, dtype, splits: int) -> list[jax.ShapeDtypeStruct]:
+    """``store_split``'s outputs for ``splits``."""
+    if splits == 1:
+        return [jax.ShapeDtypeStruct((b, kv_heads, rows, d), dtype)]
+    return [jax.ShapeDtypeStruct((b, kv_heads, splits, rows, d), jnp.float32),
+            *[jax.ShapeDtypeStruct((b, kv_heads, splits, rows), jnp.float32)] * 2]
+
+
+def merged(outs: list, dtype) -> jax.Array:  # store_split's outputs -> [B, H_kv, R, D]
+    return outs[0] if len(outs) == 1 else combine_splits(*outs).astype(dtype)
 
 
 def bounds(positions: jax.Array, window) -> tuple[jax.Array, jax.Array]:  # [B, T] -> ([B, T], [B, T]) int32
@@ -113,10 +149,12 @@ def decode_attention(
     scale: float = 0.0,
     softcap: float = 0.0,
     block_s: int = 0,
+    splits: int = 0,
     num_warps: int = 4,
     interpret: bool = False,
 ) -> jax.Array:  # [B, T, H, D]
-    """``attention_reference`` over layer ``layer`` of the cache, reading only the visible blocks."""
+    """``attention_reference`` over layer ``layer`` of the cache, reading only the visible blocks
+    (``splits`` of the slots, each its own program; 0: ``choose_splits``)."""
     b, t, h, d = q.shape
     h_kv, slots = k.shape[2], k.shape[3]
     if not supported(t, h, h_kv, d):
@@ -130,16 +168,18 @@ def decode_attention(
     pad = ((0, 0), (0, rows - t * g))
     lo = jnp.pad(jnp.repeat(lo, g, axis=1), pad, constant_values=slots)  # [B, R]: padding rows see nothing
     hi = jnp.pad(jnp.repeat(hi, g, axis=1), pad, constant_values=-1)
-    kernel = functools.partial(attention_kernel, block_s=block_s or BLOCK_S, scale=scale, softcap=softcap)
-    out = pl.pallas_call(
+    block_s = block_s or BLOCK_S
+    splits = splits or choose_splits(b, h_kv, slots, block_s)
+    kernel = functools.partial(attention_kernel, block_s=block_s, splits=splits, scale=scale, softcap=softcap)
+    outs = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct(qr.shape, q.dtype),
-        grid=(b, h_kv),
+        out_shape=split_shapes(b, h_kv, rows, d, q.dtype, splits),
+        grid=(b, h_kv, splits),
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
         name="flashspec_decode_attention",
     )(qr, k, v, jnp.asarray(layer, jnp.int32).reshape(1), lo, hi)
-    out = out[:, :, : t * g].reshape(b, h_kv, t, g, d).transpose(0, 2, 1, 3, 4)
+    out = merged(outs, q.dtype)[:, :, : t * g].reshape(b, h_kv, t, g, d).transpose(0, 2, 1, 3, 4)
     return out.reshape(b, t, h, d)
 
 
@@ -162,9 +202,7 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
     """qkv [B, T, (H + 2 H_kv) D]; cos, sin [B, T, D]; pos [B, T] int32; k, v [L, B, H_kv, S, D] (aliased to
     ko, vo); layer, window [1] int32. R = ``rows`` query rows (t, j) -> t * G + j, ``new`` >= T the padded
     count of new keys. Program (b, kh, p) streams split p's blocks of slots; split ``splits`` - 1 also
-    attends the new keys, split 0 writes them. ``refs``: with one split o [B, H_kv, R, D] (the
-    normalized output), then ko, vo; with more, acc [B, H_kv, P, R, D], m and l [B, H_kv, P, R] (float32
-    partial softmax sums, ``combine_splits``), then ko, vo."""
+    attends the new keys, split 0 writes them. ``refs``: ``store_split``'s outputs, then ko, vo."""
     b, kh, part = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     t_len, d = qkv_ref.shape[1], cos_ref.shape[2]
     kv_heads, slots = k_ref.shape[2], k_ref.shape[3]
@@ -195,24 +233,14 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
         return online_update(carry, jnp.where(seen, s, -jnp.inf), v)
 
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows, d), jnp.float32))
-    span = pl.cdiv(pl.cdiv(slots, block_s), splits)  # blocks per split
-    first = jnp.maximum(jnp.min(lo) // block_s, part * span)
-    last = jnp.minimum(jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1, (part + 1) * span)
+    first, last = split_blocks(lo, hi, slots, block_s, part, splits)
     carry = lax.fori_loop(first, last, body, init)
     k_new = roped(t_n, jnp.full((new,), (heads + kh) * d, jnp.int32)).astype(k_ref.dtype)  # [N, D]
     v_new = plt.load(qkv_ref.at[b, t_n[:, None], (heads + kv_heads + kh) * d + dims[None, :]])
     s = scores(jnp.dot(q, k_new.T, preferred_element_type=jnp.float32), d, scale, softcap)  # [R, N]
     seen = (pos_n[None, :] >= lo[:, None]) & (pos_n[None, :] <= hi[:, None]) & (pos_n[None, :] < slots)
-    m, l, acc = online_update(carry, jnp.where(seen & (part == splits - 1), s, -jnp.inf), v_new.astype(k_ref.dtype))
-    if splits == 1:
-        o_ref, ko_ref, vo_ref = refs
-        out = acc / jnp.where(l == 0, 1.0, l)[:, None]
-        plt.store(o_ref.at[b, kh, r[:, None], dims[None, :]], out.astype(o_ref.dtype))
-    else:
-        acc_ref, m_ref, l_ref, ko_ref, vo_ref = refs
-        plt.store(acc_ref.at[b, kh, part, r[:, None], dims[None, :]], acc)
-        plt.store(m_ref.at[b, kh, part, r], m)
-        plt.store(l_ref.at[b, kh, part, r], l)
+    carry = online_update(carry, jnp.where(seen & (part == splits - 1), s, -jnp.inf), v_new.astype(k_ref.dtype))
+    ko_ref, vo_ref = store_split(refs, b, kh, part, carry, splits)
     write_new(qkv_ref, pos_ref, ko_ref, vo_ref, roped, b, kh, layer, heads, part == 0)
 
 
@@ -301,11 +329,7 @@ def fused_attention(
     kernel = functools.partial(fused_kernel, heads=heads, rows=rows, new=new, block_s=block_s, splits=splits,
                                scale=scale, softcap=softcap)
     scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
-    if splits == 1:
-        parts = [jax.ShapeDtypeStruct((b, kv_heads, rows, d), qkv.dtype)]
-    else:
-        parts = [jax.ShapeDtypeStruct((b, kv_heads, splits, rows, d), jnp.float32),
-                 *[jax.ShapeDtypeStruct((b, kv_heads, splits, rows), jnp.float32)] * 2]
+    parts = split_shapes(b, kv_heads, rows, d, qkv.dtype, splits)
     *outs, k, v = pl.pallas_call(
         kernel,
         out_shape=[*parts, jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
@@ -315,6 +339,6 @@ def fused_attention(
         interpret=interpret,
         name="flashspec_fused_attention",
     )(qkv, cos, sin, positions.astype(jnp.int32), k, v, scalar(layer), scalar(window))
-    out = outs[0] if splits == 1 else combine_splits(*outs).astype(qkv.dtype)  # [B, H_kv, R, D]
+    out = merged(outs, qkv.dtype)  # [B, H_kv, R, D]
     out = out[:, :, : t * g].reshape(b, kv_heads, t, g, d).transpose(0, 2, 1, 3, 4)
     return out.reshape(b, t, heads, d), k, v

@@ -80,6 +80,19 @@ def test_products_equal_reference():
     assert not np.allclose(np.asarray(outs[0][0]), np.asarray(other), atol=1e-2)  # it read layer 1's weight
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_attention_equals_reference(splits):
+    """The attention kernel alone (the q/k-norm configs' path) against the einsum: ragged rows, a
+    sliding window on the second row, in one program per (row, KV head) and in 4 splits."""
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(rng.standard_normal((2, 3, 6, 16), np.float32))
+    k, v = (jnp.asarray(rng.standard_normal((2, 2, 2, 90, 16), np.float32)) for _ in range(2))
+    positions = jnp.array([[4], [70]]) + jnp.arange(3)[None]
+    window = jnp.int32(9)
+    out = jax.jit(lambda *a: decode_attention(*a, block_s=16, splits=splits, interpret=True))(q, k, v, jnp.int32(1), positions, window)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(reference(q, k, v, 1, positions, 9)), rtol=2e-5, atol=2e-5)
+
+
 def test_kernel_refuses_what_it_does_not_take():
     assert supported(5, 9, 3, 64) and not supported(1, 4, 2, 96) and not supported(200, 4, 2, 64)
     q = jnp.zeros((1, 1, 4, 96))
@@ -172,9 +185,9 @@ def test_decode_step_with_the_kernel_exports_for_cuda(scan, impl, gemv, monkeypa
     assert ("stablehlo.scatter" in text) == (impl == "pallas")  # the fused kernel writes the cache itself
 
 
-def test_split_fused_kernel_exports_for_cuda_at_llama3_8b(monkeypatch):
+def test_split_kernels_export_for_cuda_at_llama3_8b(monkeypatch):
     """Llama-3-8B's attention (32 heads, 8 KV heads, head_dim 128) over a 2112-slot cache: 4 splits,
-    one Triton call, the combine after it (its exp); a 384-slot cache: no combine."""
+    one Triton call, the combine after it (its exp); a 384-slot cache: no combine. Both kernels."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = jax.ShapeDtypeStruct
     checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
@@ -184,5 +197,10 @@ def test_split_fused_kernel_exports_for_cuda_at_llama3_8b(monkeypatch):
         text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(
             spec((1, 1, 48 * 128), jnp.bfloat16), *[spec((1, 1, 128), jnp.bfloat16)] * 2, cache, cache,
             spec((1, 1), jnp.int32)).mlir_module()
+        assert sum(text.count(name) for name in TRITON_CALLS) == 1
+        assert ("stablehlo.exponential" in text) == combined
+        g = jax.jit(lambda q, k, v, p: decode_attention(q, k, v, 3, p))
+        text = jax.export.export(g, platforms=["cuda"], disabled_checks=checks)(
+            spec((1, 5, 32, 128), jnp.bfloat16), cache, cache, spec((1, 5), jnp.int32)).mlir_module()
         assert sum(text.count(name) for name in TRITON_CALLS) == 1
         assert ("stablehlo.exponential" in text) == combined
