@@ -1,15 +1,14 @@
 """The JAX engine and the torch engine side by side on one GPU, one process: issue #37's table in one run.
 
-    python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 200   # on the H100 (random bf16 weights)
+    python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 190   # on the H100 (random bf16 weights)
     python benchmarks/jax_vs_torch_gpu.py --dry-run --out DIR        # a tiny config on the CPU, JAX only
 
 Per shape (SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B; smallest first), its parts in this order, each
 started only while the shape's share of ``--budget-s`` lasts (a part not started is recorded as
 skipped; one that fails is recorded with its error and the others go on):
 
-1. ``torch``: the torch engine (CUDA graphs, Triton verify), greedy, 128-token random prompts:
-   plain decoding and n-gram speculation (G = 4) at batch 1 (``--tokens`` new tokens) and at each
-   of ``--batches`` (``--batch-tokens``), the model then freed;
+1. ``torch`` batch 1: the torch engine (CUDA graphs, Triton verify), greedy, 128-token random
+   prompts, ``--tokens`` new tokens: plain decoding and n-gram speculation (G = 4);
 2. ``jax``: the JAX engine's default path at batch 1 (``Llama``'s choices on this GPU, recorded):
    plain decoding, n-gram speculation with the host loop and with the whole generation in one
    ``lax.while_loop`` (``flashspec_jax.whole``), and the compiled decode step's ``cost_analysis``
@@ -21,8 +20,9 @@ skipped; one that fails is recorded with its error and the others go on):
 4. ``attention_paths`` (``--attention-shapes``): the attention of one token over all layers, alone,
    "xla" against "fused" (its slots split for long caches) and the unsplit kernel, at each of
    ``--contexts`` (``jax_parts.attention_paths``);
-5. ``jax_batches``: the JAX engine at ``--batches``: plain decoding and n-gram speculation (the host
-   loop, as torch's; the while loop is compared with it at batch 1);
+5. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed,
+   and ``jax_batches``: the JAX engine the same way (plain decoding and n-gram speculation with the
+   host loop, as torch's; the while loop is compared with it at batch 1);
 6. ``gemv_paths`` (``--gemv-shapes``): the block's four products for one row over all layers, XLA's
    against the Pallas products (``jax_parts.gemv_paths``; not the model's default); then
    ``jax_pallas_products``: plain decoding at batch 1 with the Pallas products in the model
