@@ -77,12 +77,13 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
         cos, sin = model_lib.rope_table(c, positions, dtype)
         row = dict(slots=slots, splits=kernel_attention.choose_splits(batch, c.num_kv_heads, slots, kernel_attention.BLOCK_S))
         results = {}
+        shape = (c.num_layers, batch, c.num_kv_heads, slots, c.head_dim)
+        made = KVCache(*(0.5 * jax.random.normal(jax.random.key(i), shape, dtype) for i in (1, 2)))
         for impl in ATTENTIONS:
             if time.perf_counter() > deadline:
                 row[f"{impl}_skipped"] = "--budget-s spent"
                 continue
-            shape = (c.num_layers, batch, c.num_kv_heads, slots, c.head_dim)
-            cache = KVCache(*(0.5 * jax.random.normal(jax.random.key(i), shape, dtype) for i in (1, 2)))
+            cache = KVCache(*(jnp.copy(a) for a in made))  # each path's own (the step donates it)
             step = attention_step(c, impl, c.num_layers)
             t0 = time.perf_counter()
             total, cache = step(qkv, cos, sin, cache, positions)
@@ -90,6 +91,7 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
             row[f"{impl}_compile_and_first_s"] = time.perf_counter() - t0
             row[f"{impl}_ms"], cache = median_ms(lambda cc: step(qkv, cos, sin, cc, positions)[1], cache, reps)
             del cache
+        del made
         ref = results.get("xla")
         for impl in (i for i in ATTENTIONS[1:] if i in results and ref is not None):
             row[f"{impl}_rel_max_diff"] = float(np.abs(results[impl] - ref).max() / max(1e-30, np.abs(ref).max()))
