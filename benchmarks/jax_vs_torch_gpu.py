@@ -215,22 +215,13 @@ def jax_b1(m, args, device_loop: bool = True) -> dict:
     return out
 
 
-def with_attention(m, impl: str | None, fn):
-    """fn() with ``m.attention_impl = impl`` (the model's default restored after)."""
-    m.attention_impl = impl
+def with_choice(m, field: str, impl: str, fn):
+    """fn() with the model's ``field`` ("attention_impl" or "gemv_impl") set to ``impl``, then back to None (the default)."""
+    setattr(m, field, impl)
     try:
         return fn()
     finally:
-        m.attention_impl = None
-
-
-def with_products(m, impl: str | None, fn):
-    """fn() with ``m.gemv_impl = impl`` (the model's default restored after)."""
-    m.gemv_impl = impl
-    try:
-        return fn()
-    finally:
-        m.gemv_impl = None
+        setattr(m, field, None)
 
 
 def jax_batches(m, args, batches: list[int], deadline: float) -> dict:
@@ -285,12 +276,12 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
                jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))
     other = "xla" if m.attention_choice() != "xla" else "fused"
     parts = [("jax", lambda: jax_b1(m, args)),
-             ("jax_other_attention", lambda: with_attention(m, other, lambda: jax_b1(m, args, device_loop=False))),
+             ("jax_other_attention", lambda: with_choice(m, "attention_impl", other, lambda: jax_b1(m, args, device_loop=False))),
              ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, deadline)),
              ("torch_batches", lambda: {f"batch_{b}": guarded(lambda b=b: side.batch(b), deadline) for b in batches}),
              ("jax_batches", lambda: jax_batches(m, args, batches, deadline)),
              ("gemv_paths", lambda: jax_parts.gemv_paths(dims, 1, args.reps, dtype)),
-             ("jax_pallas_products", lambda: with_products(m, "pallas", lambda: jax_b1(m, args, device_loop=False))),
+             ("jax_pallas_products", lambda: with_choice(m, "gemv_impl", "pallas", lambda: jax_b1(m, args, device_loop=False))),
              ("row_invariant", lambda: row_invariant(m, args))]
     for part, fn in parts:
         if (part == "attention_paths" and name not in args.attention_shapes) or (part == "gemv_paths" and name not in
