@@ -5,7 +5,7 @@
   over the layers as the unrolled model runs them, the cache donated): ``attend`` with "xla" (RoPE,
   two cache scatters and the einsum over every cache slot) against "fused" (one Pallas kernel per
   layer, ``kernels.attention.fused_attention``, its slots split by ``choose_splits``) and against
-  "fused_unsplit" (the kernel with one program per row and KV head), per context length; the cache
+  "fused_alt" (the kernel with ``alt_splits``: 1 where ``choose_splits`` splits, else 4), per context length; the cache
   holds context + 64 slots and the token sits at the context's position, the end of a generation of
   that length. The outputs are compared with the einsum's.
 * ``gemv_paths``: the block's four products of one token over L layers (norms, the residual add
@@ -32,13 +32,14 @@ from flashspec_jax.verify import on_gpu
 from jax_profile_gpu import median_ms  # benchmarks/ is on sys.path
 
 
-ATTENTIONS = ("xla", "fused", "fused_unsplit")
+ATTENTIONS = ("xla", "fused", "fused_alt")
+ALT_SPLITS = 4  # fused_alt's splits where choose_splits gives 1
 
 
-def attention_step(c: LlamaConfig, impl: str, layers: int):
+def attention_step(c: LlamaConfig, impl: str, layers: int, splits: int = 0):
     """fn(qkv [B, 1, W], cos [B, 1, 1, D], sin, cache, positions [B, 1]) -> (sum of outputs [B, 1, H, D], cache).
-    ``impl``: "xla" (``attend``'s einsum path), "fused" (``fused_attention``, its splits by
-    ``choose_splits``) or "fused_unsplit" (one program per row and KV head)."""
+    ``impl``: "xla" (``attend``'s einsum path) or "fused" (``fused_attention`` in ``splits``, 0: by
+    ``choose_splits``)."""
     empty = Layers(*[None] * 6)  # attend reads only q_norm / k_norm (None: no q/k norm)
 
     def one(qkv, cos, sin, cache, i, positions, mask):
@@ -46,7 +47,7 @@ def attention_step(c: LlamaConfig, impl: str, layers: int):
             return model_lib.attend(c, empty, qkv, cos, sin, cache, i, positions, mask, 0, "xla")
         out, k, v = kernel_attention.fused_attention(
             qkv, cos[:, :, 0], sin[:, :, 0], cache.k, cache.v, i, positions, 0, heads=c.num_heads,
-            splits=1 if impl == "fused_unsplit" else 0, interpret=not on_gpu())
+            splits=splits, interpret=not on_gpu())
         return out, KVCache(k, v)
 
     def step(qkv, cos, sin, cache, positions):
@@ -75,7 +76,8 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
         qkv = jax.random.normal(key, (batch, 1, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim), dtype)
         positions = jnp.full((batch, 1), ctx, jnp.int32)
         cos, sin = model_lib.rope_table(c, positions, dtype)
-        row = dict(slots=slots, splits=kernel_attention.choose_splits(batch, c.num_kv_heads, slots, kernel_attention.BLOCK_S))
+        auto = kernel_attention.choose_splits(batch, c.num_kv_heads, slots, kernel_attention.BLOCK_S)
+        row = dict(slots=slots, splits=auto, alt_splits=ALT_SPLITS if auto == 1 else 1)
         results = {}
         shape = (c.num_layers, batch, c.num_kv_heads, slots, c.head_dim)
         made = KVCache(*(0.5 * jax.random.normal(jax.random.key(i), shape, dtype) for i in (1, 2)))
@@ -84,7 +86,7 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
                 row[f"{impl}_skipped"] = "--budget-s spent"
                 continue
             cache = KVCache(*(jnp.copy(a) for a in made))  # each path's own (the step donates it)
-            step = attention_step(c, impl, c.num_layers)
+            step = attention_step(c, impl.removesuffix("_alt"), c.num_layers, row["alt_splits"] if impl == "fused_alt" else 0)
             t0 = time.perf_counter()
             total, cache = step(qkv, cos, sin, cache, positions)
             results[impl] = np.asarray(total, np.float32)

@@ -21,7 +21,7 @@ def test_dry_run_writes_the_table(tmp_path, capsys):
     assert result["passed"] and not result["info"].get("tiny_jax", "").startswith("error")
     assert set(result["checks"]) == {"tiny_b1_while_within_1.05x_host_step", "tiny_b1_jax_while_tokens_equal_host",
                                      "tiny_row_invariant_equals_spec", "tiny_attention_fused_close_to_xla_ctx1000",
-                                     "tiny_attention_fused_unsplit_close_to_xla_ctx1000"}
+                                     "tiny_attention_fused_alt_close_to_xla_ctx1000"}
     s = result["summary"]["tiny"]
     assert s["jax_choices"]["attention"] == "xla" and s["jax_other_attention"] == "fused"  # the CPU's default, then the kernel
     assert all(math.isfinite(s[k]) and s[k] > 0 for k in ("jax_step_ms", "jax_other_step_ms", "jax_pallas_products_step_ms",
