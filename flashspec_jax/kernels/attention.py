@@ -2,20 +2,20 @@
 
 The model's einsum attention (``attention_reference``) reads every slot of the static cache and
 masks; this kernel reads only the blocks of slots a row can see. Program (b, kh) of the grid
-``(B, H_kv)`` (one split of the slots, below) takes the query rows of KV head kh (the T positions times the G = H / H_kv query
-heads of its GQA group, padded to a power of two of at least 16 rows for the Triton dot), and
-streams the cache's slots ``[block_s]`` at a time from the first block any row sees to the last,
-with an online softmax in float32. Row r sees slots ``lo[r] <= s <= hi[r]`` (``hi``: its position;
-``lo``: 0, or position - window + 1 for a sliding window). The cache is the model's whole
-``[L, B, H_kv, S, D]`` stack and the layer a traced scalar, so neither loop over layers copies a
-layer's cache out first.
+``(B, H_kv)`` (with one split of the slots, below) takes the query rows of KV head kh (the T
+positions times the G = H / H_kv query heads of its GQA group, padded to a power of two of at
+least 16 rows for the Triton dot), and streams the cache's slots ``[block_s]`` at a time from the
+first block any row sees to the last, with an online softmax in float32. Row r sees slots
+``lo[r] <= s <= hi[r]`` (``hi``: its position; ``lo``: 0, or position - window + 1 for a sliding
+window). The cache is the model's whole ``[L, B, H_kv, S, D]`` stack and the layer a traced
+scalar, so neither loop over layers copies a layer's cache out first.
 
 Both kernels (``decode_attention``, and ``fused_attention``: RoPE, the cache write and the
 attention in one) can split the slots: grid ``(B, H_kv, P)``, program p streaming the p-th share
-of the blocks and writing its partial softmax sums, which ``combine_splits`` merges. One program per (row, KV head) is only
-B H_kv programs (8 for Llama-3-8B at batch 1, 3 for SmolLM2), each streaming the whole context
-alone; ``choose_splits`` gives long caches more programs and keeps P = 1 (no partial sums, no
-combine) below ``SPLIT_MIN_SLOTS`` slots.
+of the blocks and writing its partial softmax sums, which ``combine_splits`` merges. One program
+per (row, KV head) is only B H_kv programs (8 for Llama-3-8B at batch 1, 3 for SmolLM2), each
+streaming the whole context alone; ``choose_splits`` gives long caches more programs and keeps
+P = 1 (no partial sums, no combine) below 2 ``SPLIT_MIN_SLOTS`` slots.
 
 Used for the few rows of decoding and scoring (``MAX_ROWS``); the prefill's long prompts keep the
 einsum (``flashspec_jax.model.attention``).
@@ -36,8 +36,8 @@ from jax.experimental.pallas import triton as plt
 BLOCK_S = 64  # cache slots per step of a program's loop (the kernels' default block_s)
 MAX_ROWS = 128  # T * G query rows per program at most (registers); more: the einsum
 MIN_ROWS = 16  # the Triton dot's smallest M
-SPLIT_MIN_SLOTS = 512  # fused_attention: cache slots per split at least (choose_splits)
-PROGRAMS = 132  # fused_attention: programs wanted when splitting (an H100's SMs)
+SPLIT_MIN_SLOTS = 512  # cache slots per split at least (choose_splits)
+PROGRAMS = 132  # programs wanted when splitting (an H100's SMs; choose_splits)
 
 
 def supported(t: int, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -111,7 +111,8 @@ def store_split(refs, b, kh, part, carry, splits: int) -> list:
     r = jnp.arange(acc.shape[0], dtype=jnp.int32)
     dims = jnp.arange(acc.shape[1], dtype=jnp.int32)
     if splits == 1:
-        plt.store(refs[0].at[b, kh, r[:, None], dims[None, :]], (acc / jnp.where(l == 0, 1.0, l)[:, None]).astype(refs[0].dtype))
+        out = acc / jnp.where(l == 0, 1.0, l)[:, None]
+        plt.store(refs[0].at[b, kh, r[:, None], dims[None, :]], out.astype(refs[0].dtype))
         return list(refs[1:])
     plt.store(refs[0].at[b, kh, part, r[:, None], dims[None, :]], acc)
     plt.store(refs[1].at[b, kh, part, r], m)
