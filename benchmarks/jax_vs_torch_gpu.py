@@ -1,25 +1,44 @@
-"""The JAX engine and the torch engine side by side on one GPU, one process (issue #37's table).
+"""The JAX engine and the torch engine side by side on one GPU, one process: issue #37's table in one run.
 
-    python benchmarks/jax_vs_torch_gpu.py --out DIR     # on the H100 (random bf16 weights)
-    python benchmarks/jax_vs_torch_gpu.py --dry-run     # a tiny config on the CPU, JAX only: proves the script runs
+    python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 190   # on the H100 (random bf16 weights)
+    python benchmarks/jax_vs_torch_gpu.py --dry-run --out DIR        # a tiny config on the CPU, JAX only
 
-Per shape (SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B; smallest first), torch then JAX:
+Per shape (SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B; smallest first), its parts in this order, each
+started only while the shape's share of ``--budget-s`` lasts (a part not started is recorded as
+skipped; one that fails is recorded with its error and the others go on):
 
-* batch 1 (128-token prompt, 128 new tokens, greedy): plain ms/token and the weights floor
-  (bytes / measured copy bandwidth); JAX's plain decoding also with each layer loop (the scan it
-  ran before issue #37, and unrolled; ``Llama.uses_scan`` picks by layer size); JAX also the n-gram speculative step (G = 4) with the host
-  loop and with the whole generation in one ``lax.while_loop`` (``benchmarks/engine_gpu_jax.py``'s
-  ``run_shape``: its checks too, speculative tokens == plain tokens), and torch its default mode
-  (CUDA graphs) from ``benchmarks/engine_gpu.py``'s ``time_engine``;
-* ``--batches`` (8 and 64) at ``--batch-shapes``: tokens/s of plain decoding and of n-gram
-  speculation (host loop; JAX's while loop too), each engine over the same prompts;
-* JAX's decode step's bytes per step from the compiled executable (``cost_analysis``, and
-  ``jax_profile_gpu.py``'s HLO movers);
-* JAX's row-invariant mode at batch 1 (plain decoding over G + 1 positions per step): its tokens
-  against n-gram speculation's and the default plain decoding's (bf16), and its ms per token.
+1. ``torch`` batch 1: the torch engine (CUDA graphs, Triton verify), greedy, 128-token random
+   prompts, ``--tokens`` new tokens: plain decoding and n-gram speculation (G = 4);
+2. ``jax``: the JAX engine's default path at batch 1 (``Llama``'s choices on this GPU, recorded):
+   plain decoding, n-gram speculation with the host loop and with the whole generation in one
+   ``lax.while_loop`` (``flashspec_jax.whole``), and the compiled decode step's ``cost_analysis``
+   bytes accessed (XLA's ops only: a Pallas kernel counts as unknown, so its own cache reads are
+   not in the figure) and memory analysis;
+3. ``jax_other_attention``: plain decoding at batch 1 with the other attention implementation than
+   the default ("fused" against the einsum "xla"), and its decode step's bytes: the default's choice
+   (``KERNELS_BELOW_BYTES``) measured against the alternative on the same model;
+4. ``attention_paths`` (``--attention-shapes``): the attention of one token over all layers, alone,
+   "xla" against "fused" (its slots split for long caches) and the kernel split otherwise (unsplit
+   where it splits, 4 splits where it does not), at each of ``--contexts`` (``jax_parts.attention_paths``;
+   at Llama-3-8B here, at the other ``--attention-shapes`` last);
+5. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed,
+   and ``jax_batches``: the JAX engine the same way (plain decoding and n-gram speculation with the
+   host loop, as torch's; the while loop is compared with it at batch 1);
+6. ``gemv_paths`` (``--gemv-shapes``): the block's four products for one row over all layers, XLA's
+   against the Pallas products (``jax_parts.gemv_paths``; not the model's default); then
+   ``jax_pallas_products``: plain decoding at batch 1 with the Pallas products in the model
+   (``gemv_impl="pallas"``, the norms and SwiGLU fused in; the default attention) and its bytes;
+7. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
+   (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token.
 
-Torch frees its cache (``torch.cuda.empty_cache``) before JAX runs a shape; JAX does not
-preallocate. JSON to ``--out``/jax_vs_torch.json; a table is printed last.
+With torch, JAX takes the torch model's random weights (``jax_model``: each tensor handed over by
+DLPack, no host copy), so both engines decode the same model and the JAX model is not built anew.
+Every loop is ``flashspec.loop.decode`` / ``speculate`` over the engine's backend, run once to
+compile (or capture graphs) at the timed shapes, then timed once: ``step_ms`` is the mean
+launch-to-launch step of the loop's records, ``wall_s`` the whole call (prefill included),
+tokens/s = new tokens of all rows / wall. The weights floor is the weights' bytes over the measured
+copy bandwidth (torch's 1 GiB device copy; JAX's x + 1 without torch). JSON (``jax_vs_torch.json``)
+rewritten after every part, the table printed last.
 """
 
 from __future__ import annotations
@@ -29,8 +48,10 @@ import os
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
@@ -41,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec.loop import SpecConfig, decode, speculate  # noqa: E402
@@ -48,13 +70,19 @@ from flashspec_jax import whole  # noqa: E402
 from flashspec_jax.backend import JaxBackend  # noqa: E402
 from flashspec_jax.drafts import LookupDraft  # noqa: E402
 from flashspec_jax.model import LlamaConfig  # noqa: E402
-from flashspec_jax.weights import random_model  # noqa: E402
+from flashspec_jax.weights import from_state, random_model  # noqa: E402
 
-import engine_gpu_jax  # noqa: E402  (benchmarks/ is on sys.path)
+import jax_parts  # noqa: E402  (benchmarks/ is on sys.path)
 import jax_profile_gpu  # noqa: E402
 
-SHAPES = engine_gpu_jax.SHAPES  # engine_gpu.py's, smallest first
-TINY = engine_gpu_jax.TINY
+SHAPES = jax_profile_gpu.SHAPES  # engine_gpu.py's, smallest first
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+SHARES = {"smollm2-135m": 0.2, "tinyllama-1.1b": 0.25, "llama3-8b": 0.55}  # of --budget-s (others: equal)
+GREEDY = SamplingConfig(0.0)
+NOTES = ("step_ms: mean launch-to-launch step of flashspec.loop's records (steady-state decode ms/token at batch 1); "
+         "ms_per_step_wall: wall (prefill included) / steps; tokens_per_s: new tokens of all rows / wall. JAX bytes: "
+         "compiled decode step's cost_analysis 'bytes accessed' (XLA ops; Pallas kernels count as unknown). With torch, "
+         "JAX runs the torch model's random weights (jax_weights; DLPack), so both engines decode the same model.")
 
 
 class Fixed:
@@ -65,210 +93,396 @@ class Fixed:
         pass
 
 
-def wall(fn) -> tuple[object, float]:
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
+def loops(backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=None, plain_only=False) -> dict:
+    """Plain decoding, n-gram speculation (host loop) and, with ``device_loop`` (a ``whole.Whole``), the
+    while loop: each run once to compile, then timed. Tokens compared between the runs."""
+    spec = SpecConfig(gamma=gamma, max_new_tokens=tokens)
+    runs = {"plain": lambda: decode(backend, prompts, sampling=GREEDY, max_new_tokens=tokens, seed=seed)}
+    if not plain_only:
+        runs["spec_host"] = lambda: speculate(backend, Fixed(), prompts, sampling=GREEDY, spec=spec, seed=seed)
+    if device_loop is not None and not plain_only:
+        runs["spec_while"] = lambda: device_loop.run(prompts, max_new_tokens=tokens, gamma=gamma, sampling=GREEDY,
+                                                     seed=seed, policy=whole.Fixed(0))
+    out, outs = dict(batch=len(prompts), new_tokens=tokens), {}
+    for name, fn in runs.items():
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res, rec = fn()
+        sync()
+        s = time.perf_counter() - t0
+        outs[name] = res
+        r = dict(compile_and_first_s=first, wall_s=s, steps=len(rec), tokens_per_s=sum(map(len, res)) / s,
+                 ms_per_step_wall=s * 1e3 / max(1, len(rec)), tokens_sha1=hashlib.sha1(json.dumps(res).encode()).hexdigest())
+        if name != "spec_while":  # the while loop's records carry no times
+            r["step_ms"] = statistics.mean(x.seconds for x in rec) * 1e3
+        if name != "plain":
+            r["acceptance"] = sum(x.accepted for x in rec) / max(1, sum(x.drafted for x in rec))
+            r["tokens_per_step"] = sum(x.emitted for x in rec) / max(1, len(rec))
+        out[name] = r
+    if "spec_host" in outs:
+        out["spec_equals_plain"] = outs["spec_host"] == outs["plain"]
+    if "spec_while" in outs:
+        out["while_equals_host"] = outs["spec_while"] == outs["spec_host"]
+        out["while_over_host_step"] = out["spec_while"]["ms_per_step_wall"] / out["spec_host"]["ms_per_step_wall"]
+    return out
 
 
-def jax_batch(m, batch: int, tokens: int, prompt_len: int, gamma: int, device_loop: bool) -> dict:
-    """Tokens/s of plain decoding and n-gram speculation (host loop; the while loop if asked) at ``batch``."""
-    vocab = m.config.vocab_size
-    prompts = np.random.default_rng(batch).integers(0, vocab, (batch, prompt_len)).tolist()
-    greedy, seed = SamplingConfig(0.0), np.zeros(batch, np.uint64)
+def prompts_for(vocab: int, batch: int, prompt_len: int) -> list[list[int]]:
+    return np.random.default_rng(batch).integers(0, vocab, (batch, prompt_len)).tolist()
+
+
+class TorchSide:
+    """The torch engine on one shape's random model (built on the first call, freed by ``free``)."""
+
+    def __init__(self, dims: dict, args):
+        self.dims, self.args, self.model = dims, args, None
+
+    def batch(self, batch: int) -> dict:
+        import torch
+        from flashspec_torch.backend import TorchBackend
+        from flashspec_torch.drafts import LookupDraft as TorchLookup
+
+        out = self.build() if self.model is None else {}
+        seed = torch.zeros(batch, dtype=torch.int64, device="cuda")
+        with torch.inference_mode():
+            backend = TorchBackend(self.model, [TorchLookup()], eos_ids=[], verify_impl="triton", graphs=True)
+            prompts = prompts_for(self.dims["vocab_size"], batch, self.args.prompt_len)
+            out.update(loops(backend, prompts, self.args.tokens if batch == 1 else self.args.batch_tokens, self.args.gamma,
+                             seed, torch.cuda.synchronize))
+        return out
+
+    def build(self) -> dict:
+        import engine_gpu
+        import torch
+        from flashspec_torch.model import LlamaConfig as TorchConfig
+
+        t0 = time.perf_counter()
+        self.model = engine_gpu.random_model(TorchConfig(**self.dims, max_position_embeddings=8192))
+        torch.cuda.empty_cache()  # the float32 model it was cast from (32 GB at 8B): JAX allocates beside torch
+        return dict(build_s=time.perf_counter() - t0,
+                    weight_bytes=sum(p.numel() * p.element_size() for p in self.model.parameters()))
+
+    def free(self) -> None:
+        if self.model is not None:
+            import torch
+
+            self.model = None
+            torch.cuda.empty_cache()
+
+
+def jax_model(dims: dict, torch_model, dtype):
+    """(the JAX model, where its weights came from): ``torch_model``'s weights when there is one (each
+    tensor handed over by DLPack, stacked over layers on the device: both engines then run the same
+    model), else ``random_model``'s (and when the handover fails, with its error)."""
+    cfg = LlamaConfig(**dims, max_position_embeddings=8192)
+    if torch_model is None:
+        return random_model(cfg, dtype=dtype, seed=0), "random_model"
+    try:
+        state = {k: jnp.from_dlpack(v.detach().contiguous()) for k, v in torch_model.state_dict().items()}
+        return from_state(cfg, state, dtype), "the torch model's (DLPack)"
+    except Exception as e:
+        return random_model(cfg, dtype=dtype, seed=0), f"random_model (DLPack handover failed: {type(e).__name__}: {e})"[:500]
+
+
+def jax_backend(m):
     backend = JaxBackend(m, eos_ids=[])
     backend.set_drafts([LookupDraft()])
-    spec = SpecConfig(gamma=gamma, max_new_tokens=tokens)
-    runs = {"plain": lambda: decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed),
-            "spec_host": lambda: speculate(backend, Fixed(), prompts, sampling=greedy, spec=spec, seed=seed)}
-    if device_loop:
-        loop = whole.Whole(backend)
-        runs["spec_device"] = lambda: loop.run(prompts, max_new_tokens=tokens, gamma=gamma, sampling=greedy,
-                                               seed=seed, policy=whole.Fixed(0))
-    row = dict(batch=batch, new_tokens=tokens)
-    outs = {}
-    for name, fn in runs.items():
-        fn()  # compiles (same shapes as the timed run)
-        (out, records), s = wall(fn)
-        outs[name] = out
-        row[f"{name}_tokens_per_s"] = sum(map(len, out)) / s
-        row[f"{name}_ms_per_step"] = s * 1e3 / max(1, len(records))
-    row["spec_equals_plain"] = all(o == outs["plain"] for o in outs.values())
+    return backend
+
+
+def choices(m) -> dict:
+    return dict(layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice(), gemv=m.gemv_choice())
+
+
+def decode_bytes(backend, prompt_len: int, tokens: int) -> dict:
+    """The compiled decode step's cost_analysis and memory analysis, and the HLO's data movers (batch 1)."""
+    state = backend.start_state([[1] * prompt_len], tokens)
+    compiled = backend.decode_jit.lower(backend.weights, state, GREEDY, backend._seeds(0), jnp.uint32(0)).compile()
+    hlo = jax_profile_gpu.parse_hlo(compiled.as_text())
+    return dict(**jax_profile_gpu.cost(compiled), mover_bytes_by_op=hlo["mover_bytes_by_op"])
+
+
+def jax_b1(m, args, device_loop: bool = True) -> dict:
+    """The engine with the model's current choices at batch 1: the loops and the decode step's bytes."""
+    backend = jax_backend(m)
+    prompts = prompts_for(m.config.vocab_size, 1, args.prompt_len)
+    out = dict(choices=choices(m))
+    out.update(loops(backend, prompts, args.tokens, args.gamma, np.zeros(1, np.uint64), lambda: None,
+                     whole.Whole(backend) if device_loop else None, plain_only=not device_loop))
+    out["bytes_per_step"] = decode_bytes(backend, args.prompt_len, args.tokens)
+    return out
+
+
+def with_choice(m, field: str, impl: str, fn):
+    """fn() with the model's ``field`` ("attention_impl" or "gemv_impl") set to ``impl``, then back to None (the default)."""
+    setattr(m, field, impl)
+    try:
+        return fn()
+    finally:
+        setattr(m, field, None)
+
+
+def jax_batches(m, args, batches: list[int], deadline: float) -> dict:
+    out = {}
+    for batch in batches:
+        backend = jax_backend(m)
+        run = lambda: loops(backend, prompts_for(m.config.vocab_size, batch, args.prompt_len), args.batch_tokens,  # noqa: E731
+                            args.gamma, np.zeros(batch, np.uint64), lambda: None)
+        out[f"batch_{batch}"] = guarded(run, deadline)
+    return out
+
+
+def row_invariant(m, args) -> dict:
+    """Batch 1, greedy: plain decoding over G + 1 positions (``decode_rows``) against n-gram speculation."""
+    backend = jax_backend(m)
+    prompts = prompts_for(m.config.vocab_size, 1, args.prompt_len)
+    seed = np.zeros(1, np.uint64)
+    spec, _ = speculate(backend, Fixed(), prompts, sampling=GREEDY, spec=SpecConfig(gamma=args.gamma, max_new_tokens=args.tokens),
+                        seed=seed)
+    backend.decode_rows = args.gamma + 1
+    r = loops(backend, prompts, args.tokens, args.gamma, seed, lambda: None, plain_only=True)
+    invariant, _ = decode(backend, prompts, sampling=GREEDY, max_new_tokens=args.tokens, seed=seed)
+    return dict(row_invariant_equals_spec=invariant == spec, step_ms=r["plain"]["step_ms"],
+                ms_per_step_wall=r["plain"]["ms_per_step_wall"])
+
+
+def guarded(fn, deadline: float) -> dict:
+    """fn() unless the budget is spent; an exception is recorded, not raised (one part must not lose the others)."""
+    if time.perf_counter() > deadline:
+        return dict(skipped="--budget-s spent")
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:
+        out = dict(error=f"{type(e).__name__}: {e}"[:1000])
+    out["part_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, save) -> dict:
+    """One shape's parts in order (module docstring), each under ``deadline``; ``save(row)`` after each."""
+    row = dict(shape=name, config=dims, prompt_len=args.prompt_len, gamma=args.gamma)
+    side = TorchSide(dims, args)
+    if args.torch:
+        row["torch"] = {"batch_1": guarded(lambda: side.batch(1), deadline)}
+        save(row)
+    dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
+    t0 = time.perf_counter()
+    m, row["jax_weights"] = jax_model(dims, side.model, dtype)
+    jax.block_until_ready(nnx.state(m))
+    row.update(dtype=str(jnp.dtype(dtype)), jax_build_s=time.perf_counter() - t0, layer_bytes=m.layer_bytes(),
+               jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))
+    other = "xla" if m.attention_choice() != "xla" else "fused"
+    parts = [("jax", lambda: jax_b1(m, args)),
+             ("jax_other_attention", lambda: with_choice(m, "attention_impl", other, lambda: jax_b1(m, args, device_loop=False))),
+             ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, deadline)),
+             ("torch_batches", lambda: {f"batch_{b}": guarded(lambda b=b: side.batch(b), deadline) for b in batches}),
+             ("jax_batches", lambda: jax_batches(m, args, batches, deadline)),
+             ("gemv_paths", lambda: jax_parts.gemv_paths(dims, 1, args.reps, dtype)),
+             ("jax_pallas_products", lambda: with_choice(m, "gemv_impl", "pallas", lambda: jax_b1(m, args, device_loop=False))),
+             ("row_invariant", lambda: row_invariant(m, args))]
+    if name != "llama3-8b":  # the attention choice is the question at 8B; elsewhere the issue's table first
+        parts.append(parts.pop(next(i for i, (p, _) in enumerate(parts) if p == "attention_paths")))
+    for part, fn in parts:
+        if (part == "attention_paths" and name not in args.attention_shapes) or (part == "gemv_paths" and name not in
+                                                                                 args.gemv_shapes):
+            continue
+        if part == "torch_batches":
+            if args.torch:
+                row["torch"]["batches"] = guarded(fn, deadline)
+                side.free()
+            continue
+        row[part] = guarded(fn, deadline)
+        save(row)
+        print(json.dumps({part: {k: v for k, v in row[part].items() if k != "bytes_per_step"}})[:1500], flush=True)
+    side.free()
+    del m
     return row
 
 
-def jax_row_invariant(m, tokens: int, prompt_len: int, gamma: int) -> dict:
-    """Batch 1, greedy: plain decoding with ``decode_rows = G + 1`` (the row-invariant mode) against
-    n-gram speculation, and against the default plain decoding; its ms per token."""
-    prompts = np.random.default_rng(1).integers(0, m.config.vocab_size, (1, prompt_len)).tolist()
-    greedy, seed = SamplingConfig(0.0), np.zeros(1, np.uint64)
-    backend = JaxBackend(m, eos_ids=[])
-    backend.set_drafts([LookupDraft()])
-    plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)
-    spec, _ = speculate(backend, Fixed(), prompts, sampling=greedy, spec=SpecConfig(gamma=gamma, max_new_tokens=tokens), seed=seed)
-    backend.decode_rows = gamma + 1
-    invariant, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed)
-    (_, records), s = wall(lambda: decode(backend, prompts, sampling=greedy, max_new_tokens=tokens, seed=seed))
-    return dict(row_invariant_equals_spec=invariant == spec, default_plain_equals_spec=plain == spec,
-                row_invariant_equals_default_plain=invariant == plain, row_invariant_ms_per_token=s * 1e3 / len(records))
+def get(d: dict, *path, default=float("nan")):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return default
+        d = d[k]
+    return d
 
 
-def torch_rows(name: str, dims: dict, tokens: int, prompt_len: int, batches: list[int], bw: float) -> dict:
-    import engine_gpu
-    import torch
-    from flashspec_torch.backend import TorchBackend
-    from flashspec_torch.drafts import LookupDraft as TorchLookup
-    from flashspec_torch.model import LlamaConfig as TorchConfig
-
-    cfg = TorchConfig(**dims, max_position_embeddings=8192)
-    m = engine_gpu.random_model(cfg)
-    weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
-    out = dict(weight_bytes=weight_bytes, weights_floor_ms=weight_bytes / bw * 1e3)
-    with torch.inference_mode():
-        for batch in [1, *batches]:
-            prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len)).tolist()
-            seed = torch.zeros(batch, dtype=torch.int64, device="cuda")
-            backend = TorchBackend(m, [TorchLookup()], eos_ids=[], verify_impl="triton", graphs=True)
-            r = engine_gpu.time_engine(backend, prompts, tokens if batch == 1 else tokens // 2, seed)
-            r["spec_equals_plain"] = r.pop("spec_outputs") == r.pop("outputs")
-            out[f"batch_{batch}"] = r
-            del backend
-    del m
-    torch.cuda.empty_cache()
-    return out
-
-
-def jax_rows(name: str, dims: dict, args, batches: list[int], bw: float) -> dict:
-    out = engine_gpu_jax.run_shape(name, dims, args.tokens, 1, args.prompt_len, args.gamma, args.reps)
-    out["weights_floor_ms"] = out["weight_bytes"] / bw * 1e3
-    out["ar_over_weights_floor"] = out["ar_ms_per_token"] / out["weights_floor_ms"]
-    out["while_over_host_step"] = out["spec_device_ms_per_step"] / out["spec_host_ms_per_step"]
-    dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
-    m = random_model(LlamaConfig(**dims, max_position_embeddings=8192), dtype=dtype, seed=0)
-    out["layer_loop"] = "scan" if m.uses_scan() else "unrolled"  # the default (Llama.scan_layers None)
-    out["bytes_per_step"] = decode_bytes(m, args.prompt_len)
-    out["loop_ms_per_token"] = {loop: loop_decode_ms(m, loop == "scan", args.tokens // 2, args.prompt_len)
-                                for loop in ("scan", "unrolled")}
-    out["row_invariant"] = jax_row_invariant(m, args.tokens, args.prompt_len, args.gamma)
-    for batch in batches:
-        try:
-            out[f"batch_{batch}"] = jax_batch(m, batch, args.tokens // 2, args.prompt_len, args.gamma, args.device_loop)
-        except Exception as e:  # one batch failing (memory) must not lose the others
-            out[f"batch_{batch}"] = dict(error=f"{type(e).__name__}: {e}"[:500])
-    del m
-    return out
+def summarize(row: dict, bw: float, batches: list[int]) -> dict:
+    """The table's figures of one shape (NaN where a part did not run)."""
+    t, j, o = row.get("torch", {}), row.get("jax", {}), row.get("jax_other_attention", {})
+    weight_bytes = get(t, "batch_1", "weight_bytes", default=None) or row["jax_weight_bytes"]
+    s = dict(weights_floor_ms=weight_bytes / bw * 1e3, torch_step_ms=get(t, "batch_1", "plain", "step_ms"),
+             jax_step_ms=get(j, "plain", "step_ms"), torch_wall_ms=get(t, "batch_1", "plain", "ms_per_step_wall"),
+             jax_wall_ms=get(j, "plain", "ms_per_step_wall"), jax_choices=get(j, "choices", default={}),
+             jax_other_attention=get(o, "choices", "attention", default=None), jax_other_step_ms=get(o, "plain", "step_ms"),
+             while_over_host_step=get(j, "while_over_host_step"),
+             jax_pallas_products_step_ms=get(row, "jax_pallas_products", "plain", "step_ms"),
+             jax_bytes_accessed=get(j, "bytes_per_step", "cost_analysis", "bytes accessed"),
+             jax_other_bytes_accessed=get(o, "bytes_per_step", "cost_analysis", "bytes accessed"))
+    s["jax_over_torch_step"] = s["jax_step_ms"] / s["torch_step_ms"]
+    s["jax_over_torch_wall"] = s["jax_wall_ms"] / s["torch_wall_ms"]
+    s["jax_over_floor"] = s["jax_step_ms"] / s["weights_floor_ms"]
+    s["other_attention_over_default"] = s["jax_other_step_ms"] / s["jax_step_ms"]
+    s["pallas_products_over_default"] = s["jax_pallas_products_step_ms"] / s["jax_step_ms"]
+    for b in batches:
+        for side, part in (("torch", t.get("batches", {})), ("jax", row.get("jax_batches", {}))):
+            r = get(part, f"batch_{b}", default={})
+            for run in ("plain", "spec_host"):
+                s[f"b{b}_{side}_{run}_tokens_per_s"] = get(r, run, "tokens_per_s")
+            s[f"b{b}_{side}_spec_acceptance"] = get(r, "spec_host", "acceptance")
+    return s
 
 
-def loop_decode_ms(m, scan: bool, tokens: int, prompt_len: int) -> float:
-    """Plain decoding's ms/token with the layer scan (the engine before issue #37) or the unrolled
-    loop, batch 1."""
-    m.scan_layers = scan
-    try:
-        backend = JaxBackend(m, eos_ids=[])
-        backend.set_drafts([LookupDraft()])
-        prompts = [[1] * prompt_len]
-        run = lambda: decode(backend, prompts, sampling=SamplingConfig(0.0), max_new_tokens=tokens, seed=np.zeros(1, np.uint64))  # noqa: E731
-        run()
-        (_, records), s = wall(run)
-        return s * 1e3 / len(records)
-    finally:
-        m.scan_layers = None
-
-
-def decode_bytes(m, prompt_len: int) -> dict:
-    """The compiled decode step's cost_analysis bytes and HLO movers (batch 1, as the engine jits it)."""
-    backend = JaxBackend(m, eos_ids=[])
-    backend.set_drafts([LookupDraft()])
-    state = backend.start_state([[1] * prompt_len], 128)
-    compiled = backend.decode_jit.lower(backend.weights, state, SamplingConfig(0.0), backend._seeds(0), jnp.uint32(0)).compile()
-    c = jax_profile_gpu.cost(compiled)
-    hlo = jax_profile_gpu.parse_hlo(compiled.as_text())
-    return dict(**c, mover_bytes_by_op=hlo["mover_bytes_by_op"], while_loops=hlo["while_loops"])
+def checks_of(rows: list[dict]) -> tuple[dict, dict]:
+    """Pass/fail per check (only where its parts ran) and information (bf16 token agreement)."""
+    checks, info = {}, {}
+    for r in rows:
+        n, s = r["shape"], r["summary"]
+        if s["jax_over_torch_step"] == s["jax_over_torch_step"]:  # not NaN
+            checks[f"{n}_b1_jax_within_1.15x_torch_step"] = s["jax_over_torch_step"] <= 1.15
+        if n == "llama3-8b" and s["jax_over_floor"] == s["jax_over_floor"]:
+            checks[f"{n}_b1_jax_within_1.3x_weights_floor"] = s["jax_over_floor"] <= 1.3
+        if s["while_over_host_step"] == s["while_over_host_step"]:
+            checks[f"{n}_b1_while_within_1.05x_host_step"] = s["while_over_host_step"] <= 1.05
+        for key, part in (("b1", r.get("jax", {})), *((k, v) for k, v in r.get("jax_batches", {}).items() if isinstance(v, dict))):
+            if "while_equals_host" in part:
+                checks[f"{n}_{key}_jax_while_tokens_equal_host"] = part["while_equals_host"]
+            if "spec_equals_plain" in part:
+                info[f"{n}_{key}_jax_spec_equals_plain_{r['dtype']}"] = part["spec_equals_plain"]
+        torch_runs = {"batch_1": r.get("torch", {}).get("batch_1", {}), **r.get("torch", {}).get("batches", {})}
+        jax_runs = {"batch_1": r.get("jax", {}), **r.get("jax_batches", {})}
+        for k, v in torch_runs.items():  # the same weights (jax_weights): the engines' greedy tokens, bf16 rounding apart
+            for run in ("plain", "spec_host"):
+                a, b = get(v, run, "tokens_sha1", default=None), get(jax_runs.get(k, {}), run, "tokens_sha1", default=None)
+                if a and b and r.get("jax_weights", "").startswith("the torch model"):
+                    info[f"{n}_{k}_{run}_tokens_equal_torch_jax"] = a == b
+        for k, v in torch_runs.items():
+            if isinstance(v, dict) and "spec_equals_plain" in v:
+                info[f"{n}_{k}_torch_spec_equals_plain"] = v["spec_equals_plain"]
+        if "row_invariant_equals_spec" in r.get("row_invariant", {}):
+            checks[f"{n}_row_invariant_equals_spec"] = r["row_invariant"]["row_invariant_equals_spec"]
+        for ctx, a in r.get("attention_paths", {}).get("contexts", {}).items():
+            for impl in jax_parts.ATTENTIONS[1:]:
+                if f"{impl}_rel_max_diff" in a:
+                    checks[f"{n}_attention_{impl}_close_to_xla_ctx{ctx}"] = a[f"{impl}_rel_max_diff"] < 0.05
+        if "rel_max_diff" in r.get("gemv_paths", {}):
+            checks[f"{n}_gemv_pallas_close_to_xla"] = r["gemv_paths"]["rel_max_diff"] < 0.05
+        parts = {**{f"torch_{k}": v for k, v in torch_runs.items()}, "torch_batches": r.get("torch", {}).get("batches"),
+                 **{f"jax_{k}": v for k, v in r.get("jax_batches", {}).items()},
+                 **{k: r[k] for k in ("jax", "jax_other_attention", "attention_paths", "gemv_paths", "jax_pallas_products",
+                                 "row_invariant") if k in r}}
+        for part, v in parts.items():
+            if isinstance(v, dict) and ("error" in v or "skipped" in v):
+                info[f"{n}_{part}"] = v.get("error") or v.get("skipped")
+    return checks, info
 
 
 def table(rows: list[dict], batches: list[int]) -> str:
-    lines = ["shape | floor ms | torch ms/tok | JAX ms/tok | JAX/torch | JAX/floor | JAX scan ms/tok | JAX host step | JAX while step | while/host"]
+    f = lambda x, p=3: "-" if x != x else f"{x:.{p}f}"  # noqa: E731
+    lines = ["shape | floor ms | torch step ms | JAX step ms (attention) | JAX/torch (step, wall) | JAX/floor | other attention "
+             "step ms | Pallas products step ms | JAX GB/step default, other | while/host"]
     for r in rows:
-        t, j = r.get("torch", {}), r.get("jax", {})
-        if "error" in j or "error" in t or not j:
-            lines.append(f"{r['shape']} | error: {j.get('error') or t.get('error')}"[:200])
-            continue
-        tar = t.get("batch_1", {}).get("ar_ms_per_token", float("nan"))
-        lines.append(f"{r['shape']} | {j['weights_floor_ms']:.3f} | {tar:.3f} | {j['ar_ms_per_token']:.3f} | "
-                     f"{j['ar_ms_per_token'] / tar:.2f} | {j['ar_over_weights_floor']:.2f} | {j['loop_ms_per_token']['scan']:.3f} | "
-                     f"{j['spec_host_ms_per_step']:.3f} | "
-                     f"{j['spec_device_ms_per_step']:.3f} | {j['while_over_host_step']:.3f}")
-    lines.append("shape | batch | torch plain tok/s | JAX plain tok/s | torch spec tok/s | JAX spec tok/s (host) | JAX spec tok/s (while)")
+        s = r["summary"]
+        lines.append(f"{r['shape']} | {f(s['weights_floor_ms'])} | {f(s['torch_step_ms'])} | {f(s['jax_step_ms'])} "
+                     f"({s['jax_choices'].get('attention', '-')}) | {f(s['jax_over_torch_step'], 2)}, {f(s['jax_over_torch_wall'], 2)} | "
+                     f"{f(s['jax_over_floor'], 2)} | {f(s['jax_other_step_ms'])} ({s['jax_other_attention']}) | "
+                     f"{f(s['jax_pallas_products_step_ms'])} | "
+                     f"{f(s['jax_bytes_accessed'] / 1e9)}, {f(s['jax_other_bytes_accessed'] / 1e9)} | {f(s['while_over_host_step'], 3)}")
+    lines.append("shape | batch | torch plain / n-gram tok/s (acceptance) | JAX plain / n-gram tok/s (acceptance)")
     for r in rows:
+        s = r["summary"]
         for b in batches:
-            t, j = r.get("torch", {}).get(f"batch_{b}", {}), r.get("jax", {}).get(f"batch_{b}")
-            if not j:
-                continue
-            lines.append(f"{r['shape']} | {b} | {t.get('ar_tokens_per_s', float('nan')):.0f} | {j.get('plain_tokens_per_s', float('nan')):.0f} | "
-                         f"{t.get('spec_tokens_per_s', float('nan')):.0f} | {j.get('spec_host_tokens_per_s', float('nan')):.0f} | "
-                         f"{j.get('spec_device_tokens_per_s', float('nan')):.0f}")
+            lines.append(f"{r['shape']} | {b} | {f(s[f'b{b}_torch_plain_tokens_per_s'], 0)} / {f(s[f'b{b}_torch_spec_host_tokens_per_s'], 0)} "
+                         f"({f(s[f'b{b}_torch_spec_acceptance'], 2)}) | {f(s[f'b{b}_jax_plain_tokens_per_s'], 0)} / "
+                         f"{f(s[f'b{b}_jax_spec_host_tokens_per_s'], 0)} "
+                         f"({f(s[f'b{b}_jax_spec_acceptance'], 2)})")
+    for r in rows:
+        for ctx, a in r.get("attention_paths", {}).get("contexts", {}).items():
+            lines.append(f"{r['shape']} attention alone, context {ctx} (ms per token over all layers): xla "
+                         f"{f(a.get('xla_ms', float('nan')))}, fused ({a.get('splits', '-')} splits) {f(a.get('fused_ms', float('nan')))}, "
+                         f"fused in {a.get('alt_splits', '-')} splits {f(a.get('fused_alt_ms', float('nan')))}")
+        g = r.get("gemv_paths", {})
+        if "xla_ms" in g:
+            lines.append(f"{r['shape']} products alone: xla {f(g['xla_ms'])} ms ({f(g['xla_gb_per_s'], 0)} GB/s), pallas "
+                         f"{f(g['pallas_ms'])} ms ({f(g['pallas_gb_per_s'], 0)} GB/s)")
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
+def versions(with_torch: bool) -> dict:
+    v = dict(jax=jax.__version__, python=platform.python_version())
+    if with_torch:
+        import torch
+        import triton
+
+        v.update(torch=torch.__version__, triton=triton.__version__)
+    return v
+
+
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--batch-shapes", default="llama3-8b", help="shapes that also run --batches")
-    ap.add_argument("--batches", default="8,64")
-    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--batches", default="8,64", help="batch sizes besides 1 (every shape, torch and JAX)")
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens at batch 1")
+    ap.add_argument("--batch-tokens", type=int, default=64, help="new tokens per row at --batches")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--no-device-loop", dest="device_loop", action="store_false", help="batches: host loop only")
+    ap.add_argument("--reps", type=int, default=20, help="timed calls of the parts timed alone (median)")
+    ap.add_argument("--contexts", default="256,2048,8192", help="attention_paths' context lengths")
+    ap.add_argument("--attention-shapes", default="smollm2-135m,llama3-8b")
+    ap.add_argument("--gemv-shapes", default="llama3-8b")
+    ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start past their shape's share are skipped")
     ap.add_argument("--no-torch", dest="torch", action="store_false")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     args = ap.parse_args(argv)
     if args.dry_run:
-        shapes, batch_shapes, args.tokens, args.prompt_len, args.reps, args.torch = {"tiny": TINY}, {"tiny"}, 12, 16, 2, False
-    else:
-        shapes = {n: SHAPES[n] for n in args.shapes.split(",")}
-        batch_shapes = set(args.batch_shapes.split(","))
+        args.shapes, args.tokens, args.batch_tokens, args.prompt_len = "tiny", 8, 6, 12
+        args.batches = "2" if args.batches == "8,64" else args.batches
+        args.contexts, args.reps, args.torch = "1000", 2, False  # 1064 slots: the kernel in 2 splits
+        args.attention_shapes, args.gemv_shapes = (x.replace("smollm2-135m,", "").replace("llama3-8b", "tiny")
+                                                   for x in (args.attention_shapes, args.gemv_shapes))
+    unknown = set(args.shapes.split(",")) - set(SHAPES) - ({"tiny"} if args.dry_run else set())
+    if unknown:
+        ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {sorted(SHAPES)}")
+    args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    args.attention_shapes, args.gemv_shapes = set(args.attention_shapes.split(",")), set(args.gemv_shapes.split(","))
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    shapes = {"tiny": TINY} if args.dry_run else {n: SHAPES[n] for n in args.shapes.split(",")}
     batches = [int(b) for b in args.batches.split(",") if b]
     if args.torch:
         from verify_kernels import copy_bandwidth_gbps
 
-        bw = copy_bandwidth_gbps("cuda") * 1e9
+        bw, bw_source = copy_bandwidth_gbps("cuda") * 1e9, "torch: 1 GiB device-to-device copy, (read + write) / median time"
     else:
-        bw = jax_profile_gpu.bandwidth_gbps() * 1e9
-    rows = []
-    for name, dims in shapes.items():
-        row, b = dict(shape=name), batches if name in batch_shapes else []
-        t0 = time.perf_counter()
-        for side, fn in (("torch", lambda: torch_rows(name, dims, args.tokens, args.prompt_len, b, bw)),
-                         ("jax", lambda: jax_rows(name, dims, args, b, bw))):
-            if side == "torch" and not args.torch:
-                continue
-            try:
-                row[side] = fn()
-            except Exception as e:  # one side failing must not lose the other
-                row[side] = dict(error=f"{type(e).__name__}: {e}"[:1000])
-        row["wall_s"] = time.perf_counter() - t0
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    dev = jax.devices()[0]
-    versions = dict(jax=jax.__version__, python=platform.python_version())
-    if args.torch:
-        import torch
-        import triton
-
-        versions.update(torch=torch.__version__, triton=triton.__version__)
-    checks = {f"{r['shape']}_{k}": v for r in rows for k, v in r.get("jax", {}).items()
-              if k.startswith("spec_") and k.endswith(("equals_ar", "equals_host"))}
-    checks |= {f"{r['shape']}_{k}": v for r in rows for k, v in r.get("jax", {}).get("row_invariant", {}).items()
-               if k.startswith("row_invariant_equals")}
-    result = dict(script="benchmarks/jax_vs_torch_gpu.py", device=getattr(dev, "device_kind", str(dev)),
-                  platform=jax.default_backend(), versions=versions, xla_flags=os.environ.get("XLA_FLAGS", ""),
-                  date=datetime.now(timezone.utc).isoformat(timespec="seconds"), dry_run=args.dry_run,
-                  copy_bandwidth_gbps=bw / 1e9, argv=sys.argv[1:], checks=checks, rows=rows)
+        bw, bw_source = jax_profile_gpu.bandwidth_gbps() * 1e9, "JAX: jitted x + 1 over 1 GiB, (read + write) / min time"
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("jax_vs_torch_dry_run.json" if args.dry_run else "jax_vs_torch.json")
-    path.write_text(json.dumps(result, indent=1))
+    dev = jax.devices()[0]
+    head = dict(script="benchmarks/jax_vs_torch_gpu.py", argv=sys.argv[1:] if argv is None else argv,
+                device=getattr(dev, "device_kind", str(dev)), platform=jax.default_backend(), versions=versions(args.torch),
+                xla_flags=os.environ.get("XLA_FLAGS", ""), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                dry_run=args.dry_run, copy_bandwidth_gbps=bw / 1e9, floor_bandwidth=bw_source, notes=NOTES)
+    rows, share = [], 0.0
+    weights = {n: SHARES.get(n, 1.0 / len(shapes)) for n in shapes}
+    for n, dims in shapes.items():
+        share += weights[n] / sum(weights.values())
+        save = lambda row: path.write_text(json.dumps(dict(head, partial=True, rows=[*rows, row]), indent=1))  # noqa: E731
+        row = run_shape(n, dims, args, batches, start + args.budget_s * share, save)
+        row["summary"] = summarize(row, bw, batches)
+        rows.append(row)
+    checks, info = checks_of(rows)
+    result = dict(head, wall_s=time.perf_counter() - start, checks=checks, passed=all(checks.values()), info=info,
+                  summary={r["shape"]: r["summary"] for r in rows}, rows=rows)
+    path.write_text(json.dumps(result, indent=1, default=str))
     print(path)
     print(table(rows, batches))
 

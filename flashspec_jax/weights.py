@@ -42,12 +42,13 @@ def random_model(config: LlamaConfig, dtype=jnp.bfloat16, seed: int = 0, std: fl
     return nnx.merge(graphdef, make())
 
 
-def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.float32) -> Llama:
-    """Our fused layout (``flashspec.weights.convert_state_dict`` names) -> Llama."""
-    def get(name: str) -> np.ndarray:
+def from_state(config: LlamaConfig, state: dict[str, np.ndarray | jax.Array], dtype=jnp.float32) -> Llama:
+    """Our fused layout (``flashspec.weights.convert_state_dict`` names) -> Llama. The arrays are NumPy
+    arrays, or JAX arrays (a torch model's handed over by DLPack, say): those are stacked where they are."""
+    def get(name: str) -> np.ndarray | jax.Array:
         if name not in state:
             raise ValueError(f"weight {name!r} is missing: the converted cache is corrupt or not in our layout")
-        return np.asarray(state[name])
+        return state[name] if isinstance(state[name], jax.Array) else np.asarray(state[name])
 
     names = {"qkv": "qkv.weight", "o": "o.weight", "gate_up": "gate_up.weight", "down": "down.weight",
              "qkv_bias": "qkv.bias", "o_bias": "o.bias", "gate_up_bias": "gate_up.bias", "down_bias": "down.bias"}
@@ -57,7 +58,8 @@ def from_state(config: LlamaConfig, state: dict[str, np.ndarray], dtype=jnp.floa
     model.norm = nnx.Param(put(get("norm")))
     for field in layer_shapes(config):
         name = names.get(field, field)
-        stacked = np.stack([get(f"layers.{i}.{name}") for i in range(config.num_layers)])
+        layers = [get(f"layers.{i}.{name}") for i in range(config.num_layers)]
+        stacked = (jnp.stack if isinstance(layers[0], jax.Array) else np.stack)(layers)
         expected = getattr(model, field).value.shape
         if stacked.shape != expected:
             raise ValueError(f"layers.*.{name} has shape {stacked.shape[1:]}, the config needs {expected[1:]}")

@@ -2,13 +2,20 @@
 
 The model's einsum attention (``attention_reference``) reads every slot of the static cache and
 masks; this kernel reads only the blocks of slots a row can see. Program (b, kh) of the grid
-``(B, H_kv)`` takes the query rows of KV head kh (the T positions times the G = H / H_kv query
-heads of its GQA group, padded to a power of two of at least 16 rows for the Triton dot), and
-streams the cache's slots ``[block_s]`` at a time from the first block any row sees to the last,
-with an online softmax in float32. Row r sees slots ``lo[r] <= s <= hi[r]`` (``hi``: its position;
-``lo``: 0, or position - window + 1 for a sliding window). The cache is the model's whole
-``[L, B, H_kv, S, D]`` stack and the layer a traced scalar, so neither loop over layers copies a
-layer's cache out first.
+``(B, H_kv)`` (with one split of the slots, below) takes the query rows of KV head kh (the T
+positions times the G = H / H_kv query heads of its GQA group, padded to a power of two of at
+least 16 rows for the Triton dot), and streams the cache's slots ``[block_s]`` at a time from the
+first block any row sees to the last, with an online softmax in float32. Row r sees slots
+``lo[r] <= s <= hi[r]`` (``hi``: its position; ``lo``: 0, or position - window + 1 for a sliding
+window). The cache is the model's whole ``[L, B, H_kv, S, D]`` stack and the layer a traced
+scalar, so neither loop over layers copies a layer's cache out first.
+
+Both kernels (``decode_attention``, and ``fused_attention``: RoPE, the cache write and the
+attention in one) can split the slots: grid ``(B, H_kv, P)``, program p streaming the p-th share
+of the blocks and writing its partial softmax sums, which ``combine_splits`` merges. One program
+per (row, KV head) is only B H_kv programs (8 for Llama-3-8B at batch 1, 3 for SmolLM2), each
+streaming the whole context alone; ``choose_splits`` gives long caches more programs and keeps
+P = 1 (no partial sums, no combine) below 2 ``SPLIT_MIN_SLOTS`` slots.
 
 Used for the few rows of decoding and scoring (``MAX_ROWS``); the prefill's long prompts keep the
 einsum (``flashspec_jax.model.attention``).
@@ -29,6 +36,8 @@ from jax.experimental.pallas import triton as plt
 BLOCK_S = 64  # cache slots per step of a program's loop (the kernels' default block_s)
 MAX_ROWS = 128  # T * G query rows per program at most (registers); more: the einsum
 MIN_ROWS = 16  # the Triton dot's smallest M
+SPLIT_MIN_SLOTS = 512  # cache slots per split at least (choose_splits)
+PROGRAMS = 132  # programs wanted when splitting (an H100's SMs; choose_splits)
 
 
 def supported(t: int, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -56,18 +65,17 @@ def online_update(carry, s: jax.Array, v: jax.Array):  # (m [R], l [R], acc [R, 
         p.astype(v.dtype), v, preferred_element_type=jnp.float32)
 
 
-def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, block_s: int, scale: float,
+def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, *out_refs, block_s: int, splits: int, scale: float,
                      softcap: float):
-    """q [B, H_kv, R, D]; k, v [L, B, H_kv, S, D]; layer [1] int32; lo, hi [B, R] int32; o [B, H_kv, R, D]."""
-    b, kh = pl.program_id(0), pl.program_id(1)
+    """q [B, H_kv, R, D]; k, v [L, B, H_kv, S, D]; layer [1] int32; lo, hi [B, R] int32; ``out_refs`` as
+    ``store_split``'s. Program (b, kh, p) streams split p's blocks."""
+    b, kh, part = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     num_rows, d = q_ref.shape[2], q_ref.shape[3]
     slots = k_ref.shape[3]
     layer = layer_ref[0]
     rows, dims = jnp.arange(num_rows, dtype=jnp.int32), jnp.arange(d, dtype=jnp.int32)
     q = plt.load(q_ref.at[b, kh, rows[:, None], dims[None, :]])  # [R, D]
     lo, hi = plt.load(lo_ref.at[b, rows]), plt.load(hi_ref.at[b, rows])  # [R]
-    first = jnp.min(lo) // block_s
-    last = jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1
 
     def body(j, carry):
         cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)  # [BS]
@@ -81,9 +89,47 @@ def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, o_ref, *, b
 
     init = (jnp.full((num_rows,), -jnp.inf, jnp.float32), jnp.zeros((num_rows,), jnp.float32),
             jnp.zeros((num_rows, d), jnp.float32))
-    _, l, acc = lax.fori_loop(first, last, body, init)
-    out = acc / jnp.where(l == 0, 1.0, l)[:, None]  # padding rows see nothing: 0
-    plt.store(o_ref.at[b, kh, rows[:, None], dims[None, :]], out.astype(o_ref.dtype))
+    first, last = split_blocks(lo, hi, slots, block_s, part, splits)
+    store_split(out_refs, b, kh, part, lax.fori_loop(first, last, body, init), splits)
+
+
+def split_blocks(lo, hi, slots: int, block_s: int, part, splits: int):  # lo, hi [R] -> (first, last) block indices
+    """The blocks [first, last) of split ``part`` (of ``splits`` equal runs of blocks) that rows seeing
+    slots lo..hi need (none: first >= last)."""
+    span = pl.cdiv(pl.cdiv(slots, block_s), splits)
+    first = jnp.maximum(jnp.min(lo) // block_s, part * span)
+    last = jnp.minimum(jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1, (part + 1) * span)
+    return first, last
+
+
+def store_split(refs, b, kh, part, carry, splits: int) -> list:
+    """A program's softmax sums (m [R], l [R], acc [R, D] float32) into the first refs: one split (one
+    ref), the normalized output o [B, H_kv, R, D] (rows that saw nothing: 0); more (three), the
+    partial sums acc [B, H_kv, P, R, D], m and l [B, H_kv, P, R] for ``combine_splits``. Returns the
+    refs after them."""
+    m, l, acc = carry
+    r = jnp.arange(acc.shape[0], dtype=jnp.int32)
+    dims = jnp.arange(acc.shape[1], dtype=jnp.int32)
+    if splits == 1:
+        out = acc / jnp.where(l == 0, 1.0, l)[:, None]
+        plt.store(refs[0].at[b, kh, r[:, None], dims[None, :]], out.astype(refs[0].dtype))
+        return list(refs[1:])
+    plt.store(refs[0].at[b, kh, part, r[:, None], dims[None, :]], acc)
+    plt.store(refs[1].at[b, kh, part, r], m)
+    plt.store(refs[2].at[b, kh, part, r], l)
+    return list(refs[3:])
+
+
+def split_shapes(b: int, kv_heads: int, rows: int, d: int, dtype, splits: int) -> list[jax.ShapeDtypeStruct]:
+    """``store_split``'s outputs for ``splits``."""
+    if splits == 1:
+        return [jax.ShapeDtypeStruct((b, kv_heads, rows, d), dtype)]
+    return [jax.ShapeDtypeStruct((b, kv_heads, splits, rows, d), jnp.float32),
+            *[jax.ShapeDtypeStruct((b, kv_heads, splits, rows), jnp.float32)] * 2]
+
+
+def merged(outs: list, dtype) -> jax.Array:  # store_split's outputs -> [B, H_kv, R, D]
+    return outs[0] if len(outs) == 1 else combine_splits(*outs).astype(dtype)
 
 
 def bounds(positions: jax.Array, window) -> tuple[jax.Array, jax.Array]:  # [B, T] -> ([B, T], [B, T]) int32
@@ -104,10 +150,12 @@ def decode_attention(
     scale: float = 0.0,
     softcap: float = 0.0,
     block_s: int = 0,
+    splits: int = 0,
     num_warps: int = 4,
     interpret: bool = False,
 ) -> jax.Array:  # [B, T, H, D]
-    """``attention_reference`` over layer ``layer`` of the cache, reading only the visible blocks."""
+    """``attention_reference`` over layer ``layer`` of the cache, reading only the visible blocks
+    (``splits`` of the slots, each its own program; 0: ``choose_splits``)."""
     b, t, h, d = q.shape
     h_kv, slots = k.shape[2], k.shape[3]
     if not supported(t, h, h_kv, d):
@@ -121,16 +169,18 @@ def decode_attention(
     pad = ((0, 0), (0, rows - t * g))
     lo = jnp.pad(jnp.repeat(lo, g, axis=1), pad, constant_values=slots)  # [B, R]: padding rows see nothing
     hi = jnp.pad(jnp.repeat(hi, g, axis=1), pad, constant_values=-1)
-    kernel = functools.partial(attention_kernel, block_s=block_s or BLOCK_S, scale=scale, softcap=softcap)
-    out = pl.pallas_call(
+    block_s = block_s or BLOCK_S
+    splits = splits or choose_splits(b, h_kv, slots, block_s)
+    kernel = functools.partial(attention_kernel, block_s=block_s, splits=splits, scale=scale, softcap=softcap)
+    outs = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct(qr.shape, q.dtype),
-        grid=(b, h_kv),
+        out_shape=split_shapes(b, h_kv, rows, d, q.dtype, splits),
+        grid=(b, h_kv, splits),
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
         name="flashspec_decode_attention",
     )(qr, k, v, jnp.asarray(layer, jnp.int32).reshape(1), lo, hi)
-    out = out[:, :, : t * g].reshape(b, h_kv, t, g, d).transpose(0, 2, 1, 3, 4)
+    out = merged(outs, q.dtype)[:, :, : t * g].reshape(b, h_kv, t, g, d).transpose(0, 2, 1, 3, 4)
     return out.reshape(b, t, h, d)
 
 
@@ -148,12 +198,13 @@ def attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arra
     return out.reshape(b, t, h, d).astype(q.dtype)
 
 
-def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, window_ref, o_ref, ko_ref, vo_ref, *,
-                 heads: int, rows: int, new: int, block_s: int, scale: float, softcap: float):
+def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, window_ref, *refs, heads: int, rows: int,
+                 new: int, block_s: int, splits: int, scale: float, softcap: float):
     """qkv [B, T, (H + 2 H_kv) D]; cos, sin [B, T, D]; pos [B, T] int32; k, v [L, B, H_kv, S, D] (aliased to
-    ko, vo); layer, window [1] int32; o [B, H_kv, R, D]. R = ``rows`` query rows (t, j) -> t * G + j,
-    ``new`` >= T the padded count of new keys."""
-    b, kh = pl.program_id(0), pl.program_id(1)
+    ko, vo); layer, window [1] int32. R = ``rows`` query rows (t, j) -> t * G + j, ``new`` >= T the padded
+    count of new keys. Program (b, kh, p) streams split p's blocks of slots; split ``splits`` - 1 also
+    attends the new keys, split 0 writes them. ``refs``: ``store_split``'s outputs, then ko, vo."""
+    b, kh, part = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     t_len, d = qkv_ref.shape[1], cos_ref.shape[2]
     kv_heads, slots = k_ref.shape[2], k_ref.shape[3]
     g = heads // kv_heads
@@ -183,17 +234,32 @@ def fused_kernel(qkv_ref, cos_ref, sin_ref, pos_ref, k_ref, v_ref, layer_ref, wi
         return online_update(carry, jnp.where(seen, s, -jnp.inf), v)
 
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows, d), jnp.float32))
-    first = jnp.min(lo) // block_s
-    last = jnp.minimum(jnp.max(hi), slots - 1) // block_s + 1
+    first, last = split_blocks(lo, hi, slots, block_s, part, splits)
     carry = lax.fori_loop(first, last, body, init)
     k_new = roped(t_n, jnp.full((new,), (heads + kh) * d, jnp.int32)).astype(k_ref.dtype)  # [N, D]
     v_new = plt.load(qkv_ref.at[b, t_n[:, None], (heads + kv_heads + kh) * d + dims[None, :]])
     s = scores(jnp.dot(q, k_new.T, preferred_element_type=jnp.float32), d, scale, softcap)  # [R, N]
     seen = (pos_n[None, :] >= lo[:, None]) & (pos_n[None, :] <= hi[:, None]) & (pos_n[None, :] < slots)
-    _, l, acc = online_update(carry, jnp.where(seen, s, -jnp.inf), v_new.astype(k_ref.dtype))
-    out = acc / jnp.where(l == 0, 1.0, l)[:, None]
-    plt.store(o_ref.at[b, kh, r[:, None], dims[None, :]], out.astype(o_ref.dtype))
-    write_new(qkv_ref, pos_ref, ko_ref, vo_ref, roped, b, kh, layer, heads)
+    carry = online_update(carry, jnp.where(seen & (part == splits - 1), s, -jnp.inf), v_new.astype(k_ref.dtype))
+    ko_ref, vo_ref = store_split(refs, b, kh, part, carry, splits)
+    write_new(qkv_ref, pos_ref, ko_ref, vo_ref, roped, b, kh, layer, heads, part == 0)
+
+
+def combine_splits(acc: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:  # [..., P, R, D], [..., P, R] x2 -> [..., R, D]
+    """The splits' partial softmax sums (each over its own slots, relative to its own max ``m``) -> the
+    normalized output (rows that saw nothing: 0)."""
+    top = jnp.max(m, axis=-2, keepdims=True)
+    w = jnp.where(m == -jnp.inf, 0.0, jnp.exp(m - jnp.where(top == -jnp.inf, 0.0, top)))  # [..., P, R]
+    den = jnp.sum(w * l, axis=-2)
+    return jnp.sum(w[..., None] * acc, axis=-3) / jnp.where(den == 0, 1.0, den)[..., None]
+
+
+def choose_splits(batch: int, kv_heads: int, slots: int, block_s: int) -> int:
+    """Splits of the cache's slots for ``fused_attention``: one program per (row, KV head) streams the
+    whole context, so when those are few and the cache long, each split of at least SPLIT_MIN_SLOTS
+    slots gets its own program, up to about PROGRAMS programs (one per SM of an H100). 1 below."""
+    blocks = -(-slots // block_s)
+    return max(1, min(slots // SPLIT_MIN_SLOTS, -(-PROGRAMS // (batch * kv_heads)), blocks))
 
 
 def load_roped(qkv_ref, cos_ref, sin_ref, b, t, col0):  # t [N] indices into T, col0 [N] first columns -> [N, D] f32
@@ -210,15 +276,15 @@ def load_roped(qkv_ref, cos_ref, sin_ref, b, t, col0):  # t [N] indices into T, 
     return x * c + xr * s
 
 
-def write_new(qkv_ref, pos_ref, ko_ref, vo_ref, roped, b, kh, layer, heads: int):
+def write_new(qkv_ref, pos_ref, ko_ref, vo_ref, roped, b, kh, layer, heads: int, active):
     """The T new keys (with RoPE) and values of KV head kh into the cache at their positions, one
-    position at a time (one past the cache's end writes nothing)."""
+    position at a time (one past the cache's end writes nothing; nothing where ``active`` is false)."""
     kv_heads, slots, d = ko_ref.shape[2], ko_ref.shape[3], ko_ref.shape[4]
     dims = jnp.arange(d, dtype=jnp.int32)
 
     def write(t, carry):
         p = pos_ref[b, t]
-        keep = (dims < d) & (p < slots)
+        keep = (dims < d) & (p < slots) & active
         at = (layer, b, kh, jnp.minimum(p, slots - 1), dims)
         col = jnp.full((1,), (heads + kh) * d, jnp.int32)
         plt.store(ko_ref.at[at], roped(jnp.full((1,), t, jnp.int32), col)[0].astype(ko_ref.dtype), mask=keep)
@@ -243,32 +309,37 @@ def fused_attention(
     scale: float = 0.0,
     softcap: float = 0.0,
     block_s: int = 0,
+    splits: int = 0,
     num_warps: int = 4,
     interpret: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # ([B, T, H, D], k, v)
     """RoPE on q and k, the new k and v written into layer ``layer`` of the cache at ``positions``
     (dropped past its end), and ``decode_attention`` of q over the cache, in one kernel: what the
-    model's ``apply_rope``, ``write_cache`` and ``attention_reference`` compute (no q/k norm)."""
+    model's ``apply_rope``, ``write_cache`` and ``attention_reference`` compute (no q/k norm).
+    ``splits`` of the cache's slots, each its own program (0: ``choose_splits``)."""
     b, t, width = qkv.shape
-    kv_heads, d = k.shape[2], k.shape[4]
+    kv_heads, slots, d = k.shape[2], k.shape[3], k.shape[4]
     if width != (heads + 2 * kv_heads) * d or not supported(t, heads, kv_heads, d):
         raise ValueError(f"fused_attention: qkv width {width}, T={t}, {heads} heads, {kv_heads} KV heads, head_dim={d}: "
                          f"needs width (H + 2 H_kv) D, head_dim a power of two >= 16 and at most {MAX_ROWS} rows")
     g = heads // kv_heads
     rows = max(MIN_ROWS, 1 << (t * g - 1).bit_length())
     new = max(MIN_ROWS, 1 << (t - 1).bit_length())
-    kernel = functools.partial(fused_kernel, heads=heads, rows=rows, new=new, block_s=block_s or BLOCK_S, scale=scale,
-                               softcap=softcap)
+    block_s = block_s or BLOCK_S
+    splits = splits or choose_splits(b, kv_heads, slots, block_s)
+    kernel = functools.partial(fused_kernel, heads=heads, rows=rows, new=new, block_s=block_s, splits=splits,
+                               scale=scale, softcap=softcap)
     scalar = lambda x: jnp.asarray(x, jnp.int32).reshape(1)  # noqa: E731
-    out, k, v = pl.pallas_call(
+    parts = split_shapes(b, kv_heads, rows, d, qkv.dtype, splits)
+    *outs, k, v = pl.pallas_call(
         kernel,
-        out_shape=[jax.ShapeDtypeStruct((b, kv_heads, rows, d), qkv.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
-                   jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        grid=(b, kv_heads),
-        input_output_aliases={4: 1, 5: 2},
+        out_shape=[*parts, jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        grid=(b, kv_heads, splits),
+        input_output_aliases={4: len(parts), 5: len(parts) + 1},
         compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=2),
         interpret=interpret,
         name="flashspec_fused_attention",
     )(qkv, cos, sin, positions.astype(jnp.int32), k, v, scalar(layer), scalar(window))
+    out = merged(outs, qkv.dtype)  # [B, H_kv, R, D]
     out = out[:, :, : t * g].reshape(b, kv_heads, t, g, d).transpose(0, 2, 1, 3, 4)
     return out.reshape(b, t, heads, d), k, v

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flashspec_jax.kernels.attention import attention_reference, bounds, decode_attention, fused_attention, supported
+from flashspec_jax.kernels.attention import (attention_reference, bounds, choose_splits, decode_attention, fused_attention,
+                                             supported)
 from flashspec_jax.kernels.gemv import project, project_reference
 from flashspec_jax.model import Llama, LlamaConfig, apply_rope, write_cache
 
@@ -26,9 +27,12 @@ def reference(q, k, v, layer, positions, window, **kw):
     return attention_reference(q, k[layer], v[layer], mask, **kw)
 
 
-def test_fused_kernel_equals_rope_write_and_reference():
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fused_kernel_equals_rope_write_and_reference(splits):
     """RoPE, the cache write and the attention in one kernel against the model's three steps: ragged
-    rows, a sliding window, row 1's last position past the 100-slot cache (its write dropped)."""
+    rows, a sliding window, row 1's last position past the 100-slot cache (its write dropped); in one
+    program per (row, KV head), and with the slots in 3 splits (row 0 seen by the first only, row 1
+    by the last, the partial sums combined)."""
     h, kv, d, t = 9, 3, 16, 5
     rng = np.random.default_rng(0)
     qkv = jnp.asarray(rng.standard_normal((2, t, (h + 2 * kv) * d), np.float32))
@@ -36,7 +40,7 @@ def test_fused_kernel_equals_rope_write_and_reference():
     cos, sin = (jnp.concatenate([f(angles)] * 2, -1) for f in (jnp.cos, jnp.sin))
     k, v = (jnp.asarray(rng.standard_normal((3, 2, kv, 100, d), np.float32)) for _ in range(2))
     positions = jnp.array([[3], [96]]) + jnp.arange(t)[None]
-    f = jax.jit(lambda *a: fused_attention(*a, heads=h, block_s=32, interpret=True))
+    f = jax.jit(lambda *a: fused_attention(*a, heads=h, block_s=16, splits=splits, interpret=True))
     out, k2, v2 = f(qkv, cos, sin, k, v, jnp.int32(1), positions, jnp.int32(4))
     q = apply_rope(qkv[..., : h * d].reshape(2, t, h, d), cos[:, :, None], sin[:, :, None])
     kn = apply_rope(qkv[..., h * d : (h + kv) * d].reshape(2, t, kv, d), cos[:, :, None], sin[:, :, None])
@@ -45,6 +49,13 @@ def test_fused_kernel_equals_rope_write_and_reference():
     np.testing.assert_array_equal(np.asarray(v2), np.asarray(vr))
     ref = reference(q, kr, vr, 1, positions, 4)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+
+
+def test_splits_only_where_programs_are_few_and_the_cache_long():
+    assert choose_splits(1, 8, 384, 64) == 1  # the measured short generations: one program per (row, KV head)
+    assert choose_splits(1, 8, 2112, 64) == 4 and choose_splits(1, 3, 8256, 64) == 16  # Llama-3-8B, SmolLM2
+    assert choose_splits(64, 8, 8256, 64) == 1  # enough programs already
+    assert choose_splits(1, 1, 1024, 256) == 2
 
 
 def test_products_equal_reference():
@@ -67,6 +78,19 @@ def test_products_equal_reference():
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-4)
     other = project_reference(x, w, 2, prologue="norm", norm=norm, residual=res)[0]
     assert not np.allclose(np.asarray(outs[0][0]), np.asarray(other), atol=1e-2)  # it read layer 1's weight
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_attention_equals_reference(splits):
+    """The attention kernel alone (the q/k-norm configs' path) against the einsum: ragged rows, a
+    sliding window on the second row, in one program per (row, KV head) and in 4 splits."""
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(rng.standard_normal((2, 3, 6, 16), np.float32))
+    k, v = (jnp.asarray(rng.standard_normal((2, 2, 2, 90, 16), np.float32)) for _ in range(2))
+    positions = jnp.array([[4], [70]]) + jnp.arange(3)[None]
+    window = jnp.int32(9)
+    out = jax.jit(lambda *a: decode_attention(*a, block_s=16, splits=splits, interpret=True))(q, k, v, jnp.int32(1), positions, window)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(reference(q, k, v, 1, positions, 9)), rtol=2e-5, atol=2e-5)
 
 
 def test_kernel_refuses_what_it_does_not_take():
@@ -159,3 +183,24 @@ def test_decode_step_with_the_kernel_exports_for_cuda(scan, impl, gemv, monkeypa
     products = 0 if gemv == "pallas" else 4 if scan else 4 * cfg.num_layers
     assert text.count("stablehlo.dot_general") == products + 1  # the LM head
     assert ("stablehlo.scatter" in text) == (impl == "pallas")  # the fused kernel writes the cache itself
+
+
+def test_split_kernels_export_for_cuda_at_llama3_8b(monkeypatch):
+    """Llama-3-8B's attention (32 heads, 8 KV heads, head_dim 128) over a 2112-slot cache: 4 splits,
+    one Triton call, the combine after it (its exp); a 384-slot cache: no combine. Both kernels."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    spec = jax.ShapeDtypeStruct
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
+    for slots, combined in ((2112, True), (384, False)):
+        cache = spec((32, 1, 8, slots, 128), jnp.bfloat16)
+        f = jax.jit(lambda qkv, c, s, k, v, p: fused_attention(qkv, c, s, k, v, 3, p, heads=32))
+        text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(
+            spec((1, 1, 48 * 128), jnp.bfloat16), *[spec((1, 1, 128), jnp.bfloat16)] * 2, cache, cache,
+            spec((1, 1), jnp.int32)).mlir_module()
+        assert sum(text.count(name) for name in TRITON_CALLS) == 1
+        assert ("stablehlo.exponential" in text) == combined
+        g = jax.jit(lambda q, k, v, p: decode_attention(q, k, v, 3, p))
+        text = jax.export.export(g, platforms=["cuda"], disabled_checks=checks)(
+            spec((1, 5, 32, 128), jnp.bfloat16), cache, cache, spec((1, 5), jnp.int32)).mlir_module()
+        assert sum(text.count(name) for name in TRITON_CALLS) == 1
+        assert ("stablehlo.exponential" in text) == combined

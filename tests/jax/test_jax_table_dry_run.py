@@ -1,0 +1,60 @@
+"""benchmarks/jax_vs_torch_gpu.py (issue #37's table) end to end on a tiny model on the CPU: every
+JAX part runs and its checks pass (while-loop tokens equal the host loop's, the fused attention
+kernel's output equals the einsum's, the row-invariant mode's tokens equal speculation's)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("flax")
+
+from tests.benchmark_modules import load_benchmark  # noqa: E402
+
+
+def test_dry_run_writes_the_table(tmp_path, capsys):
+    bench = load_benchmark("jax_vs_torch_gpu")
+    bench.main(["--dry-run", "--batches", "", "--gemv-shapes", "", "--out", str(tmp_path)])  # the batch runs reuse loops()
+    result = json.loads((tmp_path / "jax_vs_torch_dry_run.json").read_text())
+    assert result["passed"] and not result["info"].get("tiny_jax", "").startswith("error")
+    assert set(result["checks"]) == {"tiny_b1_while_within_1.05x_host_step", "tiny_b1_jax_while_tokens_equal_host",
+                                     "tiny_row_invariant_equals_spec", "tiny_attention_fused_close_to_xla_ctx1000",
+                                     "tiny_attention_fused_alt_close_to_xla_ctx1000"}
+    s = result["summary"]["tiny"]
+    assert s["jax_choices"]["attention"] == "xla" and s["jax_other_attention"] == "fused"  # the CPU's default, then the kernel
+    assert all(math.isfinite(s[k]) and s[k] > 0 for k in ("jax_step_ms", "jax_other_step_ms", "jax_pallas_products_step_ms",
+                                                          "weights_floor_ms",
+                                                          "jax_bytes_accessed", "jax_other_bytes_accessed"))
+    row = result["rows"][0]
+    assert row["jax"]["spec_while"]["steps"] == row["jax"]["spec_host"]["steps"] > 0
+    assert "tiny | " in capsys.readouterr().out  # the table
+    assert row["attention_paths"]["contexts"]["1000"]["splits"] == 2  # the combine ran
+
+
+def test_jax_takes_the_torch_models_weights():
+    """``jax_model`` hands a torch model's weights to JAX (DLPack): the two engines' greedy tokens agree
+    (float32 on the CPU), and the JAX model's weights are the torch model's."""
+    import numpy as np
+    import torch
+
+    from flashspec.config import SamplingConfig
+    from flashspec.loop import decode
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.drafts import LookupDraft
+    from flashspec_torch.model import Llama, LlamaConfig
+
+    bench = load_benchmark("jax_vs_torch_gpu")
+    torch.manual_seed(0)
+    tm = Llama(LlamaConfig(**bench.TINY, max_position_embeddings=8192)).eval().requires_grad_(False)
+    for p in tm.parameters():
+        p.data.normal_(0, 0.1)
+    jm, source = bench.jax_model(bench.TINY, tm, np.float32)
+    assert source == "the torch model's (DLPack)"
+    np.testing.assert_array_equal(np.asarray(jm.gate_up[...][1]), tm.state_dict()["layers.1.gate_up.weight"].numpy())
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9]]
+    with torch.inference_mode():
+        want, _ = decode(TorchBackend(tm, [LookupDraft()], eos_ids=[]), prompts, sampling=SamplingConfig(0.0), max_new_tokens=8)
+    got, _ = decode(bench.jax_backend(jm), prompts, sampling=SamplingConfig(0.0), max_new_tokens=8)
+    assert got == want
