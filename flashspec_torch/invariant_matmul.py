@@ -50,12 +50,14 @@ class InvariantTiling:
     preload: int  # weight chunks of a slice loaded before the PDL wait, 1 <= preload <= chunks
     num_warps: int = 4
     num_stages: int = 2  # software pipelining of the loads; the sum order is the chunk order whatever it is
+    row_tiles: int = 4  # row tiles of block_m per program at most (1-4): each weight chunk is loaded once for them
 
     def splits(self, k: int) -> int:
         return -(-(-(-k // self.block_k)) // self.chunks)
 
 
 BLOCK_M = 16  # tl.dot's least M: a decode row pays 16 rows of arithmetic but reads the weights once
+ROW_TILES = 4  # a program computes up to 4 row tiles (64 rows) per weight chunk it loads
 TARGET_PROGRAMS = 1024  # programs per launch at M <= 16: ~8 per SM of an H100 (132 SMs)
 MAX_SPLIT_COLUMNS = 65536  # splits x N at most: the float32 partials of a row stay <= 256 KB
 
@@ -74,7 +76,7 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
     while -(-chunks_k // chunks) > 1 and -(-chunks_k // chunks) * n > MAX_SPLIT_COLUMNS:
         chunks *= 2
     chunks = min(chunks, chunks_k)
-    return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 32 // block_n)))
+    return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 32 // block_n)), row_tiles=ROW_TILES)
 
 
 def invariant_matmul(
@@ -84,7 +86,7 @@ def invariant_matmul(
 ) -> torch.Tensor:  # [..., N] = x w^T
     k = x.shape[-1]
     check(x, "x", w, k, max_rows=None)
-    y = launch("none", x.reshape(-1, k).contiguous(), None, None, w, None, 0.0, pdl)
+    y = launch_plain(x.reshape(-1, k).contiguous(), w, pdl)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
@@ -118,6 +120,34 @@ def invariant_matmul_silu_mul(
     return y.reshape(*gu.shape[:-1], w.shape[0])
 
 
+def launch_plain(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tensor:
+    """x [M, K]; w [N, K] -> y [M, N] by ``invariant_matmul_kernel``: a program computes up to
+    ``row_tiles`` row tiles of one column tile and one K slice, each weight chunk loaded once for all of
+    them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
+    ``tiling`` None: ``invariant_tiling`` (the engine); given: that one (benchmarks, tests)."""
+    m, (n, k) = x.shape[0], w.shape
+    t = invariant_tiling(n, k, x.dtype) if tiling is None else tiling
+    row_tiles = min(t.row_tiles, -(-m // t.block_m))  # fewer when M is small: no program computes an empty tile
+    rows_per_program = row_tiles * t.block_m
+    splits, grid = t.splits(k), (-(-m // rows_per_program), -(-n // t.block_n))
+    rows = COUNTERS // grid[1] * rows_per_program  # the most rows one launch's counters cover
+    if splits > 1 and m > rows:  # pieces of whole row groups: a row's bits do not depend on its launch
+        return torch.cat([launch_plain(x[i : i + rows], w, pdl, t) for i in range(0, m, rows)])
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    part = count = y
+    if splits > 1:
+        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        count = counters(x.device, grid[0] * grid[1])
+    use_pdl = pdl_on(pdl, x)
+    kernels().invariant_matmul_kernel[(*grid, splits)](
+        x, w, y, part, count, m, n, k,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SPLITS=splits, PRELOAD=t.preload,
+        ROW_TILES=row_tiles, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
+        USE_PDL=use_pdl, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
+    )
+    return y
+
+
 def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tensor:
     """x [M, K] (gu [M, 2K] for silu_mul); d, h_out [M, K] or None; g [K] or None; w [N, K] -> y [M, N].
     ``tiling`` None: ``invariant_tiling`` (the engine); given: that one (benchmarks)."""
@@ -135,7 +165,7 @@ def launch(prologue: str, x, d, g, w, h_out, eps: float, pdl: bool, tiling: Inva
         sq = torch.empty((grid[1], splits, m), dtype=torch.float32, device=x.device)
         count = counters(x.device, grid[0] * grid[1])
     use_pdl = pdl_on(pdl, x)
-    kernels().invariant_matmul_kernel[(*grid, splits)](
+    kernels().invariant_matmul_prologue_kernel[(*grid, splits)](
         x, x if d is None else d, x if g is None else g, w, y, x if h_out is None else h_out, part, sq, count,
         m, n, k, eps,
         PROLOGUE=PROLOGUES.index(prologue), HAS_D=d is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
