@@ -3,6 +3,8 @@ batch of M rows == as one of the G+1 rows of a scoring pass, for every prologue,
 bfloat16; the references agree to rounding; and a mutant that splits K by batch size (what cuBLAS
 does for some shapes) fails the same invariance check, so the check can fail."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -93,6 +95,30 @@ def split_k_by_batch(x, w):
 def test_a_mutant_that_splits_k_by_batch_size_fails_the_check(dtype):
     x, d, _, w = operands("none", dtype)
     assert len(invariance_failures(lambda x, d, w: split_k_by_batch(x, w), x, d, w)) > 10
+
+
+ROWS = 70  # two row groups of up to 4 row tiles of 16, the second partial
+EDGES = (0, 1, 15, 16, 17, 31, 32, 47, 48, 63, 64, 69)  # rows at the edges of row tiles and groups
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_product_gives_a_row_its_bits_alone_in_any_batch_up_to_64_and_past_it(dtype):
+    """The engine's product (up to 4 row tiles per program, one weight chunk load for all of them): a
+    row's bits in a batch of 70 == alone (rows at tile edges) == inside batches of 1, 3, 17, 64 (1-4 row
+    tiles, at the first and the last place) == as a scoring row == with one row tile per program (the
+    product before)."""
+    x, w = rand(ROWS, K, seed=5, dtype=dtype), rand(N, K, seed=6, dtype=dtype)
+    full = I.invariant_matmul(x, w)
+    failures = [f"row {i} alone" for i in EDGES if not torch.equal(I.invariant_matmul(x[i : i + 1], w)[0], full[i])]
+    for m in (1, 3, 17, 64):
+        for start in sorted({0, ROWS - m}):
+            y = I.invariant_matmul(x[start : start + m], w)
+            failures += [f"row {start + i} in a batch of {m}" for i in range(m) if not torch.equal(y[i], full[start + i])]
+    scored = I.invariant_matmul(x[:15].reshape(3, 5, K), w).reshape(15, N)  # 3 requests x (G + 1 = 5) rows
+    failures += [f"scoring row {i}" for i in range(15) if not torch.equal(scored[i], full[i])]
+    one_tile = I.launch_plain(x, w, False, replace(I.invariant_tiling(N, K, dtype), row_tiles=1))
+    failures += [f"row {i} with one row tile per program" for i in range(ROWS) if not torch.equal(one_tile[i], full[i])]
+    assert failures == []
 
 
 def test_bad_input_is_refused_by_name():
