@@ -204,14 +204,14 @@ def products(name: str, ms, device: str) -> list[dict]:
         t = I.invariant_tiling(n, k, torch.bfloat16)
         tilings = dict(rows4=replace(t, block_m=16, row_tiles=4), rows1=replace(t, block_m=16, row_tiles=1),
                        m64=replace(t, block_m=64, row_tiles=1))
-        alone = {v: I.launch_plain(x[:1], w, True, tt) for v, tt in tilings.items()}
+        alone = {v: I.launch(x[:1], w, True, tt) for v, tt in tilings.items()}
         for m in ms:
             row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(t), splits=t.splits(k))
-            got = {v: I.launch_plain(x[:m], w, True, tt) for v, tt in tilings.items()}
+            got = {v: I.launch(x[:m], w, True, tt) for v, tt in tilings.items()}
             row["pass"] = all(torch.equal(got[v][:1], alone[v]) for v in tilings)
             row["m64_equals_rows4"] = bool(torch.equal(got["m64"], got["rows4"]))  # informational
             if device == "cuda":
-                row.update({f"{v}_us": triton.testing.do_bench(lambda: I.launch_plain(x[:m], w, True, tt)) * 1e3
+                row.update({f"{v}_us": triton.testing.do_bench(lambda: I.launch(x[:m], w, True, tt)) * 1e3
                             for v, tt in tilings.items()})
                 row["cublas_us"] = triton.testing.do_bench(lambda: F.linear(x[:m], w)) * 1e3
                 row.update({f"{v}_over_cublas": row[f"{v}_us"] / row["cublas_us"] for v in tilings})

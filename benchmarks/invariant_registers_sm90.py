@@ -64,7 +64,7 @@ def main() -> None:
                 e = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device=meta)  # noqa: E731
                 for m, tiling in ((1, t), (64, t), (64, replace(t, block_m=64, row_tiles=1))):
                     label[:] = [shape, proj, n, k, f"M {m} {tiling} splits {tiling.splits(k)}:"]
-                    I.launch_plain(e(m, k), e(n, k), True, tiling)
+                    I.launch(e(m, k), e(n, k), True, tiling)
 
 if __name__ == "__main__":
     main()
