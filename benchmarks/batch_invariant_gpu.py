@@ -29,7 +29,8 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
   over a quarter as many runs.
 
 The JSON is rewritten after each part, so a run cut short keeps what it finished; a part that would
-start after ``--budget-s`` seconds is skipped and named in ``skipped``. Every check has
+start after ``--budget-s`` seconds is skipped and named in ``skipped``, and no distinct-completion run
+starts after ``--stop-s`` seconds. Every check has
 ``pass``; ``summary`` counts them. Small enough to test on the CPU under TRITON_INTERPRET=1 with
 ``--device cpu --tiny`` (a 2-layer model, a few tokens).
 """
@@ -154,17 +155,22 @@ def timing(m: Llama, requests, seeds, tokens: int, batches, device: str) -> dict
     return out
 
 
-def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng) -> dict:
+def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng, deadline: float) -> dict:
     """Request 0, greedy, ``runs`` times (a quarter as many in the default mode; alternately plain and
     speculative) inside batches of random size (1-64) and content at a random row (eager): distinct
-    completions per mode."""
+    completions per mode. No run starts after ``deadline`` (``time.perf_counter()``; the invariant mode's
+    runs stop 10 s before it, leaving the default mode's): ``runs`` is the count done."""
     out = {}
-    for mode, n_runs in (("invariant", runs), ("default", max(1, runs // 4))):
+    for mode, n_runs, stop in (("invariant", runs, deadline - 10), ("default", max(1, runs // 4), deadline)):
         set_mode(m, mode)
         backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=False)
         seen: dict[tuple, int] = {}
         r = np.random.default_rng(rng.integers(1 << 30))
+        done = 0
         for k in range(n_runs):
+            if time.perf_counter() > stop:
+                break
+            done += 1
             size = int(r.integers(1, min(64, len(requests)) + 1))
             others = [int(i) for i in r.choice(np.arange(1, len(requests)), size - 1, replace=False)]
             row = int(r.integers(0, size))
@@ -172,10 +178,10 @@ def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng)
             got = generate(backend, [requests[i] for i in batch], [seeds[i] for i in batch], GREEDY, tokens, k % 2 == 1)[0]
             key = tuple(got[row])
             seen[key] = seen.get(key, 0) + 1
-        out[mode] = dict(runs=n_runs, distinct=len(seen), counts=sorted(seen.values(), reverse=True))
+        out[mode] = dict(runs=done, distinct=len(seen), counts=sorted(seen.values(), reverse=True))
         del backend
     set_mode(m, "invariant")
-    out["pass"] = out["invariant"]["distinct"] == 1
+    out["pass"] = out["invariant"]["distinct"] == 1 and out["invariant"]["runs"] > 1
     return out
 
 
@@ -305,7 +311,8 @@ def distinct_part(name: str, args, rng, result: dict, save) -> None:
     row = result["shapes"].setdefault(name, {})
     with torch.inference_mode():
         t = time.perf_counter()
-        row["distinct"] = distinct_completions(m, requests, seeds, args.distinct_tokens, args.distinct, rng)
+        row["distinct"] = distinct_completions(m, requests, seeds, args.distinct_tokens, args.distinct, rng,
+                                               args.start + args.stop_s)
         row["distinct_s"] = time.perf_counter() - t
     save()
     del m
@@ -370,6 +377,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="small sizes for a CPU test of the script")
     ap.add_argument("--product-shapes", default="llama3-8b", help="shapes whose products are timed alone (comma-separated)")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start after this many seconds are skipped")
+    ap.add_argument("--stop-s", type=float, default=1e9, help="no distinct-completion run starts after this many seconds")
     args = ap.parse_args()
     args.shapes, args.product_shapes = args.shapes.split(","), args.product_shapes.split(",")
     args.start, args.skipped = time.perf_counter(), []
