@@ -12,20 +12,25 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
   token lists of a request are equal. Run in batch-invariant mode, and (greedy, as "before", first
   shape only) in the default mode.
 * ``timing``: ms per plain token at batch 1, 16, 64 and ms per speculative step (with its tokens per
-  step) at batch 1 and 64, in batch-invariant mode, the default mode and cuBLAS-only products, CUDA
-  graphs on; the ratios batch-invariant / default and / cuBLAS (issue #40's bar: <= 1.15 at batch 1,
-  <= 1.25 at batch 64).
-* ``products``: (``--product-shapes``) each projection alone at M = 1, 5, 16, 64, 320: us per call of
-  the engine's prologue kernel + batch-invariant product, of the product with the prologue fused, of
-  the product with 64-row tiles, against cuBLAS, and row 0's bits == alone in each (pass); ``attention``: decode
+  step) at batch 1 and 64, CUDA graphs on, in five modes: batch-invariant with the engine's product
+  (``invariant``: up to 4 row tiles of 16 per program, each weight chunk loaded once for them), with one
+  16-row tile per program (``invariant_rows1``, the product before), with one 64-row tile per program
+  (``invariant_m64``), the default mode and cuBLAS-only products; the ratios of each invariant mode to
+  the default and to cuBLAS (issue #40's bar: <= 1.15 at batch 1, <= 1.25 at batch 64).
+* ``products``: (``--product-shapes``) each projection alone at M = 1, 16, 64, 320: us per call of the
+  three invariant tilings above on the product's input (``rows4`` the engine's, ``rows1``, ``m64``),
+  of cuBLAS, and of the per-row add + RMSNorm or SwiGLU kernel the engine runs before the product;
+  pass: row 0 has the same bits as alone in each tiling; ``attention``: decode
   attention at contexts 128, 1024, 4096 (1, 4, 16 KV splits) invariant vs default, and a position's
   bits alone == as a scoring row == in a prefill pass (pass).
-* ``distinct``: (first shape only, eager) 100 greedy runs of request 0, alternately plain and
-  speculative, each inside a batch of random size (1-32) of random other requests at a random row:
-  the number of distinct completions, batch-invariant vs default.
+* ``distinct``: (first shape only, after every shape's other parts; eager) ``--distinct`` greedy runs of request 0, alternately plain
+  and speculative, each inside a batch of random size (1-64) of random other requests at a random
+  row: the number of distinct completions in batch-invariant mode (pass: 1), and in the default mode
+  over a quarter as many runs.
 
 The JSON is rewritten after each part, so a run cut short keeps what it finished; a part that would
-start after ``--budget-s`` seconds is skipped and named in ``skipped``. Every check has
+start after ``--budget-s`` seconds is skipped and named in ``skipped``, and no distinct-completion run
+starts after ``--stop-s`` seconds. Every check has
 ``pass``; ``summary`` counts them. Small enough to test on the CPU under TRITON_INTERPRET=1 with
 ``--device cpu --tiny`` (a 2-layer model, a few tokens).
 """
@@ -58,8 +63,11 @@ SHAPES = {
     "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                  head_dim=16),  # --tiny: the CPU test of this script
 }
-# mode: (model.batch_invariant, model.linear_impl, model.pdl); None: the model's default by device and shape
-MODES = {"invariant": (True, None, None), "default": (False, None, None), "cublas": (False, "reference", False)}
+# mode: (model.batch_invariant, model.linear_impl, model.pdl, invariant_matmul's (BLOCK_M, ROW_TILES));
+# None: the model's default by device and shape
+MODES = {"invariant": (True, None, None, (16, 4)), "invariant_rows1": (True, None, None, (16, 1)),
+         "invariant_m64": (True, None, None, (64, 1)), "default": (False, None, None, (16, 4)),
+         "cublas": (False, "reference", False, (16, 4))}
 GREEDY, SAMPLED = SamplingConfig(0.0), SamplingConfig(0.8)
 
 
@@ -81,7 +89,11 @@ def random_model(cfg: LlamaConfig, device: str) -> Llama:
 
 
 def set_mode(m: Llama, mode: str) -> None:
-    m.batch_invariant, m.linear_impl, m.pdl = MODES[mode]
+    """The model's mode, and the invariant product's tiling (module constants read by ``invariant_tiling``
+    at each launch: a backend made after this call captures its graphs with them)."""
+    from flashspec_torch import invariant_matmul as I
+
+    m.batch_invariant, m.linear_impl, m.pdl, (I.BLOCK_M, I.ROW_TILES) = MODES[mode]
 
 
 def generate(backend, prompts, seeds, sampling, tokens: int, spec: bool):
@@ -136,42 +148,50 @@ def timing(m: Llama, requests, seeds, tokens: int, batches, device: str) -> dict
                 row[f"spec_tokens_per_step_b{b}"] = statistics.mean(r.emitted for r in records) / b
         out[mode] = row
         del backend
-    for base in ("default", "cublas"):
-        out[f"invariant_over_{base}"] = {k: out["invariant"][k] / out[base][k] for k in out["invariant"] if "_ms_" in k}
+    for mode in ("invariant", "invariant_rows1", "invariant_m64"):
+        for base in ("default", "cublas"):
+            out[f"{mode}_over_{base}"] = {k: out[mode][k] / out[base][k] for k in out[mode] if "_ms_" in k}
     set_mode(m, "invariant")
     return out
 
 
-def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng) -> dict:
-    """Request 0, greedy, ``runs`` times (alternately plain and speculative) inside batches of random
-    size and content at a random row (eager): distinct completions per mode."""
+def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng, deadline: float) -> dict:
+    """Request 0, greedy, ``runs`` times (a quarter as many in the default mode; alternately plain and
+    speculative) inside batches of random size (1-64) and content at a random row (eager): distinct
+    completions per mode. No run starts after ``deadline`` (``time.perf_counter()``; the invariant mode's
+    runs stop 10 s before it, leaving the default mode's): ``runs`` is the count done."""
     out = {}
-    for mode in ("invariant", "default"):
+    for mode, n_runs, stop in (("invariant", runs, deadline - 10), ("default", max(1, runs // 4), deadline)):
         set_mode(m, mode)
         backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=False)
         seen: dict[tuple, int] = {}
         r = np.random.default_rng(rng.integers(1 << 30))
-        for k in range(runs):
-            size = int(r.integers(1, min(32, len(requests) - 1) + 1))
+        done = 0
+        for k in range(n_runs):
+            if time.perf_counter() > stop:
+                break
+            done += 1
+            size = int(r.integers(1, min(64, len(requests)) + 1))
             others = [int(i) for i in r.choice(np.arange(1, len(requests)), size - 1, replace=False)]
             row = int(r.integers(0, size))
             batch = others[:row] + [0] + others[row:]
             got = generate(backend, [requests[i] for i in batch], [seeds[i] for i in batch], GREEDY, tokens, k % 2 == 1)[0]
             key = tuple(got[row])
             seen[key] = seen.get(key, 0) + 1
-        out[mode] = dict(runs=runs, distinct=len(seen), counts=sorted(seen.values(), reverse=True))
+        out[mode] = dict(runs=done, distinct=len(seen), counts=sorted(seen.values(), reverse=True))
         del backend
     set_mode(m, "invariant")
-    out["pass"] = out["invariant"]["distinct"] == 1
+    out["pass"] = out["invariant"]["distinct"] == 1 and out["invariant"]["runs"] > 1
     return out
 
 
 def products(name: str, ms, device: str) -> list[dict]:
     """Every projection of a shape (random bf16) at each M in ``ms``, us per call (CUDA graphs off, L2
-    flushed: ``triton.testing.do_bench``): ``engine_us`` what the engine runs (the per-row add + RMSNorm or
-    SwiGLU kernel, then the batch-invariant product at its tiling), ``fused_us`` the product with that
-    prologue inside, ``block_m64_us`` the plain product at the same tiling with 64-row tiles, and cuBLAS
-    (``F.linear`` on the product's own input); pass: row 0 has the same bits as alone in all three."""
+    flushed: ``triton.testing.do_bench``) of the batch-invariant product at the engine's tiling with up
+    to 4 row tiles per program (``rows4_us``), with one 16-row tile per program (``rows1_us``), with one
+    64-row tile per program (``m64_us``), of cuBLAS (``F.linear``), all on the product's input, and of
+    the per-row kernel the engine runs before the product (``prologue_us``: add + RMSNorm, SwiGLU);
+    pass: row 0 has the same bits as alone in each tiling."""
     from dataclasses import replace
 
     from flashspec_torch import invariant_matmul as I
@@ -185,39 +205,29 @@ def products(name: str, ms, device: str) -> list[dict]:
     out = []
     for proj, prologue, n, k in projections:
         rnd = lambda *s: (torch.randn(*s, generator=g, device=device) * 0.5).to(torch.bfloat16)  # noqa: E731
-        w, norm = rnd(n, k) * 0.05, rnd(k)
-        big = max(ms)
-        x, d = rnd(big, 2 * k if prologue == "silu_mul" else k), rnd(big, k)
-        tiling = I.invariant_tiling(n, k, torch.bfloat16)
-        wide = replace(tiling, block_m=64)
-
-        def before(m):  # the engine's prologue kernel (h is not written: a copy each call)
-            if prologue == "none":
-                return x[:m]
-            if prologue == "silu_mul":
-                return silu_mul(x[:m], "triton", True)
-            return add_rms_norm(x[:m].clone(), d[:m], norm, 1e-5, "triton", True)[1]
-
-        def fused(m):
-            if prologue == "none":
-                return I.invariant_matmul(x[:m], w, True)
-            if prologue == "silu_mul":
-                return I.invariant_matmul_silu_mul(x[:m], w, True)
-            return I.invariant_matmul_add_rms_norm(x[:m], d[:m], norm, 1e-5, w, True)[0]
-
-        variants = dict(engine=lambda m: I.invariant_matmul(before(m), w, True), fused=fused,
-                        block_m64=lambda m: I.launch("none", before(m).contiguous(), None, None, w, None, 0.0, True, wide))
-        alone = {v: fn(1) for v, fn in variants.items()}
+        w, norm, big = rnd(n, k) * 0.05, rnd(k), max(ms)
+        x, d, gu, hres = rnd(big, k), rnd(big, k), rnd(big, 2 * k), rnd(big, k)  # hres: add_rms_norm's h, updated in place
+        t = I.invariant_tiling(n, k, torch.bfloat16)
+        tilings = dict(rows4=replace(t, block_m=16, row_tiles=4), rows1=replace(t, block_m=16, row_tiles=1),
+                       m64=replace(t, block_m=64, row_tiles=1))
+        alone = {v: I.launch(x[:1], w, True, tt) for v, tt in tilings.items()}
         for m in ms:
-            xin = x[:m, :k].contiguous()
-            row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(tiling), splits=tiling.splits(k),
-                       **{"pass": all(torch.equal(fn(m)[:1], alone[v]) for v, fn in variants.items())})
+            row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(t), splits=t.splits(k))
+            got = {v: I.launch(x[:m], w, True, tt) for v, tt in tilings.items()}
+            row["pass"] = all(torch.equal(got[v][:1], alone[v]) for v in tilings)
+            row["m64_equals_rows4"] = bool(torch.equal(got["m64"], got["rows4"]))  # informational
             if device == "cuda":
-                row.update({f"{v}_us": triton.testing.do_bench(lambda: fn(m)) * 1e3 for v, fn in variants.items()})
-                row["cublas_us"] = triton.testing.do_bench(lambda: F.linear(xin, w)) * 1e3
-                row.update({f"{v}_over_cublas": row[f"{v}_us"] / row["cublas_us"] for v in variants})
+                row.update({f"{v}_us": triton.testing.do_bench(lambda: I.launch(x[:m], w, True, tt)) * 1e3
+                            for v, tt in tilings.items()})
+                row["cublas_us"] = triton.testing.do_bench(lambda: F.linear(x[:m], w)) * 1e3
+                row.update({f"{v}_over_cublas": row[f"{v}_us"] / row["cublas_us"] for v in tilings})
+                if prologue == "silu_mul":
+                    row["prologue_us"] = triton.testing.do_bench(lambda: silu_mul(gu[:m], "triton", True)) * 1e3
+                elif prologue == "add_rms_norm":
+                    row["prologue_us"] = triton.testing.do_bench(
+                        lambda: add_rms_norm(hres[:m], d[:m], norm, 1e-5, "triton", True)) * 1e3
             out.append(row)
-        del w, x, d
+        del w, x, d, gu, hres
     return out
 
 
@@ -251,19 +261,24 @@ def attention_part(name: str, contexts, device: str) -> list[dict]:
     return out
 
 
-def run_shape(name: str, args, rng, result: dict, save) -> None:
+def shape_setup(name: str, args, rng) -> tuple[Llama, list[list[int]], list[int]]:
+    """A random model of the shape and its 64 requests (8 with --tiny) with their seeds."""
     cfg = LlamaConfig(**SHAPES[name], max_position_embeddings=4096)
     m = random_model(cfg, args.device)
     n = 64 if not args.tiny else 8
     requests = [rng.integers(0, cfg.vocab_size, int(rng.integers(8, 41 if not args.tiny else 12))).tolist() for _ in range(n)]
-    seeds = [1000 + i for i in range(n)]
+    return m, requests, [1000 + i for i in range(n)]
+
+
+def run_shape(name: str, args, rng, result: dict, save) -> None:
+    m, requests, seeds = shape_setup(name, args, rng)
     row = result["shapes"].setdefault(name, {})
     with torch.inference_mode():
         t = time.perf_counter()
         set_mode(m, "invariant")
         backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
         row["checks"] = invariance_checks(backend, requests, seeds, (GREEDY, SAMPLED), args.tokens, f"{name} invariant")
-        if name == args.shapes[0]:  # the default mode on the first shape only (device time)
+        if args.before and name == args.shapes[0]:  # the default mode on the first shape only (device time)
             set_mode(m, "default")
             backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=args.device == "cuda")
             row["before"] = invariance_checks(backend, requests, seeds, (GREEDY,), args.tokens, f"{name} default")
@@ -273,25 +288,34 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
         row["checks_s"] = time.perf_counter() - t
         save()
         print(f"{name}: checks {row['checks_s']:.0f} s", flush=True)
-        t = time.perf_counter()
-        batches = (1, 16, 64) if not args.tiny else (1, 4)
-        row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device)
-        row["timing_s"] = time.perf_counter() - t
-        save()
+        if not over_budget(args, f"{name} timing"):
+            t = time.perf_counter()
+            batches = (1, 16, 64) if not args.tiny else (1, 4)
+            row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device)
+            row["timing_s"] = time.perf_counter() - t
+            save()
         if name in args.product_shapes and not over_budget(args, "products"):
             t = time.perf_counter()
-            row["products"] = products(name, (1, 5, 16, 64, 320) if not args.tiny else (1, 5, 17), args.device)
+            row["products"] = products(name, (1, 16, 64, 320) if not args.tiny else (1, 5, 17, 70), args.device)
             row["attention"] = attention_part(name, (128, 1024, 4096) if not args.tiny else (48, 300), args.device)
             row["products_s"] = time.perf_counter() - t
-            save()
-        if args.distinct and name == args.shapes[0] and not over_budget(args, "distinct"):
-            t = time.perf_counter()
-            row["distinct"] = distinct_completions(m, requests, seeds, args.distinct_tokens, args.distinct, rng)
-            row["distinct_s"] = time.perf_counter() - t
             save()
     del m
     if args.device == "cuda":
         torch.cuda.empty_cache()
+
+
+def distinct_part(name: str, args, rng, result: dict, save) -> None:
+    """``distinct_completions`` on the first shape's model and requests (made again: the same seeds), last."""
+    m, requests, seeds = shape_setup(name, args, np.random.default_rng(0))
+    row = result["shapes"].setdefault(name, {})
+    with torch.inference_mode():
+        t = time.perf_counter()
+        row["distinct"] = distinct_completions(m, requests, seeds, args.distinct_tokens, args.distinct, rng,
+                                               args.start + args.stop_s)
+        row["distinct_s"] = time.perf_counter() - t
+    save()
+    del m
 
 
 def real_weights(path: str, args, result: dict, save) -> None:
@@ -342,6 +366,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     ap.add_argument("--shapes", default="tinyllama-1.1b,smollm2-135m,llama3-8b", help="comma-separated, of " + ", ".join(SHAPES))
+    ap.add_argument("--no-before", dest="before", action="store_false",
+                    help="skip the default mode's token checks (\"before\") on the first shape")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request")
     ap.add_argument("--distinct", type=int, default=100, help="runs of the distinct-completions part (0: skip)")
     ap.add_argument("--distinct-tokens", type=int, default=32)
@@ -351,6 +377,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="small sizes for a CPU test of the script")
     ap.add_argument("--product-shapes", default="llama3-8b", help="shapes whose products are timed alone (comma-separated)")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start after this many seconds are skipped")
+    ap.add_argument("--stop-s", type=float, default=1e9, help="no distinct-completion run starts after this many seconds")
     args = ap.parse_args()
     args.shapes, args.product_shapes = args.shapes.split(","), args.product_shapes.split(",")
     args.start, args.skipped = time.perf_counter(), []
@@ -382,6 +409,8 @@ def main() -> None:
             continue
         run_shape(name, args, rng, result, save)
         print(f"{name}: {result['summary']} after {time.perf_counter() - start:.0f} s", flush=True)
+    if args.distinct and not over_budget(args, "distinct"):
+        distinct_part(args.shapes[0], args, rng, result, save)
     if args.gguf and not over_budget(args, "real_weights"):
         real_weights(args.gguf, args, result, save)
     save()

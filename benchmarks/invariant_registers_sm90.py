@@ -1,18 +1,20 @@
 """Registers and spills of the batch-invariant product on sm_90, without a GPU: compiles the kernel
 for sm_90a with ``triton.compile`` with the engine's tiling (``invariant_tiling``) of every projection
-of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16) and runs ``ptxas -v`` on its PTX. Run without
-TRITON_INTERPRET:
+of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16) at M = 1 (one row tile per program) and M = 64
+(4 row tiles per program), and 64-row tiles (one per program) at M = 64, and runs ``ptxas -v`` on its
+PTX. Run without TRITON_INTERPRET:
 
     PYTHONPATH=$PWD/shared:$PWD python benchmarks/invariant_registers_sm90.py [tinyllama llama3]
 
-(~10-20 s per compile on a slow core). Prints one line per projection: its tiling, shared memory,
-registers, spill bytes.
+(~10-20 s per compile on a slow core). Prints one line per projection and variant: its tiling, shared
+memory, registers, spill bytes.
 """
 
 import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from unittest import mock
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -28,11 +30,11 @@ from flashspec_torch import invariant_matmul as I  # noqa: E402
 from flashspec_torch import layers  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 64)
-SHAPES = {  # (projection, prologue, N, K): qkv, o, gate_up, down, LM head
-    "tinyllama": (("qkv", "add_rms_norm", 2560, 2048), ("o", "none", 2048, 2048), ("gate_up", "add_rms_norm", 11264, 2048),
-                  ("down", "silu_mul", 2048, 5632), ("lm_head", "add_rms_norm", 32000, 2048)),
-    "llama3": (("qkv", "add_rms_norm", 6144, 4096), ("o", "none", 4096, 4096), ("gate_up", "add_rms_norm", 28672, 4096),
-               ("down", "silu_mul", 4096, 14336), ("lm_head", "add_rms_norm", 128256, 4096)),
+SHAPES = {  # (projection, N, K): qkv, o, gate_up, down, LM head
+    "tinyllama": (("qkv", 2560, 2048), ("o", 2048, 2048), ("gate_up", 11264, 2048), ("down", 2048, 5632),
+                  ("lm_head", 32000, 2048)),
+    "llama3": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+               ("lm_head", 128256, 4096)),
 }
 
 
@@ -57,13 +59,12 @@ def main() -> None:
             mock.patch.object(torch.Tensor, "data_ptr", lambda t: ((id(t) & 0xFFFFFFFFFF) << 8) if t.is_meta else real_ptr(t)), \
             mock.patch.object(layers, "pdl_possible", lambda d: True), mock.patch.object(I, "interpreting", lambda: False):
         for shape in sys.argv[1:] or list(SHAPES):
-            for proj, prologue, n, k in SHAPES[shape]:
+            for proj, n, k in SHAPES[shape]:
                 t = I.invariant_tiling(n, k, torch.bfloat16)
-                label[:] = [shape, proj, n, k, f"{t} splits {t.splits(k)}:"]
                 e = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device=meta)  # noqa: E731
-                x = e(16, 2 * k if prologue == "silu_mul" else k)
-                d, g = (e(16, k), e(k)) if prologue == "add_rms_norm" else (None, None)
-                I.launch(prologue, x, d, g, e(n, k), d, 1e-5, True)
+                for m, tiling in ((1, t), (64, t), (64, replace(t, block_m=64, row_tiles=1))):
+                    label[:] = [shape, proj, n, k, f"M {m} {tiling} splits {tiling.splits(k)}:"]
+                    I.launch(e(m, k), e(n, k), True, tiling)
 
 if __name__ == "__main__":
     main()
