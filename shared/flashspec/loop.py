@@ -58,11 +58,11 @@ class StepRecord:
 
 class StepTimer:
     """Seconds per step of a loop that launches step k + 1 and then reads step k (module docstring).
-    ``clock``: seconds (``time.perf_counter``; a test's simulated clock). Between a read that leaves no
+    ``clock``: seconds (None: ``time.perf_counter``; a test's simulated clock). Between a read that leaves no
     step in flight and the next launch the clock stops (a server waiting for requests), and host work
     between steps that is no step's (``outside``: a server's prefill) is taken out of the step it fell in."""
 
-    def __init__(self, clock=time.perf_counter):
+    def __init__(self, clock=None):
         self.clock = clock
         self.read_end: float | None = None  # when the last read returned (the first launch's end before any)
         self.launches: list[float] = []  # host seconds inside each launched step not yet read, oldest first
@@ -70,9 +70,9 @@ class StepTimer:
 
     def launch(self, start):
         """Call ``start()`` (launch one step) and return its handle, timing the host's part."""
-        t0 = self.clock()
+        t0 = self.now()
         handle = start()
-        t1 = self.clock()
+        t1 = self.now()
         if self.read_end is None:  # the first step's own launch is added back at its read, so it starts the clock
             self.read_end, self.off = t1, 0.0
         self.launches.append(t1 - t0)
@@ -81,17 +81,20 @@ class StepTimer:
     def outside(self, work):
         """Run ``work()`` (host work between steps that belongs to no step) and return its result; its
         seconds are not charged to the step being timed."""
-        t0 = self.clock()
+        t0 = self.now()
         try:
             return work()
         finally:
             if self.read_end is not None:
-                self.off += self.clock() - t0
+                self.off += self.now() - t0
+
+    def now(self) -> float:
+        return time.perf_counter() if self.clock is None else self.clock()
 
     def read(self, handle: StepHandle):
         """(``handle.fetch()``, the oldest unread step's seconds)."""
         view = handle.fetch()
-        t = self.clock()
+        t = self.now()
         own = self.launches.pop(0)
         seconds = t - self.read_end - self.off - sum(self.launches) + own
         self.read_end, self.off = (t if self.launches else None), 0.0

@@ -127,13 +127,13 @@ class Scheduler:
     decoding and drafts at their lengths) or a draft bandit (``gamma`` drafted tokens per step with
     its draft); ``speculation=False``: plain decoding (``policy`` unused). At most ``max_queue``
     waiting. ``running`` is the context every backend call runs in (the scheduler thread enters
-    it); ``clock``: the step timer's seconds (a test's simulated clock)."""
+    it); ``clock``: the step timer's seconds (None: ``time.perf_counter``; a test's simulated clock)."""
 
     def __init__(self, backend: SlotBackend, policy, *, slots: int, context: int, gamma: int = 4,
                  speculation: bool = True, max_queue: int = 256, prefill_chunk: int = 512,
                  observer: Observer | None = None,
                  running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] | None = None):
         if not isinstance(backend, SlotBackend):
             raise TypeError(f"{type(backend).__name__} does not implement flashspec.backend.SlotBackend "
                             "(slots that requests enter and leave): it cannot serve")
