@@ -226,11 +226,11 @@ def load_on(argv: list[str], url: str, levels, args, log: Path, model_name: str 
                 out.append({**lv, "error": "skipped: the script's time budget was spent", "ok": 0, "requests": 0})
                 continue
             requests = max(args.min_requests, 2 * lv["concurrency"])
-            before = step_counts(url)
+            before = serve_bench.step_counts(url)
             try:
                 out.append(serve_bench.bench(url, [lv], requests=requests, max_tokens=args.max_tokens, temperature=0.0,
                                              timeout=min(args.level_limit, left), model=model)["levels"][0])
-                after = step_counts(url)
+                after = serve_bench.step_counts(url)
                 out[-1]["steps_by_arm"] = {k: after[k] - before.get(k, 0.0) for k in after}
             except Exception as e:  # noqa: BLE001 - e.g. the level's time limit: recorded, the next level runs
                 out.append({**lv, "error": f"{type(e).__name__}: {e}", "ok": 0, "requests": requests})
@@ -242,26 +242,6 @@ def load_on(argv: list[str], url: str, levels, args, log: Path, model_name: str 
     finally:
         serve_bench.stop(proc)
     return run
-
-
-def step_counts(url: str) -> dict:
-    """The server's steps so far by arm (/metrics: ``flashspec:plain_steps``, ``flashspec:draft_pulls`` per
-    draft); {} where it has no such metrics (transformers serve)."""
-    import re
-
-    import httpx
-
-    try:
-        text = httpx.get(url + "/metrics", timeout=5).text
-    except httpx.HTTPError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'^flashspec:(plain_steps|draft_pulls)_total(?:\{[^}]*?draft="([^"]+)"[^}]*\}|\{[^}]*\})?\s+(\S+)$', line)
-        if m:
-            key = "plain" if m.group(1) == "plain_steps" else m.group(2)
-            out[key] = out.get(key, 0.0) + float(m.group(3))
-    return out
 
 
 def warm_up(url: str, args, model: str, every_prompt: bool) -> dict:
