@@ -12,8 +12,8 @@ Step times (``StepTimer``): the loop launches step k + 1 before it reads step k,
 asynchronous device the read of step k returns when the device finishes step k, while on a
 synchronous one (the CPU) the launch does the work. A step's seconds are the time between the
 previous read's end and its own read's end, less the next step's launch (which fell in between),
-plus its own launch: the device time of step k when the device is the bottleneck, the host time
-of step k when the host is. (Timing the interval between two launches instead measures step k - 1
+plus its own launch (and at least its own launch): the device time of step k when the device is the
+bottleneck, the host time of step k when the host is. (Timing the interval between two launches instead measures step k - 1
 on an asynchronous device: the launch of step k + 1 follows the read of step k - 1.)
 """
 
