@@ -203,7 +203,7 @@ class AdaptivePolicy:
         measured arm whose work they include: plain decoding's, or a shorter length's of the same draft), on the
         posterior means: not explored (``choose`` measures the arms an arm includes before it)."""
         measured = self.cost_weight[b] > 0
-        if not measured.any():
+        if measured.all() or not measured.any():  # nothing measured to compare with, or nothing unmeasured
             return np.zeros(len(self.arms), bool)
         own = np.where(measured, self.log_cost[b], -np.inf)
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
