@@ -120,9 +120,9 @@ def test_adaptive_serving_greedy_equals_plain_decoding_alone(tiny):
     from flashspec_jax.engine import Engine
 
     eng = Engine(tiny, ("ngram",), policy="adaptive", device="cpu")
-    prompts = ["abcabcab", "zyx", "hello world"]
+    prompts = ["abcabcab", "hello world"]
     want = [eng.generate(p, speculation=False, temperature=0.0, max_new_tokens=8, chat=False)["tokens"] for p in prompts]
-    svc = Service(eng, max_batch=2, context=64, gamma=4)
+    svc = Service(eng, max_batch=1, context=64, gamma=4)  # one slot: one bucket's steps to compile
     assert svc.scheduler.adaptive and not isinstance(eng.backend, FreeScoring)
     with svc:
         streams = serve_together(svc, [(p, i, {"temperature": 0.0}, 8) for i, p in enumerate(prompts)])
