@@ -3,9 +3,10 @@ through its HTTP API on 127.0.0.1, code-editing requests (a function, then the s
 repeats), chat requests (the chat template) and prose to continue, interleaved request by request, at
 concurrency 1 and 4; plain decoding, each fixed draft (n-gram, the shipped draft head) and the adaptive
 scheduler over both drafts (``--policy adaptive``, the server's default). Greedy, so every configuration's
-text should equal plain decoding's (``texts_equal_plain``). Reports output tokens/s per configuration and
-level, per domain the tokens per second of request time, the steps each arm ran (/metrics), and the load
-average of the machine; one JSON.
+text should equal plain decoding's (``texts_equal_plain``). Every configuration's server runs at once and
+each level runs in ``--rounds`` rounds visiting the configurations in turn (a change of the shared
+machine's load falls on all of them). Reports output tokens/s per configuration and level, per domain the
+tokens per second of request time, the steps each arm ran (/metrics), and the load average; one JSON.
 
     python benchmarks/serve_adaptive_cpu.py --out benchmarks/results/serve_adaptive_cpu.json
 
@@ -100,34 +101,80 @@ async def level(url: str, model: str, reqs: list[dict], concurrency: int, max_to
             "texts": [r["text"] if r and "text" in r else None for r in results]}
 
 
-def run_config(name: str, options: str, args, reqs: list[dict], deadline: float, logs: Path) -> dict:
+def start(name: str, options: str, args, deadline: float, logs: Path) -> dict:
+    """A server of one configuration, ready and warmed (one untimed request): {proc, url, model} or {error}."""
     proc, url = serve_bench.spawn(f"--device cpu --max-batch {max(args.concurrency)} --context 1024 --gamma 4 "
                                   f"--warm-up 0 {options}", logs / f"{name}.log")
     try:
         model = serve_bench.wait_ready(url, proc, max(10.0, min(args.start_limit, deadline - time.monotonic())))
-        asyncio.run(level(url, model, reqs[:1], 1, 4, args.level_limit))  # untimed: first use of the kernels
-        out = []
-        for c in args.concurrency:
-            left = deadline - time.monotonic()
-            if left < 5:
-                out.append({"concurrency": c, "error": "skipped: the budget was spent"})
-                continue
-            before = serve_bench.step_counts(url)
-            try:
-                lv = asyncio.run(level(url, model, reqs, c, args.max_tokens, min(args.level_limit, left)))
-            except Exception as e:  # noqa: BLE001 - e.g. the level's time limit
-                out.append({"concurrency": c, "error": f"{type(e).__name__}: {e}"})
-                continue
-            after = serve_bench.step_counts(url)
-            lv["steps_by_arm"] = {k: after[k] - before.get(k, 0.0) for k in after}
-            lv["load_average_after"] = os.getloadavg()[0]
-            out.append(lv)
-        return {"options": options, "levels": out}
-    except Exception as e:  # noqa: BLE001 - recorded, the next configuration runs
-        return {"options": options, "error": f"{type(e).__name__}: {e}",
-                "log_tail": (logs / f"{name}.log").read_text()[-1500:]}
-    finally:
+        return {"proc": proc, "url": url, "model": model}
+    except Exception as e:  # noqa: BLE001 - recorded, the other configurations run
         serve_bench.stop(proc)
+        return {"error": f"{type(e).__name__}: {e}", "log_tail": (logs / f"{name}.log").read_text()[-1500:]}
+
+
+def one_level(server: dict, reqs: list[dict], c: int, args, deadline: float) -> dict:
+    left = deadline - time.monotonic()
+    if left < 5:
+        return {"concurrency": c, "error": "skipped: the budget was spent"}
+    before = serve_bench.step_counts(server["url"])
+    try:
+        lv = asyncio.run(level(server["url"], server["model"], reqs, c, args.max_tokens, min(args.level_limit, left)))
+    except Exception as e:  # noqa: BLE001 - e.g. the level's time limit
+        return {"concurrency": c, "error": f"{type(e).__name__}: {e}"}
+    after = serve_bench.step_counts(server["url"])
+    lv["steps_by_arm"] = {k: after[k] - before.get(k, 0.0) for k in after}
+    lv["load_average_after"] = os.getloadavg()[0]
+    return lv
+
+
+def merge(rounds: list[dict]) -> dict:
+    """The rounds of one (configuration, concurrency) as one level: tokens and seconds summed."""
+    ok = [r for r in rounds if "ok" in r]
+    if not ok:
+        return rounds[0]
+    wall, tokens = sum(r["wall_s"] for r in ok), sum(r["output_tokens"] for r in ok)
+    domains = {}
+    for d in ok[0]["per_domain"]:
+        t, sec = sum(r["per_domain"][d]["tokens"] for r in ok), sum(r["per_domain"][d]["request_seconds"] for r in ok)
+        domains[d] = {"tokens": t, "request_seconds": round(sec, 2),
+                      "tokens_per_request_second": round(t / sec, 2) if sec else None}
+    arms = {}
+    for r in ok:
+        for k, v in r["steps_by_arm"].items():
+            arms[k] = arms.get(k, 0.0) + v
+    return {"concurrency": ok[0]["concurrency"], "rounds": len(ok), "requests": sum(r["requests"] for r in ok),
+            "ok": sum(r["ok"] for r in ok), "wall_s": round(wall, 2), "output_tokens": tokens,
+            "output_tokens_per_s": round(tokens / wall, 2), "per_round_tokens_per_s": [r["output_tokens_per_s"] for r in ok],
+            "per_domain": domains, "steps_by_arm": arms, "load_average_after": [r["load_average_after"] for r in ok],
+            "errors": sorted({e for r in rounds for e in r.get("errors", [r.get("error")]) if e}),
+            "texts": ok[0]["texts"], "texts_stable_over_rounds": all(r["texts"] == ok[0]["texts"] for r in ok)}
+
+
+def run_all(names: list[str], args, reqs: list[dict], deadline: float, logs: Path) -> dict:
+    """Every configuration's server at once (idle servers cost nothing), then each level in rounds that
+    visit the configurations in turn, so that a change of the machine's load falls on all of them."""
+    servers = {}
+    try:
+        for name in names:
+            servers[name] = start(name, CONFIGS[name], args, deadline, logs)
+        live = {n: s for n, s in servers.items() if "error" not in s}
+        for s in live.values():  # untimed: the first use of every kernel
+            asyncio.run(level(s["url"], s["model"], reqs[:1], 1, 4, args.level_limit))
+        rounds = {(n, c): [] for n in live for c in args.concurrency}
+        for c in args.concurrency:
+            for _ in range(args.rounds):
+                for n, s in live.items():
+                    rounds[n, c].append(one_level(s, reqs, c, args, deadline))
+                    print(n, c, {k: v for k, v in rounds[n, c][-1].items() if k not in ("texts", "per_domain")},
+                          flush=True)
+        runs = {n: ({"options": CONFIGS[n], "levels": [merge(rounds[n, c]) for c in args.concurrency]}
+                    if n in live else {"options": CONFIGS[n], **servers[n]}) for n in names}
+    finally:
+        for s in servers.values():
+            if "proc" in s:
+                serve_bench.stop(s["proc"])
+    return runs
 
 
 def summary(runs: dict, concurrency: list[int]) -> dict:
@@ -160,6 +207,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("serve_adaptive_cpu.json"))
     p.add_argument("--requests", type=int, default=6, help="per level, cycling code, chat, prose")
     p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--rounds", type=int, default=2, help="rounds per level, each visiting every configuration")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"some of {','.join(CONFIGS)}")
     p.add_argument("--budget-s", type=float, default=900.0)
@@ -176,10 +224,7 @@ def main(argv=None) -> int:
     doc = {"what": __doc__.split("\n\n")[0], "command": " ".join(sys.argv), "environment": serve_bench.environment(),
            "settings": {k: str(v) for k, v in vars(args).items()}, "load_average_before": os.getloadavg(),
            "requests": [{"domain": r["domain"], **r["body"]} for r in reqs], "runs": {}}
-    for name in names:
-        doc["runs"][name] = run_config(name, CONFIGS[name], args, reqs, deadline, logs)
-        print(name, json.dumps([{k: v for k, v in lv.items() if k != "texts"} for lv in doc["runs"][name].get(
-            "levels", [])] or doc["runs"][name].get("error")), flush=True)
+    doc["runs"] = run_all(names, args, reqs, deadline, logs)
     if set(CONFIGS) <= set(names):
         doc["summary"] = summary(doc["runs"], args.concurrency)
     doc["load_average_after"], doc["wall_s"] = os.getloadavg(), round(time.monotonic() - start, 1)
