@@ -80,6 +80,12 @@ def test_speculates_alone_and_decodes_plainly_where_speculation_costs_more(tiny)
     policy = eng.adaptive_policy(4, 0)
     # a speculative step costs a plain step's time at one row, 6x at four (verification's compute at a large batch)
     clock = Clock(eng.backend, lambda plain, k: 0.01 * k * (1.0 if plain or k == 1 else 6.0))
+    free, observe_free = [], policy.observe_free
+    policy.observe_free = lambda d, scored, accepted, where: (free.append((d, scored.copy(), accepted.copy(), where)),
+                                                              observe_free(d, scored, accepted, where))
+    from flashspec.adaptive import use_free_scoring
+
+    assert use_free_scoring(eng.backend, policy) == 1  # the n-gram, scored inside the slot steps it does not run
     sched = Scheduler(eng.backend, policy, slots=4, context=128, gamma=4, clock=clock)
     submit(eng, sched, ["abcabcab"], 48)
     run_until_idle(sched)
@@ -90,6 +96,9 @@ def test_speculates_alone_and_decodes_plainly_where_speculation_costs_more(tiny)
     spec_alone = sum(not plain for plain, _ in alone) / len(alone)
     assert spec_alone >= 0.7, f"alone, speculation cost nothing more and was run in {spec_alone:.0%} of the steps"
     assert len(four) >= 10 and sum(four) / len(four) >= 0.8, f"at four rows plain decoding ran {sum(four)} of {len(four)}"
+    assert any(len(where) == 4 for _, _, _, where in free)  # plain steps at four rows scored the n-gram for free
+    assert all(((sc == 1) & (acc <= 1)).all() for _, sc, acc, _ in free)  # a plain step emits 1 token: 1 scored
+    assert sum(acc.sum() for _, _, acc, _ in free) > 0
     cost = policy.cost
     assert cost[0, 0] == pytest.approx(0.01) and cost[2, 0] == pytest.approx(0.04)  # each step's own time, per bucket
     assert np.nanmax(cost[2, 1:]) == pytest.approx(0.24)
