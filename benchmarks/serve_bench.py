@@ -159,6 +159,26 @@ def spawn(args: str, log: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
+def step_counts(url: str) -> dict:
+    """The server's steps so far by arm (/metrics: ``flashspec:plain_steps``, ``flashspec:draft_pulls`` per
+    draft); {} where it has no such metrics (transformers serve)."""
+    import re
+
+    import httpx
+
+    try:
+        text = httpx.get(url + "/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'^flashspec:(plain_steps|draft_pulls)_total(?:\{[^}]*?draft="([^"]+)"[^}]*\}|\{[^}]*\})?\s+(\S+)$', line)
+        if m:
+            key = "plain" if m.group(1) == "plain_steps" else m.group(2)
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:

@@ -5,12 +5,17 @@ concurrency 1 / 4 / 16 / 64; ``flashspec serve --backend jax`` beside them (``--
 batch-1 ``generate`` on the concurrency-1 level's prompts (the latency check); the step breakdown (target
 forward against the rest) of the slot step on a random Llama-3-8B-shaped model; chunked prefill
 (benchmarks/serve_chunked.py: streams' largest gap while a long prompt enters); and ``transformers serve``
-(continuous batching) on the embedded model at concurrency 16. Writes one self-explanatory JSON (and a PNG)
-under --out; the servers' logs go to a temporary folder, their tails into the JSON.
+(continuous batching) on the embedded model at concurrency 16; ``--parts adaptive``: the server's adaptive
+scheduler (``--policy adaptive``: plain decoding or the n-gram at G = 2 or 4, chosen per step) against plain
+decoding and the fixed n-gram at G = 4 on random weights of Llama-3-8B's and SmolLM2-135M's shapes at
+concurrency 1 / 16 / 64 / 256 (adaptive / plain and adaptive / best fixed per level, and the arms each
+level ran, from /metrics). Writes one self-explanatory JSON (and a PNG) under --out; the servers' logs go
+to a temporary folder, their tails into the JSON.
 
     python benchmarks/serve_gpu.py --out $OUT/serve_gpu            # H100 / H200, the embedded GGUF at hand
     python benchmarks/serve_gpu.py --parts serve,jax,breakdown,chunked --shapes smollm2-135m --tokenizer bytes \
         --breakdown-batches 64,256 --budget 225 --out $OUT/serve3/serve   # no weights on the device: random ones
+    python benchmarks/serve_gpu.py --parts adaptive --tokenizer bytes --budget 210 --out $OUT/serve_adaptive
     python benchmarks/serve_gpu.py --out /tmp/x --quick            # the same code on the CPU, tiny sizes
 
 Servers run as child processes on 127.0.0.1 (a random-weight server is this script with --child); the load
@@ -39,12 +44,15 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import serve_bench  # noqa: E402 - benchmarks/ is on sys.path
+from serve_gpu_summary import summary  # noqa: E402
 
 SHAPES = ("embedded", "llama3-8b", "tinyllama-1.1b")  # in this order: what the time budget cuts goes last
 MODES = {"embedded": ("plain", "ngram", "head"), "smollm2-135m": ("plain", "head", "ngram")}  # the head: SmolLM2's
 OTHER_MODES = ("plain", "ngram")
-PARTS = ("serve", "jax", "generate", "breakdown", "chunked", "hf")
-PART_S = {"serve": 100, "jax": 70, "generate": 40, "breakdown": 45, "chunked": 30, "hf": 60}  # each part's limit
+ADAPTIVE_MODES = ("plain", "ngram", "adaptive")  # --parts adaptive: per shape, the baselines first
+PARTS = ("serve", "jax", "generate", "breakdown", "chunked", "hf", "adaptive")
+PART_S = {"serve": 100, "jax": 70, "generate": 40, "breakdown": 45, "chunked": 30, "hf": 60,
+          "adaptive": 200}  # each part's limit
 
 
 class ByteTokenizer:
@@ -114,13 +122,14 @@ def torch_engine(args, shape: str, mode: str):
     from flashspec_torch.weights import LoadedModel
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    policy = "adaptive" if mode == "adaptive" else "fixed"
     if shape == "embedded":
-        return Engine(args.gguf, ("head",) if mode == "head" else ("ngram",), policy="fixed", device=device)
+        return Engine(args.gguf, ("head",) if mode == "head" else ("ngram",), policy=policy, device=device)
     from step_breakdown import model_for
 
     model = model_for(shape)  # random weights (bf16 on a GPU); "tiny": the CPU check's
     eng = Engine(LoadedModel(model, tokenizer_for(args, model.config.vocab_size), shape + "-random"), ("ngram",),
-                 policy="fixed", device=device)
+                 policy=policy, device=device)
     if mode == "head":
         from flashspec.head_file import draft_head_file
         from flashspec_torch.heads import HeadDraft, load_head
@@ -173,16 +182,19 @@ def child(args) -> int:
     return 0
 
 
-def serve_runs(args, deadline: float, backend: str = "torch") -> dict:
-    """Every (shape, mode) server of ``backend`` (torch: --shapes and MODES; jax: --jax-shapes and --jax-modes)."""
+def serve_runs(args, deadline: float, backend: str = "torch", part: str = "serve") -> dict:
+    """Every (shape, mode) server of ``backend`` (torch: --shapes and MODES; jax: --jax-shapes and --jax-modes;
+    ``part`` adaptive: --adaptive-shapes and ADAPTIVE_MODES)."""
     runs = {}
     jax = backend == "jax"
     concurrency = args.jax_concurrency if jax else args.concurrency
     levels = [{"concurrency": c, "rate": None} for c in concurrency]
     plan = [(s, m) for s in args.jax_shapes for m in args.jax_modes] if jax else [
         (s, m) for s in args.shapes for m in MODES.get(s, OTHER_MODES)]
+    if part == "adaptive":
+        plan = [(s, m) for s in args.adaptive_shapes for m in ADAPTIVE_MODES]
     for shape, mode in plan:
-        name = f"flashspec {'jax ' if jax else ''}{shape} {mode}"
+        name = f"{'adaptive part ' if part == 'adaptive' else ''}flashspec {'jax ' if jax else ''}{shape} {mode}"
         if time.monotonic() > deadline - 20:
             runs[name] = {"error": "skipped: the part's time limit was spent"}
             continue
@@ -215,9 +227,12 @@ def load_on(argv: list[str], url: str, levels, args, log: Path, model_name: str 
                 out.append({**lv, "error": "skipped: the script's time budget was spent", "ok": 0, "requests": 0})
                 continue
             requests = max(args.min_requests, 2 * lv["concurrency"])
+            before = serve_bench.step_counts(url)
             try:
                 out.append(serve_bench.bench(url, [lv], requests=requests, max_tokens=args.max_tokens, temperature=0.0,
                                              timeout=min(args.level_limit, left), model=model)["levels"][0])
+                after = serve_bench.step_counts(url)
+                out[-1]["steps_by_arm"] = {k: after[k] - before.get(k, 0.0) for k in after}
             except Exception as e:  # noqa: BLE001 - e.g. the level's time limit: recorded, the next level runs
                 out.append({**lv, "error": f"{type(e).__name__}: {e}", "ok": 0, "requests": requests})
         run = {"model": model, "server_ready_s": ready_s, "warm_up": warm, "levels": out,
@@ -350,6 +365,10 @@ def main(argv=None) -> int:
     p.add_argument("--breakdown-batches", default="64", help="e.g. 64,256 (256 was measured on 2026-12-06: 6%%)")
     p.add_argument("--breakdown-context", type=int, default=640, help="tokens per slot in the breakdown (128 of prompt)")
     p.add_argument("--hf-concurrency", default="16", help="the levels of transformers serve (it is slow: 16 only)")
+    p.add_argument("--adaptive-shapes", default="llama3-8b,smollm2-135m", help="the --parts adaptive servers' models")
+    p.add_argument("--adaptive-concurrency", default="1,16,64,256")
+    p.add_argument("--adaptive-tokens", type=int, default=96, help="max_tokens of the --parts adaptive requests")
+    p.add_argument("--adaptive-context", type=int, default=512, help="tokens per slot of the --parts adaptive servers")
     p.add_argument("--budget", type=float, default=310.0, help="seconds after which remaining parts are skipped")
     p.add_argument("--start-limit", type=float, default=180.0)
     p.add_argument("--level-limit", type=float, default=120.0)
@@ -366,11 +385,14 @@ def main(argv=None) -> int:
     parts = args.parts.split(",")
     if set(parts) - set(PARTS):
         p.error(f"--parts {args.parts}: each must be one of {','.join(PARTS)}")
-    args.shapes, args.jax_shapes, args.jax_modes = (a.split(",") for a in (args.shapes, args.jax_shapes, args.jax_modes))
-    args.concurrency, args.jax_concurrency, args.hf_concurrency = (
-        [int(c) for c in a.split(",")] for a in (args.concurrency, args.jax_concurrency, args.hf_concurrency))
+    args.shapes, args.jax_shapes, args.jax_modes, args.adaptive_shapes = (
+        a.split(",") for a in (args.shapes, args.jax_shapes, args.jax_modes, args.adaptive_shapes))
+    args.concurrency, args.jax_concurrency, args.hf_concurrency, args.adaptive_concurrency = (
+        [int(c) for c in a.split(",")] for a in (args.concurrency, args.jax_concurrency, args.hf_concurrency,
+                                                 args.adaptive_concurrency))
     if args.quick:
         args.shapes, args.concurrency, args.max_tokens, args.min_requests, args.context = ["tiny"], [1, 2], 4, 2, 256
+        args.adaptive_shapes, args.adaptive_concurrency, args.adaptive_tokens = ["tiny"], [1, 2], 8
         args.jax_shapes, args.jax_concurrency, args.hf_concurrency = ["tiny"], [1, 2], [1]
         args.breakdown_batches, args.breakdown_context = "2,4", 256
     args.out = args.out.with_suffix("")
@@ -403,6 +425,11 @@ def run_part(doc: dict, part: str, args, limit: float) -> None:
     if part in ("serve", "jax"):
         doc["runs"].update(serve_runs(args, deadline, "jax" if part == "jax" else "torch"))
         return
+    if part == "adaptive":  # its own levels, tokens and context; at least 4 requests a level
+        sub = argparse.Namespace(**{**vars(args), "concurrency": args.adaptive_concurrency, "min_requests": 4,
+                                    "max_tokens": args.adaptive_tokens, "context": args.adaptive_context})
+        doc["runs"].update(serve_runs(sub, deadline, "torch", part="adaptive"))
+        return
     if part == "hf":
         doc["runs"]["transformers serve embedded"] = transformers_run(args, deadline)
         return
@@ -427,48 +454,6 @@ def write(doc: dict, out: Path) -> None:
     doc["summary"] = summary(doc)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
-
-
-def summary(doc: dict) -> dict:
-    """Output tokens/s per run and concurrency, speculation / plain, flashspec / transformers serve."""
-    table = {name: {lv["concurrency"]: round(lv["output_tokens_per_s"], 1) for lv in run.get("levels", [])
-                    if "output_tokens_per_s" in lv}
-             for name, run in doc["runs"].items()}
-    out = {"output_tokens_per_s": table}
-    hf = table.get("transformers serve embedded", {})
-    checks = {}
-    for mode, base in (doc.get("generate_batch1") or {}).items():
-        one = [lv for lv in doc["runs"].get(f"flashspec embedded {mode}", {}).get("levels", [])
-               if lv.get("concurrency") == 1 and (lv.get("tpot_ms") or {}).get("mean")]
-        if isinstance(base, dict) and base.get("tpot_ms") and one:  # the issue asks for at most 1.15
-            ratio = one[0]["tpot_ms"]["mean"] / base["tpot_ms"]
-            out[f"embedded {mode}: served ms per token at concurrency 1 / generate batch 1"] = round(ratio, 3)
-            checks[f"embedded {mode}: concurrency-1 latency within 1.15x of generate"] = ratio <= 1.15
-    for row in (doc.get("step_breakdown") or {}).get("rows", []) if isinstance(doc.get("step_breakdown"), dict) else []:
-        if isinstance(row, dict) and "plain_share_outside_forward" in row:
-            out[f"step outside the forward at batch {row['batch']} (plain, n-gram)"] = (
-                round(row["plain_share_outside_forward"], 3), round(row["ngram_share_outside_forward"], 3))
-            checks[f"step outside the forward <= 10% at batch {row['batch']}"] = max(
-                row["plain_share_outside_forward"], row["ngram_share_outside_forward"]) <= 0.10
-    for name, ok in (doc.get("chunked_prefill") or {}).get("checks", {}).items():
-        checks[f"chunked prefill: {name}"] = ok
-    for name, run in doc["runs"].items():
-        if "checks" in run:
-            checks[f"{name}: every request answered"] = run["checks"]["every_request_ok"]
-    if hf.get(16) and table.get("flashspec embedded plain", {}).get(16):
-        checks["embedded plain >= 10x transformers serve at concurrency 16"] = (
-            table["flashspec embedded plain"][16] >= 10 * hf[16])
-    out["checks"] = checks
-    for name, row in table.items():
-        if name.endswith(" ngram"):
-            plain = table.get(name[: -len(" ngram")] + " plain", {})
-            out[f"{name} / plain"] = {c: round(v / plain[c], 3) for c, v in row.items() if plain.get(c)}
-        if name.startswith("flashspec jax "):
-            base = table.get("flashspec " + name[len("flashspec jax "):], {})
-            out[f"{name} / torch"] = {c: round(v / base[c], 3) for c, v in row.items() if base.get(c)}
-        if name.startswith("flashspec embedded") and hf:
-            out[f"{name} / transformers serve"] = {c: round(v / hf[c], 2) for c, v in row.items() if hf.get(c)}
-    return out
 
 
 if __name__ == "__main__":

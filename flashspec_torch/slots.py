@@ -26,10 +26,12 @@ from flashspec.config import SamplingConfig
 from .backend import TorchBackend
 from .device import next_pow2
 from .drafts import ModelDraft, Sequences
+from .free import expand, recomputable
 
 MARGIN = 66  # slots past a row's budget that a step may write (gamma <= 64, plus the bonus token)
 # per-row buffers that a step over the first k rows sees as their [:k] views
-ROW_BUFFERS = ("done", "active", "bad", "seed", "offset", "hold", "done_before", "length_before", "prompt_len", "max_new")
+ROW_BUFFERS = ("done", "active", "bad", "seed", "offset", "hold", "done_before", "length_before", "prompt_len", "max_new",
+               "drafted")
 
 
 @dataclass
@@ -45,29 +47,36 @@ class CacheView:
 
 
 class SlotHandle:
-    """A slot step's small results (with the emitted tokens), copied to the host without blocking."""
+    """A slot step's small results (num_accepted, active, done, bad, drafted, then the full-information
+    counts [2, R, k] when scored, then the emitted tokens), copied to the host without blocking;
+    ``drafts``: (D, then the recomputable drafts' indices) for the counts."""
 
-    def __init__(self, tensors: list[torch.Tensor], event):
-        self.tensors, self.event = tensors, event
+    def __init__(self, tensors: list[torch.Tensor], event, drafts: tuple[int, ...]):
+        self.tensors, self.event, self.drafts = tensors, event, drafts
 
     def fetch(self) -> StepView:
         if self.event is not None:
             self.event.synchronize()
-        n, active, done, bad, emitted = (t.numpy().copy() for t in self.tensors)
-        return StepView(n, active, done, bad, emitted)
+        values = [t.numpy().copy() for t in self.tensors]
+        n, active, done, bad, drafted, emitted = *values[:5], values[-1]
+        free = None
+        if len(values) == 7:  # [2, R, k] -> (scored, accepted) [D, k] each
+            free = [expand(c, self.drafts[0], list(self.drafts[1:])) for c in values[5]]
+        return StepView(n, active, done, bad, emitted, free_scored=None if free is None else free[0],
+                        free_accepted=None if free is None else free[1], drafted=drafted)
 
 
 class SlotMirror:
     """Pinned host buffers for the slot steps' results, two per emitted width used in turn (as
     ``backend.HostMirror``: a buffer is rewritten two steps after its copy, when it was read)."""
 
-    def __init__(self, batch: int, device: torch.device):
-        self.batch, self.device, self.turn, self.buffers = batch, device, 0, {}
+    def __init__(self, batch: int, device: torch.device, drafts: tuple[int, ...]):
+        self.batch, self.device, self.turn, self.buffers, self.drafts = batch, device, 0, {}, drafts
 
     def start(self, *tensors: torch.Tensor) -> SlotHandle:
         if self.device.type != "cuda":
-            return SlotHandle([t.clone() for t in tensors], None)
-        shape = tuple(tensors[-1].shape)  # (rows of the bucket, emitted width)
+            return SlotHandle([t.clone() for t in tensors], None, self.drafts)
+        shape = (*tensors[-1].shape, len(tensors))  # (rows of the bucket, emitted width, with or without counts)
         pair = self.buffers.get(shape)
         if pair is None:
             pair = self.buffers[shape] = [[torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
@@ -78,7 +87,7 @@ class SlotMirror:
             h.copy_(t, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return SlotHandle(slot, event)
+        return SlotHandle(slot, event, self.drafts)
 
 
 class TorchSlotBackend(TorchBackend):
@@ -111,7 +120,7 @@ class TorchSlotBackend(TorchBackend):
         self.hold_rows = np.zeros(slots, bool)
         self.bound = np.zeros(slots, np.int64)  # host upper bound of each row's length
         self.seqs.max_len_bound, self.seqs.step = 1, 0
-        self.slot_mirror = SlotMirror(slots, dev)
+        self.slot_mirror = SlotMirror(slots, dev, (len(self.drafts), *recomputable(self.drafts)))
         self.whole = self.seqs  # the whole batch's Sequences (steps see views of the first rows)
         for d in self.drafts:
             d.start(slots, self.shape[1])
@@ -250,11 +259,13 @@ class TorchSlotBackend(TorchBackend):
             yield
             return
         saved = {name: getattr(self, name) for name in ROW_BUFFERS}
+        saved["free"] = self.free  # [2, R, B]: its rows are the last axis
         seqs, cache = self.seqs, self.cache
         drafts = [(d, d.cache, d.valid) for d in self.drafts if isinstance(d, (ModelDraft, FeatureDraft))]
         try:
-            for name, t in saved.items():
-                setattr(self, name, t[:k])
+            for name in ROW_BUFFERS:
+                setattr(self, name, saved[name][:k])
+            self.free = saved["free"][:, :, :k]
             self.seqs = Sequences(seqs.tokens[:k], seqs.length[:k], seqs.max_len_bound, seqs.step,
                                   None if seqs.features is None else seqs.features[:k])
             self.cache = CacheView(cache.k[:, :k], cache.v[:, :k])
@@ -278,7 +289,8 @@ class TorchSlotBackend(TorchBackend):
                 draft.catch_up(self.seqs, gamma)
             run = self.slot_run(lambda: draft.propose(self.seqs, gamma, sampling, self.seed, self.offset,
                                                       graphed=graphed), sampling)
-            out = self.graphs.replay(("slots", k, arm, gamma, sampling), run, self.state()) if graphed else run()
+            key = ("slots", k, arm, gamma, sampling, self.free_gamma)
+            out = self.graphs.replay(key, run, self.state()) if graphed else run()
             draft.mark_used(self.seqs)
             return self.slot_host(out, rows, gamma + 1)
 
@@ -288,7 +300,8 @@ class TorchSlotBackend(TorchBackend):
         k = self.bucket()
         with self.first_rows(k):
             run = self.slot_run(None, sampling)
-            out = self.graphs.replay(("slots-plain", k, sampling), run, self.state()) if self.graphed else run()
+            key = ("slots-plain", k, sampling, self.free_gamma)
+            out = self.graphs.replay(key, run, self.state()) if self.graphed else run()
             return self.slot_host(out, rows, 2)
 
     def slot_run(self, propose, sampling: SamplingConfig):
@@ -300,11 +313,12 @@ class TorchSlotBackend(TorchBackend):
             self.done.logical_or_(self.hold)
             self.length_before.copy_(self.seqs.length)
             if propose is None:
-                r = self.sample_next(sampling, self.seed, self.offset)
+                r, drafted = self.sample_next(sampling, self.seed, self.offset), 0
             else:
                 p = propose()
                 r = self.verify(self.score(p), p, sampling, self.seed, self.offset)
-            self.commit_device(r)
+                drafted = p.tokens.shape[1] if p.lengths is None else p.lengths
+            self.commit_device(r, drafted)
             self.done.copy_(torch.where(self.hold, self.done_before, self.done))
             self.offset.add_(self.active.to(torch.int64))
             count = self.seqs.length - self.length_before
@@ -322,7 +336,9 @@ class TorchSlotBackend(TorchBackend):
         for seqs in {id(s): s for s in (self.seqs, self.whole)}.values():
             seqs.max_len_bound = min(int(self.bound.max(initial=1)), self.shape[1])
             seqs.step += 1
-        return self.slot_mirror.start(num_accepted.to(torch.int32), self.active, self.done, self.bad, emitted)
+        free = [self.free] if self.free_gamma else []  # full-information counts (flashspec_torch.free)
+        return self.slot_mirror.start(num_accepted.to(torch.int32), self.active, self.done, self.bad, self.drafted,
+                                      *free, emitted)
 
     def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
         if not self.slot_mode:
@@ -336,9 +352,10 @@ class TorchSlotBackend(TorchBackend):
                     if d.capturable:
                         run = self.slot_run(lambda d=d: d.propose(self.seqs, gamma, sampling, self.seed, self.offset,
                                                                   graphed=True), sampling)
-                        captured += self.graphs.capture(("slots", k, arm, gamma, sampling), run, self.state())
-                captured += self.graphs.capture(("slots-plain", k, sampling), self.slot_run(None, sampling),
-                                                self.state())
+                        captured += self.graphs.capture(("slots", k, arm, gamma, sampling, self.free_gamma), run,
+                                                        self.state())
+                captured += self.graphs.capture(("slots-plain", k, sampling, self.free_gamma),
+                                                self.slot_run(None, sampling), self.state())
             if k == self.shape[0]:
                 return captured
             k = min(2 * k, self.shape[0])

@@ -58,7 +58,7 @@ from .backend import Backend, FreeScoring, StepHandle, StepView
 from .bandits import expected_accepted
 from .config import SamplingConfig
 from .faults import check_finite
-from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row
+from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_drafted
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
@@ -154,9 +154,14 @@ class AdaptivePolicy:
         """The estimate of seconds per step (NaN: never measured)."""
         return np.where(self.cost_weight > 0, np.exp(self.log_cost), np.nan)
 
-    def choose(self, rows: int) -> int:
-        """The arm index for the next step, given the active rows of the last finished step."""
-        b = self.bucket_of(rows)
+    def choose(self, rows: int, where: np.ndarray | None = None, size: int | None = None) -> int:
+        """The arm index for the next step, given the active rows of the last finished step; ``where``: the rows
+        (indices) the step will serve, whose own acceptance prices it (None: the last finished step's, as the
+        engine's loop); ``size``: the rows the step computes (its cost bucket; None: ``bucket_of``'s)."""
+        if where is not None and self.row_active is not None:
+            self.row_active = np.zeros_like(self.row_active)
+            self.row_active[where] = True
+        b = self.bucket_of(rows, size)
         untried = (self.cost_weight[b] == 0) & ~np.isin(np.arange(len(self.arms)), list(self.in_flight))
         hopeless = self.hopeless(rows, b)
         unmeasured = self.cost_weight[b] == 0
@@ -198,7 +203,7 @@ class AdaptivePolicy:
         measured arm whose work they include: plain decoding's, or a shorter length's of the same draft), on the
         posterior means: not explored (``choose`` measures the arms an arm includes before it)."""
         measured = self.cost_weight[b] > 0
-        if not measured.any():
+        if measured.all() or not measured.any():  # nothing measured to compare with, or nothing unmeasured
             return np.zeros(len(self.arms), bool)
         own = np.where(measured, self.log_cost[b], -np.inf)
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
@@ -237,15 +242,15 @@ class AdaptivePolicy:
         return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
-                where: np.ndarray | None = None) -> None:
+                where: np.ndarray | None = None, size: int | None = None) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
         ``drafted`` [rows]: the tokens each row proposed (None: the arm's length); ``where`` [rows]: those rows'
-        indices in the batch (None: no per-row statistics)."""
+        indices in the batch (None: no per-row statistics); ``size``: as ``choose``'s."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
         self.in_flight.discard(arm)
-        b = self.bucket_of(rows)
+        b = self.bucket_of(rows, size)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
         if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
@@ -264,11 +269,11 @@ class AdaptivePolicy:
             lengths = np.full(len(accepted), a.length) if drafted is None else np.asarray(drafted)
             self._add(a.draft, lengths, np.asarray(accepted), where)
 
-    def bucket_of(self, rows: int) -> int:
-        """The cost bucket of a step over ``rows`` active rows: the batch's own size once ``new_batch`` gave it
-        (a step computes every row of its batch, finished or not: its cost follows the batch, not the active
-        rows), else ``rows``'."""
-        return min(bucket(self.batch or rows), self.cost_weight.shape[0] - 1)
+    def bucket_of(self, rows: int, size: int | None = None) -> int:
+        """The cost bucket of a step over ``rows`` active rows: ``size``'s (the rows the step computes) where
+        given, else the batch's own size once ``new_batch`` gave it (a step computes every row of its batch,
+        finished or not: its cost follows the batch, not the active rows), else ``rows``'."""
+        return min(bucket(size or self.batch or rows), self.cost_weight.shape[0] - 1)
 
     def new_batch(self, rows: int | None = None) -> None:
         """A new batch (request) of ``rows`` rows starts: each draft's pooled acceptance evidence is weakened to at
@@ -281,6 +286,22 @@ class AdaptivePolicy:
             self.row_succ = np.zeros((len(self.succ), rows))
             self.row_fail = np.zeros((len(self.succ), rows))
             self.row_active = np.ones(rows, bool)
+
+    def open_rows(self, rows: int) -> None:
+        """Serving: ``rows`` slots, each with its own counts (zero), the cost bucket given per step (``size``)."""
+        self.batch = None
+        self.row_succ = np.zeros((len(self.succ), rows))
+        self.row_fail = np.zeros((len(self.succ), rows))
+        self.row_active = np.zeros(rows, bool)
+
+    def start_rows(self, where: Sequence[int]) -> None:
+        """New requests enter rows ``where``: their own counts restart at zero, so each starts from the request
+        prior (the pooled counts weakened to ``carry`` rejections' worth, ``counts``), never from the posterior
+        of the request that held the row before."""
+        if self.row_succ is None:
+            raise RuntimeError("start_rows before open_rows (or new_batch): the policy has no rows")
+        self.row_succ[:, list(where)] = 0.0
+        self.row_fail[:, list(where)] = 0.0
 
     def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         """Full information: draft ``draft`` scored without being run, ``scored`` [rows] tokens of the emitted
@@ -332,13 +353,13 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
 
 def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None, where: np.ndarray) -> None:
     """Full information: each draft but ``skip`` (the one the step ran) that the backend scored on this step
-    (``StepView.free_scored``) updates its posterior over the active rows it was scored on."""
+    (``StepView.free_scored``) updates its posterior over the rows ``where`` (indices of active rows)."""
     if view.free_scored is None:
         return
     for d in range(min(len(view.free_scored), len(policy.succ))):
-        scored = np.asarray(view.free_scored[d])[view.active].astype(np.int64)
+        scored = np.asarray(view.free_scored[d])[where].astype(np.int64)
         if d != skip and scored.any():
-            policy.observe_free(d, scored, np.asarray(view.free_accepted[d])[view.active].astype(np.int64), where)
+            policy.observe_free(d, scored, np.asarray(view.free_accepted[d])[where].astype(np.int64), where)
 
 
 def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, *,
@@ -354,7 +375,7 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
         total = int(accepted.sum())
         per_row = tuple(int(n) if act else -1 for n, act in zip(view.num_accepted, view.active))
         record = StepRecord(-1 if arm.plain else arm.draft, int(lengths.sum()), total, total + rows, rows, seconds,
-                            per_row)
+                            per_row, row_drafted(view, lengths))
         records.append(record)
         where = np.nonzero(view.active)[0]
         policy.observe(a, rows, accepted, seconds, drafted=lengths, where=where)

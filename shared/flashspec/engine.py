@@ -121,8 +121,8 @@ class EngineBase:
 
     def policy_for(self, gamma: int, seed: int):
         if self.policy_name == adaptive.NAME:
-            raise ValueError("policy='adaptive' runs in generate's loop only; the slot scheduler (serving) chooses "
-                             f"among drafts: make the engine with one of {sorted(POLICIES)}")
+            raise ValueError("policy='adaptive' is not a draft bandit: its policy is adaptive_policy (generate's "
+                             "adaptive loop, the slot scheduler)")
         if self.policy is None or self.policy_gamma != gamma:
             config = BanditConfig(objective=self.objective, gamma=gamma)
             self.policy = POLICIES[self.policy_name](len(self.backend.draft_names), config, rng=seed)
@@ -153,7 +153,7 @@ class EngineBase:
             "device": str(self.device),
             "wall_s": wall,
             "interrupted": interrupted,
-            **({} if single else {"per_request": per_request(records, [len(o) for o in outs], gamma)}),
+            **({} if single else {"per_request": per_request(records, [len(o) for o in outs])}),
             **self.result_extra(request),
         }
 

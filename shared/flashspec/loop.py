@@ -12,8 +12,8 @@ Step times (``StepTimer``): the loop launches step k + 1 before it reads step k,
 asynchronous device the read of step k returns when the device finishes step k, while on a
 synchronous one (the CPU) the launch does the work. A step's seconds are the time between the
 previous read's end and its own read's end, less the next step's launch (which fell in between),
-plus its own launch: the device time of step k when the device is the bottleneck, the host time
-of step k when the host is. (Timing the interval between two launches instead measures step k - 1
+plus its own launch (and at least its own launch): the device time of step k when the device is the
+bottleneck, the host time of step k when the host is. (Timing the interval between two launches instead measures step k - 1
 on an asynchronous device: the launch of step k + 1 follows the read of step k - 1.)
 """
 
@@ -53,33 +53,52 @@ class StepRecord:
     rows: int  # active rows
     seconds: float  # this step's own time (``StepTimer``)
     row_accepted: tuple[int, ...] | None = None  # per batch row: drafted tokens it accepted (-1: not active); None: unknown
+    row_drafted: tuple[int, ...] | None = None  # per batch row: tokens it proposed (0 on plain steps, -1: not active)
 
 
 class StepTimer:
-    """Seconds per step of a loop that launches step k + 1 and then reads step k (module docstring)."""
+    """Seconds per step of a loop that launches step k + 1 and then reads step k (module docstring).
+    ``clock``: seconds (None: ``time.perf_counter``; a test's simulated clock). Between a read that leaves no
+    step in flight and the next launch the clock stops (a server waiting for requests), and host work
+    between steps that is no step's (``outside``: a server's prefill) is taken out of the step it fell in."""
 
-    def __init__(self):
+    def __init__(self, clock=None):
+        self.clock = clock
         self.read_end: float | None = None  # when the last read returned (the first launch's end before any)
         self.launches: list[float] = []  # host seconds inside each launched step not yet read, oldest first
+        self.off = 0.0  # host seconds outside any step since the last read (``outside``)
 
     def launch(self, start):
         """Call ``start()`` (launch one step) and return its handle, timing the host's part."""
-        t0 = time.perf_counter()
+        t0 = self.now()
         handle = start()
-        t1 = time.perf_counter()
+        t1 = self.now()
         if self.read_end is None:  # the first step's own launch is added back at its read, so it starts the clock
-            self.read_end = t1
+            self.read_end, self.off = t1, 0.0
         self.launches.append(t1 - t0)
         return handle
+
+    def outside(self, work):
+        """Run ``work()`` (host work between steps that belongs to no step) and return its result; its
+        seconds are not charged to the step being timed."""
+        t0 = self.now()
+        try:
+            return work()
+        finally:
+            if self.read_end is not None:
+                self.off += self.now() - t0
+
+    def now(self) -> float:
+        return time.perf_counter() if self.clock is None else self.clock()
 
     def read(self, handle: StepHandle):
         """(``handle.fetch()``, the oldest unread step's seconds)."""
         view = handle.fetch()
-        t = time.perf_counter()
+        t = self.now()
         own = self.launches.pop(0)
-        seconds = t - self.read_end - sum(self.launches) + own
-        self.read_end = t
-        return view, max(seconds, 1e-9)
+        seconds = t - self.read_end - self.off - sum(self.launches) + own
+        self.read_end, self.off = (t if self.launches else None), 0.0
+        return view, max(seconds, own, 1e-9)
 
 
 class Policy:
@@ -138,13 +157,21 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
         accepted = int(view.num_accepted[view.active].sum())
         lengths = drafted_per_row(view, gamma)  # [rows]
         per_row = tuple(int(n) if a else -1 for n, a in zip(view.num_accepted, view.active))
-        record = StepRecord(arm, int(lengths.sum()), accepted, accepted + rows, rows, seconds, per_row)
+        record = StepRecord(arm, int(lengths.sum()), accepted, accepted + rows, rows, seconds, per_row,
+                            row_drafted(view, lengths))
         records.append(record)
         for n, g in zip(view.num_accepted[view.active], lengths):  # each row is one trial; it bears its share of the time
             policy.observe(arm, int(g), int(n), record.seconds / rows)
         if on_step:
             on_step(record)
     return bool(view.done.all())
+
+
+def row_drafted(view, lengths: np.ndarray) -> tuple[int, ...]:
+    """``StepRecord.row_drafted``: ``lengths`` [active rows] placed at the active rows, -1 elsewhere."""
+    out = np.full(len(view.active), -1, np.int64)
+    out[np.asarray(view.active, bool)] = lengths
+    return tuple(int(n) for n in out)
 
 
 def drafted_per_row(view, gamma: int) -> np.ndarray:  # [active rows] int64
@@ -195,7 +222,8 @@ def _observe_plain(records: list[StepRecord], handle: StepHandle, *, timer: Step
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
-        records.append(StepRecord(-1, 0, 0, rows, rows, seconds, tuple(0 if a else -1 for a in view.active)))
+        per_row = tuple(0 if a else -1 for a in view.active)
+        records.append(StepRecord(-1, 0, 0, rows, rows, seconds, per_row, per_row))
         if on_step:
             on_step(records[-1])
     return bool(view.done.all())

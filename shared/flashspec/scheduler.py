@@ -10,6 +10,18 @@ kernel is specialised on them): each step serves one group, chosen for the reque
 longest, and the other rows are held. Tokens reach each request through its ``on_event`` callback,
 called on the scheduler's thread.
 
+The draft choice: with an ``flashspec.adaptive.AdaptivePolicy`` (``flashspec serve``'s default,
+``--policy adaptive``) each launch chooses an arm for the rows it serves: plain decoding, or a draft at
+one of its lengths, priced by the cost measured for the bucket of the rows the step computes (the
+highest slot in use + 1: requests fill the lowest free slots) and by the acceptance of each request
+served (the policy's per-row counts, restarted at every admission, so a request starts from the
+request prior and never inherits the posterior of the request that held its slot before).
+Full-information scores (``StepView.free_scored``: drafts not run, scored for free by the torch
+backend) update the drafts not run. With a draft bandit (``fixed``, ``thompson-token``, ...) each
+step drafts ``gamma`` tokens with the bandit's draft, as before. A step's seconds are its own
+(``flashspec.loop.StepTimer``: the step's own time, not its predecessor's; the prefill work between
+steps is charged to no step).
+
 Chunked prefill: between two steps the scheduler computes at most ``prefill_chunk`` prompt tokens
 (K/V) in all, so a long prompt does not stall the running requests. A prompt's K/V are computed in
 pieces at fixed offsets (0, prefill_chunk, 2 prefill_chunk, ...), whatever else is waiting: its
@@ -29,8 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .adaptive import AdaptivePolicy, observe_free
 from .backend import SlotBackend, StepHandle
 from .config import SamplingConfig
+from .loop import StepTimer
 
 
 class QueueFull(RuntimeError):
@@ -89,8 +103,9 @@ class Ticket:
 class Observer:
     """What the scheduler reports as it goes (a metrics exporter overrides these; all no-ops)."""
 
-    def step(self, arm: int, accepted: Sequence[int], gamma: int, seconds: float, slots_used: int) -> None:
-        """A step was read: the draft arm (-1: plain decoding), accepted tokens per live row."""
+    def step(self, arm: int, accepted: Sequence[int], drafted: Sequence[int], seconds: float, slots_used: int) -> None:
+        """A step was read: the draft (-1: plain decoding), accepted and drafted tokens per live row (empty
+        on a plain step), the step's own seconds."""
 
     def first_token(self, ticket: Ticket) -> None: ...
 
@@ -101,19 +116,24 @@ class Observer:
 class Launched:
     handle: StepHandle
     owners: list[Ticket | None]  # the request in each slot when the step was launched
-    arm: int
-    start: float
+    arm: int  # the policy's arm (an AdaptivePolicy's arm index, a bandit's draft); -1: no policy (plain decoding)
+    draft: int | None  # the backend's draft index; None: plain decoding
+    length: int  # tokens drafted per row (0: plain decoding)
+    size: int  # the rows the step computes (the highest slot in use + 1): its cost bucket
 
 
 class Scheduler:
-    """``slots`` rows of ``context`` tokens each; ``gamma`` drafted tokens per step with the
-    ``policy``'s draft (``speculation=False``: plain decoding); at most ``max_queue`` waiting.
-    ``running`` is the context every backend call runs in (the scheduler thread enters it)."""
+    """``slots`` rows of ``context`` tokens each; ``policy``: an ``AdaptivePolicy`` (its arms: plain
+    decoding and drafts at their lengths) or a draft bandit (``gamma`` drafted tokens per step with
+    its draft); ``speculation=False``: plain decoding (``policy`` unused). At most ``max_queue``
+    waiting. ``running`` is the context every backend call runs in (the scheduler thread enters
+    it); ``clock``: the step timer's seconds (None: ``time.perf_counter``; a test's simulated clock)."""
 
     def __init__(self, backend: SlotBackend, policy, *, slots: int, context: int, gamma: int = 4,
                  speculation: bool = True, max_queue: int = 256, prefill_chunk: int = 512,
                  observer: Observer | None = None,
-                 running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+                 running: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 clock: Callable[[], float] | None = None):
         if not isinstance(backend, SlotBackend):
             raise TypeError(f"{type(backend).__name__} does not implement flashspec.backend.SlotBackend "
                             "(slots that requests enter and leave): it cannot serve")
@@ -121,7 +141,15 @@ class Scheduler:
                                  ("prefill_chunk", prefill_chunk, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+        if speculation and policy is None:
+            raise ValueError("speculation=True needs a policy (an AdaptivePolicy or a draft bandit); "
+                             "speculation=False serves plain decoding")
         self.backend, self.policy, self.gamma, self.speculation = backend, policy, gamma, speculation
+        self.adaptive = speculation and isinstance(policy, AdaptivePolicy)
+        if self.adaptive:
+            policy.open_rows(slots)
+            policy.in_flight.clear()
+        self.clock, self.timer = clock, StepTimer(clock)
         self.slots, self.context, self.max_queue, self.prefill_chunk = slots, context, max_queue, prefill_chunk
         self.observer, self.running = observer or Observer(), running
         self.owner: list[Ticket | None] = [None] * slots
@@ -226,13 +254,17 @@ class Scheduler:
         return bool(self.waiting) or bool(self.filling) or any(t is not None for t in self.owner)
 
     def iterate(self) -> None:
-        """One round: drop cancelled requests, admit waiting ones, launch a step, read the one before."""
-        self.drop_cancelled()
-        self.admit()
+        """One round: drop cancelled requests, admit waiting ones (host work charged to no step's time),
+        launch a step, read the one before."""
+        self.timer.outside(self.between)
         launched = self.launch() if any(t is not None and t.finish_reason is None for t in self.owner) else None
         if self.pending is not None:
-            self.observe(self.pending, end=launched.start if launched else time.perf_counter())
+            self.observe(self.pending)
         self.pending = launched
+
+    def between(self) -> None:
+        self.drop_cancelled()
+        self.admit()
 
     def drop_cancelled(self) -> None:
         with self.lock:
@@ -272,6 +304,8 @@ class Scheduler:
         subs = [t.submission for t in ready]
         self.backend.admit([t.slot for t in ready], [list(s.prompt) for s in subs], [s.max_tokens for s in subs],
                            [s.seed for s in subs], [t.prefilled for t in ready])
+        if self.adaptive:  # each new request starts from the request prior, not its slot's last posterior
+            self.policy.start_rows([t.slot for t in ready])
         now = time.perf_counter()
         for t in ready:
             self.filling.remove(t)
@@ -304,18 +338,29 @@ class Scheduler:
             if rows[t.slot]:
                 t.last_step = self.step_count
         self.step_count += 1
-        arm = self.policy.choose() if self.speculation else -1
-        start = time.perf_counter()
-        if arm >= 0:
-            handle = self.backend.step_slots(arm, self.gamma, sampling, rows)
+        size = 1 + max(i for i, t in enumerate(self.owner) if t is not None)
+        arm, draft, length = self.choose(rows, size)
+        if draft is None:
+            handle = self.timer.launch(lambda: self.backend.decode_slots(sampling, rows))
         else:
-            handle = self.backend.decode_slots(sampling, rows)
-        return Launched(handle, list(self.owner), arm, start)
+            handle = self.timer.launch(lambda: self.backend.step_slots(draft, length, sampling, rows))
+        return Launched(handle, list(self.owner), arm, draft, length, size)
 
-    def observe(self, launched: Launched, end: float) -> None:
-        view = launched.handle.fetch()
-        seconds = end - launched.start
-        accepted = []
+    def choose(self, rows: np.ndarray, size: int) -> tuple[int, int | None, int]:
+        """(the policy's arm, the draft to run (None: plain decoding), tokens drafted per row) for a step
+        over the rows set in ``rows`` [slots] bool, computing ``size`` rows."""
+        if not self.speculation:
+            return -1, None, 0
+        if self.adaptive:
+            a = self.policy.choose(int(rows.sum()), where=np.flatnonzero(rows), size=size)
+            arm = self.policy.arms[a]
+            return a, arm.draft, arm.length
+        d = self.policy.choose()
+        return d, d, self.gamma
+
+    def observe(self, launched: Launched) -> None:
+        view, seconds = self.timer.read(launched.handle)
+        served, accepted, drafted = [], [], []  # the rows of requests still running, and their figures
         names = self.backend.draft_names
         for slot, t in enumerate(launched.owners[: len(view.active)]):  # the step computed the first rows only
             if t is None or not view.active[slot] or t.finish_reason is not None:
@@ -323,21 +368,42 @@ class Scheduler:
             if view.bad is not None and view.bad[slot]:
                 self.finish(t, "error", "the model produced NaN or infinite logits; the request was stopped")
                 continue
-            n = int(view.num_accepted[slot])
             t.steps += 1
-            if launched.arm >= 0:
+            served.append(slot)
+            if launched.draft is not None:
+                n = int(view.num_accepted[slot])
+                g = launched.length if view.drafted is None else int(view.drafted[slot])
                 accepted.append(n)
-                t.drafted += self.gamma
+                drafted.append(g)
+                t.drafted += g
                 t.accepted += n
-                t.pulls[names[launched.arm]] = t.pulls.get(names[launched.arm], 0) + 1
+                t.pulls[names[launched.draft]] = t.pulls.get(names[launched.draft], 0) + 1
             new = [int(x) for x in view.emitted[slot] if x >= 0]
             self.emit(t, new)
             if view.done[slot] and t.finish_reason is None:
                 self.finish(t, "length" if len(t.tokens) >= t.submission.max_tokens else "stop")
-        rows = max(len(accepted), 1)
-        for n in accepted:  # each row is one trial; it bears its share of the time
-            self.policy.observe(launched.arm, self.gamma, n, seconds / rows)
-        self.observer.step(launched.arm, accepted, self.gamma, seconds, sum(t is not None for t in self.owner))
+        self.learn(launched, view, seconds, served, accepted, drafted)
+        self.observer.step(-1 if launched.draft is None else launched.draft, accepted, drafted, seconds,
+                           sum(t is not None for t in self.owner))
+
+    def learn(self, launched: Launched, view, seconds: float, served: list[int], accepted: list[int],
+              drafted: list[int]) -> None:
+        """Feed the policy a read step: the rows ``served`` (slots of requests still running), their
+        accepted and drafted tokens (speculative steps), the step's own ``seconds``."""
+        if not self.speculation:
+            return
+        if not self.adaptive:
+            for n, g in zip(accepted, drafted):  # each row is one trial; it bears its share of the time
+                self.policy.observe(launched.draft, g, n, seconds / max(len(accepted), 1))
+            return
+        if not served:
+            self.policy.in_flight.discard(launched.arm)
+            return
+        where = np.array(served)
+        n = np.array(accepted if accepted else [0] * len(served), np.int64)
+        g = np.array(drafted, np.int64) if drafted else None
+        self.policy.observe(launched.arm, len(served), n, seconds, drafted=g, where=where, size=launched.size)
+        observe_free(self.policy, view, skip=launched.draft, where=where)
 
     def emit(self, t: Ticket, new: list[int]) -> None:
         if not new:
@@ -361,6 +427,9 @@ class Scheduler:
         """After a failed step: every request ends with the error; the slots are freed (the
         backend's rows too, unless that fails as well: then the slots are reopened)."""
         self.pending = None
+        self.timer = StepTimer(self.clock)
+        if self.adaptive:
+            self.policy.in_flight.clear()
         with self.lock:
             waiting, self.waiting = list(self.waiting), deque()
         waiting, self.filling = [*waiting, *self.filling], []

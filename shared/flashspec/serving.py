@@ -19,6 +19,7 @@ import queue
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from . import adaptive
 from .config import SamplingConfig
 from .scheduler import Scheduler, Submission, Ticket
 
@@ -176,7 +177,10 @@ class Stream:
 class Service:
     """An engine serving requests with continuous batching (``max_batch`` slots of ``context``
     tokens, at most ``max_queue`` waiting, at most ``prefill_chunk`` prompt tokens prefilled between
-    two steps). Start it with ``with`` (or ``start()`` / ``close()``)."""
+    two steps). The engine's policy chooses the drafts: ``adaptive`` (the engine's
+    ``adaptive_policy``: plain decoding and every draft at ``gamma`` and ``gamma // 2``, chosen per
+    step for the requests it serves, with full-information scoring where the backend offers it) or
+    a draft bandit at ``gamma``. Start it with ``with`` (or ``start()`` / ``close()``)."""
 
     def __init__(self, engine, *, max_batch: int = 16, max_queue: int = 256, context: int | None = None,
                  gamma: int = 4, speculation: bool = True, prefill_chunk: int = 512, observer=None):
@@ -185,7 +189,13 @@ class Service:
         limit = getattr(getattr(backend, "target", None), "config", None) or getattr(backend, "config", None)
         limit = limit.max_position_embeddings if limit is not None else 2048
         self.context = min(limit, 2048) if context is None else context
-        policy = engine.policy_for(gamma, 0) if speculation else None
+        policy = None
+        if speculation and engine.policy_name == adaptive.NAME:
+            policy = engine.adaptive_policy(gamma, 0)
+            with engine.running():
+                adaptive.use_free_scoring(backend, policy)  # before prepare: the steps made ready score
+        elif speculation:
+            policy = engine.policy_for(gamma, 0)
         self.scheduler = Scheduler(backend, policy, slots=max_batch, context=self.context, gamma=gamma,
                                    speculation=speculation, max_queue=max_queue, prefill_chunk=prefill_chunk,
                                    observer=observer,
@@ -199,10 +209,14 @@ class Service:
         capture or a compile; call before ``start``. Returns the step kinds made ready."""
         if self.scheduler.thread is not None:
             raise RuntimeError("prepare before start: the scheduler's thread owns the backend once started")
-        gamma = self.scheduler.gamma if self.scheduler.speculation else None
-        self.scheduler.warm_prefill()
+        scheduler = self.scheduler
+        lengths = [None]  # plain decoding only
+        if scheduler.speculation:  # every length an arm can draft (adaptive: G and G // 2)
+            lengths = adaptive.engine_lengths(scheduler.gamma) if scheduler.adaptive else [scheduler.gamma]
+        scheduler.warm_prefill()
         with self.engine.running():
-            return sum(self.scheduler.backend.prepare(gamma, SamplingConfig(t, top_k, top_p)) for t in temperatures)
+            return sum(scheduler.backend.prepare(g, SamplingConfig(t, top_k, top_p))
+                       for t in temperatures for g in lengths)
 
     def start(self) -> Service:
         self.scheduler.start()

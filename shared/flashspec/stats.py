@@ -39,16 +39,18 @@ def summarize(records: Sequence[StepRecord], draft_names: Sequence[str], wall_se
     }
 
 
-def per_request(records: Sequence[StepRecord], new_tokens: Sequence[int], gamma: int) -> list[dict]:
-    """Each batch row's own statistics: new_tokens, steps it took part in, drafted, accepted and
-    acceptance (None where nothing was drafted, or where the records do not say per row)."""
+def per_request(records: Sequence[StepRecord], new_tokens: Sequence[int]) -> list[dict]:
+    """Each batch row's own statistics: new_tokens, steps it took part in, drafted (the tokens the row itself
+    proposed: ``StepRecord.row_drafted``), accepted and acceptance (None where nothing was drafted, or where
+    the records do not say per row)."""
+    known = all(r.row_accepted is not None for r in records)
+    drafts_known = all(r.row_drafted is not None for r in records)
     rows = []
     for i, n in enumerate(new_tokens):
         mine = [r.row_accepted[i] for r in records if r.row_accepted is not None and r.row_accepted[i] >= 0]
-        known = all(r.row_accepted is not None for r in records)
-        drafted = sum(r.drafted // max(r.rows, 1) for r in records  # the step's length (adaptive steps vary it)
-                      if r.arm >= 0 and r.row_accepted is not None and r.row_accepted[i] >= 0)
+        drafted = sum(r.row_drafted[i] for r in records if r.row_drafted is not None and r.row_drafted[i] > 0)
         accepted = sum(mine) if known else None
-        rows.append({"new_tokens": n, "steps": len(mine) if known else None, "drafted": drafted if known else None,
+        drafted = drafted if drafts_known else None
+        rows.append({"new_tokens": n, "steps": len(mine) if known else None, "drafted": drafted,
                      "accepted": accepted, "acceptance": accepted / drafted if known and drafted else None})
     return rows

@@ -47,12 +47,14 @@ def test_no_drafted_token_gives_null_not_nan():
 
 
 def test_per_request_statistics_beside_the_totals():
-    records = [StepRecord(0, 8, 5, 7, 2, 0.1, (4, 1)), StepRecord(0, 4, 2, 3, 1, 0.1, (-1, 2))]
-    rows = per_request(records, [5, 5], gamma=4)
-    assert rows[0] == {"new_tokens": 5, "steps": 1, "drafted": 4, "accepted": 4, "acceptance": 1.0}
-    assert rows[1] == {"new_tokens": 5, "steps": 2, "drafted": 8, "accepted": 3, "acceptance": 3 / 8}
-    assert summarize(records, ["ngram"], 1.0, 10)["acceptance"] == 7 / 12  # the pooled total
-    unknown = per_request([StepRecord(0, 4, 2, 3, 1, 0.1)], [3], gamma=4)  # a loop without per-row records
+    # row 0 stopped drafting after 1 token in the first step (a dynamic length) while row 1 drafted 4
+    records = [StepRecord(0, 5, 2, 4, 2, 0.1, (1, 1), (1, 4)), StepRecord(0, 4, 2, 3, 1, 0.1, (-1, 2), (-1, 4)),
+               StepRecord(-1, 0, 0, 2, 2, 0.1, (0, 0), (0, 0))]
+    rows = per_request(records, [5, 5])
+    assert rows[0] == {"new_tokens": 5, "steps": 2, "drafted": 1, "accepted": 1, "acceptance": 1.0}
+    assert rows[1] == {"new_tokens": 5, "steps": 3, "drafted": 8, "accepted": 3, "acceptance": 3 / 8}
+    assert summarize(records, ["ngram"], 1.0, 10)["acceptance"] == 4 / 9  # the pooled total
+    unknown = per_request([StepRecord(0, 4, 2, 3, 1, 0.1)], [3])  # a loop without per-row records
     assert unknown[0]["acceptance"] is None and unknown[0]["new_tokens"] == 3
 
 

@@ -111,3 +111,20 @@ def test_the_http_app_serves_with_the_jax_backend(engine):
     service = Service(engine, max_batch=2, context=64, gamma=3, observer=metrics)  # opens the slots
     with TestClient(create_app(service, metrics, drain_timeout=1)) as client:
         assert complete_and_stream(client) == CharTokenizer().decode(alone)
+
+
+def test_adaptive_serving_greedy_equals_plain_decoding_alone(tiny):
+    """The server's default policy on the JAX backend: the arms are chosen per step without
+    full-information scores (the JAX slot steps score nothing), and greedy tokens are plain decoding's."""
+    from flashspec.backend import FreeScoring
+    from flashspec_jax.engine import Engine
+
+    eng = Engine(tiny, ("ngram",), policy="adaptive", device="cpu")
+    prompts = ["abcabcab", "hello world"]
+    want = [eng.generate(p, speculation=False, temperature=0.0, max_new_tokens=8, chat=False)["tokens"] for p in prompts]
+    svc = Service(eng, max_batch=1, context=64, gamma=4)  # one slot: one bucket's steps to compile
+    assert svc.scheduler.adaptive and not isinstance(eng.backend, FreeScoring)
+    with svc:
+        streams = serve_together(svc, [(p, i, {"temperature": 0.0}, 8) for i, p in enumerate(prompts)])
+    assert [st.token_ids for st in streams] == want
+    assert sum(sum(st.stats["arm_pulls"].values()) for st in streams) > 0  # each arm is measured once at least

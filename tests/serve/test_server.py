@@ -169,7 +169,7 @@ def test_metrics_and_models(server, model):
     text = httpx.get(server[0] + "/metrics", timeout=10).text
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:spec_decode_num_drafts_total",
                  "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
-                 "flashspec:draft_pulls_total", "flashspec:step_latency_seconds_bucket",
+                 "flashspec:draft_pulls_total", "flashspec:plain_steps_total", "flashspec:step_latency_seconds_bucket",
                  "vllm:time_to_first_token_seconds_bucket", "flashspec:slots_in_use"):
         assert name in text, name
     assert metric(server[0], "vllm:spec_decode_num_draft_tokens_total") > 0

@@ -7,7 +7,7 @@ import sys
 
 
 def add_serve(sub, positive_int) -> None:
-    from ..bandits import POLICIES
+    from ..adaptive import NAME, engine_policies
 
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server with continuous batching",
                        description="Serve the embedded SmolLM2-135M-Instruct (or --target) over HTTP: /v1/completions, "
@@ -17,9 +17,12 @@ def add_serve(sub, positive_int) -> None:
     p.add_argument("--draft", action="append", metavar="DRAFT",
                    help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR] | PATH; repeat for several "
                         "(default ngram)")
-    p.add_argument("--policy", choices=sorted(POLICIES), default="thompson-token",
-                   help="draft selection (fixed: a request's tokens do not depend on the other requests)")
-    p.add_argument("--gamma", type=positive_int, default=4)
+    p.add_argument("--policy", choices=engine_policies(), default=NAME,
+                   help="draft selection (default %(default)s: each step chooses plain decoding or a draft at G or "
+                        "G // 2 for the requests it serves, from each request's own acceptance and the step times "
+                        "measured at the current batch size; a bandit name: every step drafts G tokens with the "
+                        "bandit's draft; fixed: a request's tokens do not depend on the other requests)")
+    p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step (adaptive: G and G // 2)")
     p.add_argument("--no-speculation", action="store_true", help="plain autoregressive decoding")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

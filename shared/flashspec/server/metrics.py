@@ -28,6 +28,8 @@ class Metrics(Observer):
         self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted drafted tokens by position",
                                m + ["position"], registry=r)
         self.pulls = Counter("flashspec:draft_pulls", "Steps run with each draft", m + ["draft"], registry=r)
+        self.plain_steps = Counter("flashspec:plain_steps", "Steps run as plain decoding (no draft)", m,
+                                   registry=r).labels(model)
         self.arm_drafted = Counter("flashspec:draft_drafted_tokens", "Tokens drafted by each draft", m + ["draft"],
                                    registry=r)
         self.arm_accepted = Counter("flashspec:draft_accepted_tokens", "Tokens of each draft accepted", m + ["draft"],
@@ -44,21 +46,23 @@ class Metrics(Observer):
         self.success = Counter("vllm:request_success", "Finished requests by reason", m + ["finished_reason"],
                                registry=r)
 
-    def step(self, arm, accepted, gamma, seconds, slots_used) -> None:
+    def step(self, arm, accepted, drafted, seconds, slots_used) -> None:
         self.step_latency.observe(seconds)
         self.slots_used.set(slots_used)
+        if arm < 0:
+            self.plain_steps.inc()
         if arm < 0 or not accepted:
             return
-        name, rows, total = self.names[arm], len(accepted), sum(accepted)
+        name, rows, total, proposed = self.names[arm], len(accepted), sum(accepted), sum(drafted)
         self.drafts.inc(rows)
-        self.draft_tokens.inc(rows * gamma)
+        self.draft_tokens.inc(proposed)
         self.accepted.inc(total)
-        for pos in range(gamma):
+        for pos in range(max(drafted)):
             hits = sum(n > pos for n in accepted)
             if hits:
                 self.per_pos.labels(self.model, str(pos)).inc(hits)
         self.pulls.labels(self.model, name).inc()
-        self.arm_drafted.labels(self.model, name).inc(rows * gamma)
+        self.arm_drafted.labels(self.model, name).inc(proposed)
         self.arm_accepted.labels(self.model, name).inc(total)
 
     def first_token(self, ticket: Ticket) -> None:
