@@ -24,11 +24,7 @@ skipped; one that fails is recorded with its error and the others go on):
 5. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed,
    and ``jax_batches``: the JAX engine the same way (plain decoding and n-gram speculation with the
    host loop, as torch's; the while loop is compared with it at batch 1);
-6. ``gemv_paths`` (``--gemv-shapes``): the block's four products for one row over all layers, XLA's
-   against the Pallas products (``jax_parts.gemv_paths``; not the model's default); then
-   ``jax_pallas_products``: plain decoding at batch 1 with the Pallas products in the model
-   (``gemv_impl="pallas"``, the norms and SwiGLU fused in; the default attention) and its bytes;
-7. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
+6. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
    (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token.
 
 With torch, JAX takes the torch model's random weights (``jax_model``: each tensor handed over by
@@ -194,7 +190,7 @@ def jax_backend(m):
 
 
 def choices(m) -> dict:
-    return dict(layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice(), gemv=m.gemv_choice())
+    return dict(layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice())
 
 
 def decode_bytes(backend, prompt_len: int, tokens: int) -> dict:
@@ -216,13 +212,13 @@ def jax_b1(m, args, device_loop: bool = True) -> dict:
     return out
 
 
-def with_choice(m, field: str, impl: str, fn):
-    """fn() with the model's ``field`` ("attention_impl" or "gemv_impl") set to ``impl``, then back to None (the default)."""
-    setattr(m, field, impl)
+def with_attention(m, impl: str, fn):
+    """fn() with the model's ``attention_impl`` set to ``impl``, then back to None (the default)."""
+    m.attention_impl = impl
     try:
         return fn()
     finally:
-        setattr(m, field, None)
+        m.attention_impl = None
 
 
 def jax_batches(m, args, batches: list[int], deadline: float) -> dict:
@@ -277,18 +273,15 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
                jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))
     other = "xla" if m.attention_choice() != "xla" else "fused"
     parts = [("jax", lambda: jax_b1(m, args)),
-             ("jax_other_attention", lambda: with_choice(m, "attention_impl", other, lambda: jax_b1(m, args, device_loop=False))),
+             ("jax_other_attention", lambda: with_attention(m, other, lambda: jax_b1(m, args, device_loop=False))),
              ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, deadline)),
              ("torch_batches", lambda: {f"batch_{b}": guarded(lambda b=b: side.batch(b), deadline) for b in batches}),
              ("jax_batches", lambda: jax_batches(m, args, batches, deadline)),
-             ("gemv_paths", lambda: jax_parts.gemv_paths(dims, 1, args.reps, dtype)),
-             ("jax_pallas_products", lambda: with_choice(m, "gemv_impl", "pallas", lambda: jax_b1(m, args, device_loop=False))),
              ("row_invariant", lambda: row_invariant(m, args))]
     if name != "llama3-8b":  # the attention choice is the question at 8B; elsewhere the issue's table first
         parts.append(parts.pop(next(i for i, (p, _) in enumerate(parts) if p == "attention_paths")))
     for part, fn in parts:
-        if (part == "attention_paths" and name not in args.attention_shapes) or (part == "gemv_paths" and name not in
-                                                                                 args.gemv_shapes):
+        if part == "attention_paths" and name not in args.attention_shapes:
             continue
         if part == "torch_batches":
             if args.torch:
@@ -320,14 +313,12 @@ def summarize(row: dict, bw: float, batches: list[int]) -> dict:
              jax_wall_ms=get(j, "plain", "ms_per_step_wall"), jax_choices=get(j, "choices", default={}),
              jax_other_attention=get(o, "choices", "attention", default=None), jax_other_step_ms=get(o, "plain", "step_ms"),
              while_over_host_step=get(j, "while_over_host_step"),
-             jax_pallas_products_step_ms=get(row, "jax_pallas_products", "plain", "step_ms"),
              jax_bytes_accessed=get(j, "bytes_per_step", "cost_analysis", "bytes accessed"),
              jax_other_bytes_accessed=get(o, "bytes_per_step", "cost_analysis", "bytes accessed"))
     s["jax_over_torch_step"] = s["jax_step_ms"] / s["torch_step_ms"]
     s["jax_over_torch_wall"] = s["jax_wall_ms"] / s["torch_wall_ms"]
     s["jax_over_floor"] = s["jax_step_ms"] / s["weights_floor_ms"]
     s["other_attention_over_default"] = s["jax_other_step_ms"] / s["jax_step_ms"]
-    s["pallas_products_over_default"] = s["jax_pallas_products_step_ms"] / s["jax_step_ms"]
     for b in batches:
         for side, part in (("torch", t.get("batches", {})), ("jax", row.get("jax_batches", {}))):
             r = get(part, f"batch_{b}", default={})
@@ -369,12 +360,9 @@ def checks_of(rows: list[dict]) -> tuple[dict, dict]:
             for impl in jax_parts.ATTENTIONS[1:]:
                 if f"{impl}_rel_max_diff" in a:
                     checks[f"{n}_attention_{impl}_close_to_xla_ctx{ctx}"] = a[f"{impl}_rel_max_diff"] < 0.05
-        if "rel_max_diff" in r.get("gemv_paths", {}):
-            checks[f"{n}_gemv_pallas_close_to_xla"] = r["gemv_paths"]["rel_max_diff"] < 0.05
         parts = {**{f"torch_{k}": v for k, v in torch_runs.items()}, "torch_batches": r.get("torch", {}).get("batches"),
                  **{f"jax_{k}": v for k, v in r.get("jax_batches", {}).items()},
-                 **{k: r[k] for k in ("jax", "jax_other_attention", "attention_paths", "gemv_paths", "jax_pallas_products",
-                                 "row_invariant") if k in r}}
+                 **{k: r[k] for k in ("jax", "jax_other_attention", "attention_paths", "row_invariant") if k in r}}
         for part, v in parts.items():
             if isinstance(v, dict) and ("error" in v or "skipped" in v):
                 info[f"{n}_{part}"] = v.get("error") or v.get("skipped")
@@ -384,13 +372,12 @@ def checks_of(rows: list[dict]) -> tuple[dict, dict]:
 def table(rows: list[dict], batches: list[int]) -> str:
     f = lambda x, p=3: "-" if x != x else f"{x:.{p}f}"  # noqa: E731
     lines = ["shape | floor ms | torch step ms | JAX step ms (attention) | JAX/torch (step, wall) | JAX/floor | other attention "
-             "step ms | Pallas products step ms | JAX GB/step default, other | while/host"]
+             "step ms | JAX GB/step default, other | while/host"]
     for r in rows:
         s = r["summary"]
         lines.append(f"{r['shape']} | {f(s['weights_floor_ms'])} | {f(s['torch_step_ms'])} | {f(s['jax_step_ms'])} "
                      f"({s['jax_choices'].get('attention', '-')}) | {f(s['jax_over_torch_step'], 2)}, {f(s['jax_over_torch_wall'], 2)} | "
                      f"{f(s['jax_over_floor'], 2)} | {f(s['jax_other_step_ms'])} ({s['jax_other_attention']}) | "
-                     f"{f(s['jax_pallas_products_step_ms'])} | "
                      f"{f(s['jax_bytes_accessed'] / 1e9)}, {f(s['jax_other_bytes_accessed'] / 1e9)} | {f(s['while_over_host_step'], 3)}")
     lines.append("shape | batch | torch plain / n-gram tok/s (acceptance) | JAX plain / n-gram tok/s (acceptance)")
     for r in rows:
@@ -405,10 +392,6 @@ def table(rows: list[dict], batches: list[int]) -> str:
             lines.append(f"{r['shape']} attention alone, context {ctx} (ms per token over all layers): xla "
                          f"{f(a.get('xla_ms', float('nan')))}, fused ({a.get('splits', '-')} splits) {f(a.get('fused_ms', float('nan')))}, "
                          f"fused in {a.get('alt_splits', '-')} splits {f(a.get('fused_alt_ms', float('nan')))}")
-        g = r.get("gemv_paths", {})
-        if "xla_ms" in g:
-            lines.append(f"{r['shape']} products alone: xla {f(g['xla_ms'])} ms ({f(g['xla_gb_per_s'], 0)} GB/s), pallas "
-                         f"{f(g['pallas_ms'])} ms ({f(g['pallas_gb_per_s'], 0)} GB/s)")
     return "\n".join(lines)
 
 
@@ -433,7 +416,6 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=20, help="timed calls of the parts timed alone (median)")
     ap.add_argument("--contexts", default="256,2048,8192", help="attention_paths' context lengths")
     ap.add_argument("--attention-shapes", default="smollm2-135m,llama3-8b")
-    ap.add_argument("--gemv-shapes", default="llama3-8b")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start past their shape's share are skipped")
     ap.add_argument("--no-torch", dest="torch", action="store_false")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
@@ -443,13 +425,12 @@ def parse_args(argv):
         args.shapes, args.tokens, args.batch_tokens, args.prompt_len = "tiny", 8, 6, 12
         args.batches = "2" if args.batches == "8,64" else args.batches
         args.contexts, args.reps, args.torch = "1000", 2, False  # 1064 slots: the kernel in 2 splits
-        args.attention_shapes, args.gemv_shapes = (x.replace("smollm2-135m,", "").replace("llama3-8b", "tiny")
-                                                   for x in (args.attention_shapes, args.gemv_shapes))
+        args.attention_shapes = args.attention_shapes.replace("smollm2-135m,", "").replace("llama3-8b", "tiny")
     unknown = set(args.shapes.split(",")) - set(SHAPES) - ({"tiny"} if args.dry_run else set())
     if unknown:
         ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {sorted(SHAPES)}")
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
-    args.attention_shapes, args.gemv_shapes = set(args.attention_shapes.split(",")), set(args.gemv_shapes.split(","))
+    args.attention_shapes = set(args.attention_shapes.split(","))
     return args
 
 
