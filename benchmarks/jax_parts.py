@@ -1,4 +1,4 @@
-"""Two parts of the JAX decode step timed alone at a model's shapes, each against its XLA path
+"""A part of the JAX decode step timed alone at a model's shapes, each against its XLA path
 (used by ``jax_vs_torch_gpu.py``; no ``main``).
 
 * ``attention_paths``: the attention of one decode token over all L layers (one jit, a Python loop
@@ -8,11 +8,8 @@
   "fused_alt" (the kernel with ``alt_splits``: 1 where ``choose_splits`` splits, else 4), per context length; the cache
   holds context + 64 slots and the token sits at the context's position, the end of a generation of
   that length. The outputs are compared with the einsum's.
-* ``gemv_paths``: the block's four products of one token over L layers (norms, the residual add
-  and SiLU * up included, no attention), XLA's ``linear`` against ``kernels.gemv.project``; the
-  layer weights cycle over ``stack`` distinct layers so that they do not stay in L2.
 
-Both time with ``jax_profile_gpu.median_ms``: the median of ``reps`` calls after 3 warm-ups.
+It times with ``jax_profile_gpu.median_ms``: the median of ``reps`` calls after 3 warm-ups.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ import numpy as np
 
 from flashspec_jax import model as model_lib
 from flashspec_jax.kernels import attention as kernel_attention
-from flashspec_jax.kernels import gemv as kernel_gemv
 from flashspec_jax.model import KVCache, Layers, LlamaConfig
 from flashspec_jax.verify import on_gpu
 
@@ -100,54 +96,3 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
             row[f"{impl}_over_xla"] = row[f"{impl}_ms"] / row["xla_ms"]
         out["contexts"][ctx] = row
     return out
-
-
-def block_products(c: LlamaConfig, impl: str, layers: int, stack: int):
-    """fn(x [M, C], weights) -> x after ``layers`` blocks' products (attention left out: its output is
-    the qkv's first H D columns), layer i reading the stack's layer i % stack."""
-    eps = c.rms_norm_eps
-
-    def xla(x, w, i):
-        qkv = model_lib.linear(model_lib.rms_norm(x, w.attn_norm[i], eps), w.qkv[i])
-        h = x + model_lib.linear(qkv[:, : c.num_heads * c.head_dim], w.o[i])
-        gate, up = jnp.split(model_lib.linear(model_lib.rms_norm(h, w.mlp_norm[i], eps), w.gate_up[i]), 2, axis=-1)
-        return h + model_lib.linear(jax.nn.silu(gate) * up, w.down[i])
-
-    def pallas(x, w, i):
-        run = lambda *a, **k: kernel_gemv.project(*a, layer=i, eps=eps, interpret=not on_gpu(), **k)  # noqa: E731
-        qkv = run(x, w.qkv, prologue="norm", norm=w.attn_norm)
-        o = run(qkv[:, : c.num_heads * c.head_dim], w.o)
-        gate_up, h = run(o, w.gate_up, prologue="norm", norm=w.mlp_norm, residual=x)
-        return h + run(gate_up, w.down, prologue="swiglu")
-
-    one = {"xla": xla, "pallas": pallas}[impl]
-
-    def step(x, w):
-        for i in range(layers):
-            x = one(x, w, i % stack)
-        return x
-
-    return jax.jit(step)
-
-
-def gemv_paths(dims: dict, rows: int, reps: int, dtype, stack: int = 4) -> dict:
-    """ms of the products of all L layers for ``rows`` rows, XLA's and the Pallas products, and their agreement."""
-    c = LlamaConfig(**dims, max_position_embeddings=256)
-    shapes = model_lib.layer_shapes(c)
-    keys = jax.random.split(jax.random.key(3), len(shapes))
-    w = Layers(**{n: (jnp.ones((stack, *s), dtype) if "norm" in n else
-                      0.02 * jax.random.normal(k, (stack, *s), dtype)) for (n, s), k in zip(shapes.items(), keys)})
-    x = jax.random.normal(jax.random.key(4), (rows, c.hidden_size), dtype)
-    row, outs = dict(rows=rows, layers=c.num_layers, distinct_layers=stack,
-                     weight_bytes_per_step=c.num_layers * sum(a[0].size * a.dtype.itemsize for a in w if a is not None and a.ndim == 3)), {}
-    for impl in ("xla", "pallas"):
-        step = block_products(c, impl, c.num_layers, stack)
-        t0 = time.perf_counter()
-        outs[impl] = np.asarray(step(x, w), np.float32)
-        row[f"{impl}_compile_and_first_s"] = time.perf_counter() - t0
-        row[f"{impl}_ms"], _ = median_ms(lambda _x: step(x, w), x, reps)
-        row[f"{impl}_gb_per_s"] = row["weight_bytes_per_step"] / row[f"{impl}_ms"] / 1e6
-    ref = outs["xla"]
-    row["rel_max_diff"] = float(np.abs(outs["pallas"] - ref).max() / max(1e-30, np.abs(ref).max()))
-    row["pallas_over_xla"] = row["pallas_ms"] / row["xla_ms"]
-    return row

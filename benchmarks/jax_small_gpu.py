@@ -8,8 +8,6 @@ model (``LOOP:ATTENTION``: the layer loop, ``flashspec_jax.model.Llama.scan_laye
 model's choice at the shape, ``other``: the opposite), and the
 attention, ``Llama.attention_impl``: ``xla`` the einsum over every cache slot, ``pallas`` the
 decode-attention kernel, ``fused`` one kernel for RoPE, the cache write and the attention; and
-optionally the products, ``Llama.gemv_impl``: ``xla`` (the default) or ``pallas``, the norm /
-residual / SwiGLU fused into the Pallas products, ``flashspec_jax.model.block_gemv``; and
 optionally the attention kernels' cache slots per loop step, ``kernels.attention.BLOCK_S``, 64 unless given):
 
 * plain decoding's ms per token through the engine's loop (``flashspec.loop.decode`` over
@@ -53,8 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SMALL = "smollm2-135m,tinyllama-1.1b"  # engine_gpu.SHAPES' names (imported in main: that module imports torch)
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=6, num_kv_heads=2,
             head_dim=16)
-VARIANTS = ("default:fused,default:fused:pallas,default:fused:xla:128,other:fused:pallas,default:fused:pallas:128,"
-            "default:xla")
+VARIANTS = "default:fused,default:fused:128,other:fused,default:xla"
 ATTENTIONS = ("xla", "pallas", "fused")  # flashspec_jax.model.ATTENTION_IMPLS
 LOOPS = ("default", "other", "scan", "unrolled")  # default: the model's choice for the shape (Llama.uses_scan); other: the opposite
 HOST_NOISE = ("end: ", "$")  # CPU trace: thunk end markers and Python frames are not kernels
@@ -151,17 +148,17 @@ def resolve(m, variants: list[str]) -> list[str]:
 
 
 def parse_variant(v: str) -> list[str]:
-    """LOOP:ATTENTION[:GEMV[:BLOCK_S]] -> [LOOP, ATTENTION, GEMV, BLOCK_S] (GEMV xla, BLOCK_S 64 unless given; [] if malformed)."""
+    """LOOP:ATTENTION[:BLOCK_S] -> [LOOP, ATTENTION, BLOCK_S] (BLOCK_S 64 unless given; [] if malformed)."""
     parts = v.split(":")
-    return parts + ["", "", "xla", "64"][len(parts):] if 2 <= len(parts) <= 4 else []
+    return parts + ["", "", "64"][len(parts):] if 2 <= len(parts) <= 3 else []
 
 
 def variant_model(m, variant: str):
     """A variant onto the model (BLOCK_S: the attention kernels' slots per step, a module default)."""
     from flashspec_jax.kernels import attention
 
-    loop, attn, gemv, block = parse_variant(variant)
-    m.scan_layers, m.attention_impl, m.gemv_impl = loop == "scan", attn, gemv
+    loop, attn, block = parse_variant(variant)
+    m.scan_layers, m.attention_impl = loop == "scan", attn
     attention.BLOCK_S = int(block)
     return m
 
@@ -176,8 +173,7 @@ def jax_variant(m, variant: str, prompts, tokens: int, trace_steps: int) -> dict
     from flashspec_jax.drafts import LookupDraft
 
     variant_model(m, variant)
-    row = dict(variant=variant, layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice(),
-               gemv=m.gemv_choice())
+    row = dict(variant=variant, layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice())
     backend = JaxBackend(m, eos_ids=[])
     backend.set_drafts([LookupDraft()])
     greedy, seed = SamplingConfig(0.0), np.zeros(len(prompts), np.uint64)
@@ -206,7 +202,7 @@ def jax_variant(m, variant: str, prompts, tokens: int, trace_steps: int) -> dict
     return row
 
 
-def logits_check(m, prompts, variants=("scan:xla", "scan:fused:pallas")) -> dict:
+def logits_check(m, prompts, variants=("scan:xla", "scan:fused")) -> dict:
     """Each variant's logits against the first's on one 1-position and one 5-position forward from the
     same prefilled cache (the scan: one compiled layer): max |difference| / max |logit| and whether
     each position's argmax agrees. bf16 rounding differs between the implementations; a wrong kernel
@@ -319,7 +315,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=SMALL)
-    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION[:GEMV[:BLOCK_S]], LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas/fused, GEMV in xla/pallas, BLOCK_S (the attention kernels' slots per step, kernels.attention.BLOCK_S) 16/32/64/128")
+    ap.add_argument("--variants", default=VARIANTS, help="LOOP:ATTENTION[:BLOCK_S], LOOP in default/other/scan/unrolled, ATTENTION in xla/pallas/fused, BLOCK_S (the attention kernels' slots per step, kernels.attention.BLOCK_S) 16/32/64/128")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--trace-steps", type=int, default=10)
@@ -331,10 +327,10 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     variants = args.variants.split(",")
     for v in variants:
-        loop, attn, gemv, block = parse_variant(v) or ("", "", "", "")
-        if loop not in LOOPS or attn not in ATTENTIONS or gemv not in ("xla", "pallas") or block not in ("16", "32", "64", "128"):
-            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION[:GEMV[:BLOCK_S]] with LOOP in {'/'.join(LOOPS)}, ATTENTION "
-                     f"in {'/'.join(ATTENTIONS)}, GEMV in xla/pallas, BLOCK_S in 16/32/64/128")
+        loop, attn, block = parse_variant(v) or ("", "", "")
+        if loop not in LOOPS or attn not in ATTENTIONS or block not in ("16", "32", "64", "128"):
+            ap.error(f"--variants: {v!r}; each LOOP:ATTENTION[:BLOCK_S] with LOOP in {'/'.join(LOOPS)}, ATTENTION "
+                     f"in {'/'.join(ATTENTIONS)}, BLOCK_S in 16/32/64/128")
     if args.dry_run:
         shapes, args.tokens, args.prompt_len, args.torch, args.trace_steps = {"tiny": TINY}, 8, 16, False, 2
     else:

@@ -1,11 +1,14 @@
-"""The JAX engine and the torch engine side by side on one GPU, one process: issue #37's table in one run.
+"""The JAX engine and the torch engine side by side on one GPU: issue #37's table in one run.
 
     python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 190   # on the H100 (random bf16 weights)
     python benchmarks/jax_vs_torch_gpu.py --dry-run --out DIR        # a tiny config on the CPU, JAX only
 
-Per shape (SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B; smallest first), its parts in this order, each
-started only while the shape's share of ``--budget-s`` lasts (a part not started is recorded as
-skipped; one that fails is recorded with its error and the others go on):
+The shapes (``--shapes``: Llama-3-8B, TinyLlama-1.1B, SmolLM2-135M, in that order) each run in a
+child process of their own (``shape_children``), killed when the shape's share of ``--budget-s``
+is up (``SHARES`` of what is left, so a shape's unused time goes to the next): one long compile
+costs its own shape's remaining parts, never the next shape. Inside a child each part starts only
+before ``CHILD_SOFT`` of the share (a part not started is recorded as skipped; one that fails is
+recorded with its error and the others go on; a killed child keeps what it wrote). Per shape:
 
 1. ``torch`` batch 1: the torch engine (CUDA graphs, Triton verify), greedy, 128-token random
    prompts, ``--tokens`` new tokens: plain decoding and n-gram speculation (G = 4);
@@ -24,11 +27,7 @@ skipped; one that fails is recorded with its error and the others go on):
 5. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed,
    and ``jax_batches``: the JAX engine the same way (plain decoding and n-gram speculation with the
    host loop, as torch's; the while loop is compared with it at batch 1);
-6. ``gemv_paths`` (``--gemv-shapes``): the block's four products for one row over all layers, XLA's
-   against the Pallas products (``jax_parts.gemv_paths``; not the model's default); then
-   ``jax_pallas_products``: plain decoding at batch 1 with the Pallas products in the model
-   (``gemv_impl="pallas"``, the norms and SwiGLU fused in; the default attention) and its bytes;
-7. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
+6. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
    (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token.
 
 With torch, JAX takes the torch model's random weights (``jax_model``: each tensor handed over by
@@ -37,8 +36,10 @@ Every loop is ``flashspec.loop.decode`` / ``speculate`` over the engine's backen
 compile (or capture graphs) at the timed shapes, then timed once: ``step_ms`` is the mean
 launch-to-launch step of the loop's records, ``wall_s`` the whole call (prefill included),
 tokens/s = new tokens of all rows / wall. The weights floor is the weights' bytes over the measured
-copy bandwidth (torch's 1 GiB device copy; JAX's x + 1 without torch). JSON (``jax_vs_torch.json``)
-rewritten after every part, the table printed last.
+copy bandwidth (torch's 1 GiB device copy; JAX's x + 1 without torch). Each child rewrites its JSON
+after every part (the ``jax`` part after each of its runs); the parent merges them into
+``jax_vs_torch.json`` (``jax_vs_torch_report.merge``: per child its share, wall time and whether it was
+killed) and prints the table.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -74,10 +76,14 @@ from flashspec_jax.weights import from_state, random_model  # noqa: E402
 
 import jax_parts  # noqa: E402  (benchmarks/ is on sys.path)
 import jax_profile_gpu  # noqa: E402
+import shape_children  # noqa: E402
+from jax_vs_torch_report import checks_of, merge, summarize, table  # noqa: E402
 
 SHAPES = jax_profile_gpu.SHAPES  # engine_gpu.py's, smallest first
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
-SHARES = {"smollm2-135m": 0.2, "tinyllama-1.1b": 0.25, "llama3-8b": 0.55}  # of --budget-s (others: equal)
+SHARES = {"llama3-8b": 0.55, "tinyllama-1.1b": 0.25, "smollm2-135m": 0.2}  # of --budget-s (others: equal)
+ORDER = ("llama3-8b", "tinyllama-1.1b", "smollm2-135m")  # the issue's headline and least measured first
+CHILD_SOFT = 0.85  # a child starts no part past this fraction of its share (it is killed at the share)
 GREEDY = SamplingConfig(0.0)
 NOTES = ("step_ms: mean launch-to-launch step of flashspec.loop's records (steady-state decode ms/token at batch 1); "
          "ms_per_step_wall: wall (prefill included) / steps; tokens_per_s: new tokens of all rows / wall. JAX bytes: "
@@ -93,9 +99,9 @@ class Fixed:
         pass
 
 
-def loops(backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=None, plain_only=False) -> dict:
+def loops(backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=None, plain_only=False, save=None) -> dict:
     """Plain decoding, n-gram speculation (host loop) and, with ``device_loop`` (a ``whole.Whole``), the
-    while loop: each run once to compile, then timed. Tokens compared between the runs."""
+    while loop: each run once to compile, then timed; ``save(so far)`` after each. Tokens compared between the runs."""
     spec = SpecConfig(gamma=gamma, max_new_tokens=tokens)
     runs = {"plain": lambda: decode(backend, prompts, sampling=GREEDY, max_new_tokens=tokens, seed=seed)}
     if not plain_only:
@@ -122,6 +128,8 @@ def loops(backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=Non
             r["acceptance"] = sum(x.accepted for x in rec) / max(1, sum(x.drafted for x in rec))
             r["tokens_per_step"] = sum(x.emitted for x in rec) / max(1, len(rec))
         out[name] = r
+        if save is not None:
+            save(out)
     if "spec_host" in outs:
         out["spec_equals_plain"] = outs["spec_host"] == outs["plain"]
     if "spec_while" in outs:
@@ -194,7 +202,7 @@ def jax_backend(m):
 
 
 def choices(m) -> dict:
-    return dict(layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice(), gemv=m.gemv_choice())
+    return dict(layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice())
 
 
 def decode_bytes(backend, prompt_len: int, tokens: int) -> dict:
@@ -205,24 +213,26 @@ def decode_bytes(backend, prompt_len: int, tokens: int) -> dict:
     return dict(**jax_profile_gpu.cost(compiled), mover_bytes_by_op=hlo["mover_bytes_by_op"])
 
 
-def jax_b1(m, args, device_loop: bool = True) -> dict:
-    """The engine with the model's current choices at batch 1: the loops and the decode step's bytes."""
+def jax_b1(m, args, device_loop: bool = True, save=None) -> dict:
+    """The engine with the model's current choices at batch 1: the loops (``save`` after each) and the
+    decode step's bytes."""
     backend = jax_backend(m)
     prompts = prompts_for(m.config.vocab_size, 1, args.prompt_len)
     out = dict(choices=choices(m))
     out.update(loops(backend, prompts, args.tokens, args.gamma, np.zeros(1, np.uint64), lambda: None,
-                     whole.Whole(backend) if device_loop else None, plain_only=not device_loop))
+                     whole.Whole(backend) if device_loop else None, plain_only=not device_loop,
+                     save=None if save is None else lambda runs: save(dict(out, **runs))))
     out["bytes_per_step"] = decode_bytes(backend, args.prompt_len, args.tokens)
     return out
 
 
-def with_choice(m, field: str, impl: str, fn):
-    """fn() with the model's ``field`` ("attention_impl" or "gemv_impl") set to ``impl``, then back to None (the default)."""
-    setattr(m, field, impl)
+def with_attention(m, impl: str, fn):
+    """fn() with the model's ``attention_impl`` set to ``impl``, then back to None (the default)."""
+    m.attention_impl = impl
     try:
         return fn()
     finally:
-        setattr(m, field, None)
+        m.attention_impl = None
 
 
 def jax_batches(m, args, batches: list[int], deadline: float) -> dict:
@@ -276,19 +286,21 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
     row.update(dtype=str(jnp.dtype(dtype)), jax_build_s=time.perf_counter() - t0, layer_bytes=m.layer_bytes(),
                jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))
     other = "xla" if m.attention_choice() != "xla" else "fused"
-    parts = [("jax", lambda: jax_b1(m, args)),
-             ("jax_other_attention", lambda: with_choice(m, "attention_impl", other, lambda: jax_b1(m, args, device_loop=False))),
+
+    def saving(partial: dict) -> None:  # the jax part's runs as they finish (a child killed mid-part keeps them)
+        row["jax"] = dict(partial, unfinished=True)
+        save(row)
+
+    parts = [("jax", lambda: jax_b1(m, args, save=saving)),
+             ("jax_other_attention", lambda: with_attention(m, other, lambda: jax_b1(m, args, device_loop=False))),
              ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, deadline)),
              ("torch_batches", lambda: {f"batch_{b}": guarded(lambda b=b: side.batch(b), deadline) for b in batches}),
              ("jax_batches", lambda: jax_batches(m, args, batches, deadline)),
-             ("gemv_paths", lambda: jax_parts.gemv_paths(dims, 1, args.reps, dtype)),
-             ("jax_pallas_products", lambda: with_choice(m, "gemv_impl", "pallas", lambda: jax_b1(m, args, device_loop=False))),
              ("row_invariant", lambda: row_invariant(m, args))]
     if name != "llama3-8b":  # the attention choice is the question at 8B; elsewhere the issue's table first
         parts.append(parts.pop(next(i for i, (p, _) in enumerate(parts) if p == "attention_paths")))
     for part, fn in parts:
-        if (part == "attention_paths" and name not in args.attention_shapes) or (part == "gemv_paths" and name not in
-                                                                                 args.gemv_shapes):
+        if part == "attention_paths" and name not in args.attention_shapes:
             continue
         if part == "torch_batches":
             if args.torch:
@@ -299,117 +311,7 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
         save(row)
         print(json.dumps({part: {k: v for k, v in row[part].items() if k != "bytes_per_step"}})[:1500], flush=True)
     side.free()
-    del m
     return row
-
-
-def get(d: dict, *path, default=float("nan")):
-    for k in path:
-        if not isinstance(d, dict) or k not in d:
-            return default
-        d = d[k]
-    return d
-
-
-def summarize(row: dict, bw: float, batches: list[int]) -> dict:
-    """The table's figures of one shape (NaN where a part did not run)."""
-    t, j, o = row.get("torch", {}), row.get("jax", {}), row.get("jax_other_attention", {})
-    weight_bytes = get(t, "batch_1", "weight_bytes", default=None) or row["jax_weight_bytes"]
-    s = dict(weights_floor_ms=weight_bytes / bw * 1e3, torch_step_ms=get(t, "batch_1", "plain", "step_ms"),
-             jax_step_ms=get(j, "plain", "step_ms"), torch_wall_ms=get(t, "batch_1", "plain", "ms_per_step_wall"),
-             jax_wall_ms=get(j, "plain", "ms_per_step_wall"), jax_choices=get(j, "choices", default={}),
-             jax_other_attention=get(o, "choices", "attention", default=None), jax_other_step_ms=get(o, "plain", "step_ms"),
-             while_over_host_step=get(j, "while_over_host_step"),
-             jax_pallas_products_step_ms=get(row, "jax_pallas_products", "plain", "step_ms"),
-             jax_bytes_accessed=get(j, "bytes_per_step", "cost_analysis", "bytes accessed"),
-             jax_other_bytes_accessed=get(o, "bytes_per_step", "cost_analysis", "bytes accessed"))
-    s["jax_over_torch_step"] = s["jax_step_ms"] / s["torch_step_ms"]
-    s["jax_over_torch_wall"] = s["jax_wall_ms"] / s["torch_wall_ms"]
-    s["jax_over_floor"] = s["jax_step_ms"] / s["weights_floor_ms"]
-    s["other_attention_over_default"] = s["jax_other_step_ms"] / s["jax_step_ms"]
-    s["pallas_products_over_default"] = s["jax_pallas_products_step_ms"] / s["jax_step_ms"]
-    for b in batches:
-        for side, part in (("torch", t.get("batches", {})), ("jax", row.get("jax_batches", {}))):
-            r = get(part, f"batch_{b}", default={})
-            for run in ("plain", "spec_host"):
-                s[f"b{b}_{side}_{run}_tokens_per_s"] = get(r, run, "tokens_per_s")
-            s[f"b{b}_{side}_spec_acceptance"] = get(r, "spec_host", "acceptance")
-    return s
-
-
-def checks_of(rows: list[dict]) -> tuple[dict, dict]:
-    """Pass/fail per check (only where its parts ran) and information (bf16 token agreement)."""
-    checks, info = {}, {}
-    for r in rows:
-        n, s = r["shape"], r["summary"]
-        if s["jax_over_torch_step"] == s["jax_over_torch_step"]:  # not NaN
-            checks[f"{n}_b1_jax_within_1.15x_torch_step"] = s["jax_over_torch_step"] <= 1.15
-        if n == "llama3-8b" and s["jax_over_floor"] == s["jax_over_floor"]:
-            checks[f"{n}_b1_jax_within_1.3x_weights_floor"] = s["jax_over_floor"] <= 1.3
-        if s["while_over_host_step"] == s["while_over_host_step"]:
-            checks[f"{n}_b1_while_within_1.05x_host_step"] = s["while_over_host_step"] <= 1.05
-        for key, part in (("b1", r.get("jax", {})), *((k, v) for k, v in r.get("jax_batches", {}).items() if isinstance(v, dict))):
-            if "while_equals_host" in part:
-                checks[f"{n}_{key}_jax_while_tokens_equal_host"] = part["while_equals_host"]
-            if "spec_equals_plain" in part:
-                info[f"{n}_{key}_jax_spec_equals_plain_{r['dtype']}"] = part["spec_equals_plain"]
-        torch_runs = {"batch_1": r.get("torch", {}).get("batch_1", {}), **r.get("torch", {}).get("batches", {})}
-        jax_runs = {"batch_1": r.get("jax", {}), **r.get("jax_batches", {})}
-        for k, v in torch_runs.items():  # the same weights (jax_weights): the engines' greedy tokens, bf16 rounding apart
-            for run in ("plain", "spec_host"):
-                a, b = get(v, run, "tokens_sha1", default=None), get(jax_runs.get(k, {}), run, "tokens_sha1", default=None)
-                if a and b and r.get("jax_weights", "").startswith("the torch model"):
-                    info[f"{n}_{k}_{run}_tokens_equal_torch_jax"] = a == b
-        for k, v in torch_runs.items():
-            if isinstance(v, dict) and "spec_equals_plain" in v:
-                info[f"{n}_{k}_torch_spec_equals_plain"] = v["spec_equals_plain"]
-        if "row_invariant_equals_spec" in r.get("row_invariant", {}):
-            checks[f"{n}_row_invariant_equals_spec"] = r["row_invariant"]["row_invariant_equals_spec"]
-        for ctx, a in r.get("attention_paths", {}).get("contexts", {}).items():
-            for impl in jax_parts.ATTENTIONS[1:]:
-                if f"{impl}_rel_max_diff" in a:
-                    checks[f"{n}_attention_{impl}_close_to_xla_ctx{ctx}"] = a[f"{impl}_rel_max_diff"] < 0.05
-        if "rel_max_diff" in r.get("gemv_paths", {}):
-            checks[f"{n}_gemv_pallas_close_to_xla"] = r["gemv_paths"]["rel_max_diff"] < 0.05
-        parts = {**{f"torch_{k}": v for k, v in torch_runs.items()}, "torch_batches": r.get("torch", {}).get("batches"),
-                 **{f"jax_{k}": v for k, v in r.get("jax_batches", {}).items()},
-                 **{k: r[k] for k in ("jax", "jax_other_attention", "attention_paths", "gemv_paths", "jax_pallas_products",
-                                 "row_invariant") if k in r}}
-        for part, v in parts.items():
-            if isinstance(v, dict) and ("error" in v or "skipped" in v):
-                info[f"{n}_{part}"] = v.get("error") or v.get("skipped")
-    return checks, info
-
-
-def table(rows: list[dict], batches: list[int]) -> str:
-    f = lambda x, p=3: "-" if x != x else f"{x:.{p}f}"  # noqa: E731
-    lines = ["shape | floor ms | torch step ms | JAX step ms (attention) | JAX/torch (step, wall) | JAX/floor | other attention "
-             "step ms | Pallas products step ms | JAX GB/step default, other | while/host"]
-    for r in rows:
-        s = r["summary"]
-        lines.append(f"{r['shape']} | {f(s['weights_floor_ms'])} | {f(s['torch_step_ms'])} | {f(s['jax_step_ms'])} "
-                     f"({s['jax_choices'].get('attention', '-')}) | {f(s['jax_over_torch_step'], 2)}, {f(s['jax_over_torch_wall'], 2)} | "
-                     f"{f(s['jax_over_floor'], 2)} | {f(s['jax_other_step_ms'])} ({s['jax_other_attention']}) | "
-                     f"{f(s['jax_pallas_products_step_ms'])} | "
-                     f"{f(s['jax_bytes_accessed'] / 1e9)}, {f(s['jax_other_bytes_accessed'] / 1e9)} | {f(s['while_over_host_step'], 3)}")
-    lines.append("shape | batch | torch plain / n-gram tok/s (acceptance) | JAX plain / n-gram tok/s (acceptance)")
-    for r in rows:
-        s = r["summary"]
-        for b in batches:
-            lines.append(f"{r['shape']} | {b} | {f(s[f'b{b}_torch_plain_tokens_per_s'], 0)} / {f(s[f'b{b}_torch_spec_host_tokens_per_s'], 0)} "
-                         f"({f(s[f'b{b}_torch_spec_acceptance'], 2)}) | {f(s[f'b{b}_jax_plain_tokens_per_s'], 0)} / "
-                         f"{f(s[f'b{b}_jax_spec_host_tokens_per_s'], 0)} "
-                         f"({f(s[f'b{b}_jax_spec_acceptance'], 2)})")
-    for r in rows:
-        for ctx, a in r.get("attention_paths", {}).get("contexts", {}).items():
-            lines.append(f"{r['shape']} attention alone, context {ctx} (ms per token over all layers): xla "
-                         f"{f(a.get('xla_ms', float('nan')))}, fused ({a.get('splits', '-')} splits) {f(a.get('fused_ms', float('nan')))}, "
-                         f"fused in {a.get('alt_splits', '-')} splits {f(a.get('fused_alt_ms', float('nan')))}")
-        g = r.get("gemv_paths", {})
-        if "xla_ms" in g:
-            lines.append(f"{r['shape']} products alone: xla {f(g['xla_ms'])} ms ({f(g['xla_gb_per_s'], 0)} GB/s), pallas "
-                         f"{f(g['pallas_ms'])} ms ({f(g['pallas_gb_per_s'], 0)} GB/s)")
-    return "\n".join(lines)
 
 
 def versions(with_torch: bool) -> dict:
@@ -424,7 +326,7 @@ def versions(with_torch: bool) -> dict:
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(ORDER), help="run in this order, each in its own process")
     ap.add_argument("--batches", default="8,64", help="batch sizes besides 1 (every shape, torch and JAX)")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens at batch 1")
     ap.add_argument("--batch-tokens", type=int, default=64, help="new tokens per row at --batches")
@@ -433,28 +335,50 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, default=20, help="timed calls of the parts timed alone (median)")
     ap.add_argument("--contexts", default="256,2048,8192", help="attention_paths' context lengths")
     ap.add_argument("--attention-shapes", default="smollm2-135m,llama3-8b")
-    ap.add_argument("--gemv-shapes", default="llama3-8b")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start past their shape's share are skipped")
     ap.add_argument("--no-torch", dest="torch", action="store_false")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
+    ap.add_argument("--child", action="store_true", help="(internal) run --shapes in this process, the JSON to --out/"
+                    + shape_children.RESULT)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "benchmarks/results")))
     args = ap.parse_args(argv)
     if args.dry_run:
         args.shapes, args.tokens, args.batch_tokens, args.prompt_len = "tiny", 8, 6, 12
         args.batches = "2" if args.batches == "8,64" else args.batches
         args.contexts, args.reps, args.torch = "1000", 2, False  # 1064 slots: the kernel in 2 splits
-        args.attention_shapes, args.gemv_shapes = (x.replace("smollm2-135m,", "").replace("llama3-8b", "tiny")
-                                                   for x in (args.attention_shapes, args.gemv_shapes))
+        args.attention_shapes = args.attention_shapes.replace("smollm2-135m,", "").replace("llama3-8b", "tiny")
     unknown = set(args.shapes.split(",")) - set(SHAPES) - ({"tiny"} if args.dry_run else set())
     if unknown:
         ap.error(f"--shapes: unknown {sorted(unknown)}; choose from {sorted(SHAPES)}")
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
-    args.attention_shapes, args.gemv_shapes = set(args.attention_shapes.split(",")), set(args.gemv_shapes.split(","))
+    args.attention_shapes = set(args.attention_shapes.split(","))
     return args
 
 
 def main(argv=None) -> None:
+    """One shape per child process (``shape_children``), each killed at its share of ``--budget-s``,
+    their rows merged into one JSON; with ``--child``, every shape in this process."""
     args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if args.child:
+        return run_here(args, argv)
+    start, script = time.perf_counter(), str(Path(__file__).resolve())
+    command = lambda name, share, outdir: [sys.executable, script, *argv, "--shapes", name, "--out", str(outdir),  # noqa: E731
+                                           "--budget-s", f"{share * CHILD_SOFT:.1f}", "--child"]
+    with tempfile.TemporaryDirectory() as tmp:
+        children = shape_children.run_children(args.shapes.split(","), SHARES, args.budget_s, command, Path(tmp))
+    batches = [int(b) for b in args.batches.split(",") if b]
+    result = merge(children, batches, dict(script="benchmarks/jax_vs_torch_gpu.py", argv=argv), time.perf_counter() - start)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / ("jax_vs_torch_dry_run.json" if args.dry_run else "jax_vs_torch.json")
+    shape_children.write_json(path, result)
+    print(path)
+    print(table(result["rows"], batches))
+
+
+def run_here(args, argv: list[str]) -> None:
+    """Every shape of ``args`` in this process, each part started only while its shape's share of
+    ``--budget-s`` lasts; the JSON rewritten after every part."""
     start = time.perf_counter()
     shapes = {"tiny": TINY} if args.dry_run else {n: SHAPES[n] for n in args.shapes.split(",")}
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -465,9 +389,9 @@ def main(argv=None) -> None:
     else:
         bw, bw_source = jax_profile_gpu.bandwidth_gbps() * 1e9, "JAX: jitted x + 1 over 1 GiB, (read + write) / min time"
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / ("jax_vs_torch_dry_run.json" if args.dry_run else "jax_vs_torch.json")
+    path = args.out / shape_children.RESULT
     dev = jax.devices()[0]
-    head = dict(script="benchmarks/jax_vs_torch_gpu.py", argv=sys.argv[1:] if argv is None else argv,
+    head = dict(script="benchmarks/jax_vs_torch_gpu.py", argv=argv,
                 device=getattr(dev, "device_kind", str(dev)), platform=jax.default_backend(), versions=versions(args.torch),
                 xla_flags=os.environ.get("XLA_FLAGS", ""), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 dry_run=args.dry_run, copy_bandwidth_gbps=bw / 1e9, floor_bandwidth=bw_source, notes=NOTES)
@@ -475,14 +399,14 @@ def main(argv=None) -> None:
     weights = {n: SHARES.get(n, 1.0 / len(shapes)) for n in shapes}
     for n, dims in shapes.items():
         share += weights[n] / sum(weights.values())
-        save = lambda row: path.write_text(json.dumps(dict(head, partial=True, rows=[*rows, row]), indent=1))  # noqa: E731
+        save = lambda row: shape_children.write_json(path, dict(head, partial=True, rows=[*rows, row]))  # noqa: E731
         row = run_shape(n, dims, args, batches, start + args.budget_s * share, save)
         row["summary"] = summarize(row, bw, batches)
         rows.append(row)
     checks, info = checks_of(rows)
     result = dict(head, wall_s=time.perf_counter() - start, checks=checks, passed=all(checks.values()), info=info,
                   summary={r["shape"]: r["summary"] for r in rows}, rows=rows)
-    path.write_text(json.dumps(result, indent=1, default=str))
+    shape_children.write_json(path, result)
     print(path)
     print(table(rows, batches))
 

@@ -15,17 +15,13 @@ the indices of the layers it runs (one compiled layer whatever the depth: the CP
 GPU needs: there a static slice of the stack is read in place by the product, while the scan's
 dynamic slice is first copied out (each weight read twice and written once; docs/jax.md has the
 H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
-nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. For
-the few rows of decoding and scoring, ``Llama.gemv_impl`` "pallas" runs the block's products as
-Pallas kernels that take the whole stack and the layer index (no copy in either loop), with the
-norms, the residual add and SiLU * up fused in (``block_gemv``, ``kernels/gemv.py``). Weights use the
-fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the
-one converted cache on disk loads into either backend.
+nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. The
+products are XLA's. Weights use the fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up``
+concatenated, ``[out, in]``), so the one converted cache on disk loads into either backend.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -40,7 +36,6 @@ from flashspec.config import LlamaConfig
 from flashspec.contract import check_vocab
 
 from .kernels import attention as kernel_attention
-from .kernels import gemv as kernel_gemv
 from .kernels.attention import attention_reference
 from .verify import on_gpu
 
@@ -48,9 +43,8 @@ __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 
 ATTENTION_IMPLS = ("xla", "pallas", "fused")
-GEMV_IMPLS = ("xla", "pallas")
-SCAN_BELOW_BYTES = 32 << 20
-KERNELS_BELOW_BYTES = 128 << 20  # a layer's weights: the GPU's default attention is "fused" below (measured at 7 and 88 MB)  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
+SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
+KERNELS_BELOW_BYTES = 128 << 20  # a layer's weights: the GPU's default attention is "fused" below (measured at 7 and 88 MB)
 
 
 class KVCache(NamedTuple):
@@ -187,15 +181,12 @@ def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, posi
 
 
 def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window=0, attn: str = "xla",
-          stack: Layers | None = None, shards: int = 1):
+          shards: int = 1):
     """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]
-    (from ``window``, 0: none); ``attn`` the attention's implementation (``attend``). With ``stack`` (the
-    stacked weights: ``Llama.gemv_impl`` "pallas") ``block_gemv`` where it takes the config and rows.
+    (from ``window``, 0: none); ``attn`` the attention's implementation (``attend``).
     ``shards`` > 1: qkv and gate_up in ``flashspec_jax.parallel``'s shard-major order (``attend``; each
     shard's gate and up columns side by side)."""
     b, t, _ = h.shape
-    if stack is not None and gemv_takes(c, b * t):
-        return block_gemv(c, w, stack, h, cos, sin, cache, layer, positions, mask, window, attn)
     qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
     out, cache = attend(c, w, qkv, cos, sin, cache, layer, positions, mask, window, attn, shards)
     h = h + norm(c, dense(out.reshape(b, t, -1), w.o, w.o_bias), w.post_attn_norm)
@@ -205,37 +196,15 @@ def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positio
     return h + norm(c, dense(act * up, w.down, w.down_bias), w.post_mlp_norm), cache
 
 
-def gemv_takes(c: LlamaConfig, rows: int) -> bool:
-    """Whether ``block_gemv`` computes this config's block for ``rows`` = B T rows: the plain Llama
-    block (no biases, no sandwich norms, no norm offset, SiLU) and at most ``kernels.gemv.MAX_ROWS``."""
-    plain = not (c.attention_bias or c.o_bias or c.mlp_bias or c.sandwich_norms or c.norm_offset)
-    return plain and c.activation == "silu" and rows <= kernel_gemv.MAX_ROWS
-
-
-def block_gemv(c: LlamaConfig, w: Layers, stack: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window, attn):
-    """``block`` with its four products as ``kernels.gemv.project`` over the stacked weights, the norms
-    (and the residual add before the second) fused into the products that read them, SiLU * up into
-    the down product's."""
-    b, t, width = h.shape
-    x = h.reshape(b * t, width)
-    run = functools.partial(kernel_gemv.project, layer=layer, eps=c.rms_norm_eps, interpret=not on_gpu())
-    qkv = run(x, stack.qkv, prologue="norm", norm=stack.attn_norm)
-    out, cache = attend(c, w, qkv.reshape(b, t, -1), cos, sin, cache, layer, positions, mask, window, attn)
-    o = run(out.reshape(b * t, -1), stack.o)
-    gate_up, x = run(o, stack.gate_up, prologue="norm", norm=stack.mlp_norm, residual=x)  # x: h + o
-    return (x + run(gate_up, stack.down, prologue="swiglu")).reshape(b, t, width), cache
-
-
 class Llama(nnx.Module):
     """Embedding, a stack of blocks (weights [L, ...]), final norm, LM head (tied or not)."""
 
     def __init__(self, config: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None, std: float = 0.02,
-                 scan_layers: bool | None = None, attention_impl: str | None = None, gemv_impl: str | None = None):
+                 scan_layers: bool | None = None, attention_impl: str | None = None):
         check_vocab(config.vocab_size)  # the Pallas verify indexes the vocabulary in int32
         self.config = config
         self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
         self.attention_impl = attention_impl  # "xla", "pallas", "fused" (``attend``); None: ``attention_choice``
-        self.gemv_impl = gemv_impl  # "xla", "pallas" (``block_gemv``); None: ``gemv_choice``
         self.mesh = None  # a jax.sharding.Mesh with a "tp" axis: the weights are split over it (flashspec_jax.parallel)
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
@@ -251,7 +220,7 @@ class Llama(nnx.Module):
             setattr(self, name, ones(L, *shape) if "norm" in name else normal(L, *shape))
         self.norm = ones(c.hidden_size)
         self.lm_head = None if c.tie_word_embeddings else normal(c.vocab_size, c.hidden_size)
-        self.attention_choice(), self.gemv_choice()  # the choices' names checked
+        self.attention_choice()  # the choice's name checked
 
     @property
     def dtype(self):
@@ -297,14 +266,6 @@ class Llama(nnx.Module):
     def layer_bytes(self) -> int:
         """One layer's weight bytes."""
         return sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
-
-    def gemv_choice(self) -> str:
-        """``gemv_impl``, or by default XLA's products ("xla") on every platform."""
-        if self.gemv_impl not in (None, *GEMV_IMPLS):
-            raise ValueError(f"gemv_impl={self.gemv_impl!r}: choose one of {GEMV_IMPLS} or None (by platform)")
-        if self.mesh is not None and self.gemv_impl == "pallas":
-            raise ValueError("gemv_impl='pallas' runs on one device; a target split over a mesh takes XLA's products")
-        return self.gemv_impl or "xla"
 
     def layers(self) -> Layers:
         return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
@@ -355,7 +316,6 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
     windows = jnp.asarray([c.window(i) for i in kept], jnp.int32)  # 0: a full layer
     uses_local = jnp.asarray([c.local_rope(i) for i in kept])
     layers = m.layers()
-    stack = layers if m.gemv_choice() == "pallas" else None  # block_gemv reads the stacked weights
     slot = jnp.asarray([hidden.index(i) if i in hidden else -1 for i in kept], jnp.int32)  # into feats
     feats = jnp.zeros((len(hidden), *h.shape), h.dtype) if hidden else None  # [k, B, T, C]: the streams kept
 
@@ -365,7 +325,7 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
         w = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
         seen = mask & ((window == 0) | (slots > positions[:, :, None] - window))
         cs = (jnp.where(is_local, local[0], rope[0]), jnp.where(is_local, local[1], rope[1]))
-        h, cache = block(c, w, h, *cs, cache, i, positions, seen, window, m.attention_choice(), stack, m.shards)
+        h, cache = block(c, w, h, *cs, cache, i, positions, seen, window, m.attention_choice(), m.shards)
         if feats is not None:
             at = jnp.maximum(j, 0)
             feats = lax.dynamic_update_index_in_dim(feats, jnp.where(j >= 0, h, feats[at]), at, 0)
@@ -387,14 +347,13 @@ def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, p
     slots = jnp.arange(cache.max_len)[None, None, :]
     mask = slots <= positions[:, :, None]  # [B, T, S]
     layers = m.layers()
-    stack = layers if m.gemv_choice() == "pallas" else None  # block_gemv reads the stacked weights
     kept_streams = {}
     for i in kept:
         window = c.window(i)
         seen = mask & (slots > positions[:, :, None] - window) if window else mask
         w = jax.tree.map(lambda a, i=i: a[i], layers)
         h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen, window,
-                         m.attention_choice(), stack, m.shards)
+                         m.attention_choice(), m.shards)
         if i in hidden:
             kept_streams[i] = h
     feats = jnp.concatenate([kept_streams[i] for i in hidden], axis=-1) if hidden else None

@@ -1,6 +1,5 @@
 """The small-shape Pallas kernels (``flashspec_jax.kernels.attention``: decode attention, fused
-RoPE + cache write + attention; ``kernels.gemv``: products with their prologue) against their jnp
-references in interpret mode on the CPU, inside the model's layer loops, and lowered for CUDA."""
+RoPE + cache write + attention) against their jnp references in interpret mode on the CPU, inside the model's layer loops, and lowered for CUDA."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import pytest
 
 from flashspec_jax.kernels.attention import (attention_reference, bounds, choose_splits, decode_attention, fused_attention,
                                              supported)
-from flashspec_jax.kernels.gemv import project, project_reference
 from flashspec_jax.model import Llama, LlamaConfig, apply_rope, write_cache
 
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")  # JAX 0.10 and 0.11 custom calls
@@ -58,28 +56,6 @@ def test_splits_only_where_programs_are_few_and_the_cache_long():
     assert choose_splits(1, 1, 1024, 256) == 2
 
 
-def test_products_equal_reference():
-    """Two prologues (residual + RMSNorm, SiLU * up; the model test runs the others) over a stacked
-    weight, N and K not multiples of the blocks, 3 rows, the layer traced."""
-    rng = np.random.default_rng(1)
-    w, x, x2, norm, res = (jnp.asarray(rng.standard_normal(s, np.float32))
-                           for s in ((3, 40, 100), (3, 100), (3, 200), (3, 100), (3, 100)))
-    kw = dict(block_k=64, interpret=True)
-
-    @jax.jit
-    def run(x, x2, w, norm, res, layer):
-        return (project(x, w, layer, prologue="norm", norm=norm, residual=res, **kw),
-                project(x2, w, layer, prologue="swiglu", **kw))
-
-    outs = run(x, x2, w, norm, res, jnp.int32(1))
-    refs = (project_reference(x, w, 1, prologue="norm", norm=norm, residual=res),
-            project_reference(x2, w, 1, prologue="swiglu"))
-    for out, ref in zip(jax.tree.leaves(outs), jax.tree.leaves(refs)):
-        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-4)
-    other = project_reference(x, w, 2, prologue="norm", norm=norm, residual=res)[0]
-    assert not np.allclose(np.asarray(outs[0][0]), np.asarray(other), atol=1e-2)  # it read layer 1's weight
-
-
 @pytest.mark.parametrize("splits", [1, 4])
 def test_decode_attention_equals_reference(splits):
     """The attention kernel alone (the q/k-norm configs' path) against the einsum: ragged rows, a
@@ -111,13 +87,12 @@ def gemma3ish():
     return Llama(LlamaConfig(**GEMMA3ISH), rngs=nnx.Rngs(4), std=0.2)
 
 
-@pytest.mark.parametrize("config,impl,gemv", [("gemma3ish", "pallas", "xla"), ("plain", "fused", "pallas")])
-def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, impl, gemv):
+@pytest.mark.parametrize("config,impl", [("gemma3ish", "pallas"), ("plain", "fused")])
+def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, impl):
     """In the layer scan (the kernels read the layer a traced index names; the unrolled loop's
     static index lowers in the export test): XLA's prefill of 5 positions (ragged rows at 0 and 4),
     then a 2-position step each way from that cache. Gemma-ish (sliding windows, local RoPE,
-    softcaps, norm offset: the products stay XLA's) with the attention kernel; a plain Llama block
-    with the fused attention and the Pallas products (4 rows)."""
+    softcaps, norm offset) with the attention kernel; a plain Llama block with the fused attention."""
     from flax import nnx
 
     m = gemma3ish if config == "gemma3ish" else Llama(LlamaConfig(**PLAIN), rngs=nnx.Rngs(5), std=0.2)
@@ -127,11 +102,11 @@ def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, im
     m.scan_layers = True
     _, cache = forward(m, tokens[:, :5], pos[:, :5], m.new_cache(2, 24))
     outs = []
-    for attn, products in (("xla", "xla"), (impl, gemv)):
-        m.attention_impl, m.gemv_impl = attn, products
+    for attn in ("xla", impl):
+        m.attention_impl = attn
         z, after = forward(m, tokens[:, 5:], pos[:, 5:], cache)
         outs.append((z, after.k, after.v))
-    m.scan_layers = m.attention_impl = m.gemv_impl = None
+    m.scan_layers = m.attention_impl = None
     for a, b in zip(*outs):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
     assert float(jnp.abs(outs[0][0]).max()) > 0.1  # not trivially zero
@@ -139,7 +114,7 @@ def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, im
 
 def test_kernel_choices_by_platform_and_checked(monkeypatch):
     """attention_impl None: the einsum on the CPU; on a GPU the fused kernel for layers under
-    KERNELS_BELOW_BYTES, the einsum above; gemv_impl None: XLA's everywhere; a bad name is refused."""
+    KERNELS_BELOW_BYTES, the einsum above; a bad name is refused."""
     from flax import nnx
 
     from flashspec_jax.model import KERNELS_BELOW_BYTES
@@ -150,37 +125,33 @@ def test_kernel_choices_by_platform_and_checked(monkeypatch):
     wide = LlamaConfig(vocab_size=97, hidden_size=4096, intermediate_size=14336, num_layers=1, num_heads=32,
                        num_kv_heads=8, head_dim=128)  # Llama-3-8B's layer: 436 MB in bf16
     big = nnx.eval_shape(lambda: Llama(wide, dtype=jnp.bfloat16))
-    assert (small.attention_choice(), big.attention_choice(), small.gemv_choice()) == ("xla", "xla", "xla")
+    assert (small.attention_choice(), big.attention_choice()) == ("xla", "xla")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert big.layer_bytes() > KERNELS_BELOW_BYTES > small.layer_bytes()
-    assert (small.attention_choice(), big.attention_choice(), small.gemv_choice()) == ("fused", "xla", "xla")
+    assert (small.attention_choice(), big.attention_choice()) == ("fused", "xla")
     big.attention_impl = "pallas"
     assert big.attention_choice() == "pallas"
 
 
-@pytest.mark.parametrize("scan,impl,gemv", [(True, "pallas", "xla"), (False, "pallas", "xla"), (False, "fused", "xla"),
-                                           (True, "fused", "pallas")])
-def test_decode_step_with_the_kernel_exports_for_cuda(scan, impl, gemv, monkeypatch):
-    """The one-token forward with attention_impl "pallas" or "fused" (and gemv_impl "pallas") lowers to
-    Triton on this CPU: one attention kernel per layer (one in the scan's body), the einsum gone; with
-    the Pallas products four more per layer and only the LM head's dot left."""
+@pytest.mark.parametrize("scan,impl", [(True, "pallas"), (False, "pallas"), (False, "fused"), (True, "fused")])
+def test_decode_step_with_the_kernel_exports_for_cuda(scan, impl, monkeypatch):
+    """The one-token forward with attention_impl "pallas" or "fused" lowers to Triton on this CPU: one
+    attention kernel per layer (one in the scan's body), the einsum gone, the four products XLA's."""
     from flax import nnx
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # the kernel compiled, not interpreted
 
     cfg = LlamaConfig(vocab_size=97, hidden_size=192, intermediate_size=256, num_layers=3, num_heads=9,
                       num_kv_heads=3, head_dim=64)
-    m = nnx.eval_shape(lambda: Llama(cfg, dtype=jnp.bfloat16, scan_layers=scan, attention_impl=impl,
-                                          gemv_impl=gemv))
+    m = nnx.eval_shape(lambda: Llama(cfg, dtype=jnp.bfloat16, scan_layers=scan, attention_impl=impl))
     graphdef, params = nnx.split(m)
     cache = jax.eval_shape(lambda: m.new_cache(1, 384))
     x = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     f = jax.jit(lambda p, x, pos, cache: nnx.merge(graphdef, p)(x, pos, cache))
     checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
     text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(params, x, x, cache).mlir_module()
-    per_layer = 1 if gemv == "xla" else 5
-    assert sum(text.count(name) for name in TRITON_CALLS) == per_layer * (1 if scan else cfg.num_layers)
-    products = 0 if gemv == "pallas" else 4 if scan else 4 * cfg.num_layers
+    assert sum(text.count(name) for name in TRITON_CALLS) == (1 if scan else cfg.num_layers)
+    products = 4 if scan else 4 * cfg.num_layers
     assert text.count("stablehlo.dot_general") == products + 1  # the LM head
     assert ("stablehlo.scatter" in text) == (impl == "pallas")  # the fused kernel writes the cache itself
 

@@ -1,5 +1,5 @@
-"""benchmarks/jax_vs_torch_gpu.py (issue #37's table) end to end on a tiny model on the CPU: every
-JAX part runs and its checks pass (while-loop tokens equal the host loop's, the fused attention
+"""benchmarks/jax_vs_torch_gpu.py (issue #37's table) end to end on a tiny model on the CPU (the shape
+in a child process, its row merged by the parent): every JAX part runs and its checks pass (while-loop tokens equal the host loop's, the fused attention
 kernel's output equals the einsum's, the row-invariant mode's tokens equal speculation's)."""
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from tests.benchmark_modules import load_benchmark  # noqa: E402
 
 def test_dry_run_writes_the_table(tmp_path, capsys):
     bench = load_benchmark("jax_vs_torch_gpu")
-    bench.main(["--dry-run", "--batches", "", "--gemv-shapes", "", "--out", str(tmp_path)])  # the batch runs reuse loops()
+    bench.main(["--dry-run", "--batches", "", "--out", str(tmp_path)])  # the batch runs reuse loops()
     result = json.loads((tmp_path / "jax_vs_torch_dry_run.json").read_text())
     assert result["passed"] and not result["info"].get("tiny_jax", "").startswith("error")
+    assert [(c["shape"], c["rc"], c["killed"]) for c in result["children"]] == [("tiny", 0, False)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jax_vs_torch_dry_run.json"]  # the child's file stayed in a temporary dir
     assert set(result["checks"]) == {"tiny_b1_while_within_1.05x_host_step", "tiny_b1_jax_while_tokens_equal_host",
                                      "tiny_row_invariant_equals_spec", "tiny_attention_fused_close_to_xla_ctx1000",
                                      "tiny_attention_fused_alt_close_to_xla_ctx1000"}
     s = result["summary"]["tiny"]
     assert s["jax_choices"]["attention"] == "xla" and s["jax_other_attention"] == "fused"  # the CPU's default, then the kernel
-    assert all(math.isfinite(s[k]) and s[k] > 0 for k in ("jax_step_ms", "jax_other_step_ms", "jax_pallas_products_step_ms",
+    assert all(math.isfinite(s[k]) and s[k] > 0 for k in ("jax_step_ms", "jax_other_step_ms",
                                                           "weights_floor_ms",
                                                           "jax_bytes_accessed", "jax_other_bytes_accessed"))
     row = result["rows"][0]
@@ -58,3 +60,40 @@ def test_jax_takes_the_torch_models_weights():
         want, _ = decode(TorchBackend(tm, [LookupDraft()], eos_ids=[]), prompts, sampling=SamplingConfig(0.0), max_new_tokens=8)
     got, _ = decode(bench.jax_backend(jm), prompts, sampling=SamplingConfig(0.0), max_new_tokens=8)
     assert got == want
+
+
+def test_children_killed_at_their_share_keep_what_they_wrote(tmp_path):
+    """``run_children``: a shape that overruns its share is killed (its process group) and its last
+    file kept; the time a quick shape left goes to the ones after it."""
+    import sys
+
+    kids = load_benchmark("shape_children")
+    write = "import json, pathlib, sys, time; pathlib.Path(sys.argv[1], 'result.json').write_text(json.dumps({'n': sys.argv[2]}))"
+    command = lambda name, share, outdir: [sys.executable, "-c", write + ("; time.sleep(60)" if name == "slow" else ""),  # noqa: E731
+                                           str(outdir), name]
+    out = kids.run_children(["quick", "slow", "last"], {}, 4.0, command, tmp_path)
+    quick, slow, last = out
+    assert (quick["rc"], quick["killed"], slow["killed"], last["rc"], last["killed"]) == (0, False, True, 0, False)
+    assert slow["data"] == {"n": "slow"} and last["data"] == {"n": "last"}
+    assert slow["share_s"] > 4.0 / 3 and 1.0 < slow["wall_s"] < 3.5  # the quick shape's leftover, then killed
+
+
+def test_merge_keeps_a_killed_childs_partial_row(tmp_path):
+    """The parent's merge: a child's partial row (killed before its summary) is summarized, its checks
+    kept, and a child killed before writing anything is named in ``info``."""
+    bench = load_benchmark("jax_vs_torch_gpu")
+    bench.main(["--dry-run", "--batches", "", "--out", str(tmp_path), "--budget-s", "0", "--child"])  # every part skipped
+    data = json.loads((tmp_path / "result.json").read_text())
+    assert data["rows"][0]["jax"] == {"skipped": "--budget-s spent"}
+    for k in ("checks", "info", "summary", "passed"):
+        data.pop(k)
+    del data["rows"][0]["summary"]
+    data["rows"][0]["jax"] = {"plain": {"step_ms": 2.0, "ms_per_step_wall": 2.5}, "unfinished": True}  # killed mid-part
+    children = [dict(shape="tiny", share_s=5.0, wall_s=5.0, rc=-9, killed=True, data=data),
+                dict(shape="none", share_s=3.0, wall_s=3.0, rc=-9, killed=True, data=None)]
+    result = bench.merge(children, [], dict(argv=["x"]), 8.0)
+    assert result["device"] == data["device"] and result["argv"] == ["x"] and [r["shape"] for r in result["rows"]] == ["tiny"]
+    assert result["summary"]["tiny"]["jax_step_ms"] == 2.0
+    assert result["info"]["tiny_child"] == "killed at its share (5.0 s)"
+    assert result["info"]["none_child"] == "killed at its share (3.0 s), no row written"
+    assert "data" not in result["children"][0]
