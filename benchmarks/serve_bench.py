@@ -89,8 +89,8 @@ def load_client(timeout: float, concurrency: int):
     A pooled keep-alive connection can be reused just as the server's keep-alive timer (uvicorn: 5 s
     after the last response) closes it: the server resets the connection with the new request unread
     and the client sees ``httpx.ReadError`` with an empty message, for a request the server never
-    received. Under a few hundred streams the client's event loop lags by seconds, so its own expiry
-    clock cannot prevent this; a fresh connection per request can (docs/serving.md, "Clients")."""
+    received; the client's own expiry clock starts when its busy event loop releases the connection,
+    so it cannot prevent this. A fresh connection per request can (docs/serving.md, "Clients")."""
     import httpx
 
     limits = httpx.Limits(max_connections=max(concurrency, 256), max_keepalive_connections=0)
