@@ -74,10 +74,8 @@ async def one(client, url: str, model: str, req: dict, max_tokens: int, seed: in
 
 
 async def level(url: str, model: str, reqs: list[dict], concurrency: int, max_tokens: int, timeout: float) -> dict:
-    import httpx
-
     queue, results = list(enumerate(reqs)), [None] * len(reqs)
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with serve_bench.load_client(timeout, concurrency) as client:
         start = time.perf_counter()
 
         async def worker():

@@ -83,14 +83,25 @@ async def one_request(client, url: str, model: str, prompt: str, max_tokens: int
             "tpot": (end - arrivals[0]) / (tokens - 1) if tokens > 1 else None}
 
 
-async def run_level(url: str, model: str, texts: list[str], *, concurrency: int | None, rate: float | None,
-                    requests: int, max_tokens: int, temperature: float, timeout: float) -> dict:
+def load_client(timeout: float, concurrency: int):
+    """An httpx AsyncClient that opens one connection per request (no keep-alive reuse).
+
+    A pooled keep-alive connection can be reused just as the server's keep-alive timer (uvicorn: 5 s
+    after the last response) closes it: the server resets the connection with the new request unread
+    and the client sees ``httpx.ReadError`` with an empty message, for a request the server never
+    received; the client's own expiry clock starts when its busy event loop releases the connection,
+    so it cannot prevent this. A fresh connection per request can (docs/serving.md, "Clients")."""
     import httpx
 
+    limits = httpx.Limits(max_connections=max(concurrency, 256), max_keepalive_connections=0)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+async def run_level(url: str, model: str, texts: list[str], *, concurrency: int | None, rate: float | None,
+                    requests: int, max_tokens: int, temperature: float, timeout: float) -> dict:
     order = [texts[i % len(texts)] for i in range(requests)]
     results: list[dict] = []
-    limits = httpx.Limits(max_connections=max(concurrency or 0, 256))
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with load_client(timeout, concurrency or 0) as client:
         start = time.perf_counter()
         if concurrency:
             queue = list(enumerate(order))
