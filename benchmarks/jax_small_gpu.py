@@ -47,6 +47,7 @@ from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shape_children import guarded  # noqa: E402  (benchmarks/; no GPU work, no torch)
 
 SMALL = "smollm2-135m,tinyllama-1.1b"  # engine_gpu.SHAPES' names (imported in main: that module imports torch)
 TINY = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=6, num_kv_heads=2,
@@ -259,13 +260,13 @@ def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float,
     prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, args.prompt_len)).tolist()
     row = dict(shape=name, config=dims, batch=1, prompt_len=args.prompt_len, new_tokens=args.tokens, variants={})
     if args.torch:
-        row["torch"] = guarded(lambda: torch_plain(dims, prompts, args.tokens), deadline)
+        row["torch"] = guarded(lambda: torch_plain(dims, prompts, args.tokens), deadline, "wall_s")
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     m = random_model(cfg, dtype=dtype, seed=0)
     row["dtype"] = str(jnp.dtype(dtype))
-    row["logits_check"] = guarded(lambda: logits_check(m, prompts), deadline)
+    row["logits_check"] = guarded(lambda: logits_check(m, prompts), deadline, "wall_s")
     for v in resolve(m, variants):
-        row["variants"][v] = guarded(lambda v=v: jax_variant(m, v, prompts, args.tokens, args.trace_steps), deadline)
+        row["variants"][v] = guarded(lambda v=v: jax_variant(m, v, prompts, args.tokens, args.trace_steps), deadline, "wall_s")
         print(json.dumps({k: x for k, x in row["variants"][v].items() if k not in ("tokens", "trace")}), flush=True)
         save(row)
     first = next((r["tokens"] for r in row["variants"].values() if "tokens" in r), None)
@@ -278,19 +279,6 @@ def run_shape(name: str, dims: dict, args, variants: list[str], deadline: float,
             r["over_torch"] = r["step_ms_launch_to_launch"] / t["ms_per_token"]
             r["over_torch_wall"] = r["ms_per_token"] / t["wall_ms_per_token"]
     return row
-
-
-def guarded(fn, deadline: float) -> dict:
-    """fn() unless the budget is spent; an exception is recorded, not raised (one part must not lose the others)."""
-    if time.perf_counter() > deadline:
-        return dict(skipped="--budget-s spent")
-    t0 = time.perf_counter()
-    try:
-        out = fn()
-    except Exception as e:
-        out = dict(error=f"{type(e).__name__}: {e}"[:1000])
-    out["wall_s"] = time.perf_counter() - t0
-    return out
 
 
 def table(rows: list[dict]) -> str:

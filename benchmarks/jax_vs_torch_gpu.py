@@ -77,6 +77,7 @@ from flashspec_jax.weights import from_state, random_model  # noqa: E402
 import jax_parts  # noqa: E402  (benchmarks/ is on sys.path)
 import jax_profile_gpu  # noqa: E402
 import shape_children  # noqa: E402
+from shape_children import guarded  # noqa: E402
 from jax_vs_torch_report import checks_of, merge, summarize, table  # noqa: E402
 
 SHAPES = jax_profile_gpu.SHAPES  # engine_gpu.py's, smallest first
@@ -257,19 +258,6 @@ def row_invariant(m, args) -> dict:
     invariant, _ = decode(backend, prompts, sampling=GREEDY, max_new_tokens=args.tokens, seed=seed)
     return dict(row_invariant_equals_spec=invariant == spec, step_ms=r["plain"]["step_ms"],
                 ms_per_step_wall=r["plain"]["ms_per_step_wall"])
-
-
-def guarded(fn, deadline: float) -> dict:
-    """fn() unless the budget is spent; an exception is recorded, not raised (one part must not lose the others)."""
-    if time.perf_counter() > deadline:
-        return dict(skipped="--budget-s spent")
-    t0 = time.perf_counter()
-    try:
-        out = fn()
-    except Exception as e:
-        out = dict(error=f"{type(e).__name__}: {e}"[:1000])
-    out["part_wall_s"] = time.perf_counter() - t0
-    return out
 
 
 def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, save) -> dict:

@@ -5,7 +5,8 @@
 process group) when its share is up: the share is what is left of the budget split over the
 shapes not yet run by their weights, so time a shape leaves unused goes to the ones after it. A
 child writes its JSON after every part (``write_json``: atomically, so a kill never leaves half a
-file); a killed child's last file is kept. A killed child also frees its GPU memory.
+file); a killed child's last file is kept. A killed child also frees its GPU memory. ``guarded``
+bounds one part inside a process by a deadline (used by ``jax_vs_torch_gpu.py`` and ``jax_small_gpu.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
     os.replace(tmp, path)
+
+
+def guarded(fn: Callable[[], dict], deadline: float, wall_key: str = "part_wall_s") -> dict:
+    """fn() unless the budget is spent; an exception is recorded, not raised (one part must not lose the
+    others); its wall time under ``wall_key``."""
+    if time.perf_counter() > deadline:
+        return dict(skipped="--budget-s spent")
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:
+        out = dict(error=f"{type(e).__name__}: {e}"[:1000])
+    out[wall_key] = time.perf_counter() - t0
+    return out
 
 
 def share_of(weights: list[float], left_s: float) -> float:
