@@ -19,7 +19,7 @@ recorded with its error and the others go on; a killed child keeps what it wrote
    not in the figure) and memory analysis;
 3. ``jax_other_attention``: plain decoding at batch 1 with the other attention implementation than
    the default ("fused" against the einsum "xla"), and its decode step's bytes: the default's choice
-   (``KERNELS_BELOW_BYTES``) measured against the alternative on the same model;
+   (``Llama.attention_choice``) measured against the alternative on the same model;
 4. ``attention_paths`` (``--attention-shapes``): the attention of one token over all layers, alone,
    "xla" against "fused" (its slots split for long caches) and the kernel split otherwise (unsplit
    where it splits, 4 splits where it does not), at each of ``--contexts`` (``jax_parts.attention_paths``;

@@ -44,7 +44,6 @@ __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 ATTENTION_IMPLS = ("xla", "pallas", "fused")
 SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
-KERNELS_BELOW_BYTES = 128 << 20  # a layer's weights: the GPU's default attention is "fused" below (measured at 7 and 88 MB)
 
 
 class KVCache(NamedTuple):
@@ -249,9 +248,8 @@ class Llama(nnx.Module):
         return self.layer_bytes() < SCAN_BELOW_BYTES
 
     def attention_choice(self) -> str:
-        """``attention_impl``, or by default: the einsum ("xla") on the CPU, and on a GPU "fused" for
-        layers under KERNELS_BELOW_BYTES (SmolLM2's and TinyLlama's shapes, where the H100 measured it
-        faster: docs/jax.md), the einsum above (Llama-3-8B's 436 MB layers: not measured)."""
+        """``attention_impl``, or by default: the einsum ("xla") on the CPU and for a target split over a
+        mesh, "fused" on one GPU (faster at SmolLM2's, TinyLlama's and Llama-3-8B's shapes: docs/jax.md)."""
         if self.attention_impl not in (None, *ATTENTION_IMPLS):
             raise ValueError(f"attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS} or None (by platform)")
         if self.attention_impl is not None:
@@ -261,7 +259,7 @@ class Llama(nnx.Module):
             return self.attention_impl
         if self.mesh is not None:  # the Pallas kernels see one device's arrays: XLA partitions the einsum
             return "xla"
-        return "fused" if on_gpu() and self.layer_bytes() < KERNELS_BELOW_BYTES else "xla"
+        return "fused" if on_gpu() else "xla"
 
     def layer_bytes(self) -> int:
         """One layer's weight bytes."""

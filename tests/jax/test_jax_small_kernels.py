@@ -113,11 +113,9 @@ def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, im
 
 
 def test_kernel_choices_by_platform_and_checked(monkeypatch):
-    """attention_impl None: the einsum on the CPU; on a GPU the fused kernel for layers under
-    KERNELS_BELOW_BYTES, the einsum above; a bad name is refused."""
+    """attention_impl None: the einsum on the CPU, the fused kernel on a GPU whatever the layer's size;
+    a bad name is refused."""
     from flax import nnx
-
-    from flashspec_jax.model import KERNELS_BELOW_BYTES
 
     with pytest.raises(ValueError, match="attention_impl='triton'"):
         Llama(LlamaConfig(**PLAIN), rngs=nnx.Rngs(0), attention_impl="triton")
@@ -127,8 +125,7 @@ def test_kernel_choices_by_platform_and_checked(monkeypatch):
     big = nnx.eval_shape(lambda: Llama(wide, dtype=jnp.bfloat16))
     assert (small.attention_choice(), big.attention_choice()) == ("xla", "xla")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert big.layer_bytes() > KERNELS_BELOW_BYTES > small.layer_bytes()
-    assert (small.attention_choice(), big.attention_choice()) == ("fused", "xla")
+    assert (small.attention_choice(), big.attention_choice()) == ("fused", "fused")
     big.attention_impl = "pallas"
     assert big.attention_choice() == "pallas"
 
