@@ -63,7 +63,7 @@ def main() -> None:
                 t = I.invariant_tiling(n, k, torch.bfloat16)
                 e = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device=meta)  # noqa: E731
                 for m, tiling in ((1, t), (64, t), (64, replace(t, block_m=64, row_tiles=1))):
-                    label[:] = [shape, proj, n, k, f"M {m} {tiling} splits {tiling.splits(k)}:"]
+                    label[:] = [shape, proj, n, k, f"M {m} {tiling} splits {tiling.slices(k)}:"]
                     I.launch(e(m, k), e(n, k), True, tiling)
 
 if __name__ == "__main__":

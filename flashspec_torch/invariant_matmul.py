@@ -12,7 +12,7 @@ weight chunk once for all of them; a row's bits are those of its row tile comput
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,30 +31,60 @@ def kernels():
 
 @dataclass(frozen=True)
 class InvariantTiling:
+    """How the kernel computes a product. The reduction order along K, hence a row's bits, is fixed by
+    ``order()`` (block_k, chunks, group) and K; the other fields only say which program computes what."""
+
     block_m: int
     block_n: int
     block_k: int
-    chunks: int  # K chunks per split: K is cut into cdiv(cdiv(K, block_k), chunks) slices, added in order
-    preload: int  # weight chunks of a slice loaded before the PDL wait, 1 <= preload <= chunks
+    chunks: int  # K chunks per slice: K is cut into slices() slices of chunks x block_k
+    preload: int  # weight chunks of a program's first slice loaded before the PDL wait, 1 <= preload <= chunks
     num_warps: int = 4
     num_stages: int = 2  # software pipelining of the loads; the sum order is the chunk order whatever it is
     row_tiles: int = 4  # row tiles of block_m per program at most (1-4): each weight chunk is loaded once for them
+    group: int = 1  # slices per group: each group summed from zero in slice order, then the groups in order
+    span: int = 1  # slices per program: 1, group, or 0 (all of them: no workspace, no counter)
 
-    def splits(self, k: int) -> int:
-        return -(-(-(-k // self.block_k)) // self.chunks)
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            val = getattr(self, name)
+            if not (isinstance(val, int) and val >= 16 and val & (val - 1) == 0):
+                raise ValueError(f"{name}={val!r} must be a power of two >= 16")
+        if not (isinstance(self.chunks, int) and self.chunks >= 1 and 1 <= self.preload <= self.chunks):
+            raise ValueError(f"chunks={self.chunks!r}, preload={self.preload!r}: need 1 <= preload <= chunks")
+        if self.row_tiles not in (1, 2, 3, 4):
+            raise ValueError(f"row_tiles={self.row_tiles!r} must be 1, 2, 3 or 4")
+        if not (isinstance(self.group, int) and self.group >= 1):
+            raise ValueError(f"group={self.group!r} must be an int >= 1")
+        if self.span not in (0, 1, self.group):
+            raise ValueError(f"span={self.span!r} must be 1, group ({self.group}) or 0 (every slice)")
+
+    def order(self) -> tuple[int, int, int]:
+        """What fixes a row's bits (with K and the dtype): two tilings of one order give the same bits."""
+        return self.block_k, self.chunks, self.group
+
+    def slices(self, k: int) -> int:
+        """K's slices: enough for K, rounded up to whole groups (the slices past K add nothing)."""
+        needed = -(-(-(-k // self.block_k)) // self.chunks)
+        return -(-needed // self.group) * self.group
+
+    def partials(self, k: int) -> int:
+        """Programs along K, each writing one partial (1: no workspace)."""
+        return self.slices(k) // (self.span or self.slices(k))
 
 
 BLOCK_M = 16  # tl.dot's least M: a decode row pays 16 rows of arithmetic but reads the weights once
 ROW_TILES = 4  # a program computes up to 4 row tiles (64 rows) per weight chunk it loads
 TARGET_PROGRAMS = 1024  # programs per launch at M <= 64: ~8 per SM of an H100 (132 SMs)
-MAX_SPLIT_COLUMNS = 65536  # splits x N at most: the float32 partials of a row stay <= 256 KB
+MAX_SPLIT_COLUMNS = 65536  # slices x N at most: the float32 partials of a row stay <= 256 KB
+SERIAL_PROGRAMS = 256  # M > 64: one program per (row group, column tile) over all slices when there are this many
 
 
 def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
-    """A function of (N, K, dtype) only, so that it is the same for every M: wider N tiles for wide
-    products (the LM head), K chunks of 128 (64 in float32, whose tiles take twice the registers), and
-    a split of K into slices of 8, 4, 2 or 1 chunks, the longest that still gives ~``TARGET_PROGRAMS``
-    programs at M <= 64, lengthened while the partials would exceed ``MAX_SPLIT_COLUMNS``."""
+    """A function of (N, K, dtype) only, so that its order is the same for every M: wider N tiles for
+    wide products (the LM head), K chunks of 128 (64 in float32, whose tiles take twice the registers),
+    and slices of 8, 4, 2 or 1 chunks, the longest that still give ~``TARGET_PROGRAMS`` programs at
+    M <= 64, lengthened while the partials would exceed ``MAX_SPLIT_COLUMNS``; one slice per group."""
     block_n = 64 if n >= 16384 else 32 if n >= 8192 else 16
     block_k = 64 if dtype == torch.float32 else 128
     tiles, chunks_k = -(-n // block_n), -(-k // block_k)
@@ -65,6 +95,17 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
         chunks *= 2
     chunks = min(chunks, chunks_k)
     return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 32 // block_n)), row_tiles=ROW_TILES)
+
+
+def launch_tiling(t: InvariantTiling, m: int, n: int, k: int) -> InvariantTiling:
+    """The engine's tiling for M rows: ``t`` (one slice per program, every program's partial to the
+    workspace) up to 64 rows; above, every slice in one program (no workspace) when that still gives
+    ``SERIAL_PROGRAMS`` programs. Both are ``t``'s order with 16-row tiles (the same ``tl.dot``), so a
+    row's bits are the same at every M; 64-row tiles (another MMA instruction on sm_90) are not used."""
+    groups = -(-m // (t.block_m * t.row_tiles))
+    if m > t.block_m * t.row_tiles and groups * -(-n // t.block_n) >= SERIAL_PROGRAMS:
+        return replace(t, span=0)
+    return t
 
 
 def invariant_matmul(
@@ -80,27 +121,30 @@ def invariant_matmul(
 
 def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tensor:
     """x [M, K]; w [N, K] -> y [M, N] by ``invariant_matmul_kernel``: a program computes up to
-    ``row_tiles`` row tiles of one column tile and one K slice, each weight chunk loaded once for all of
-    them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
-    ``tiling`` None: ``invariant_tiling`` (the engine); given: that one (benchmarks, tests)."""
+    ``row_tiles`` row tiles of one column tile and ``span`` slices, each weight chunk loaded once for all
+    of them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
+    ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one."""
     m, (n, k) = x.shape[0], w.shape
-    t = invariant_tiling(n, k, x.dtype) if tiling is None else tiling
+    t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k) if tiling is None else tiling
     row_tiles = min(t.row_tiles, -(-m // t.block_m))  # fewer when M is small: no program computes an empty tile
     rows_per_program = row_tiles * t.block_m
-    splits, grid = t.splits(k), (-(-m // rows_per_program), -(-n // t.block_n))
+    slices, partials = t.slices(k), t.partials(k)
+    span = slices // partials
+    grid = (-(-m // rows_per_program), -(-n // t.block_n))
     rows = COUNTERS // grid[1] * rows_per_program  # the most rows one launch's counters cover
-    if splits > 1 and m > rows:  # pieces of whole row groups: a row's bits do not depend on its launch
+    if partials > 1 and m > rows:  # pieces of whole row groups: a row's bits do not depend on its launch
         return torch.cat([launch(x[i : i + rows], w, pdl, t) for i in range(0, m, rows)])
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = count = y
-    if splits > 1:
-        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    if partials > 1:
+        part = torch.empty((partials, m, n), dtype=torch.float32, device=x.device)
         count = counters(x.device, grid[0] * grid[1])
     use_pdl = pdl_on(pdl, x)
-    kernels().invariant_matmul_kernel[(*grid, splits)](
+    kernels().invariant_matmul_kernel[(*grid, partials)](
         x, w, y, part, count, m, n, k,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SPLITS=splits, PRELOAD=t.preload,
-        ROW_TILES=row_tiles, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SLICES=slices, GROUP=t.group,
+        SPAN=span, PARTIALS=partials, PER_GROUP=max(1, t.group // span), PRELOAD=t.preload, ROW_TILES=row_tiles,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
         USE_PDL=use_pdl, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
     )
     return y

@@ -87,10 +87,10 @@ def test_the_tiling_depends_on_the_weight_and_dtype_only():
     """One tiling per (N, K, dtype): the launcher has no M to choose by. K is split into slices so that
     a launch of up to 64 rows has ~1024 programs, the partials bounded by N."""
     head = I.invariant_tiling(32000, 2048, torch.bfloat16)
-    assert (head.block_n, head.splits(2048)) == (64, 2)
+    assert (head.block_n, head.slices(2048)) == (64, 2)
     assert I.invariant_tiling(2048, 2048, torch.bfloat16) == I.InvariantTiling(16, 16, 128, 2, 2, row_tiles=4)
-    assert I.invariant_tiling(2048, 5632, torch.bfloat16).splits(5632) == 11  # the last slice partial
-    assert I.invariant_tiling(128256, 4096, torch.bfloat16).splits(4096) == 1  # 2004 column tiles: no split
+    assert I.invariant_tiling(2048, 5632, torch.bfloat16).slices(5632) == 11  # the last slice partial
+    assert I.invariant_tiling(128256, 4096, torch.bfloat16).slices(4096) == 1  # 2004 column tiles: no split
     assert I.invariant_tiling(2048, 2048, torch.float32).block_k == 64
 
 
