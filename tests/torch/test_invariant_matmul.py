@@ -106,6 +106,52 @@ def test_a_split_or_none_keeps_a_rows_bits_and_agrees_with_the_reference():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
 
 
+def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same_bits(monkeypatch):
+    """``launch_tiling`` above 64 rows (here forced: 1 program suffices) takes every slice in one program,
+    no workspace: a row's bits alone (one slice per program) == in the 70-row pass == in the other batches."""
+    monkeypatch.setattr(I, "SERIAL_PROGRAMS", 1)
+    t = I.invariant_tiling(N, K, torch.bfloat16)
+    assert I.launch_tiling(t, 70, N, K).span == 0 and I.launch_tiling(t, 64, N, K) == t
+    x, w = operands(torch.bfloat16)
+    assert invariance_failures(I.invariant_matmul, x, w) == []
+
+
+def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
+    """One order (block_k 64, slices of 1 chunk, 2 slices per group: 4 slices, 2 groups; float32, where
+    every rounding shows) computed with 1, 2 (a group) or all 4 slices per program, 1-4 row tiles of 16 or
+    32 rows, 16 or 32 columns, 2 or 4 warps: every row of the 70-row pass has the bits of the first
+    tiling's rows alone, and each tiling's sum agrees with the reference."""
+    x, w = operands(torch.float32)
+    first = I.InvariantTiling(16, 16, 64, 1, 1, group=2)
+    alone = torch.cat([I.launch(x[i : i + 1], w, False, first) for i in EDGES])
+    want = I.invariant_matmul_reference(x, w)
+    for t in (replace(first, span=2), replace(first, span=0, row_tiles=2), replace(first, block_n=32, span=0),
+              replace(first, block_m=32, row_tiles=1, num_warps=2), replace(first, span=2, row_tiles=3)):
+        assert t.order() == first.order() and t.slices(K) == 4 and t.partials(K) == 4 // (t.span or 4)
+        got = I.launch(x, w, False, t)
+        assert torch.equal(got[list(EDGES)], alone), t
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+def test_slices_are_rounded_up_to_whole_groups():
+    """K 200 in chunks of 64: 4 chunks; slices of 3 chunks: 2, in groups of 3: 3 (the last adds nothing)."""
+    t = I.InvariantTiling(16, 16, 64, 3, 1, group=3, span=3)
+    assert (t.slices(K), t.partials(K)) == (3, 1)
+    x, w = operands(torch.float32)
+    want = I.invariant_matmul_reference(x, w)
+    got = I.launch(x[:20], w, False, t)
+    assert torch.equal(got, I.launch(x[:20], w, False, replace(t, span=1)))
+    torch.testing.assert_close(got, want[:20], rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("field, value, match", [("span", 3, "span=3 must be 1, group"), ("row_tiles", 5, "row_tiles=5"),
+                                                 ("block_m", 24, "block_m=24 must be a power of two"),
+                                                 ("preload", 3, "need 1 <= preload <= chunks"), ("group", 0, "group=0")])
+def test_a_bad_tiling_is_refused_by_name(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        replace(I.InvariantTiling(16, 16, 64, 2, 1, group=2), **{field: value})
+
+
 def test_more_rows_than_the_counters_cover_run_in_pieces(monkeypatch):
     """A grid with more tiles than the counters runs as launches of whole row groups (here 64 + 6 rows):
     the same bits as one launch."""
