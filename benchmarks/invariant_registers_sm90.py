@@ -28,7 +28,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature  # no
 
 from flashspec_torch import invariant_matmul as I  # noqa: E402
 from flashspec_torch import layers  # noqa: E402
-from invariant_tiles_gpu import SHAPES, families, m_class, projections  # noqa: E402  (benchmarks/ is on sys.path)
+from invariant_tiles_gpu import families, m_class, projections  # noqa: E402  (benchmarks/ is on sys.path)
 
 TARGET = GPUTarget("cuda", 90, 64)
 def main() -> None:

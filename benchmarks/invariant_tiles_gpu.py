@@ -271,7 +271,7 @@ def main() -> None:
                                 budget_s=args.budget_s, timer="triton.testing.do_bench(warmup=5, rep=25), L2 flushed"),
                   parts=[], skipped=[])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    jobs = [(n, k, args.ms, args.device) for shape in shapes for proj, n, k in projections(shape)
+    jobs = [(n, k, tuple(args.ms), args.device) for shape in shapes for proj, n, k in projections(shape)
             if proj in args.projections.split(",")]
     if args.compile_workers and args.device == "cuda":
         result["precompile"] = precompile(list(dict.fromkeys(jobs)), args.compile_workers, args.compile_s)
