@@ -21,7 +21,8 @@ an empirical question). Per projection and family:
 
 ``summary``: per shape, family and M, the sum over the projections of the best passing candidates' us
 against cuBLAS's and the engine's (``launch_tiling``); which candidates failed anywhere (they must never
-be mixed). The JSON is rewritten after each part; a part that would start after ``--budget-s`` is
+be mixed); ``mma64_equal``: no 64-row candidate failed and every mutant was caught (with nothing in
+``skipped``, the evidence ``flashspec_torch.invariant_matmul.MMA64_CARDS`` asks for this GPU). The JSON is rewritten after each part; a part that would start after ``--budget-s`` is
 skipped and named in ``skipped``. ``--device cpu --tiny`` (TRITON_INTERPRET=1) tests the script.
 """
 
@@ -205,6 +206,7 @@ def summarize(parts: list[dict]) -> dict:
                                             best_over_cublas=best_us / cublas, engine_over_cublas=engine / cublas,
                                             choice={p["projection"]: b["candidate"] for p, b in zip(mine, bests)})
         out["per_shape"][shape] = rows
+    out["mma64_equal"] = not [f for f in failed if "m64" in f] and out["mutants_caught"] == out["mutants"] > 0
     return out
 
 
@@ -295,7 +297,7 @@ def main() -> None:
     result["summary"] = summarize(result["parts"])
     args.out.write_text(json.dumps(result, indent=1))
     s = result["summary"]
-    print(json.dumps(dict(failed=s["failed"], mutants=f"{s['mutants_caught']}/{s['mutants']} caught",
+    print(json.dumps(dict(failed=s["failed"], mma64_equal=s["mma64_equal"], mutants=f"{s['mutants_caught']}/{s['mutants']} caught",
                           per_shape={sh: {k: round(v["best_over_cublas"], 3) for k, v in r.items()}
                                      for sh, r in s["per_shape"].items()}, skipped=result["skipped"]), indent=1))
 

@@ -4,19 +4,23 @@ every product of the target by it, after the per-row add + RMSNorm and SwiGLU ke
 ``flashspec_torch.layers``). Kernel in ``flashspec_torch/kernels/invariant_matmul.py``; argument checks
 and the reference (``invariant_matmul_reference``, rounding once at the end) are ``flashspec_torch.gemv``'s.
 
-The tiling (``invariant_tiling``) depends on N, K and the dtype, never on M: row tiles of 16, one
-K chunk size, and a fixed split of K into slices whose float32 partial sums are added in slice order.
-A program computes one column tile of one K slice for up to 4 row tiles (64 rows), loading each
-weight chunk once for all of them; a row's bits are those of its row tile computed alone.
+The reduction order (``invariant_tiling``) depends on N, K and the dtype, never on M: one K chunk
+size, a fixed cut of K into slices (each a float32 sum of its chunks' dots in order) and of the slices
+into groups; the slices' sums are added per group, the groups' sums in order. How the work is spread
+over programs (``launch_tiling``) does depend on M and never changes that order: up to 4 row tiles
+of 16 rows per program (each weight chunk loaded once for all of them), one slice per program up to
+64 rows (partials added by the last program), every slice in one program above (no workspace), and
+64-row tiles only on the GPUs of ``MMA64_CARDS`` (another MMA instruction: admitted by measurement).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
 
-from .device import interpreting
+from .device import cuda_index, interpreting
 from .gemv import check, gemv_reference
 from .layers import pdl_on
 
@@ -97,13 +101,34 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
     return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 32 // block_n)), row_tiles=ROW_TILES)
 
 
-def launch_tiling(t: InvariantTiling, m: int, n: int, k: int) -> InvariantTiling:
-    """The engine's tiling for M rows: ``t`` (one slice per program, every program's partial to the
-    workspace) up to 64 rows; above, every slice in one program (no workspace) when that still gives
-    ``SERIAL_PROGRAMS`` programs. Both are ``t``'s order with 16-row tiles (the same ``tl.dot``), so a
-    row's bits are the same at every M; 64-row tiles (another MMA instruction on sm_90) are not used."""
+# GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
+# tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check, with
+# the result directory that shows it. Only on these does the engine use 64-row tiles (from MMA64_ROWS rows).
+MMA64_CARDS: dict[str, str] = {}
+MMA64_ROWS = 64
+
+
+@functools.lru_cache(maxsize=None)
+def card_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def card(device: torch.device) -> str | None:  # the GPU's name; None on the CPU and in the interpreter
+    if device.type != "cuda" or interpreting():
+        return None
+    return card_name(cuda_index(device))
+
+
+def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = None) -> InvariantTiling:
+    """The engine's tiling for M rows, of ``t``'s order: 16-row tiles, one slice per program (every
+    program's partial to the workspace) up to 64 rows; 64-row tiles from ``MMA64_ROWS`` rows on a
+    ``gpu`` of ``MMA64_CARDS``; above 64 rows, every slice in one program (no workspace) when that still
+    gives ``SERIAL_PROGRAMS`` programs. A row's bits are the same at every M: the sequence of dots and
+    additions is ``t``'s (and the MMA instruction the same, or shown to round alike on ``gpu``)."""
+    if gpu in MMA64_CARDS and m >= MMA64_ROWS:
+        t = replace(t, block_m=64, row_tiles=1)
     groups = -(-m // (t.block_m * t.row_tiles))
-    if m > t.block_m * t.row_tiles and groups * -(-n // t.block_n) >= SERIAL_PROGRAMS:
+    if m > 64 and groups * -(-n // t.block_n) >= SERIAL_PROGRAMS:
         return replace(t, span=0)
     return t
 
@@ -125,7 +150,7 @@ def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tens
     of them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
     ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one."""
     m, (n, k) = x.shape[0], w.shape
-    t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k) if tiling is None else tiling
+    t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k, card(x.device)) if tiling is None else tiling
     row_tiles = min(t.row_tiles, -(-m // t.block_m))  # fewer when M is small: no program computes an empty tile
     rows_per_program = row_tiles * t.block_m
     slices, partials = t.slices(k), t.partials(k)

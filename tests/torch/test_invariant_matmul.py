@@ -116,6 +116,33 @@ def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same
     assert invariance_failures(I.invariant_matmul, x, w) == []
 
 
+def test_64_row_tiles_only_on_an_admitted_card_with_the_same_bits(monkeypatch):
+    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (elsewhere never); under
+    the interpreter (no MMA) they give every row its bits alone."""
+    t = I.invariant_tiling(N, K, torch.bfloat16)
+    assert I.launch_tiling(t, 64, N, K, "some GPU").block_m == 16
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": "its results"})
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)] == [16, 16, 64, 64]
+    monkeypatch.setattr(I, "card", lambda device: "some GPU")
+    x, w = operands(torch.bfloat16)
+    full = I.invariant_matmul(x, w)
+    assert all(torch.equal(I.invariant_matmul(x[i : i + 1], w)[0], full[i]) for i in (0, 63, 64, 69))
+
+
+def test_every_admitted_card_has_its_evidence():
+    """Each card of ``MMA64_CARDS`` names a GPU result of benchmarks/invariant_tiles_gpu.py on that card
+    where no 64-row candidate failed, nothing was skipped and every mutant was caught."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for name, where in I.MMA64_CARDS.items():
+        got = json.loads((root / where / "invariant_tiles_gpu.json").read_text())
+        s = got["summary"]
+        assert got["gpu"] == name and not got["skipped"] and s["mutants_caught"] == s["mutants"] > 0, where
+        assert not [f for f in s["failed"] if "m64" in f], (where, s["failed"])
+
+
 def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
     """One order (block_k 64, slices of 1 chunk, 2 slices per group: 4 slices, 2 groups; float32, where
     every rounding shows) computed with 1, 2 (a group) or all 4 slices per program, 1-4 row tiles of 16 or
