@@ -5,7 +5,7 @@ against cuBLAS (issue #40)?
 
 Every projection (qkv, o, gate_up, down, LM head) of TinyLlama-1.1B's and Llama-3-8B's shapes, random
 bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks, group) with the
-candidates that keep it (``CANDIDATES``): 16-row tiles varying warps, column tile, slices per program;
+candidates that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
 64-row tiles (a warpgroup MMA on sm_90 instead of ``mma.sync``: the one change whose rounding is
 an empirical question). Per projection and family:
 
@@ -67,6 +67,7 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
     engine = {
         "r16": (t, ("small", "64", "big")),
         "r16_w2": (replace(t, num_warps=2), ("small",)),
+        "r16_s4": (replace(t, num_stages=4), ("small",)),
         "r16_n2x": (replace(t, block_n=wide), ("small", "64")),
         "r16_serial": (replace(t, span=0), ("64", "big")),
         "m64": (m64, ("64", "big")),
