@@ -6,8 +6,10 @@ against cuBLAS (issue #40)?
 Every projection (qkv, o, gate_up, down, LM head) of TinyLlama-1.1B's and Llama-3-8B's shapes, random
 bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks, group) with the
 candidates that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
-64-row tiles (a warpgroup MMA on sm_90 instead of ``mma.sync``: the one change whose rounding is
-an empirical question). Per projection and family:
+64-row tiles (a warpgroup MMA on sm_90 instead of ``mma.sync``: an empirical question of rounding);
+and K chunks of twice the length over the same slices (``r16_k2x``: the same sequence of 16-deep MMA
+steps if the compiler chains them alike; another order for the interpreter, whose checks it fails).
+Per projection and family:
 
 * ``checks``: each row of ``--rows`` random rows computed alone by the family's first candidate (M = 1)
   is the reference; every candidate at each of its M (``--ms``) on ``--trials`` random inputs x 3
@@ -74,6 +76,10 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
         "m64_serial": (replace(m64, span=0), ("64", "big")),
         "m64_n64_serial": (replace(m64, span=0, block_n=64, num_stages=3), ("big",)),
     }
+    if t.chunks % 2 == 0:  # the same slices in chunks of twice the K: on a GPU the same 16-deep MMA steps in the
+        # same order, if Triton chains them alike (another order() and other bits under the interpreter's tree sum)
+        engine["r16_k2x"] = (replace(t, block_k=2 * t.block_k, chunks=t.chunks // 2, preload=min(t.preload, t.chunks // 2)),
+                             ("small",))  # at 64 rows (4 row tiles) ptxas spills
     out = {"engine": engine}
     slices = t.slices(k)
     if slices >= 2:
