@@ -8,7 +8,8 @@ bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, c
 candidates that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
 64-row tiles (a warpgroup MMA on sm_90 instead of ``mma.sync``: an empirical question of rounding);
 and K chunks of twice the length over the same slices (``r16_k2x``: the same sequence of 16-deep MMA
-steps if the compiler chains them alike; another order for the interpreter, whose checks it fails).
+steps if the compiler chains them alike; the interpreter's pairwise tree over 256 is the sum of the two
+trees over 128, the same bits).
 Per projection and family:
 
 * ``checks``: each row of ``--rows`` random rows computed alone by the family's first candidate (M = 1)
@@ -77,7 +78,7 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
         "m64_n64_serial": (replace(m64, span=0, block_n=64, num_stages=3), ("big",)),
     }
     if t.chunks % 2 == 0:  # the same slices in chunks of twice the K: on a GPU the same 16-deep MMA steps in the
-        # same order, if Triton chains them alike (another order() and other bits under the interpreter's tree sum)
+        # same order, if Triton chains them alike (another order(); the interpreter's tree sums give the same bits)
         engine["r16_k2x"] = (replace(t, block_k=2 * t.block_k, chunks=t.chunks // 2, preload=min(t.preload, t.chunks // 2)),
                              ("small",))  # at 64 rows (4 row tiles) ptxas spills
     out = {"engine": engine}
