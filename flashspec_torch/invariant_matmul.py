@@ -81,7 +81,8 @@ BLOCK_M = 16  # tl.dot's least M: a decode row pays 16 rows of arithmetic but re
 ROW_TILES = 4  # a program computes up to 4 row tiles (64 rows) per weight chunk it loads
 TARGET_PROGRAMS = 1024  # programs per launch at M <= 64: ~8 per SM of an H100 (132 SMs)
 MAX_SPLIT_COLUMNS = 65536  # slices x N at most: the float32 partials of a row stay <= 256 KB
-SERIAL_PROGRAMS = 256  # M > 64: one program per (row group, column tile) over all slices when there are this many
+SERIAL_PROGRAMS = 256  # > 64 rows, 16-row tiles: one program per (row group, column tile) over all slices from this many
+MMA64_SERIAL_PROGRAMS = 320  # 64 rows on a card of MMA64_CARDS: one 64-row tile over all slices from this many column tiles
 
 
 def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
@@ -104,7 +105,7 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
 # GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
 # tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check, with
 # the result directory that shows it. Only on these does the engine use 64-row tiles (from MMA64_ROWS rows).
-MMA64_CARDS: dict[str, str] = {}
+MMA64_CARDS: dict[str, str] = {"NVIDIA H200": "benchmarks/results/gpu_2026-12-06_s14_invtile"}
 MMA64_ROWS = 64
 
 
@@ -120,15 +121,28 @@ def card(device: torch.device) -> str | None:  # the GPU's name; None on the CPU
 
 
 def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = None) -> InvariantTiling:
-    """The engine's tiling for M rows, of ``t``'s order: 16-row tiles, one slice per program (every
-    program's partial to the workspace) up to 64 rows; 64-row tiles from ``MMA64_ROWS`` rows on a
-    ``gpu`` of ``MMA64_CARDS``; above 64 rows, every slice in one program (no workspace) when that still
-    gives ``SERIAL_PROGRAMS`` programs. A row's bits are the same at every M: the sequence of dots and
-    additions is ``t``'s (and the MMA instruction the same, or shown to round alike on ``gpu``)."""
-    if gpu in MMA64_CARDS and m >= MMA64_ROWS:
-        t = replace(t, block_m=64, row_tiles=1)
+    """The engine's tiling for M rows, always of ``t``'s order (``t``: ``invariant_tiling``; block_n < 64
+    but for the widest products). Up to 64 rows, 16-row tiles (up to 4 per program), one slice per
+    program, with twice ``t``'s columns per tile, or, for the widest products, 4 stages where a slice has
+    16 chunks or more (at most 16 rows); on a ``gpu`` of ``MMA64_CARDS``, at 64 rows one 64-row tile over
+    every slice per program where there are ``MMA64_SERIAL_PROGRAMS`` column tiles. Above 64 rows, on
+    such a card 64-row tiles of 64 columns over every slice; elsewhere 16-row tiles over every slice
+    where that still gives ``SERIAL_PROGRAMS`` programs. These are the fastest candidates of
+    ``benchmarks/invariant_tiles_gpu.py`` on an H200 (docs/batch_invariance.md). A row's bits are the
+    same at every M: the sequence of dots and additions is ``t``'s (and the MMA instruction the same,
+    or shown to round alike on ``gpu``)."""
+    wide = t.block_n >= 64
+    mma64 = gpu in MMA64_CARDS
+    if m <= t.block_m * t.row_tiles:
+        if mma64 and m >= MMA64_ROWS and -(-n // t.block_n) >= MMA64_SERIAL_PROGRAMS:
+            return replace(t, block_m=64, row_tiles=1, span=0)
+        if not wide:
+            return replace(t, block_n=2 * t.block_n)
+        return replace(t, num_stages=4) if m <= t.block_m and t.chunks >= 16 else t
+    if mma64:
+        return replace(t, block_m=64, row_tiles=1, span=0, block_n=64, num_stages=t.num_stages if wide else 3)
     groups = -(-m // (t.block_m * t.row_tiles))
-    if m > 64 and groups * -(-n // t.block_n) >= SERIAL_PROGRAMS:
+    if groups * -(-n // t.block_n) >= SERIAL_PROGRAMS:
         return replace(t, span=0)
     return t
 

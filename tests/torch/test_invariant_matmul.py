@@ -111,17 +111,20 @@ def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same
     no workspace: a row's bits alone (one slice per program) == in the 70-row pass == in the other batches."""
     monkeypatch.setattr(I, "SERIAL_PROGRAMS", 1)
     t = I.invariant_tiling(N, K, torch.bfloat16)
-    assert I.launch_tiling(t, 70, N, K).span == 0 and I.launch_tiling(t, 64, N, K) == t
+    assert I.launch_tiling(t, 70, N, K).span == 0 and I.launch_tiling(t, 64, N, K).span == 1
     x, w = operands(torch.bfloat16)
     assert invariance_failures(I.invariant_matmul, x, w) == []
 
 
 def test_64_row_tiles_only_on_an_admitted_card_with_the_same_bits(monkeypatch):
-    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (elsewhere never); under
-    the interpreter (no MMA) they give every row its bits alone."""
+    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (at 64 rows only with enough
+    column tiles: here 1 suffices), elsewhere never; under the interpreter (no MMA) they give every row
+    its bits alone."""
     t = I.invariant_tiling(N, K, torch.bfloat16)
-    assert I.launch_tiling(t, 64, N, K, "some GPU").block_m == 16
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (64, 70)] == [16, 16]
     monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": "its results"})
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)] == [16, 16, 16, 64]
+    monkeypatch.setattr(I, "MMA64_SERIAL_PROGRAMS", 1)
     assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)] == [16, 16, 64, 64]
     monkeypatch.setattr(I, "card", lambda device: "some GPU")
     x, w = operands(torch.bfloat16)
@@ -141,6 +144,26 @@ def test_every_admitted_card_has_its_evidence():
         s = got["summary"]
         assert got["gpu"] == name and not got["skipped"] and s["mutants_caught"] == s["mutants"] > 0, where
         assert not [f for f in s["failed"] if "m64" in f], (where, s["failed"])
+
+
+def test_the_engines_launches_by_m_are_the_measured_candidates():
+    """``launch_tiling`` picks, per M, what benchmarks/invariant_tiles_gpu.py timed (and checked) on the
+    H200: twice the columns up to 64 rows (4 stages for the widest products with long slices at <= 16
+    rows); on an admitted card one 64-row tile over every slice, of 64 columns above 64 rows; every tiling
+    of the engine's order."""
+    qkv = I.invariant_tiling(2560, 2048, torch.bfloat16)  # TinyLlama-1.1B: 160 column tiles of 16
+    head = I.invariant_tiling(128256, 4096, torch.bfloat16)  # Llama-3-8B's LM head: block_n 64, 32 chunks
+    assert I.launch_tiling(qkv, 1, 2560, 2048) == replace(qkv, block_n=32) == I.launch_tiling(qkv, 64, 2560, 2048)
+    assert I.launch_tiling(head, 16, 128256, 4096) == replace(head, num_stages=4)
+    assert I.launch_tiling(head, 64, 128256, 4096) == head
+    h200 = "NVIDIA H200"
+    assert I.launch_tiling(head, 64, 128256, 4096, h200) == replace(head, block_m=64, row_tiles=1, span=0)
+    assert I.launch_tiling(qkv, 64, 2560, 2048, h200) == replace(qkv, block_n=32)  # 160 column tiles: too few
+    assert I.launch_tiling(qkv, 320, 2560, 2048, h200) == replace(qkv, block_m=64, row_tiles=1, span=0, block_n=64,
+                                                                  num_stages=3)
+    assert I.launch_tiling(qkv, 320, 2560, 2048) == replace(qkv, span=0)
+    for t, n, k in ((qkv, 2560, 2048), (head, 128256, 4096)):
+        assert {I.launch_tiling(t, m, n, k, gpu).order() for m in (1, 16, 17, 64, 65, 320) for gpu in (None, h200)} == {t.order()}
 
 
 def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
