@@ -212,7 +212,7 @@ def products(name: str, ms, device: str) -> list[dict]:
                        m64=replace(t, block_m=64, row_tiles=1))
         alone = {v: I.launch(x[:1], w, True, tt) for v, tt in tilings.items()}
         for m in ms:
-            row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(t), splits=t.splits(k))
+            row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(t), splits=t.slices(k))
             got = {v: I.launch(x[:m], w, True, tt) for v, tt in tilings.items()}
             row["pass"] = all(torch.equal(got[v][:1], alone[v]) for v in tilings)
             row["m64_equals_rows4"] = bool(torch.equal(got["m64"], got["rows4"]))  # informational

@@ -1,12 +1,13 @@
 """Registers and spills of the batch-invariant product on sm_90, without a GPU: compiles the kernel
-for sm_90a with ``triton.compile`` with the engine's tiling (``invariant_tiling``) of every projection
-of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16) at M = 1 (one row tile per program) and M = 64
-(4 row tiles per program), and 64-row tiles (one per program) at M = 64, and runs ``ptxas -v`` on its
-PTX. Run without TRITON_INTERPRET:
+for sm_90a with ``triton.compile`` with every tiling ``benchmarks/invariant_tiles_gpu.py`` times (its
+``families``: the candidates of each reduction order, and the engine's ``launch_tiling``) of every
+projection of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16), at M = 1, 64 and 320 where the
+candidate runs (each distinct kernel once), and runs ``ptxas -v`` on its PTX. Run without
+TRITON_INTERPRET:
 
-    PYTHONPATH=$PWD/shared:$PWD python benchmarks/invariant_registers_sm90.py [tinyllama llama3]
+    PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks python benchmarks/invariant_registers_sm90.py [tinyllama-1.1b llama3-8b]
 
-(~10-20 s per compile on a slow core). Prints one line per projection and variant: its tiling, shared
+(~1-2 s per compile on this project's CPU machine). Prints one line per projection and variant: its tiling, shared
 memory, registers, spill bytes.
 """
 
@@ -14,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from unittest import mock
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -28,16 +28,9 @@ from triton.runtime.jit import JITFunction, create_function_from_signature  # no
 
 from flashspec_torch import invariant_matmul as I  # noqa: E402
 from flashspec_torch import layers  # noqa: E402
+from invariant_tiles_gpu import families, m_class, projections  # noqa: E402  (benchmarks/ is on sys.path)
 
 TARGET = GPUTarget("cuda", 90, 64)
-SHAPES = {  # (projection, N, K): qkv, o, gate_up, down, LM head
-    "tinyllama": (("qkv", 2560, 2048), ("o", 2048, 2048), ("gate_up", 11264, 2048), ("down", 2048, 5632),
-                  ("lm_head", 32000, 2048)),
-    "llama3": (("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
-               ("lm_head", 128256, 4096)),
-}
-
-
 def main() -> None:
     backend = make_backend(TARGET)
     label = []
@@ -58,13 +51,21 @@ def main() -> None:
     with mock.patch.object(JITFunction, "run", run), \
             mock.patch.object(torch.Tensor, "data_ptr", lambda t: ((id(t) & 0xFFFFFFFFFF) << 8) if t.is_meta else real_ptr(t)), \
             mock.patch.object(layers, "pdl_possible", lambda d: True), mock.patch.object(I, "interpreting", lambda: False):
-        for shape in sys.argv[1:] or list(SHAPES):
-            for proj, n, k in SHAPES[shape]:
+        for shape in sys.argv[1:] or ["tinyllama-1.1b", "llama3-8b"]:
+            for proj, n, k in projections(shape):
                 t = I.invariant_tiling(n, k, torch.bfloat16)
                 e = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device=meta)  # noqa: E731
-                for m, tiling in ((1, t), (64, t), (64, replace(t, block_m=64, row_tiles=1))):
-                    label[:] = [shape, proj, n, k, f"M {m} {tiling} splits {tiling.splits(k)}:"]
-                    I.launch(e(m, k), e(n, k), True, tiling)
+                seen = set()
+                cands = [(f"{f}/{c}", tt, cls) for f, d in families(t, k).items() for c, (tt, cls) in d.items()]
+                for m in (1, 64, 320):
+                    for name, tiling, classes in cands + [("launch_tiling", I.launch_tiling(t, m, n, k), (m_class(m),))]:
+                        key = (tiling, min(tiling.row_tiles, -(-m // tiling.block_m)))
+                        if m_class(m) not in classes or key in seen:
+                            continue
+                        seen.add(key)
+                        label[:] = [shape, proj, n, k, f"M {m} {name} {tiling} slices {tiling.slices(k)}:"]
+                        I.launch(e(m, k), e(n, k), True, tiling)
+
 
 if __name__ == "__main__":
     main()

@@ -4,19 +4,23 @@ every product of the target by it, after the per-row add + RMSNorm and SwiGLU ke
 ``flashspec_torch.layers``). Kernel in ``flashspec_torch/kernels/invariant_matmul.py``; argument checks
 and the reference (``invariant_matmul_reference``, rounding once at the end) are ``flashspec_torch.gemv``'s.
 
-The tiling (``invariant_tiling``) depends on N, K and the dtype, never on M: row tiles of 16, one
-K chunk size, and a fixed split of K into slices whose float32 partial sums are added in slice order.
-A program computes one column tile of one K slice for up to 4 row tiles (64 rows), loading each
-weight chunk once for all of them; a row's bits are those of its row tile computed alone.
+The reduction order (``invariant_tiling``) depends on N, K and the dtype, never on M: one K chunk
+size, a fixed cut of K into slices (each a float32 sum of its chunks' dots in order) and of the slices
+into groups; the slices' sums are added per group, the groups' sums in order. How the work is spread
+over programs (``launch_tiling``) does depend on M and never changes that order: up to 4 row tiles
+of 16 rows per program (each weight chunk loaded once for all of them), one slice per program up to
+64 rows (partials added by the last program), every slice in one program above (no workspace), and
+64-row tiles only on the GPUs of ``MMA64_CARDS`` (another MMA instruction: admitted by measurement).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 import torch
 
-from .device import interpreting
+from .device import cuda_index, interpreting
 from .gemv import check, gemv_reference
 from .layers import pdl_on
 
@@ -31,30 +35,61 @@ def kernels():
 
 @dataclass(frozen=True)
 class InvariantTiling:
+    """How the kernel computes a product. The reduction order along K, hence a row's bits, is fixed by
+    ``order()`` (block_k, chunks, group) and K; the other fields only say which program computes what."""
+
     block_m: int
     block_n: int
     block_k: int
-    chunks: int  # K chunks per split: K is cut into cdiv(cdiv(K, block_k), chunks) slices, added in order
-    preload: int  # weight chunks of a slice loaded before the PDL wait, 1 <= preload <= chunks
+    chunks: int  # K chunks per slice: K is cut into slices() slices of chunks x block_k
+    preload: int  # weight chunks of a program's first slice loaded before the PDL wait, 1 <= preload <= chunks
     num_warps: int = 4
     num_stages: int = 2  # software pipelining of the loads; the sum order is the chunk order whatever it is
     row_tiles: int = 4  # row tiles of block_m per program at most (1-4): each weight chunk is loaded once for them
+    group: int = 1  # slices per group: each group summed from zero in slice order, then the groups in order
+    span: int = 1  # slices per program: 1, group, or 0 (all of them: no workspace, no counter)
 
-    def splits(self, k: int) -> int:
-        return -(-(-(-k // self.block_k)) // self.chunks)
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            val = getattr(self, name)
+            if not (isinstance(val, int) and val >= 16 and val & (val - 1) == 0):
+                raise ValueError(f"{name}={val!r} must be a power of two >= 16")
+        if not (isinstance(self.chunks, int) and self.chunks >= 1 and 1 <= self.preload <= self.chunks):
+            raise ValueError(f"chunks={self.chunks!r}, preload={self.preload!r}: need 1 <= preload <= chunks")
+        if self.row_tiles not in (1, 2, 3, 4):
+            raise ValueError(f"row_tiles={self.row_tiles!r} must be 1, 2, 3 or 4")
+        if not (isinstance(self.group, int) and self.group >= 1):
+            raise ValueError(f"group={self.group!r} must be an int >= 1")
+        if self.span not in (0, 1, self.group):
+            raise ValueError(f"span={self.span!r} must be 1, group ({self.group}) or 0 (every slice)")
+
+    def order(self) -> tuple[int, int, int]:
+        """What fixes a row's bits (with K and the dtype): two tilings of one order give the same bits."""
+        return self.block_k, self.chunks, self.group
+
+    def slices(self, k: int) -> int:
+        """K's slices: enough for K, rounded up to whole groups (the slices past K add nothing)."""
+        needed = -(-(-(-k // self.block_k)) // self.chunks)
+        return -(-needed // self.group) * self.group
+
+    def partials(self, k: int) -> int:
+        """Programs along K, each writing one partial (1: no workspace)."""
+        return self.slices(k) // (self.span or self.slices(k))
 
 
 BLOCK_M = 16  # tl.dot's least M: a decode row pays 16 rows of arithmetic but reads the weights once
 ROW_TILES = 4  # a program computes up to 4 row tiles (64 rows) per weight chunk it loads
 TARGET_PROGRAMS = 1024  # programs per launch at M <= 64: ~8 per SM of an H100 (132 SMs)
-MAX_SPLIT_COLUMNS = 65536  # splits x N at most: the float32 partials of a row stay <= 256 KB
+MAX_SPLIT_COLUMNS = 65536  # slices x N at most: the float32 partials of a row stay <= 256 KB
+SERIAL_PROGRAMS = 256  # > 64 rows, 16-row tiles: one program per (row group, column tile) over all slices from this many
+MMA64_SERIAL_PROGRAMS = 320  # 64 rows on a card of MMA64_CARDS: one 64-row tile over all slices from this many column tiles
 
 
 def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
-    """A function of (N, K, dtype) only, so that it is the same for every M: wider N tiles for wide
-    products (the LM head), K chunks of 128 (64 in float32, whose tiles take twice the registers), and
-    a split of K into slices of 8, 4, 2 or 1 chunks, the longest that still gives ~``TARGET_PROGRAMS``
-    programs at M <= 64, lengthened while the partials would exceed ``MAX_SPLIT_COLUMNS``."""
+    """A function of (N, K, dtype) only, so that its order is the same for every M: wider N tiles for
+    wide products (the LM head), K chunks of 128 (64 in float32, whose tiles take twice the registers),
+    and slices of 8, 4, 2 or 1 chunks, the longest that still give ~``TARGET_PROGRAMS`` programs at
+    M <= 64, lengthened while the partials would exceed ``MAX_SPLIT_COLUMNS``; one slice per group."""
     block_n = 64 if n >= 16384 else 32 if n >= 8192 else 16
     block_k = 64 if dtype == torch.float32 else 128
     tiles, chunks_k = -(-n // block_n), -(-k // block_k)
@@ -65,6 +100,51 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
         chunks *= 2
     chunks = min(chunks, chunks_k)
     return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 32 // block_n)), row_tiles=ROW_TILES)
+
+
+# GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
+# tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check, with
+# the result directory that shows it. Only on these does the engine use 64-row tiles (from MMA64_ROWS rows).
+MMA64_CARDS: dict[str, str] = {"NVIDIA H200": "benchmarks/results/gpu_2026-12-06_s14_invtile"}
+MMA64_ROWS = 64
+
+
+@functools.lru_cache(maxsize=None)
+def card_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def card(device: torch.device) -> str | None:  # the GPU's name; None on the CPU and in the interpreter
+    if device.type != "cuda" or interpreting():
+        return None
+    return card_name(cuda_index(device))
+
+
+def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = None) -> InvariantTiling:
+    """The engine's tiling for M rows, always of ``t``'s order (``t``: ``invariant_tiling``; block_n < 64
+    but for the widest products). Up to 64 rows, 16-row tiles (up to 4 per program), one slice per
+    program, with twice ``t``'s columns per tile, or, for the widest products, 4 stages where a slice has
+    16 chunks or more (at most 16 rows); on a ``gpu`` of ``MMA64_CARDS``, at 64 rows one 64-row tile over
+    every slice per program where there are ``MMA64_SERIAL_PROGRAMS`` column tiles. Above 64 rows, on
+    such a card 64-row tiles of 64 columns over every slice; elsewhere 16-row tiles over every slice
+    where that still gives ``SERIAL_PROGRAMS`` programs. These are the fastest candidates of
+    ``benchmarks/invariant_tiles_gpu.py`` on an H200 (docs/batch_invariance.md). A row's bits are the
+    same at every M: the sequence of dots and additions is ``t``'s (and the MMA instruction the same,
+    or shown to round alike on ``gpu``)."""
+    wide = t.block_n >= 64
+    mma64 = gpu in MMA64_CARDS
+    if m <= t.block_m * t.row_tiles:
+        if mma64 and m >= MMA64_ROWS and -(-n // t.block_n) >= MMA64_SERIAL_PROGRAMS:
+            return replace(t, block_m=64, row_tiles=1, span=0)
+        if not wide:
+            return replace(t, block_n=2 * t.block_n)
+        return replace(t, num_stages=4) if m <= t.block_m and t.chunks >= 16 else t
+    if mma64:
+        return replace(t, block_m=64, row_tiles=1, span=0, block_n=64, num_stages=t.num_stages if wide else 3)
+    groups = -(-m // (t.block_m * t.row_tiles))
+    if groups * -(-n // t.block_n) >= SERIAL_PROGRAMS:
+        return replace(t, span=0)
+    return t
 
 
 def invariant_matmul(
@@ -80,27 +160,30 @@ def invariant_matmul(
 
 def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tensor:
     """x [M, K]; w [N, K] -> y [M, N] by ``invariant_matmul_kernel``: a program computes up to
-    ``row_tiles`` row tiles of one column tile and one K slice, each weight chunk loaded once for all of
-    them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
-    ``tiling`` None: ``invariant_tiling`` (the engine); given: that one (benchmarks, tests)."""
+    ``row_tiles`` row tiles of one column tile and ``span`` slices, each weight chunk loaded once for all
+    of them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
+    ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one."""
     m, (n, k) = x.shape[0], w.shape
-    t = invariant_tiling(n, k, x.dtype) if tiling is None else tiling
+    t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k, card(x.device)) if tiling is None else tiling
     row_tiles = min(t.row_tiles, -(-m // t.block_m))  # fewer when M is small: no program computes an empty tile
     rows_per_program = row_tiles * t.block_m
-    splits, grid = t.splits(k), (-(-m // rows_per_program), -(-n // t.block_n))
+    slices, partials = t.slices(k), t.partials(k)
+    span = slices // partials
+    grid = (-(-m // rows_per_program), -(-n // t.block_n))
     rows = COUNTERS // grid[1] * rows_per_program  # the most rows one launch's counters cover
-    if splits > 1 and m > rows:  # pieces of whole row groups: a row's bits do not depend on its launch
+    if partials > 1 and m > rows:  # pieces of whole row groups: a row's bits do not depend on its launch
         return torch.cat([launch(x[i : i + rows], w, pdl, t) for i in range(0, m, rows)])
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     part = count = y
-    if splits > 1:
-        part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    if partials > 1:
+        part = torch.empty((partials, m, n), dtype=torch.float32, device=x.device)
         count = counters(x.device, grid[0] * grid[1])
     use_pdl = pdl_on(pdl, x)
-    kernels().invariant_matmul_kernel[(*grid, splits)](
+    kernels().invariant_matmul_kernel[(*grid, partials)](
         x, w, y, part, count, m, n, k,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SPLITS=splits, PRELOAD=t.preload,
-        ROW_TILES=row_tiles, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SLICES=slices, GROUP=t.group,
+        SPAN=span, PARTIALS=partials, PER_GROUP=max(1, t.group // span), PRELOAD=t.preload, ROW_TILES=row_tiles,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
         USE_PDL=use_pdl, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
     )
     return y

@@ -2,19 +2,24 @@
 
 ``invariant_matmul_kernel``: y = x w^T for any number of rows M, w [N, K] in nn.Linear's layout.
 
-A row's output bits do not depend on M or on the other rows. The grid is (row groups, N tiles,
-SPLITS) with a tiling chosen from (N, K, dtype) alone: K is cut into SPLITS fixed slices of CHUNKS
-chunks of BLOCK_K each; a program reduces its slice in chunk order for each of its ROW_TILES row
-tiles of BLOCK_M rows (ROW_TILES <= 4, fewer when M is small), each chunk one ``tl.dot`` of a
-[BLOCK_M, BLOCK_K] by [BLOCK_K, BLOCK_N] tile per row tile, the weight chunk loaded once for all of
-them; each row tile's float32 partial goes to a workspace. The last program of a (row group, column
-tile) to finish (a counter, taken with acquire-release semantics and reset by that program) adds the
-SPLITS partials in slice order 0, 1, ... and writes y. Which program finishes last changes nothing:
-the sum order is the slice order. SPLITS == 1 skips the workspace. A row tile's dots, chunk order and
-sums are the same whatever ROW_TILES is, so a row's bits are those of its row tile alone.
+A row's output bits do not depend on M or on the other rows. The reduction order along K is fixed by
+(BLOCK_K, CHUNKS, GROUP) and K alone: K is cut into SLICES slices of CHUNKS chunks of BLOCK_K (chunks
+past K add nothing), each slice one float32 sum from zero of its chunks' ``tl.dot`` in chunk order;
+the slices in groups of GROUP, each group's sum from zero of its slices in order; y = round(the sum
+from zero of the groups' sums in order). Which program computes which part is free, and the launcher
+chooses it by M: a program takes ROW_TILES row tiles of BLOCK_M rows (each its own ``tl.dot``s, the
+weight chunk loaded once for all of them), one column tile of BLOCK_N and SPAN consecutive slices
+(1, GROUP or SLICES), summed as above. With SPAN < SLICES each program writes its float32 partial to a
+workspace; the last program of a (row group, column tile) to finish (a counter, taken with
+acquire-release semantics and reset by that program) adds the PARTIALS partials, PER_GROUP per group,
+in the same order and writes y. Which program finishes last changes nothing. SPAN == SLICES needs no
+workspace and no counter. None of the free choices (BLOCK_M, BLOCK_N, ROW_TILES, SPAN, warps, stages)
+changes an element's sequence of dots and additions; whether the GPU's MMA rounds a [16, BK] and a
+[64, BK] ``tl.dot`` alike (sm_90: ``mma.sync`` and a warpgroup MMA) is measured, not assumed
+(``flashspec_torch.invariant_matmul``).
 
-PRELOAD chunks of the program's weight slice (never written by any kernel) are loaded before
-``gdc_wait``; everything written by the previous kernel is read after it.
+PRELOAD chunks of the program's first slice (weights are never written by any kernel) are loaded
+before ``gdc_wait``; everything written by the previous kernel is read after it.
 
 ``dot_nt`` is the chunk product: ``tl.dot`` on a GPU (an MMA computes every element of its tile
 the same way, whatever row it sits in), and under the interpreter (``USE_DOT`` False) float32
@@ -64,32 +69,78 @@ def tiles_dot(x_ptr, w, m, k, M, acc0, acc1, acc2, acc3, K: tl.constexpr, BM: tl
 
 
 @triton.jit
-def tile_out(acc, part_ptr, y_ptr, m, n, M, N, pid_s, LAST: tl.constexpr, SPLITS: tl.constexpr):
-    """One row tile's result: with one slice, y = round(acc); else (LAST False) this slice's float32
-    partial to the workspace, or (LAST True, the last program of the tile) y = round(sum of the slices'
-    partials in slice order 0, 1, ...)."""
+def tiles_add(a0, a1, a2, a3, b0, b1, b2, b3, ROW_TILES: tl.constexpr):
+    """(a0 + b0, ...) for the program's ROW_TILES row tiles, float32."""
+    a0 += b0
+    if ROW_TILES > 1:
+        a1 += b1
+    if ROW_TILES > 2:
+        a2 += b2
+    if ROW_TILES > 3:
+        a3 += b3
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, FIRST: tl.constexpr, K: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNKS: tl.constexpr, ROW_TILES: tl.constexpr,
+               PRECISION: tl.constexpr, USE_DOT: tl.constexpr):
+    """acc + chunks FIRST, ..., CHUNKS - 1 of the slice starting at k_lo, in chunk order (chunks past K add
+    nothing: their loads are masked to zero), each weight chunk loaded once for every row tile."""
+    for c in range(FIRST, CHUNKS):
+        k = k_lo + c * BK + kk[None, :]  # [1, BK]
+        w = tl.load(w_rows + k, mask=n_ok & (k < K), other=0.0)
+        acc0, acc1, acc2, acc3 = tiles_dot(x_ptr, w, m, k, M, acc0, acc1, acc2, acc3, K, BM, BN, BK, ROW_TILES,
+                                           PRECISION, USE_DOT)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def group_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, s_first, M, g0, g1, g2, g3, K: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, BK: tl.constexpr, CHUNKS: tl.constexpr, COUNT: tl.constexpr,
+              ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr):
+    """g + the sums of slices s_lo + s_first, ..., s_lo + COUNT - 1, each from zero, added in slice order."""
+    z = tl.zeros([BM, BN], tl.float32)
+    for j in range(s_first, COUNT):
+        a0, a1, a2, a3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, (s_lo + j) * (CHUNKS * BK), M, z, z, z, z, 0, K, BM,
+                                    BN, BK, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
+        g0, g1, g2, g3 = tiles_add(g0, g1, g2, g3, a0, a1, a2, a3, ROW_TILES)
+    return g0, g1, g2, g3
+
+
+@triton.jit
+def tile_out(acc, part_ptr, y_ptr, m, n, M, N, pid_s, LAST: tl.constexpr, PARTIALS: tl.constexpr,
+             PER_GROUP: tl.constexpr):
+    """One row tile's result: with one partial (the program walked every slice), y = round(acc); else
+    (LAST False) the program's float32 partial to the workspace, or (LAST True, the last program of the
+    tile) y = round(the partials summed as the slices are: PER_GROUP partials per group, each group's
+    sum from zero, the groups' sums added from zero in order)."""
     mask = (m < M) & (n < N)[None, :]
-    if SPLITS == 1:
+    if PARTIALS == 1:
         tl.store(y_ptr + m * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
     elif not LAST:
         tl.store(part_ptr + (pid_s * M + m) * N + n[None, :], acc, mask=mask)
     else:
         total = tl.zeros_like(acc)
-        for s in tl.static_range(SPLITS):
-            total += tl.load(part_ptr + (s * M + m) * N + n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+        for gi in tl.static_range(PARTIALS // PER_GROUP):
+            g = tl.zeros_like(acc)
+            for j in tl.static_range(PER_GROUP):
+                s = gi * PER_GROUP + j
+                g += tl.load(part_ptr + (s * M + m) * N + n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
+            total += g
         tl.store(y_ptr + m * N + n[None, :], total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BM: tl.constexpr, ROW_TILES: tl.constexpr,
-              LAST: tl.constexpr, SPLITS: tl.constexpr):
-    tile_out(acc0, part_ptr, y_ptr, m, n, M, N, pid_s, LAST, SPLITS)
+              LAST: tl.constexpr, PARTIALS: tl.constexpr, PER_GROUP: tl.constexpr):
+    tile_out(acc0, part_ptr, y_ptr, m, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
     if ROW_TILES > 1:
-        tile_out(acc1, part_ptr, y_ptr, m + BM, n, M, N, pid_s, LAST, SPLITS)
+        tile_out(acc1, part_ptr, y_ptr, m + BM, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
     if ROW_TILES > 2:
-        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n, M, N, pid_s, LAST, SPLITS)
+        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
     if ROW_TILES > 3:
-        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n, M, N, pid_s, LAST, SPLITS)
+        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel per ROW_TILES for every M (Triton would specialize M == 1)
@@ -97,12 +148,12 @@ def invariant_matmul_kernel(
     x_ptr,  # [M, K]
     w_ptr,  # [N, K]
     y_ptr,  # [M, N]
-    part_ptr,  # [SPLITS, M, N] float32 partial sums (SPLITS > 1)
-    count_ptr,  # [row groups * N tiles] int32, zero on entry and on exit (SPLITS > 1)
+    part_ptr,  # [SLICES // SPAN, M, N] float32 partial sums (SPAN < SLICES)
+    count_ptr,  # [row groups * N tiles] int32, zero on entry and on exit (SPAN < SLICES)
     M, N, K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SPLITS: tl.constexpr, PRELOAD: tl.constexpr, ROW_TILES: tl.constexpr, PRECISION: tl.constexpr,
-    USE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
+    SLICES: tl.constexpr, GROUP: tl.constexpr, SPAN: tl.constexpr, PARTIALS: tl.constexpr, PER_GROUP: tl.constexpr,
+    PRELOAD: tl.constexpr, ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,8 +161,9 @@ def invariant_matmul_kernel(
     kk = tl.arange(0, BLOCK_K)
     n_ok = (n < N)[:, None]  # [BN, 1]
     w_rows = w_ptr + n.to(tl.int64)[:, None] * K  # [BN, 1]
-    k_lo = pid_s * (CHUNKS * BLOCK_K)
-    # the slice's first PRELOAD weight chunks (never written by any kernel): in flight before the wait
+    s_lo = pid_s * SPAN  # the program's first slice
+    k_lo = s_lo * (CHUNKS * BLOCK_K)
+    # the first slice's first PRELOAD weight chunks (never written by any kernel): in flight before the wait
     k = k_lo + kk[None, :]
     ws = (tl.load(w_rows + k, mask=n_ok & (k < K), other=0.0),)  # [BN, BK] each
     for i in tl.static_range(1, PRELOAD):
@@ -121,22 +173,30 @@ def invariant_matmul_kernel(
         gdc_wait()
         gdc_launch_dependents()
 
-    acc0 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc1, acc2, acc3 = acc0, acc0, acc0
-    for i in tl.static_range(PRELOAD):  # the slice's chunks in order, each loaded once for every row tile
+    z = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc0, acc1, acc2, acc3 = z, z, z, z
+    for i in tl.static_range(PRELOAD):  # the first slice: its preloaded chunks, then the rest, in order
         k = k_lo + i * BLOCK_K + kk[None, :]  # [1, BK]
         acc0, acc1, acc2, acc3 = tiles_dot(x_ptr, ws[i], m, k, M, acc0, acc1, acc2, acc3, K, BLOCK_M, BLOCK_N,
                                            BLOCK_K, ROW_TILES, PRECISION, USE_DOT)
-    for c in range(PRELOAD, CHUNKS):
-        k = k_lo + c * BLOCK_K + kk[None, :]
-        w = tl.load(w_rows + k, mask=n_ok & (k < K), other=0.0)
-        acc0, acc1, acc2, acc3 = tiles_dot(x_ptr, w, m, k, M, acc0, acc1, acc2, acc3, K, BLOCK_M, BLOCK_N, BLOCK_K,
-                                           ROW_TILES, PRECISION, USE_DOT)
+    acc0, acc1, acc2, acc3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
+                                        BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
+    if SPAN > 1:  # the program's slices summed as the partials would be: per group from zero, groups from zero
+        g0, g1, g2, g3 = tiles_add(z, z, z, z, acc0, acc1, acc2, acc3, ROW_TILES)
+        g0, g1, g2, g3 = group_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, 1, M, g0, g1, g2, g3, K, BLOCK_M, BLOCK_N,
+                                   BLOCK_K, CHUNKS, GROUP, ROW_TILES, PRECISION, USE_DOT)
+        acc0, acc1, acc2, acc3 = tiles_add(z, z, z, z, g0, g1, g2, g3, ROW_TILES)
+        for gi in range(1, SPAN // GROUP):
+            g0, g1, g2, g3 = group_sum(x_ptr, w_rows, n_ok, m, kk, s_lo + gi * GROUP, 0, M, z, z, z, z, K, BLOCK_M,
+                                       BLOCK_N, BLOCK_K, CHUNKS, GROUP, ROW_TILES, PRECISION, USE_DOT)
+            acc0, acc1, acc2, acc3 = tiles_add(acc0, acc1, acc2, acc3, g0, g1, g2, g3, ROW_TILES)
 
-    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, False, SPLITS)
-    if SPLITS > 1:
+    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, False, PARTIALS,
+              PER_GROUP)
+    if PARTIALS > 1:
         counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
         tl.debug_barrier()  # every thread's partials stored before the (one-thread) release below
-        if tl.atomic_add(counter, 1, sem="acq_rel") == SPLITS - 1:  # the last of the slices: add them in order
-            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, True, SPLITS)
+        if tl.atomic_add(counter, 1, sem="acq_rel") == PARTIALS - 1:  # the last program: add them in order
+            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, True, PARTIALS,
+                      PER_GROUP)
             tl.atomic_xchg(counter, 0, sem="relaxed")

@@ -87,10 +87,10 @@ def test_the_tiling_depends_on_the_weight_and_dtype_only():
     """One tiling per (N, K, dtype): the launcher has no M to choose by. K is split into slices so that
     a launch of up to 64 rows has ~1024 programs, the partials bounded by N."""
     head = I.invariant_tiling(32000, 2048, torch.bfloat16)
-    assert (head.block_n, head.splits(2048)) == (64, 2)
+    assert (head.block_n, head.slices(2048)) == (64, 2)
     assert I.invariant_tiling(2048, 2048, torch.bfloat16) == I.InvariantTiling(16, 16, 128, 2, 2, row_tiles=4)
-    assert I.invariant_tiling(2048, 5632, torch.bfloat16).splits(5632) == 11  # the last slice partial
-    assert I.invariant_tiling(128256, 4096, torch.bfloat16).splits(4096) == 1  # 2004 column tiles: no split
+    assert I.invariant_tiling(2048, 5632, torch.bfloat16).slices(5632) == 11  # the last slice partial
+    assert I.invariant_tiling(128256, 4096, torch.bfloat16).slices(4096) == 1  # 2004 column tiles: no split
     assert I.invariant_tiling(2048, 2048, torch.float32).block_k == 64
 
 
@@ -104,6 +104,102 @@ def test_a_split_or_none_keeps_a_rows_bits_and_agrees_with_the_reference():
         got = I.launch(x, w, False, tiling)
         assert all(torch.equal(I.launch(x[i : i + 1], w, False, tiling), got[i : i + 1]) for i in (0, 31, 32, 69)), tiling
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same_bits(monkeypatch):
+    """``launch_tiling`` above 64 rows (here forced: 1 program suffices) takes every slice in one program,
+    no workspace: a row's bits alone (one slice per program) == in the 70-row pass == in the other batches."""
+    monkeypatch.setattr(I, "SERIAL_PROGRAMS", 1)
+    t = I.invariant_tiling(N, K, torch.bfloat16)
+    assert I.launch_tiling(t, 70, N, K).span == 0 and I.launch_tiling(t, 64, N, K).span == 1
+    x, w = operands(torch.bfloat16)
+    assert invariance_failures(I.invariant_matmul, x, w) == []
+
+
+def test_64_row_tiles_only_on_an_admitted_card_with_the_same_bits(monkeypatch):
+    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (at 64 rows only with enough
+    column tiles: here 1 suffices), elsewhere never; under the interpreter (no MMA) they give every row
+    its bits alone."""
+    t = I.invariant_tiling(N, K, torch.bfloat16)
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (64, 70)] == [16, 16]
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": "its results"})
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)] == [16, 16, 16, 64]
+    monkeypatch.setattr(I, "MMA64_SERIAL_PROGRAMS", 1)
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)] == [16, 16, 64, 64]
+    monkeypatch.setattr(I, "card", lambda device: "some GPU")
+    x, w = operands(torch.bfloat16)
+    full = I.invariant_matmul(x, w)
+    assert all(torch.equal(I.invariant_matmul(x[i : i + 1], w)[0], full[i]) for i in (0, 63, 64, 69))
+
+
+def test_every_admitted_card_has_its_evidence():
+    """Each card of ``MMA64_CARDS`` names a GPU result of benchmarks/invariant_tiles_gpu.py on that card
+    where no 64-row candidate failed, nothing was skipped and every mutant was caught."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for name, where in I.MMA64_CARDS.items():
+        got = json.loads((root / where / "invariant_tiles_gpu.json").read_text())
+        s = got["summary"]
+        assert got["gpu"] == name and not got["skipped"] and s["mutants_caught"] == s["mutants"] > 0, where
+        assert not [f for f in s["failed"] if "m64" in f], (where, s["failed"])
+
+
+def test_the_engines_launches_by_m_are_the_measured_candidates():
+    """``launch_tiling`` picks, per M, what benchmarks/invariant_tiles_gpu.py timed (and checked) on the
+    H200: twice the columns up to 64 rows (4 stages for the widest products with long slices at <= 16
+    rows); on an admitted card one 64-row tile over every slice, of 64 columns above 64 rows; every tiling
+    of the engine's order."""
+    qkv = I.invariant_tiling(2560, 2048, torch.bfloat16)  # TinyLlama-1.1B: 160 column tiles of 16
+    head = I.invariant_tiling(128256, 4096, torch.bfloat16)  # Llama-3-8B's LM head: block_n 64, 32 chunks
+    assert I.launch_tiling(qkv, 1, 2560, 2048) == replace(qkv, block_n=32) == I.launch_tiling(qkv, 64, 2560, 2048)
+    assert I.launch_tiling(head, 16, 128256, 4096) == replace(head, num_stages=4)
+    assert I.launch_tiling(head, 64, 128256, 4096) == head
+    h200 = "NVIDIA H200"
+    assert I.launch_tiling(head, 64, 128256, 4096, h200) == replace(head, block_m=64, row_tiles=1, span=0)
+    assert I.launch_tiling(qkv, 64, 2560, 2048, h200) == replace(qkv, block_n=32)  # 160 column tiles: too few
+    assert I.launch_tiling(qkv, 320, 2560, 2048, h200) == replace(qkv, block_m=64, row_tiles=1, span=0, block_n=64,
+                                                                  num_stages=3)
+    assert I.launch_tiling(qkv, 320, 2560, 2048) == replace(qkv, span=0)
+    for t, n, k in ((qkv, 2560, 2048), (head, 128256, 4096)):
+        assert {I.launch_tiling(t, m, n, k, gpu).order() for m in (1, 16, 17, 64, 65, 320) for gpu in (None, h200)} == {t.order()}
+
+
+def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
+    """One order (block_k 64, slices of 1 chunk, 2 slices per group: 4 slices, 2 groups; float32, where
+    every rounding shows) computed with 1, 2 (a group) or all 4 slices per program, 1-4 row tiles of 16 or
+    32 rows, 16 or 32 columns, 2 or 4 warps: every row of the 70-row pass has the bits of the first
+    tiling's rows alone, and each tiling's sum agrees with the reference."""
+    x, w = operands(torch.float32)
+    first = I.InvariantTiling(16, 16, 64, 1, 1, group=2)
+    alone = torch.cat([I.launch(x[i : i + 1], w, False, first) for i in EDGES])
+    want = I.invariant_matmul_reference(x, w)
+    for t in (replace(first, span=2), replace(first, span=0, row_tiles=2), replace(first, block_n=32, span=0),
+              replace(first, block_m=32, row_tiles=1, num_warps=2), replace(first, span=2, row_tiles=3)):
+        assert t.order() == first.order() and t.slices(K) == 4 and t.partials(K) == 4 // (t.span or 4)
+        got = I.launch(x, w, False, t)
+        assert torch.equal(got[list(EDGES)], alone), t
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+def test_slices_are_rounded_up_to_whole_groups():
+    """K 200 in chunks of 64: 4 chunks; slices of 3 chunks: 2, in groups of 3: 3 (the last adds nothing)."""
+    t = I.InvariantTiling(16, 16, 64, 3, 1, group=3, span=3)
+    assert (t.slices(K), t.partials(K)) == (3, 1)
+    x, w = operands(torch.float32)
+    want = I.invariant_matmul_reference(x, w)
+    got = I.launch(x[:20], w, False, t)
+    assert torch.equal(got, I.launch(x[:20], w, False, replace(t, span=1)))
+    torch.testing.assert_close(got, want[:20], rtol=0, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("field, value, match", [("span", 3, "span=3 must be 1, group"), ("row_tiles", 5, "row_tiles=5"),
+                                                 ("block_m", 24, "block_m=24 must be a power of two"),
+                                                 ("preload", 3, "need 1 <= preload <= chunks"), ("group", 0, "group=0")])
+def test_a_bad_tiling_is_refused_by_name(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        replace(I.InvariantTiling(16, 16, 64, 2, 1, group=2), **{field: value})
 
 
 def test_more_rows_than_the_counters_cover_run_in_pieces(monkeypatch):
