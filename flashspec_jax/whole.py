@@ -129,10 +129,13 @@ class Carry(NamedTuple):
 class Whole:
     """Whole generations on the device over a backend's steps and weights."""
 
-    def __init__(self, backend: JaxBackend):
+    def __init__(self, backend: JaxBackend, steps_per_iteration: int = 1):
         if backend.steps is None:
             raise ValueError("the backend needs its drafts (backend.set_drafts) first")
+        if isinstance(steps_per_iteration, bool) or not isinstance(steps_per_iteration, int) or steps_per_iteration < 1:
+            raise ValueError(f"steps_per_iteration={steps_per_iteration!r} must be an int >= 1 (1: one step per iteration)")
         self.backend, self.steps = backend, backend.steps
+        self.per_iteration = steps_per_iteration
         self.run_jit = jax.jit(self.generate, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
         self.many_jit = jax.jit(self.generate_many, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
 
@@ -156,7 +159,7 @@ class Whole:
         def cond(c: Carry):
             return (c.step < max_steps) & ~jnp.all(c.state.seqs.done)
 
-        def body(c: Carry):
+        def step(c: Carry):
             arm = policy.choose(c.bandit)
             offset = first_offset + c.step
             run = lambda i: lambda w, s: branches[i](w, s, seeds=seeds, offset=offset)  # noqa: E731
@@ -169,14 +172,30 @@ class Whole:
             live = out.active
             return Carry(
                 c.step + 1, state, bandit, (arm, out.num_accepted, live, jnp.bool_(True)),
-                c.arms.at[c.step].set(arm),
-                c.accepted.at[c.step].set(jnp.sum(jnp.where(live, out.num_accepted, 0))),
-                c.rows.at[c.step].set(jnp.sum(live)),
+                c.arms.at[c.step].set(jnp.where(jnp.any(live), arm, -1), mode="drop"),  # -1: a step past the end
+                c.accepted.at[c.step].set(jnp.sum(jnp.where(live, out.num_accepted, 0)), mode="drop"),
+                c.rows.at[c.step].set(jnp.sum(live), mode="drop"),
             )
 
-        c = lax.while_loop(cond, body, carry)
+        c = lax.while_loop(cond, self.iteration(step, max_steps), carry)
         seqs = c.state.seqs
         return seqs.tokens, seqs.prompt_len, seqs.length, c.arms, c.accepted, c.rows
+
+    def iteration(self, step, max_steps: int):
+        """The while loop's body: ``step``, or with ``steps_per_iteration`` k > 1 an inner
+        ``lax.fori_loop`` of k steps (a known trip count: the loop's condition is read once per k
+        steps). A step that starts past the end (every row done, or ``max_steps`` reached: then
+        every row is marked done) has no active row and changes nothing that ``generate`` returns:
+        no token, no length, and its records are arm -1 with 0 rows, as the steps never run."""
+        if self.per_iteration == 1:
+            return step
+
+        def guarded(_, c: Carry) -> Carry:
+            seqs = c.state.seqs
+            seqs = seqs._replace(done=seqs.done | (c.step >= max_steps))
+            return step(c._replace(state=c.state._replace(seqs=seqs)))
+
+        return lambda c: lax.fori_loop(0, self.per_iteration, guarded, c)
 
     # -- host front ends
 

@@ -18,15 +18,21 @@ TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, n
 
 
 @pytest.fixture(scope="module")
-def backend():
-    from flashspec_jax.backend import JaxBackend
-    from flashspec_jax.drafts import LookupDraft
+def model():
     from flashspec_jax.model import LlamaConfig
     from flashspec_jax.weights import random_model
 
     m = random_model(LlamaConfig(**TINY), dtype=jnp.float32, seed=1, std=0.3)
     m.scan_layers = False  # the GPU's loop
-    b = JaxBackend(m, eos_ids=[])
+    return m
+
+
+@pytest.fixture(scope="module")
+def backend(model):
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+
+    b = JaxBackend(model, eos_ids=[])
     b.set_drafts([LookupDraft(), b.model_draft("layerskip:2", skip=frozenset({2}))])
     return b
 
@@ -72,3 +78,30 @@ def test_row_invariant_decoding_runs_the_scoring_shape_with_the_same_tokens(back
         before = np.asarray(state.cache.k)[:, -1, :, n : n + 3]
         after, _ = backend.decode_jit(backend.weights, state, greedy, backend._seeds(0), 0, rows=rows)
         assert np.array_equal(np.asarray(after.cache.k)[:, -1, :, n : n + 3], before) != written
+
+
+def test_k_steps_per_while_iteration_give_the_one_step_loop_outputs(model):
+    """``Whole(steps_per_iteration=3)``: the same tokens, arms, accepted counts and rows as one step
+    per iteration, when ``max_steps`` (4) ends the loop inside its second iteration (rows finished
+    before it and rows cut short by it) and when the last rows finish inside an iteration before
+    ``max_steps`` (9; the steps past the end change nothing and record arm -1)."""
+    from flashspec_jax import whole
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+
+    lookup = JaxBackend(model, eos_ids=[])  # the n-gram draft alone: one branch, a cheap compile
+    lookup.set_drafts([LookupDraft()])
+    ps, kw = prompts(3), dict(max_new_tokens=5, gamma=3, sampling=SamplingConfig(0.8), policy=whole.Fixed(0))
+    seeds = np.array([[1, 2, 3], [4, 5, 6]], np.uint64)
+    one, three = whole.Whole(lookup), whole.Whole(lookup, steps_per_iteration=3)
+    for max_steps in (4, 9):
+        a, b = (w.run_many(ps, seeds, max_steps=max_steps, **kw) for w in (one, three))
+        assert a["tokens"] == b["tokens"]
+        for key in ("arms", "accepted", "rows"):
+            assert np.array_equal(a[key], b[key]), key
+        ends = sorted(len(row) for run in a["tokens"] for row in run)
+        assert ends[-1] == 5 and (ends[0] < 5) == (max_steps == 4), ends  # max_steps really cut rows short
+    taken = (a["arms"] >= 0).sum(axis=1)  # max_steps 9: steps until every row finished
+    assert taken.max() < 9 and (taken % 3 != 0).any(), taken  # a run whose last iteration had steps past the end
+    with pytest.raises(ValueError, match="steps_per_iteration"):
+        whole.Whole(lookup, steps_per_iteration=0)
