@@ -192,17 +192,22 @@ def preflight(variants: list[str], common: str) -> tuple[list[str], str, dict]:
         r = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env, capture_output=True, text=True, timeout=120)
         if r.returncode == 0:
             break
-        bad = re.search(r"(?:Unknown flag in XLA_FLAGS: |Illegal value for )(--\w+)", r.stderr)
-        if bad is None:
+        unknown = re.search(r"Unknown flags? in XLA_FLAGS: (.*)", r.stderr)
+        names = re.findall(r"--\w+", unknown.group(1) if unknown else "") or re.findall(r"Illegal value for (--\w+)", r.stderr)
+        if not names:
             dropped["preflight"] = f"rc {r.returncode}, no flag named: {r.stderr[-800:]}"
             break
-        name, why = bad.group(1), r.stderr[bad.start():bad.start() + 300].splitlines()[0]
-        if name in common:
+        why = f"XLA rejected {' '.join(names)}: " + (unknown or re.search(r"Illegal value for .*", r.stderr)).group(0)[:300]
+        if set(names) & flag_names(common):
             common, dropped["COMMON"] = "", why
-        for v in [v for v in variants if name in VARIANTS[v]]:
+        for v in [v for v in variants if set(names) & flag_names(VARIANTS[v])]:
             variants.remove(v)
             dropped[v] = why
     return variants, common, dropped
+
+
+def flag_names(flags: str) -> set[str]:
+    return {f.split("=")[0] for f in flags.split()}
 
 
 def child_command(args, dims: dict, flags: dict, script: str):
