@@ -7,12 +7,16 @@ the host loop's plain and speculative steps and the whole generation's ``lax.whi
 XLA reads ``XLA_FLAGS`` once, when JAX's backend starts, so every (shape, variant) pair of ``PLAN``
 runs in a child process of its own (``shape_children.run_children``: killed at its share of
 ``--budget-s``, the share of a pair that finished early passes on), in ``PLAN``'s order: the
-failing case first (TinyLlama-1.1B, whose while loop took 1.61x the host loop's step), its default
-before its variants. Every child also gets ``COMMON`` (XLA's per-fusion autotuning cache in one
-directory, so the GEMM choices the first child tuned are the later children's: less compile time,
-and the same products in every variant). Before the children, one CPU-only process parses every
-variant's flags (``preflight``): a flag this XLA does not know drops its variants (recorded), and
-if it is in ``COMMON``, ``COMMON`` is dropped.
+failing case first (TinyLlama-1.1B, whose while loop took 1.61x the host loop's step; Llama-3-8B's
+took 2.30x, a gap that grows with the weights' bytes), its default before its variants:
+``ds_fusion`` (GEMMs read slices of their operands in place: if the while body copies each
+layer's weights out of the stack every iteration, this removes it), ``cb_while`` (the while loop
+and conditionals in command buffers: if the body's kernels are launched one by one, this graphs
+them), then SmolLM2-135M, then a tail that gets what is left. Every child also gets ``COMMON``
+(XLA's per-fusion autotuning cache in one directory, so the GEMM choices the first child tuned are
+the later children's: less compile time, and the same products in every variant). Before the
+children, one CPU-only process parses every variant's flags (``preflight``): a flag this XLA does
+not know drops its variants (recorded), and if it is in ``COMMON``, ``COMMON`` is dropped.
 
 A child (one shape, one variant; ``flashspec_jax.weights.random_model``, seed 0, the same model in
 every child; batch 1, greedy, a ``--prompt-len`` random prompt, ``--tokens`` new tokens) times, in
@@ -24,7 +28,11 @@ iteration) and ``plain`` (``flashspec.loop.decode``; last: at TinyLlama its firs
 GEMMs' autotuning at one row, took 42 s on the H100). Per run: ``ms_per_step_wall`` =
 wall / steps (prefill included, comparable between the loops), ``ms_per_step_net`` = (wall - the
 host's prefill alone) / steps, and for the host loops ``step_ms``, the mean launch-to-launch step
-of the loop's records. The parent merges the children into ``xla_flags.json``: per shape the
+of the loop's records. The default variant's child also reports the compiled while loop and the
+host loop's scoring step (``while_hlo``, ``score_hlo``: the executables the runs used; XLA's cost
+analysis, and the ops with results of 1 MB or more per computation), their optimized HLO written
+gzipped as ``<shape>_while_hlo.txt.gz`` and ``<shape>_score_hlo.txt.gz`` beside the JSON (at most
+5 files). The parent merges the children into ``xla_flags.json``: per shape the
 variants side by side, checks (every run's tokens equal the default variant's; the while loop's
 equal the host loop's), the issue's target (while loop within 1.05x of the host loop per step),
 the best variant per figure, and prints the table.
@@ -41,6 +49,7 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -51,6 +60,8 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from flashspec.config import SamplingConfig  # noqa: E402
+
 import shape_children  # noqa: E402  (benchmarks/ is on sys.path)
 from shape_children import guarded  # noqa: E402
 
@@ -59,19 +70,22 @@ VARIANTS = {
     "default": "",
     "cb_while": CB_WHILE,  # while loops and conditionals in command buffers (CUDA graphs), graphs of any size
     "cb_while_unroll": CB_WHILE + " --xla_gpu_command_buffer_unroll_loops=true",  # known trip counts unrolled in the graph
+    "ds_fusion": "--xla_gpu_enable_dynamic_slice_fusion=true",  # GEMMs read (dynamic) slices of their operands in place
     "cb_off": "--xla_gpu_enable_command_buffer=",  # no command buffers: what the graphs give the host loop
     "double_buffer": "--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_DOUBLE_BUFFER",  # XLA unrolls loops x2
     "min_graph_1": "--xla_gpu_graph_min_graph_size=1",
 }
 COMMON = "--xla_gpu_per_fusion_autotune_cache_dir={dir}"
 PLAN = (  # (shape, variant, weight of the budget): run in this order; the tail gets what the head leaves
-    ("tinyllama-1.1b", "default", 7.0), ("tinyllama-1.1b", "cb_while", 4.0),
-    ("smollm2-135m", "default", 1.2), ("smollm2-135m", "cb_while", 1.2), ("smollm2-135m", "cb_while_unroll", 0.4),
-    ("tinyllama-1.1b", "cb_off", 0.4), ("smollm2-135m", "cb_off", 0.4), ("tinyllama-1.1b", "double_buffer", 0.4),
-    ("smollm2-135m", "min_graph_1", 0.4),
+    ("tinyllama-1.1b", "default", 7.0), ("tinyllama-1.1b", "ds_fusion", 3.5), ("tinyllama-1.1b", "cb_while", 3.5),
+    ("smollm2-135m", "default", 1.5), ("smollm2-135m", "cb_while", 1.5),
+    ("tinyllama-1.1b", "cb_off", 0.3), ("smollm2-135m", "cb_while_unroll", 0.3), ("smollm2-135m", "cb_off", 0.3),
+    ("tinyllama-1.1b", "double_buffer", 0.3), ("smollm2-135m", "min_graph_1", 0.3),
 )
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 CHILD_SOFT = 0.85  # a child starts no run past this fraction of its share (it is killed at the share)
+HLO_FILES = {"while": "while_hlo.txt.gz", "score": "score_hlo.txt.gz"}  # the default variant's, per shape
+GREEDY = SamplingConfig(0.0)
 TARGET = 1.05  # issue #37: the while loop within 1.05x of the host loop's per-step time
 
 
@@ -109,15 +123,15 @@ def prefill_ms(backend, prompts, tokens: int, reps: int) -> float:
     return statistics.median(walls) * 1e3
 
 
-def runs_of(backend, prompts, args) -> dict:
-    """name -> fn() for ``timed``, in the order run."""
+def runs_of(backend, prompts, args) -> tuple[dict, dict]:
+    """(name -> fn() for ``timed``, in the order run; k -> the ``whole.Whole`` of each while loop)."""
     import numpy as np
 
-    from flashspec.config import SamplingConfig
     from flashspec.loop import SpecConfig, decode, speculate
     from flashspec_jax import whole
 
-    greedy, seed = SamplingConfig(0.0), np.zeros(len(prompts), np.uint64)
+    seed = np.zeros(len(prompts), np.uint64)
+    loops = {k: whole.Whole(backend, steps_per_iteration=k) for k in args.steps_per_iteration}
 
     class Fixed:  # the host loop's policy: arm 0, the n-gram draft
         def choose(self):
@@ -127,15 +141,79 @@ def runs_of(backend, prompts, args) -> dict:
             pass
 
     def device(k: int):
-        w = whole.Whole(backend, steps_per_iteration=k)
-        return lambda: w.run(prompts, max_new_tokens=args.tokens, gamma=args.gamma, sampling=greedy, seed=seed,
-                             policy=whole.Fixed(0))
+        return lambda: loops[k].run(prompts, max_new_tokens=args.tokens, gamma=args.gamma, sampling=GREEDY, seed=seed,
+                                    policy=whole.Fixed(0))
 
-    runs = {"spec_host": lambda: speculate(backend, Fixed(), prompts, sampling=greedy, seed=seed,
+    runs = {"spec_host": lambda: speculate(backend, Fixed(), prompts, sampling=GREEDY, seed=seed,
                                            spec=SpecConfig(gamma=args.gamma, max_new_tokens=args.tokens)),
             **{f"while_k{k}": device(k) for k in args.steps_per_iteration}}
-    runs["plain"] = lambda: decode(backend, prompts, sampling=greedy, max_new_tokens=args.tokens, seed=seed)
-    return runs
+    runs["plain"] = lambda: decode(backend, prompts, sampling=GREEDY, max_new_tokens=args.tokens, seed=seed)
+    return runs, loops
+
+
+def while_hlo(loop, prompts, args, outdir: Path) -> dict:
+    """The compiled while loop, the executable ``loop.run`` ran (a cache hit): ``report``."""
+    import numpy as np
+
+    from flashspec_jax import whole
+    from flashspec_jax.drafts import make_seeds
+
+    tokens, lengths, prefix = loop.inputs(prompts, args.tokens)
+    t0 = time.perf_counter()
+    compiled = loop.run_jit.lower(loop.backend.weights, tokens, lengths, args.tokens, make_seeds(np.zeros(len(prompts), np.uint64)),
+                                  0, 0, prefix=prefix, gamma=args.gamma, cfg=GREEDY, policy=whole.Fixed(0),
+                                  max_steps=args.tokens).compile()
+    return dict(lower_and_compile_s=time.perf_counter() - t0, **report(compiled, outdir / HLO_FILES["while"]))
+
+
+def score_hlo(backend, prompts, args, outdir: Path) -> dict:
+    """The host loop's scoring step as the loop compiled it (a cache hit: the state after a run and a
+    fresh n-gram proposal): ``report``, to hold against the while loop's body."""
+    seed = [0] * len(prompts)
+    backend.prefill(prompts, args.tokens)
+    proposal = backend.draft(0, args.gamma, GREEDY, seed, 0)
+    t0 = time.perf_counter()
+    compiled = backend.score_jit.lower(backend.weights, backend.state, proposal).compile()
+    return dict(lower_and_compile_s=time.perf_counter() - t0, **report(compiled, outdir / HLO_FILES["score"]))
+
+
+def report(compiled, path: Path) -> dict:
+    """A compiled executable's optimized HLO gzipped to ``path``, its cost and memory analysis, its
+    while loops, and per computation the ops whose result is >= 1 MB (``large_results``: a weight
+    or cache materialized inside a loop body shows here)."""
+    import gzip
+
+    import jax_profile_gpu  # imports torch (not CUDA): its HLO parser
+
+    text = compiled.as_text()
+    path.write_bytes(gzip.compress(text.encode()))
+    return dict(hlo_chars=len(text), large_results=large_results(text), while_loops=jax_profile_gpu.parse_hlo(text)["while_loops"],
+                **jax_profile_gpu.cost(compiled))
+
+
+def large_results(text: str, min_bytes: int = 1 << 20) -> dict:
+    """computation -> [op, name without its number, count, MB of results] for ops outside fusions'
+    insides whose result is at least ``min_bytes``."""
+    import re
+    from collections import Counter
+
+    from jax_profile_gpu import HEADER_RE, OP_RE, shape_bytes
+
+    fused, comps, current = set(), {}, None
+    for line in text.splitlines():
+        head = HEADER_RE.match(line)
+        if head and not line.lstrip().startswith("ROOT"):
+            current = comps.setdefault(("ENTRY " if head.group(1) else "") + head.group(2), Counter())
+            continue
+        op = OP_RE.match(line)
+        if op is None or current is None:
+            continue
+        fused.update(re.findall(r"calls=%?([\w.\-]+)", line) if op.group(4) == "fusion" else ())
+        size = shape_bytes(op.group(3))
+        if size >= min_bytes:
+            current[(op.group(4), re.sub(r"[.\d]+$", "", op.group(2)))] += size
+    return {name: [[opcode, base, round(size / 2**20, 1)] for (opcode, base), size in c.most_common(40)]
+            for name, c in comps.items() if name.split()[-1] not in fused and c}
 
 
 def child(args) -> None:
@@ -164,8 +242,12 @@ def child(args) -> None:
     row.update(dtype=str(jnp.dtype(dtype)), layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice())
     prompts = np.random.default_rng(1).integers(0, dims["vocab_size"], (1, args.prompt_len)).tolist()
     row["runs"] = {}
-    for name, fn in runs_of(backend, prompts, args).items():
+    runs, loops = runs_of(backend, prompts, args)
+    for name, fn in runs.items():
         row["runs"][name] = guarded(lambda fn=fn, name=name: timed(fn, args.reps, not name.startswith("while")), deadline)
+        if name == "while_k1" and args.variant == "default":
+            row["while_hlo"] = guarded(lambda: while_hlo(loops[1], prompts, args, args.out), deadline)
+            row["score_hlo"] = guarded(lambda: score_hlo(backend, prompts, args, args.out), deadline)
         row["child_wall_s"] = time.perf_counter() - start
         shape_children.write_json(path, row)
         print(json.dumps({args.shape: {args.variant: {name: {k: v for k, v in row["runs"][name].items() if k != "tokens"}}}}),
@@ -351,10 +433,14 @@ def main(argv=None) -> None:
         command = child_command(args, dims, dict(common=common), script)
         children = shape_children.run_children(names, {f"{s}@{v}": w for s, v, w in plan},
                                                args.budget_s - (time.perf_counter() - start), command, Path(tmp))
+        args.out.mkdir(parents=True, exist_ok=True)
         for c in children:
             log = Path(tmp) / c["shape"] / "child.log"
             if c["rc"] != 0 and log.exists():
                 c["log_tail"] = log.read_text(errors="replace")[-2000:]
+            for hlo in (Path(tmp) / c["shape"] / f for f in HLO_FILES.values()):
+                if hlo.exists():  # the default variant's, two per shape
+                    shutil.copy(hlo, args.out / f"{c['shape'].split('@')[0]}_{hlo.name}")
     shapes = merge(children, args.steps_per_iteration)
     checks = {f"{shape}/{v}/{k}": ok for shape, s in shapes.items() for v, c in s["checks"].items() for k, ok in c.items()}
     result = dict(script="benchmarks/jax_xla_flags_gpu.py", argv=sys.argv[1:] if argv is None else list(argv),
@@ -366,7 +452,6 @@ def main(argv=None) -> None:
                         "(wall - the host's jitted prefill alone) / steps; step_ms: host loops' mean launch-to-launch step. "
                         "Device, versions and XLA_FLAGS per child under shapes.<shape>.variants.<variant>.",
                   shapes=shapes)
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("xla_flags_dry_run.json" if args.dry_run else "xla_flags.json")
     shape_children.write_json(path, result)
     print(path)
