@@ -37,6 +37,7 @@ from flashspec.loop import StepRecord
 
 from .backend import JaxBackend
 from .drafts import Seeds, make_seeds
+from .model import layer_shapes
 from .steps import State, batch_shapes
 
 
@@ -129,13 +130,16 @@ class Carry(NamedTuple):
 class Whole:
     """Whole generations on the device over a backend's steps and weights."""
 
-    def __init__(self, backend: JaxBackend, steps_per_iteration: int = 1):
+    def __init__(self, backend: JaxBackend, steps_per_iteration: int = 1, unstack_weights: bool = False):
         if backend.steps is None:
             raise ValueError("the backend needs its drafts (backend.set_drafts) first")
         if isinstance(steps_per_iteration, bool) or not isinstance(steps_per_iteration, int) or steps_per_iteration < 1:
             raise ValueError(f"steps_per_iteration={steps_per_iteration!r} must be an int >= 1 (1: one step per iteration)")
+        if unstack_weights and backend.draft_models[0].uses_scan():
+            raise ValueError("unstack_weights=True needs the unrolled layer loop (Llama.scan_layers=False, or a GPU "
+                             "and layers of SCAN_BELOW_BYTES or more); the scan reads the stacked weights")
         self.backend, self.steps = backend, backend.steps
-        self.per_iteration = steps_per_iteration
+        self.per_iteration, self.unstack = steps_per_iteration, bool(unstack_weights)
         self.run_jit = jax.jit(self.generate, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
         self.many_jit = jax.jit(self.generate_many, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
 
@@ -147,6 +151,7 @@ class Whole:
     def generate(self, weights, tokens, lengths, max_new, seeds: Seeds, policy_seed, first_offset, *,
                  prefix: int, gamma: int, cfg: SamplingConfig, policy: DevicePolicy, max_steps: int):
         steps = self.steps
+        weights = unstacked(weights, self.backend.config) if self.unstack else weights
         uniform = not all(d.deterministic for d in steps.drafts)
         draft = steps.draft_uniform if uniform else steps.draft
         branches = [functools.partial(draft, arm, gamma=gamma, cfg=cfg) for arm in range(len(steps.drafts))]
@@ -228,6 +233,18 @@ class Whole:
         runs = [unpack(tok[r], start[r], end[r], arms[r], acc[r], rows[r], gamma) for r in range(len(seeds))]
         return {"tokens": [r[0] for r in runs], "records": [r[1] for r in runs],
                 "arms": arms, "accepted": acc, "rows": rows}
+
+
+def unstacked(weights: list, config) -> list:
+    """The target's layer weights (``weights[0]``, each [L, ...]) as tuples of L per-layer arrays,
+    sliced once, before the loop: the unrolled layers then read whole arrays in the loop's body,
+    not static slices of loop-carried stacks (see docs/jax.md on what XLA does with those)."""
+    names = set(layer_shapes(config))
+
+    def split(path, a):
+        return tuple(a[i] for i in range(a.shape[0])) if path[0].key in names else a
+
+    return [jax.tree_util.tree_map_with_path(split, weights[0]), *weights[1:]]
 
 
 def unpack(tokens, start, end, arms, accepted, rows, gamma: int):

@@ -2,6 +2,8 @@
 speculation (host loop with the bandit over n-gram and layer-skip drafts, and the whole generation
 in one ``lax.while_loop``) == greedy plain decoding, row for row; the row-invariant decoding."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -80,17 +82,24 @@ def test_row_invariant_decoding_runs_the_scoring_shape_with_the_same_tokens(back
         assert np.array_equal(np.asarray(after.cache.k)[:, -1, :, n : n + 3], before) != written
 
 
-def test_k_steps_per_while_iteration_give_the_one_step_loop_outputs(model):
+@pytest.fixture(scope="module")
+def lookup(model):
+    """The n-gram draft alone over the unrolled model: one branch, a cheap compile."""
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+
+    b = JaxBackend(model, eos_ids=[])
+    b.set_drafts([LookupDraft()])
+    return b
+
+
+def test_k_steps_per_while_iteration_give_the_one_step_loop_outputs(lookup):
     """``Whole(steps_per_iteration=3)``: the same tokens, arms, accepted counts and rows as one step
     per iteration, when ``max_steps`` (4) ends the loop inside its second iteration (rows finished
     before it and rows cut short by it) and when the last rows finish inside an iteration before
     ``max_steps`` (9; the steps past the end change nothing and record arm -1)."""
     from flashspec_jax import whole
-    from flashspec_jax.backend import JaxBackend
-    from flashspec_jax.drafts import LookupDraft
 
-    lookup = JaxBackend(model, eos_ids=[])  # the n-gram draft alone: one branch, a cheap compile
-    lookup.set_drafts([LookupDraft()])
     ps, kw = prompts(3), dict(max_new_tokens=5, gamma=3, sampling=SamplingConfig(0.8), policy=whole.Fixed(0))
     seeds = np.array([[1, 2, 3], [4, 5, 6]], np.uint64)
     one, three = whole.Whole(lookup), whole.Whole(lookup, steps_per_iteration=3)
@@ -105,3 +114,37 @@ def test_k_steps_per_while_iteration_give_the_one_step_loop_outputs(model):
     assert taken.max() < 9 and (taken % 3 != 0).any(), taken  # a run whose last iteration had steps past the end
     with pytest.raises(ValueError, match="steps_per_iteration"):
         whole.Whole(lookup, steps_per_iteration=0)
+
+
+def weight_slices_in_the_loop(hlo: str) -> int:
+    """Ops of the while loop's body (by their metadata) whose result has a layer weight's shape."""
+    c = TINY
+    shapes = {((c["num_heads"] + 2 * c["num_kv_heads"]) * c["head_dim"], c["hidden_size"]), (c["hidden_size"], c["hidden_size"]),
+              (2 * c["intermediate_size"], c["hidden_size"]), (c["hidden_size"], c["intermediate_size"])}
+    found = (re.search(r"= f32\[(\d+),(\d+)\]", line) for line in hlo.splitlines() if "while/body" in line)
+    return sum(1 for m in found if m and (int(m.group(1)), int(m.group(2))) in shapes)
+
+
+def test_unstacked_weights_give_the_same_generation_without_weight_slices_in_the_loop(lookup):
+    """``Whole(unstack_weights=True)`` slices the layer weights once before the loop: the same tokens
+    and records, and the loop's body (this CPU's optimized HLO) holds no op with a weight's shape,
+    where the stacked weights' body slices every layer's weights out of the stack each iteration."""
+    from flashspec_jax import whole
+    from flashspec_jax.drafts import make_seeds
+
+    ps, greedy = prompts(2), SamplingConfig(0.0)
+    seed = np.zeros(2, np.uint64)
+    kw = dict(max_new_tokens=6, gamma=3, sampling=greedy, seed=seed, policy=whole.Fixed(0))
+    stacked, flat = whole.Whole(lookup), whole.Whole(lookup, unstack_weights=True)
+    (a, ra), (b, rb) = stacked.run(ps, **kw), flat.run(ps, **kw)
+    assert a == b and [(r.accepted, r.rows) for r in ra] == [(r.accepted, r.rows) for r in rb]
+    tokens, lengths, prefix = stacked.inputs(ps, 6)
+    hlo = [w.run_jit.lower(lookup.weights, tokens, lengths, 6, make_seeds(seed), 0, 0, prefix=prefix, gamma=3, cfg=greedy,
+                           policy=whole.Fixed(0), max_steps=6).compile().as_text() for w in (stacked, flat)]
+    assert weight_slices_in_the_loop(hlo[0]) >= 4 * TINY["num_layers"] and weight_slices_in_the_loop(hlo[1]) == 0
+    lookup.draft_models[0].scan_layers = True
+    try:
+        with pytest.raises(ValueError, match="unstack_weights=True needs the unrolled layer loop"):
+            whole.Whole(lookup, unstack_weights=True)
+    finally:
+        lookup.draft_models[0].scan_layers = False
