@@ -22,10 +22,12 @@ A child (one shape, one variant; ``flashspec_jax.weights.random_model``, seed 0,
 every child; batch 1, greedy, a ``--prompt-len`` random prompt, ``--tokens`` new tokens) times, in
 this order, each run once to compile and then ``--reps`` times (the median wall time):
 ``spec_host`` (n-gram speculation, G = ``--gamma``, ``flashspec.loop.speculate``), ``while_k1``
-(the same generation in one ``lax.while_loop``, ``flashspec_jax.whole.Whole``), ``while_kN`` for
-each other N of ``--steps-per-iteration`` (``Whole(steps_per_iteration=N)``: N steps per while
-iteration) and ``plain`` (``flashspec.loop.decode``; last: at TinyLlama its first compile, the
-GEMMs' autotuning at one row, took 42 s on the H100). Per run: ``ms_per_step_wall`` =
+(the same generation in one ``lax.while_loop``, ``flashspec_jax.whole.Whole``),
+``while_k1_unstacked`` (where the layers are unrolled: ``Whole(unstack_weights=True)``, the layer
+weights sliced once before the loop instead of out of the loop-carried stacks in every iteration),
+``while_kN`` for each other N of ``--steps-per-iteration`` (``Whole(steps_per_iteration=N)``: N
+steps per while iteration) and ``plain`` (``flashspec.loop.decode``; last: at TinyLlama its first
+compile, the GEMMs' autotuning at one row, took 42 s on the H100). Per run: ``ms_per_step_wall`` =
 wall / steps (prefill included, comparable between the loops), ``ms_per_step_net`` = (wall - the
 host's prefill alone) / steps, and for the host loops ``step_ms``, the mean launch-to-launch step
 of the loop's records. The default variant's child also reports the compiled while loop and the
@@ -124,14 +126,16 @@ def prefill_ms(backend, prompts, tokens: int, reps: int) -> float:
 
 
 def runs_of(backend, prompts, args) -> tuple[dict, dict]:
-    """(name -> fn() for ``timed``, in the order run; k -> the ``whole.Whole`` of each while loop)."""
+    """(name -> fn() for ``timed``, in the order run; name -> the ``whole.Whole`` of each while loop)."""
     import numpy as np
 
     from flashspec.loop import SpecConfig, decode, speculate
     from flashspec_jax import whole
 
     seed = np.zeros(len(prompts), np.uint64)
-    loops = {k: whole.Whole(backend, steps_per_iteration=k) for k in args.steps_per_iteration}
+    loops = {f"while_k{k}": whole.Whole(backend, steps_per_iteration=k) for k in args.steps_per_iteration}
+    if not backend.draft_models[0].uses_scan():  # the unrolled layers: also with the weights sliced once, before the loop
+        loops["while_k1_unstacked"] = whole.Whole(backend, unstack_weights=True)
 
     class Fixed:  # the host loop's policy: arm 0, the n-gram draft
         def choose(self):
@@ -140,18 +144,19 @@ def runs_of(backend, prompts, args) -> tuple[dict, dict]:
         def observe(self, *a):
             pass
 
-    def device(k: int):
-        return lambda: loops[k].run(prompts, max_new_tokens=args.tokens, gamma=args.gamma, sampling=GREEDY, seed=seed,
-                                    policy=whole.Fixed(0))
+    def device(name: str):
+        return lambda: loops[name].run(prompts, max_new_tokens=args.tokens, gamma=args.gamma, sampling=GREEDY, seed=seed,
+                                       policy=whole.Fixed(0))
 
+    order = ["while_k1", *(n for n in loops if n.endswith("unstacked")), *(n for n in loops if n[-1].isdigit() and n != "while_k1")]
     runs = {"spec_host": lambda: speculate(backend, Fixed(), prompts, sampling=GREEDY, seed=seed,
                                            spec=SpecConfig(gamma=args.gamma, max_new_tokens=args.tokens)),
-            **{f"while_k{k}": device(k) for k in args.steps_per_iteration}}
+            **{name: device(name) for name in order}}
     runs["plain"] = lambda: decode(backend, prompts, sampling=GREEDY, max_new_tokens=args.tokens, seed=seed)
     return runs, loops
 
 
-def while_hlo(loop, prompts, args, outdir: Path) -> dict:
+def while_hlo(loop, prompts, args, path: Path | None) -> dict:
     """The compiled while loop, the executable ``loop.run`` ran (a cache hit): ``report``."""
     import numpy as np
 
@@ -163,7 +168,7 @@ def while_hlo(loop, prompts, args, outdir: Path) -> dict:
     compiled = loop.run_jit.lower(loop.backend.weights, tokens, lengths, args.tokens, make_seeds(np.zeros(len(prompts), np.uint64)),
                                   0, 0, prefix=prefix, gamma=args.gamma, cfg=GREEDY, policy=whole.Fixed(0),
                                   max_steps=args.tokens).compile()
-    return dict(lower_and_compile_s=time.perf_counter() - t0, **report(compiled, outdir / HLO_FILES["while"]))
+    return dict(lower_and_compile_s=time.perf_counter() - t0, **report(compiled, path))
 
 
 def score_hlo(backend, prompts, args, outdir: Path) -> dict:
@@ -177,8 +182,8 @@ def score_hlo(backend, prompts, args, outdir: Path) -> dict:
     return dict(lower_and_compile_s=time.perf_counter() - t0, **report(compiled, outdir / HLO_FILES["score"]))
 
 
-def report(compiled, path: Path) -> dict:
-    """A compiled executable's optimized HLO gzipped to ``path``, its cost and memory analysis, its
+def report(compiled, path: Path | None) -> dict:
+    """A compiled executable's optimized HLO gzipped to ``path`` (if given), its cost and memory analysis, its
     while loops, and per computation the ops whose result is >= 1 MB (``large_results``: a weight
     or cache materialized inside a loop body shows here)."""
     import gzip
@@ -186,7 +191,8 @@ def report(compiled, path: Path) -> dict:
     import jax_profile_gpu  # imports torch (not CUDA): its HLO parser
 
     text = compiled.as_text()
-    path.write_bytes(gzip.compress(text.encode()))
+    if path is not None:
+        path.write_bytes(gzip.compress(text.encode()))
     return dict(hlo_chars=len(text), large_results=large_results(text), while_loops=jax_profile_gpu.parse_hlo(text)["while_loops"],
                 **jax_profile_gpu.cost(compiled))
 
@@ -237,6 +243,7 @@ def child(args) -> None:
     path = args.out / shape_children.RESULT
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     m = random_model(LlamaConfig(**dims, max_position_embeddings=8192), dtype=dtype, seed=0)
+    m.scan_layers = False if args.dry_run else None  # the dry run: the unrolled loop, as TinyLlama's on a GPU
     backend = JaxBackend(m, eos_ids=[])
     backend.set_drafts([LookupDraft()])
     row.update(dtype=str(jnp.dtype(dtype)), layer_loop="scan" if m.uses_scan() else "unrolled", attention=m.attention_choice())
@@ -246,8 +253,10 @@ def child(args) -> None:
     for name, fn in runs.items():
         row["runs"][name] = guarded(lambda fn=fn, name=name: timed(fn, args.reps, not name.startswith("while")), deadline)
         if name == "while_k1" and args.variant == "default":
-            row["while_hlo"] = guarded(lambda: while_hlo(loops[1], prompts, args, args.out), deadline)
+            row["while_hlo"] = guarded(lambda: while_hlo(loops[name], prompts, args, args.out / HLO_FILES["while"]), deadline)
             row["score_hlo"] = guarded(lambda: score_hlo(backend, prompts, args, args.out), deadline)
+        if name == "while_k1_unstacked" and args.variant == "default":
+            row["while_unstacked_hlo"] = guarded(lambda: while_hlo(loops[name], prompts, args, None), deadline)
         row["child_wall_s"] = time.perf_counter() - start
         shape_children.write_json(path, row)
         print(json.dumps({args.shape: {args.variant: {name: {k: v for k, v in row["runs"][name].items() if k != "tokens"}}}}),
@@ -297,7 +306,8 @@ def child_command(args, dims: dict, flags: dict, script: str):
     output also into outdir/child.log (read back when it fails)."""
     base = os.environ.get("XLA_FLAGS", "")
     keep = ["--tokens", str(args.tokens), "--prompt-len", str(args.prompt_len), "--gamma", str(args.gamma),
-            "--reps", str(args.reps), "--steps-per-iteration", ",".join(map(str, args.steps_per_iteration))]
+            "--reps", str(args.reps), "--steps-per-iteration", ",".join(map(str, args.steps_per_iteration)),
+            *(["--dry-run"] if args.dry_run else [])]
 
     def command(name: str, share: float, outdir: Path) -> list[str]:
         shape, variant = name.split("@")
@@ -315,8 +325,7 @@ def figures(runs: dict, ks: list[int]) -> dict:
 
     f = dict(plain_step_ms=get("plain", "step_ms"), plain_ms_per_step_wall=get("plain", "ms_per_step_wall"),
              spec_host_step_ms=get("spec_host", "step_ms"), spec_host_ms_per_step_wall=get("spec_host", "ms_per_step_wall"))
-    for k in ks:
-        w = f"while_k{k}"
+    for w in [f"while_k{k}" for k in ks] + ["while_k1_unstacked"]:
         f[f"{w}_ms_per_step_wall"] = get(w, "ms_per_step_wall")
         f[f"{w}_over_host"] = get(w, "ms_per_step_wall") / get("spec_host", "ms_per_step_wall")
         f[f"{w}_over_host_net"] = get(w, "ms_per_step_net") / get("spec_host", "ms_per_step_net")
@@ -355,7 +364,8 @@ def merge(children: list[dict], ks: list[int]) -> dict:
             ratio = s["figures"][v]["while_k1_over_host"]
             s["target_while_within_1_05"][v] = None if math.isnan(ratio) else bool(ratio <= TARGET)
         s["best"] = {key: best(s["figures"], key) for key in ("plain_step_ms", "spec_host_ms_per_step_wall",
-                                                               *(f"while_k{k}_ms_per_step_wall" for k in ks))}
+                                                               *(f"while_k{k}_ms_per_step_wall" for k in ks),
+                                                               "while_k1_unstacked_ms_per_step_wall")}
         out[shape] = s
     return out
 
@@ -367,13 +377,14 @@ def best(figs: dict, key: str):
 
 
 def table(shapes: dict, ks: list[int]) -> str:
-    cols = ["plain step", "spec host /step", *(f"while k{k} /step" for k in ks), *(f"k{k} / host" for k in ks), "tokens ok"]
+    whiles = [*(f"while_k{k}" for k in ks), "while_k1_unstacked"]
+    cols = ["plain step", "spec host /step", *(f"{w} /step" for w in whiles), *(f"{w} / host" for w in whiles), "tokens ok"]
     lines = ["| shape | variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for shape, s in shapes.items():
         for v, f in s["figures"].items():
             ok = all(s["checks"][v].values()) if s["checks"][v] else None
-            vals = [f["plain_step_ms"], f["spec_host_ms_per_step_wall"], *(f[f"while_k{k}_ms_per_step_wall"] for k in ks),
-                    *(f[f"while_k{k}_over_host"] for k in ks)]
+            vals = [f["plain_step_ms"], f["spec_host_ms_per_step_wall"], *(f[f"{w}_ms_per_step_wall"] for w in whiles),
+                    *(f[f"{w}_over_host"] for w in whiles)]
             lines.append(f"| {shape} | {v} | " + " | ".join(f"{x:.3f}" for x in vals) + f" | {ok} |")
     return "\n".join(lines)
 
