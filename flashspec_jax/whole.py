@@ -128,7 +128,10 @@ class Carry(NamedTuple):
 
 
 class Whole:
-    """Whole generations on the device over a backend's steps and weights."""
+    """Whole generations on the device over a backend's steps and weights. ``steps_per_iteration``
+    k: k steps per while iteration (``iteration``); ``unstack_weights``: the unrolled layers' weights
+    sliced once before the loop (``unstacked``). Both give the same outputs as the defaults; which
+    is faster on a GPU is measured by ``benchmarks/jax_xla_flags_gpu.py`` (docs/jax.md)."""
 
     def __init__(self, backend: JaxBackend, steps_per_iteration: int = 1, unstack_weights: bool = False):
         if backend.steps is None:
