@@ -222,6 +222,18 @@ def large_results(text: str, min_bytes: int = 1 << 20) -> dict:
             for name, c in comps.items() if name.split()[-1] not in fused and c}
 
 
+def versions() -> dict:
+    from importlib import metadata
+
+    out = dict(python=platform.python_version())
+    for name in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "jax-cuda12-pjrt", "jax-cuda13-pjrt", "flax"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
 def child(args) -> None:
     """One shape under this process's XLA_FLAGS; the JSON rewritten after every run."""
     import jax
@@ -238,7 +250,7 @@ def child(args) -> None:
     dims = json.loads(args.dims)
     row = dict(shape=args.shape, variant=args.variant, xla_flags=os.environ.get("XLA_FLAGS", ""), config=dims,
                device=getattr(dev, "device_kind", str(dev)), platform=jax.default_backend(),
-               versions=dict(jax=jax.__version__, jaxlib=jax.lib.__version__, python=platform.python_version()),
+               versions=versions(),
                batch=1, prompt_len=args.prompt_len, new_tokens=args.tokens, gamma=args.gamma, reps=args.reps)
     path = args.out / shape_children.RESULT
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
