@@ -83,6 +83,7 @@ PLAN = (  # (shape, variant, weight of the budget): run in this order; the tail 
     ("smollm2-135m", "default", 1.5), ("smollm2-135m", "cb_while", 1.5),
     ("tinyllama-1.1b", "cb_off", 0.3), ("smollm2-135m", "cb_while_unroll", 0.3), ("smollm2-135m", "cb_off", 0.3),
     ("tinyllama-1.1b", "double_buffer", 0.3), ("smollm2-135m", "min_graph_1", 0.3),
+    ("llama3-8b", "default", 0.3), ("llama3-8b", "ds_fusion", 0.2),  # reached with --shapes llama3-8b (long compiles)
 )
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 CHILD_SOFT = 0.85  # a child starts no run past this fraction of its share (it is killed at the share)
