@@ -28,9 +28,9 @@ weights sliced once before the loop instead of out of the loop-carried stacks in
 ``while_kN`` for each other N of ``--steps-per-iteration`` (``Whole(steps_per_iteration=N)``: N
 steps per while iteration) and ``plain`` (``flashspec.loop.decode``; last: at TinyLlama its first
 compile, the GEMMs' autotuning at one row, took 42 s on the H100). Per run: ``ms_per_step_wall`` =
-wall / steps (prefill included, comparable between the loops), ``ms_per_step_net`` = (wall - the
-host's prefill alone) / steps, and for the host loops ``step_ms``, the mean launch-to-launch step
-of the loop's records. The default variant's child also reports the compiled while loop and the
+wall / steps (prefill included, comparable between the loops), for the host loops ``step_ms``, the
+mean launch-to-launch step of the loop's records, and ``prefill_ms``, the host's jitted prefill
+alone (the merged figures' ``*_over_host_net`` take it out of both loops' wall times). The default variant's child also reports the compiled while loop and the
 host loop's scoring step (``while_hlo``, ``score_hlo``: the executables the runs used; XLA's cost
 analysis, and the ops with results of 1 MB or more per computation), their optimized HLO written
 gzipped as ``<shape>_while_hlo.txt.gz`` and ``<shape>_score_hlo.txt.gz`` beside the JSON (at most
@@ -265,6 +265,8 @@ def child(args) -> None:
     runs, loops = runs_of(backend, prompts, args)
     for name, fn in runs.items():
         row["runs"][name] = guarded(lambda fn=fn, name=name: timed(fn, args.reps, not name.startswith("while")), deadline)
+        if name == "spec_host":  # the prefill it compiled, alone (for the figures' per-step times net of it)
+            row["prefill_ms"] = guarded(lambda: dict(ms=prefill_ms(backend, prompts, args.tokens, args.reps)), deadline)
         if name == "while_k1" and args.variant == "default":
             row["while_hlo"] = guarded(lambda: while_hlo(loops[name], prompts, args, args.out / HLO_FILES["while"]), deadline)
             row["score_hlo"] = guarded(lambda: score_hlo(backend, prompts, args, args.out), deadline)
@@ -274,12 +276,6 @@ def child(args) -> None:
         shape_children.write_json(path, row)
         print(json.dumps({args.shape: {args.variant: {name: {k: v for k, v in row["runs"][name].items() if k != "tokens"}}}}),
               flush=True)
-    row["prefill_ms"] = guarded(lambda: dict(ms=prefill_ms(backend, prompts, args.tokens, args.reps)), deadline)
-    for r in row["runs"].values():
-        if "steps" in r and "ms" in row["prefill_ms"]:
-            r["ms_per_step_net"] = (r["wall_s"] * 1e3 - row["prefill_ms"]["ms"]) / max(1, r["steps"])
-    row["child_wall_s"] = time.perf_counter() - start
-    shape_children.write_json(path, row)
 
 
 # -- the parent: flags checked, one child per (shape, variant), the merge
@@ -331,10 +327,14 @@ def child_command(args, dims: dict, flags: dict, script: str):
     return command
 
 
-def figures(runs: dict, ks: list[int]) -> dict:
-    """One (shape, variant)'s figures: ms per step and the while loops over the host loop (NaN: not run)."""
+def figures(runs: dict, ks: list[int], prefill_ms: float = math.nan) -> dict:
+    """One (shape, variant)'s figures: ms per step and the while loops over the host loop, also net
+    of the prefill (NaN: not run)."""
     def get(run, key):
-        return runs.get(run, {}).get(key, math.nan)
+        r = runs.get(run, {})
+        if key == "ms_per_step_net" and "wall_s" in r:
+            return (r["wall_s"] * 1e3 - prefill_ms) / max(1, r["steps"])
+        return r.get(key, math.nan)
 
     f = dict(plain_step_ms=get("plain", "step_ms"), plain_ms_per_step_wall=get("plain", "ms_per_step_wall"),
              spec_host_step_ms=get("spec_host", "step_ms"), spec_host_ms_per_step_wall=get("spec_host", "ms_per_step_wall"))
@@ -372,7 +372,7 @@ def merge(children: list[dict], ks: list[int]) -> dict:
         s = dict(variants=variants, figures={}, checks={}, target_while_within_1_05={})
         for v, row in variants.items():
             runs = row.get("runs", {})
-            s["figures"][v] = figures(runs, ks)
+            s["figures"][v] = figures(runs, ks, row.get("prefill_ms", {}).get("ms", math.nan))
             s["checks"][v] = checks_of(runs, default_runs)
             ratio = s["figures"][v]["while_k1_over_host"]
             s["target_while_within_1_05"][v] = None if math.isnan(ratio) else bool(ratio <= TARGET)
@@ -472,8 +472,9 @@ def main(argv=None) -> None:
                   base_xla_flags=os.environ.get("XLA_FLAGS", ""), variants={v: VARIANTS[v] for v in kept},
                   common_flags=common, dropped_by_preflight=dropped, plan=plan, target_while_over_host=TARGET,
                   checks=checks, passed=bool(checks) and all(checks.values()), wall_s=time.perf_counter() - start,
-                  notes="ms_per_step_wall: wall (prefill included) / steps, the median of --reps calls; ms_per_step_net: "
-                        "(wall - the host's jitted prefill alone) / steps; step_ms: host loops' mean launch-to-launch step. "
+                  notes="ms_per_step_wall: wall (prefill included) / steps, the median of --reps calls; *_over_host_net: "
+                        "(wall - prefill_ms, the host's jitted prefill alone) / steps, while over host; step_ms: host loops' "
+                        "mean launch-to-launch step. "
                         "Device, versions and XLA_FLAGS per child under shapes.<shape>.variants.<variant>.",
                   shapes=shapes)
     path = args.out / ("xla_flags_dry_run.json" if args.dry_run else "xla_flags.json")
