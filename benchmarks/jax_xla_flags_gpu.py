@@ -134,7 +134,7 @@ def runs_of(backend, prompts, args) -> tuple[dict, dict]:
     from flashspec_jax import whole
 
     seed = np.zeros(len(prompts), np.uint64)
-    loops = {f"while_k{k}": whole.Whole(backend, steps_per_iteration=k) for k in args.steps_per_iteration}
+    loops = {f"while_k{k}": whole.Whole(backend, steps_per_iteration=k, unstack_weights=False) for k in args.steps_per_iteration}
     if not backend.draft_models[0].uses_scan():  # the unrolled layers: also with the weights sliced once, before the loop
         loops["while_k1_unstacked"] = whole.Whole(backend, unstack_weights=True)
 

@@ -128,21 +128,27 @@ class Carry(NamedTuple):
 
 
 class Whole:
-    """Whole generations on the device over a backend's steps and weights. ``steps_per_iteration``
-    k: k steps per while iteration (``iteration``); ``unstack_weights``: the unrolled layers' weights
-    sliced once before the loop (``unstacked``). Both give the same outputs as the defaults; which
-    is faster on a GPU is measured by ``benchmarks/jax_xla_flags_gpu.py`` (docs/jax.md)."""
+    """Whole generations on the device over a backend's steps and weights. ``unstack_weights``
+    (None: where the target's layers are unrolled): the layer weights sliced once before the loop
+    (``unstacked``), so the body does not copy them out of the loop-carried stacks every iteration;
+    it holds a second copy of the layer weights during the call (docs/jax.md has the measurement).
+    ``steps_per_iteration`` k: k steps per while iteration (``iteration``). Every setting gives the
+    same outputs."""
 
-    def __init__(self, backend: JaxBackend, steps_per_iteration: int = 1, unstack_weights: bool = False):
+    def __init__(self, backend: JaxBackend, steps_per_iteration: int = 1, unstack_weights: bool | None = None):
         if backend.steps is None:
             raise ValueError("the backend needs its drafts (backend.set_drafts) first")
         if isinstance(steps_per_iteration, bool) or not isinstance(steps_per_iteration, int) or steps_per_iteration < 1:
             raise ValueError(f"steps_per_iteration={steps_per_iteration!r} must be an int >= 1 (1: one step per iteration)")
-        if unstack_weights and backend.draft_models[0].uses_scan():
+        if unstack_weights not in (None, True, False):
+            raise TypeError(f"unstack_weights={unstack_weights!r} must be True, False or None (by the layer loop)")
+        scan = backend.draft_models[0].uses_scan()
+        if unstack_weights and scan:
             raise ValueError("unstack_weights=True needs the unrolled layer loop (Llama.scan_layers=False, or a GPU "
                              "and layers of SCAN_BELOW_BYTES or more); the scan reads the stacked weights")
         self.backend, self.steps = backend, backend.steps
-        self.per_iteration, self.unstack = steps_per_iteration, bool(unstack_weights)
+        self.per_iteration = steps_per_iteration
+        self.unstack = not scan if unstack_weights is None else unstack_weights
         self.run_jit = jax.jit(self.generate, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
         self.many_jit = jax.jit(self.generate_many, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
 

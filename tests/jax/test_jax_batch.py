@@ -126,24 +126,28 @@ def weight_slices_in_the_loop(hlo: str) -> int:
 
 
 def test_unstacked_weights_give_the_same_generation_without_weight_slices_in_the_loop(lookup):
-    """``Whole(unstack_weights=True)`` slices the layer weights once before the loop: the same tokens
-    and records, and the loop's body (this CPU's optimized HLO) holds no op with a weight's shape,
-    where the stacked weights' body slices every layer's weights out of the stack each iteration."""
+    """``Whole(unstack_weights=None)`` (the default, the layers unrolled here) slices the layer
+    weights once before the loop: the same tokens and records as the stacked weights
+    (``unstack_weights=False``), and the loop's body (this CPU's optimized HLO) holds no op with a
+    weight's shape, where the stacked weights' body slices every layer's weights out of the stack
+    each iteration."""
     from flashspec_jax import whole
     from flashspec_jax.drafts import make_seeds
 
     ps, greedy = prompts(2), SamplingConfig(0.0)
     seed = np.zeros(2, np.uint64)
     kw = dict(max_new_tokens=6, gamma=3, sampling=greedy, seed=seed, policy=whole.Fixed(0))
-    stacked, flat = whole.Whole(lookup), whole.Whole(lookup, unstack_weights=True)
+    stacked, flat = whole.Whole(lookup, unstack_weights=False), whole.Whole(lookup)
     (a, ra), (b, rb) = stacked.run(ps, **kw), flat.run(ps, **kw)
     assert a == b and [(r.accepted, r.rows) for r in ra] == [(r.accepted, r.rows) for r in rb]
     tokens, lengths, prefix = stacked.inputs(ps, 6)
     hlo = [w.run_jit.lower(lookup.weights, tokens, lengths, 6, make_seeds(seed), 0, 0, prefix=prefix, gamma=3, cfg=greedy,
                            policy=whole.Fixed(0), max_steps=6).compile().as_text() for w in (stacked, flat)]
     assert weight_slices_in_the_loop(hlo[0]) >= 4 * TINY["num_layers"] and weight_slices_in_the_loop(hlo[1]) == 0
+    assert flat.unstack
     lookup.draft_models[0].scan_layers = True
     try:
+        assert not whole.Whole(lookup).unstack  # the scan reads the stacks
         with pytest.raises(ValueError, match="unstack_weights=True needs the unrolled layer loop"):
             whole.Whole(lookup, unstack_weights=True)
     finally:
