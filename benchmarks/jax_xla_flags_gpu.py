@@ -21,13 +21,13 @@ not know drops its variants (recorded), and if it is in ``COMMON``, ``COMMON`` i
 A child (one shape, one variant; ``flashspec_jax.weights.random_model``, seed 0, the same model in
 every child; batch 1, greedy, a ``--prompt-len`` random prompt, ``--tokens`` new tokens) times, in
 this order, each run once to compile and then ``--reps`` times (the median wall time):
-``spec_host`` (n-gram speculation, G = ``--gamma``, ``flashspec.loop.speculate``), ``while_k1``
-(the same generation in one ``lax.while_loop``, ``flashspec_jax.whole.Whole``),
-``while_k1_unstacked`` (where the layers are unrolled: ``Whole(unstack_weights=True)``, the layer
-weights sliced once before the loop instead of out of the loop-carried stacks in every iteration),
-``while_kN`` for each other N of ``--steps-per-iteration`` (``Whole(steps_per_iteration=N)``: N
-steps per while iteration) and ``plain`` (``flashspec.loop.decode``; last: at TinyLlama its first
-compile, the GEMMs' autotuning at one row, took 42 s on the H100). Per run: ``ms_per_step_wall`` =
+``spec_host`` (n-gram speculation, G = ``--gamma``, ``flashspec.loop.speculate``), ``while``
+(the same generation in one ``lax.while_loop``, ``flashspec_jax.whole.Whole`` as the engine
+builds it: where the layers are unrolled, their weights sliced once before the loop),
+``while_stacked`` (where the layers are unrolled: ``Whole(unstack_weights=False)``, the weights
+sliced out of the loop-carried stacks in every iteration, what the loop did before 1.61x / 2.30x
+were measured) and ``plain`` (``flashspec.loop.decode``; last: at TinyLlama its first compile, the
+GEMMs' autotuning at one row, took 42 s on the H100). Per run: ``ms_per_step_wall`` =
 wall / steps (prefill included, comparable between the loops), for the host loops ``step_ms``, the
 mean launch-to-launch step of the loop's records, and ``prefill_ms``, the host's jitted prefill
 alone (the merged figures' ``*_over_host_net`` take it out of both loops' wall times). The default variant's child also reports the compiled while loop and the
@@ -87,6 +87,7 @@ PLAN = (  # (shape, variant, weight of the budget): run in this order; the tail 
 )
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 CHILD_SOFT = 0.85  # a child starts no run past this fraction of its share (it is killed at the share)
+WHILES = ("while", "while_stacked")  # the while loops timed: Whole's default, and the stacked weights where layers unroll
 HLO_FILES = {"while": "while_hlo.txt.gz", "score": "score_hlo.txt.gz"}  # the default variant's, per shape
 GREEDY = SamplingConfig(0.0)
 TARGET = 1.05  # issue #37: the while loop within 1.05x of the host loop's per-step time
@@ -134,9 +135,9 @@ def runs_of(backend, prompts, args) -> tuple[dict, dict]:
     from flashspec_jax import whole
 
     seed = np.zeros(len(prompts), np.uint64)
-    loops = {f"while_k{k}": whole.Whole(backend, steps_per_iteration=k, unstack_weights=False) for k in args.steps_per_iteration}
-    if not backend.draft_models[0].uses_scan():  # the unrolled layers: also with the weights sliced once, before the loop
-        loops["while_k1_unstacked"] = whole.Whole(backend, unstack_weights=True)
+    loops = {"while": whole.Whole(backend)}
+    if not backend.draft_models[0].uses_scan():  # the unrolled layers: also with the weights sliced from the stacks
+        loops["while_stacked"] = whole.Whole(backend, unstack_weights=False)
 
     class Fixed:  # the host loop's policy: arm 0, the n-gram draft
         def choose(self):
@@ -149,10 +150,9 @@ def runs_of(backend, prompts, args) -> tuple[dict, dict]:
         return lambda: loops[name].run(prompts, max_new_tokens=args.tokens, gamma=args.gamma, sampling=GREEDY, seed=seed,
                                        policy=whole.Fixed(0))
 
-    order = ["while_k1", *(n for n in loops if n.endswith("unstacked")), *(n for n in loops if n[-1].isdigit() and n != "while_k1")]
     runs = {"spec_host": lambda: speculate(backend, Fixed(), prompts, sampling=GREEDY, seed=seed,
                                            spec=SpecConfig(gamma=args.gamma, max_new_tokens=args.tokens)),
-            **{name: device(name) for name in order}}
+            **{name: device(name) for name in loops}}
     runs["plain"] = lambda: decode(backend, prompts, sampling=GREEDY, max_new_tokens=args.tokens, seed=seed)
     return runs, loops
 
@@ -267,11 +267,11 @@ def child(args) -> None:
         row["runs"][name] = guarded(lambda fn=fn, name=name: timed(fn, args.reps, not name.startswith("while")), deadline)
         if name == "spec_host":  # the prefill it compiled, alone (for the figures' per-step times net of it)
             row["prefill_ms"] = guarded(lambda: dict(ms=prefill_ms(backend, prompts, args.tokens, args.reps)), deadline)
-        if name == "while_k1" and args.variant == "default":
+        if name == "while" and args.variant == "default":
             row["while_hlo"] = guarded(lambda: while_hlo(loops[name], prompts, args, args.out / HLO_FILES["while"]), deadline)
             row["score_hlo"] = guarded(lambda: score_hlo(backend, prompts, args, args.out), deadline)
-        if name == "while_k1_unstacked" and args.variant == "default":
-            row["while_unstacked_hlo"] = guarded(lambda: while_hlo(loops[name], prompts, args, None), deadline)
+        if name == "while_stacked" and args.variant == "default":
+            row["while_stacked_hlo"] = guarded(lambda: while_hlo(loops[name], prompts, args, None), deadline)
         row["child_wall_s"] = time.perf_counter() - start
         shape_children.write_json(path, row)
         print(json.dumps({args.shape: {args.variant: {name: {k: v for k, v in row["runs"][name].items() if k != "tokens"}}}}),
@@ -315,7 +315,7 @@ def child_command(args, dims: dict, flags: dict, script: str):
     output also into outdir/child.log (read back when it fails)."""
     base = os.environ.get("XLA_FLAGS", "")
     keep = ["--tokens", str(args.tokens), "--prompt-len", str(args.prompt_len), "--gamma", str(args.gamma),
-            "--reps", str(args.reps), "--steps-per-iteration", ",".join(map(str, args.steps_per_iteration)),
+            "--reps", str(args.reps),
             *(["--dry-run"] if args.dry_run else [])]
 
     def command(name: str, share: float, outdir: Path) -> list[str]:
@@ -327,7 +327,7 @@ def child_command(args, dims: dict, flags: dict, script: str):
     return command
 
 
-def figures(runs: dict, ks: list[int], prefill_ms: float = math.nan) -> dict:
+def figures(runs: dict, prefill_ms: float = math.nan) -> dict:
     """One (shape, variant)'s figures: ms per step and the while loops over the host loop, also net
     of the prefill (NaN: not run)."""
     def get(run, key):
@@ -338,7 +338,7 @@ def figures(runs: dict, ks: list[int], prefill_ms: float = math.nan) -> dict:
 
     f = dict(plain_step_ms=get("plain", "step_ms"), plain_ms_per_step_wall=get("plain", "ms_per_step_wall"),
              spec_host_step_ms=get("spec_host", "step_ms"), spec_host_ms_per_step_wall=get("spec_host", "ms_per_step_wall"))
-    for w in [f"while_k{k}" for k in ks] + ["while_k1_unstacked"]:
+    for w in WHILES:
         f[f"{w}_ms_per_step_wall"] = get(w, "ms_per_step_wall")
         f[f"{w}_over_host"] = get(w, "ms_per_step_wall") / get("spec_host", "ms_per_step_wall")
         f[f"{w}_over_host_net"] = get(w, "ms_per_step_net") / get("spec_host", "ms_per_step_net")
@@ -356,7 +356,7 @@ def checks_of(runs: dict, default_runs: dict) -> dict:
     return c
 
 
-def merge(children: list[dict], ks: list[int]) -> dict:
+def merge(children: list[dict]) -> dict:
     """Per shape, per variant: the child's row (rc, killed, its log's tail if it failed), figures, checks;
     per shape the issue's target per variant and the best variant per figure."""
     shapes = {}
@@ -372,13 +372,12 @@ def merge(children: list[dict], ks: list[int]) -> dict:
         s = dict(variants=variants, figures={}, checks={}, target_while_within_1_05={})
         for v, row in variants.items():
             runs = row.get("runs", {})
-            s["figures"][v] = figures(runs, ks, row.get("prefill_ms", {}).get("ms", math.nan))
+            s["figures"][v] = figures(runs, row.get("prefill_ms", {}).get("ms", math.nan))
             s["checks"][v] = checks_of(runs, default_runs)
-            ratio = s["figures"][v]["while_k1_over_host"]
+            ratio = s["figures"][v]["while_over_host"]
             s["target_while_within_1_05"][v] = None if math.isnan(ratio) else bool(ratio <= TARGET)
         s["best"] = {key: best(s["figures"], key) for key in ("plain_step_ms", "spec_host_ms_per_step_wall",
-                                                               *(f"while_k{k}_ms_per_step_wall" for k in ks),
-                                                               "while_k1_unstacked_ms_per_step_wall")}
+                                                               *(f"{w}_ms_per_step_wall" for w in WHILES))}
         out[shape] = s
     return out
 
@@ -389,8 +388,8 @@ def best(figs: dict, key: str):
                                           default_ms=figs.get("default", {}).get(key))
 
 
-def table(shapes: dict, ks: list[int]) -> str:
-    whiles = [*(f"while_k{k}" for k in ks), "while_k1_unstacked"]
+def table(shapes: dict) -> str:
+    whiles = WHILES
     cols = ["plain step", "spec host /step", *(f"{w} /step" for w in whiles), *(f"{w} / host" for w in whiles), "tokens ok"]
     lines = ["| shape | variant | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for shape, s in shapes.items():
@@ -412,7 +411,6 @@ def parse_args(argv):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3, help="timed calls per run after the compiling one (median)")
-    ap.add_argument("--steps-per-iteration", default="1,4", help="while loops to time: Whole(steps_per_iteration=N)")
     ap.add_argument("--no-common", action="store_true", help="children without COMMON (the shared autotuning cache)")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU (the flags do nothing there)")
     ap.add_argument("--child", action="store_true", help="(internal) one --shape under one --variant in this process")
@@ -420,7 +418,6 @@ def parse_args(argv):
     ap.add_argument("--variant", help="(internal)")
     ap.add_argument("--dims", help="(internal) the shape's config as JSON")
     args = ap.parse_args(argv)
-    args.steps_per_iteration = sorted({int(k) for k in args.steps_per_iteration.split(",") if k} | {1})
     if args.dry_run:
         args.tokens, args.prompt_len, args.reps = 8, 12, 1
     unknown = set(filter(None, args.variants.split(","))) - set(VARIANTS)
@@ -465,7 +462,7 @@ def main(argv=None) -> None:
             for hlo in (Path(tmp) / c["shape"] / f for f in HLO_FILES.values()):
                 if hlo.exists():  # the default variant's, two per shape
                     shutil.copy(hlo, args.out / f"{c['shape'].split('@')[0]}_{hlo.name}")
-    shapes = merge(children, args.steps_per_iteration)
+    shapes = merge(children)
     checks = {f"{shape}/{v}/{k}": ok for shape, s in shapes.items() for v, c in s["checks"].items() for k, ok in c.items()}
     result = dict(script="benchmarks/jax_xla_flags_gpu.py", argv=sys.argv[1:] if argv is None else list(argv),
                   date=datetime.now(timezone.utc).isoformat(timespec="seconds"), dry_run=args.dry_run,
@@ -480,7 +477,7 @@ def main(argv=None) -> None:
     path = args.out / ("xla_flags_dry_run.json" if args.dry_run else "xla_flags.json")
     shape_children.write_json(path, result)
     print(path)
-    print(table(shapes, args.steps_per_iteration))
+    print(table(shapes))
 
 
 if __name__ == "__main__":

@@ -132,14 +132,11 @@ class Whole:
     (None: where the target's layers are unrolled): the layer weights sliced once before the loop
     (``unstacked``), so the body does not copy them out of the loop-carried stacks every iteration;
     it holds a second copy of the layer weights during the call (docs/jax.md has the measurement).
-    ``steps_per_iteration`` k: k steps per while iteration (``iteration``). Every setting gives the
-    same outputs."""
+    Either setting gives the same outputs."""
 
-    def __init__(self, backend: JaxBackend, steps_per_iteration: int = 1, unstack_weights: bool | None = None):
+    def __init__(self, backend: JaxBackend, unstack_weights: bool | None = None):
         if backend.steps is None:
             raise ValueError("the backend needs its drafts (backend.set_drafts) first")
-        if isinstance(steps_per_iteration, bool) or not isinstance(steps_per_iteration, int) or steps_per_iteration < 1:
-            raise ValueError(f"steps_per_iteration={steps_per_iteration!r} must be an int >= 1 (1: one step per iteration)")
         if unstack_weights not in (None, True, False):
             raise TypeError(f"unstack_weights={unstack_weights!r} must be True, False or None (by the layer loop)")
         scan = backend.draft_models[0].uses_scan()
@@ -147,7 +144,6 @@ class Whole:
             raise ValueError("unstack_weights=True needs the unrolled layer loop (Llama.scan_layers=False, or a GPU "
                              "and layers of SCAN_BELOW_BYTES or more); the scan reads the stacked weights")
         self.backend, self.steps = backend, backend.steps
-        self.per_iteration = steps_per_iteration
         self.unstack = not scan if unstack_weights is None else unstack_weights
         self.run_jit = jax.jit(self.generate, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
         self.many_jit = jax.jit(self.generate_many, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
@@ -173,7 +169,7 @@ class Whole:
         def cond(c: Carry):
             return (c.step < max_steps) & ~jnp.all(c.state.seqs.done)
 
-        def step(c: Carry):
+        def body(c: Carry):
             arm = policy.choose(c.bandit)
             offset = first_offset + c.step
             run = lambda i: lambda w, s: branches[i](w, s, seeds=seeds, offset=offset)  # noqa: E731
@@ -186,30 +182,14 @@ class Whole:
             live = out.active
             return Carry(
                 c.step + 1, state, bandit, (arm, out.num_accepted, live, jnp.bool_(True)),
-                c.arms.at[c.step].set(jnp.where(jnp.any(live), arm, -1), mode="drop"),  # -1: a step past the end
-                c.accepted.at[c.step].set(jnp.sum(jnp.where(live, out.num_accepted, 0)), mode="drop"),
-                c.rows.at[c.step].set(jnp.sum(live), mode="drop"),
+                c.arms.at[c.step].set(arm),
+                c.accepted.at[c.step].set(jnp.sum(jnp.where(live, out.num_accepted, 0))),
+                c.rows.at[c.step].set(jnp.sum(live)),
             )
 
-        c = lax.while_loop(cond, self.iteration(step, max_steps), carry)
+        c = lax.while_loop(cond, body, carry)
         seqs = c.state.seqs
         return seqs.tokens, seqs.prompt_len, seqs.length, c.arms, c.accepted, c.rows
-
-    def iteration(self, step, max_steps: int):
-        """The while loop's body: ``step``, or with ``steps_per_iteration`` k > 1 an inner
-        ``lax.fori_loop`` of k steps (a known trip count: the loop's condition is read once per k
-        steps). A step that starts past the end (every row done, or ``max_steps`` reached: then
-        every row is marked done) has no active row and changes nothing that ``generate`` returns:
-        no token, no length, and its records are arm -1 with 0 rows, as the steps never run."""
-        if self.per_iteration == 1:
-            return step
-
-        def guarded(_, c: Carry) -> Carry:
-            seqs = c.state.seqs
-            seqs = seqs._replace(done=seqs.done | (c.step >= max_steps))
-            return step(c._replace(state=c.state._replace(seqs=seqs)))
-
-        return lambda c: lax.fori_loop(0, self.per_iteration, guarded, c)
 
     # -- host front ends
 

@@ -93,29 +93,6 @@ def lookup(model):
     return b
 
 
-def test_k_steps_per_while_iteration_give_the_one_step_loop_outputs(lookup):
-    """``Whole(steps_per_iteration=3)``: the same tokens, arms, accepted counts and rows as one step
-    per iteration, when ``max_steps`` (4) ends the loop inside its second iteration (rows finished
-    before it and rows cut short by it) and when the last rows finish inside an iteration before
-    ``max_steps`` (9; the steps past the end change nothing and record arm -1)."""
-    from flashspec_jax import whole
-
-    ps, kw = prompts(3), dict(max_new_tokens=5, gamma=3, sampling=SamplingConfig(0.8), policy=whole.Fixed(0))
-    seeds = np.array([[1, 2, 3], [4, 5, 6]], np.uint64)
-    one, three = whole.Whole(lookup), whole.Whole(lookup, steps_per_iteration=3)
-    for max_steps in (4, 9):
-        a, b = (w.run_many(ps, seeds, max_steps=max_steps, **kw) for w in (one, three))
-        assert a["tokens"] == b["tokens"]
-        for key in ("arms", "accepted", "rows"):
-            assert np.array_equal(a[key], b[key]), key
-        ends = sorted(len(row) for run in a["tokens"] for row in run)
-        assert ends[-1] == 5 and (ends[0] < 5) == (max_steps == 4), ends  # max_steps really cut rows short
-    taken = (a["arms"] >= 0).sum(axis=1)  # max_steps 9: steps until every row finished
-    assert taken.max() < 9 and (taken % 3 != 0).any(), taken  # a run whose last iteration had steps past the end
-    with pytest.raises(ValueError, match="steps_per_iteration"):
-        whole.Whole(lookup, steps_per_iteration=0)
-
-
 def weight_slices_in_the_loop(hlo: str) -> int:
     """Ops of the while loop's body (by their metadata) whose result has a layer weight's shape."""
     c = TINY
