@@ -338,9 +338,10 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
 
 
 def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, positions, hidden: tuple[int, ...]):
-    """The ``kept`` layers one after another, each's weights a static slice of the stack; each
-    layer's window and RoPE are static, and each writes its cache slots at a static layer index.
-    Returns what ``scanned_layers`` returns."""
+    """The ``kept`` layers one after another, each's weights a static slice of the stack (or, where
+    a field holds a tuple of per-layer arrays, ``flashspec_jax.whole``'s unstacked weights, its
+    layer's entry); each layer's window and RoPE are static, and each writes its cache slots at a
+    static layer index. Returns what ``scanned_layers`` returns."""
     c = m.config
     slots = jnp.arange(cache.max_len)[None, None, :]
     mask = slots <= positions[:, :, None]  # [B, T, S]
@@ -349,7 +350,7 @@ def unrolled_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, p
     for i in kept:
         window = c.window(i)
         seen = mask & (slots > positions[:, :, None] - window) if window else mask
-        w = jax.tree.map(lambda a, i=i: a[i], layers)
+        w = jax.tree.map(lambda a, i=i: a[i], layers, is_leaf=lambda x: type(x) is tuple)
         h, cache = block(c, w, h, *(local if c.local_rope(i) else rope), cache, i, positions, seen, window,
                          m.attention_choice(), m.shards)
         if i in hidden:

@@ -37,6 +37,7 @@ from flashspec.loop import StepRecord
 
 from .backend import JaxBackend
 from .drafts import Seeds, make_seeds
+from .model import layer_shapes
 from .steps import State, batch_shapes
 
 
@@ -127,12 +128,23 @@ class Carry(NamedTuple):
 
 
 class Whole:
-    """Whole generations on the device over a backend's steps and weights."""
+    """Whole generations on the device over a backend's steps and weights. ``unstack_weights``
+    (None: where the target's layers are unrolled): the layer weights sliced once before the loop
+    (``unstacked``), so the body does not copy them out of the loop-carried stacks every iteration;
+    it holds a second copy of the layer weights during the call (docs/jax.md has the measurement).
+    Either setting gives the same outputs."""
 
-    def __init__(self, backend: JaxBackend):
+    def __init__(self, backend: JaxBackend, unstack_weights: bool | None = None):
         if backend.steps is None:
             raise ValueError("the backend needs its drafts (backend.set_drafts) first")
+        if unstack_weights not in (None, True, False):
+            raise TypeError(f"unstack_weights={unstack_weights!r} must be True, False or None (by the layer loop)")
+        scan = backend.draft_models[0].uses_scan()
+        if unstack_weights and scan:
+            raise ValueError("unstack_weights=True needs the unrolled layer loop (Llama.scan_layers=False, or a GPU "
+                             "and layers of SCAN_BELOW_BYTES or more); the scan reads the stacked weights")
         self.backend, self.steps = backend, backend.steps
+        self.unstack = not scan if unstack_weights is None else unstack_weights
         self.run_jit = jax.jit(self.generate, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
         self.many_jit = jax.jit(self.generate_many, static_argnames=("prefix", "gamma", "cfg", "policy", "max_steps"))
 
@@ -144,6 +156,7 @@ class Whole:
     def generate(self, weights, tokens, lengths, max_new, seeds: Seeds, policy_seed, first_offset, *,
                  prefix: int, gamma: int, cfg: SamplingConfig, policy: DevicePolicy, max_steps: int):
         steps = self.steps
+        weights = unstacked(weights, self.backend.config) if self.unstack else weights
         uniform = not all(d.deterministic for d in steps.drafts)
         draft = steps.draft_uniform if uniform else steps.draft
         branches = [functools.partial(draft, arm, gamma=gamma, cfg=cfg) for arm in range(len(steps.drafts))]
@@ -209,6 +222,18 @@ class Whole:
         runs = [unpack(tok[r], start[r], end[r], arms[r], acc[r], rows[r], gamma) for r in range(len(seeds))]
         return {"tokens": [r[0] for r in runs], "records": [r[1] for r in runs],
                 "arms": arms, "accepted": acc, "rows": rows}
+
+
+def unstacked(weights: list, config) -> list:
+    """The target's layer weights (``weights[0]``, each [L, ...]) as tuples of L per-layer arrays,
+    sliced once, before the loop: the unrolled layers then read whole arrays in the loop's body,
+    not static slices of loop-carried stacks (see docs/jax.md on what XLA does with those)."""
+    names = set(layer_shapes(config))
+
+    def split(path, a):
+        return tuple(a[i] for i in range(a.shape[0])) if path[0].key in names else a
+
+    return [jax.tree_util.tree_map_with_path(split, weights[0]), *weights[1:]]
 
 
 def unpack(tokens, start, end, arms, accepted, rows, gamma: int):

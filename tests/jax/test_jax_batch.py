@@ -2,6 +2,8 @@
 speculation (host loop with the bandit over n-gram and layer-skip drafts, and the whole generation
 in one ``lax.while_loop``) == greedy plain decoding, row for row; the row-invariant decoding."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -18,15 +20,21 @@ TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, n
 
 
 @pytest.fixture(scope="module")
-def backend():
-    from flashspec_jax.backend import JaxBackend
-    from flashspec_jax.drafts import LookupDraft
+def model():
     from flashspec_jax.model import LlamaConfig
     from flashspec_jax.weights import random_model
 
     m = random_model(LlamaConfig(**TINY), dtype=jnp.float32, seed=1, std=0.3)
     m.scan_layers = False  # the GPU's loop
-    b = JaxBackend(m, eos_ids=[])
+    return m
+
+
+@pytest.fixture(scope="module")
+def backend(model):
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+
+    b = JaxBackend(model, eos_ids=[])
     b.set_drafts([LookupDraft(), b.model_draft("layerskip:2", skip=frozenset({2}))])
     return b
 
@@ -72,3 +80,52 @@ def test_row_invariant_decoding_runs_the_scoring_shape_with_the_same_tokens(back
         before = np.asarray(state.cache.k)[:, -1, :, n : n + 3]
         after, _ = backend.decode_jit(backend.weights, state, greedy, backend._seeds(0), 0, rows=rows)
         assert np.array_equal(np.asarray(after.cache.k)[:, -1, :, n : n + 3], before) != written
+
+
+@pytest.fixture(scope="module")
+def lookup(model):
+    """The n-gram draft alone over the unrolled model: one branch, a cheap compile."""
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+
+    b = JaxBackend(model, eos_ids=[])
+    b.set_drafts([LookupDraft()])
+    return b
+
+
+def weight_slices_in_the_loop(hlo: str) -> int:
+    """Ops of the while loop's body (by their metadata) whose result has a layer weight's shape."""
+    c = TINY
+    shapes = {((c["num_heads"] + 2 * c["num_kv_heads"]) * c["head_dim"], c["hidden_size"]), (c["hidden_size"], c["hidden_size"]),
+              (2 * c["intermediate_size"], c["hidden_size"]), (c["hidden_size"], c["intermediate_size"])}
+    found = (re.search(r"= f32\[(\d+),(\d+)\]", line) for line in hlo.splitlines() if "while/body" in line)
+    return sum(1 for m in found if m and (int(m.group(1)), int(m.group(2))) in shapes)
+
+
+def test_unstacked_weights_give_the_same_generation_without_weight_slices_in_the_loop(lookup):
+    """``Whole(unstack_weights=None)`` (the default, the layers unrolled here) slices the layer
+    weights once before the loop: the same tokens and records as the stacked weights
+    (``unstack_weights=False``), and the loop's body (this CPU's optimized HLO) holds no op with a
+    weight's shape, where the stacked weights' body slices every layer's weights out of the stack
+    each iteration."""
+    from flashspec_jax import whole
+    from flashspec_jax.drafts import make_seeds
+
+    ps, greedy = prompts(2), SamplingConfig(0.0)
+    seed = np.zeros(2, np.uint64)
+    kw = dict(max_new_tokens=6, gamma=3, sampling=greedy, seed=seed, policy=whole.Fixed(0))
+    stacked, flat = whole.Whole(lookup, unstack_weights=False), whole.Whole(lookup)
+    (a, ra), (b, rb) = stacked.run(ps, **kw), flat.run(ps, **kw)
+    assert a == b and [(r.accepted, r.rows) for r in ra] == [(r.accepted, r.rows) for r in rb]
+    tokens, lengths, prefix = stacked.inputs(ps, 6)
+    hlo = [w.run_jit.lower(lookup.weights, tokens, lengths, 6, make_seeds(seed), 0, 0, prefix=prefix, gamma=3, cfg=greedy,
+                           policy=whole.Fixed(0), max_steps=6).compile().as_text() for w in (stacked, flat)]
+    assert weight_slices_in_the_loop(hlo[0]) >= 4 * TINY["num_layers"] and weight_slices_in_the_loop(hlo[1]) == 0
+    assert flat.unstack
+    lookup.draft_models[0].scan_layers = True
+    try:
+        assert not whole.Whole(lookup).unstack  # the scan reads the stacks
+        with pytest.raises(ValueError, match="unstack_weights=True needs the unrolled layer loop"):
+            whole.Whole(lookup, unstack_weights=True)
+    finally:
+        lookup.draft_models[0].scan_layers = False
