@@ -32,7 +32,8 @@ def run(backend, policy, prompts, sampling, spec, seed=0):
 
 def test_plain_and_speculative_arms_together_are_exact():
     """One bucket for every batch size: a small warm-up batch measures every arm, plain decoding is then made to
-    look free (a cost of 1 ns at weight 1e-6, so the next measurement replaces it), so 40,000
+    look free (a cost of 1 ns at weight 1e-6, so the next measurement replaces it) and every speculative step
+    to cost 1 ms (plain decoding's own next measurement is capped there, so speculation wins), so 40,000
     rows run two plain steps
     (the second chosen before the first is read), then a speculative one the posterior picks; the law of
     the first three tokens is the target's."""
@@ -41,6 +42,8 @@ def test_plain_and_speculative_arms_together_are_exact():
     policy = AdaptivePolicy(make_arms(2, (1, 2)), 2, rng=3, max_buckets=1)
     run(MarkovBackend(target, drafts), policy, [[0]] * 4, sampling, SpecConfig(gamma=2, max_new_tokens=40), seed=1)
     policy.log_cost[0, 0], policy.cost_weight[0, 0] = np.log(1e-9), 1e-6
+    policy.log_cost[0, 1:], policy.cost_weight[0, 1:] = np.log(1e-3), 1e6  # every draft's step 1 ms, whatever the load
+    policy.succ[0], policy.fail[0] = 60.0, 6.0  # the good draft's acceptance about 0.9, whatever the warm-up ran
     outs, records = run(MarkovBackend(target, drafts), policy, [[0]] * 40_000, sampling,
                         SpecConfig(gamma=2, max_new_tokens=40, max_steps=3), seed=17)  # 3 steps, 3+ tokens a row
     assert [r.arm for r in records][:2] == [-1, -1] and records[2].arm >= 0
