@@ -103,9 +103,9 @@ def calibrate(row: dict, tokens: int) -> tuple[tuple[float, ...], tuple[DraftMod
     costs = tuple(ms[n] / 1e3 for n in names)
     drafts, report = [], {}
     for d in DRAFTS:
-        measured = {g: (row["fixed"][f"{d}:G{g}"]["acceptance"],
-                        row["new_tokens"] / row["fixed"][f"{d}:G{g}"]["tokens_per_s"] / (ms[f"{d}:G{g}"] / 1e3))
-                    for g in LENGTHS}
+        fixed = [row["fixed"][f"{d}:G{g}"] for g in LENGTHS]  # its "steps" where recorded, else time / cost
+        measured = {g: (f["acceptance"], f.get("steps") or row["new_tokens"] / f["tokens_per_s"] / (ms[f"{d}:G{g}"] / 1e3))
+                    for g, f in zip(LENGTHS, fixed)}
         model, report[d] = fit_draft(measured, row["batch"], tokens)
         drafts.append(model)
     return costs, tuple(drafts), score_cost, report
