@@ -24,9 +24,18 @@ The model (``AdaptivePolicy``):
   and every step in the bucket multiplies the weights of all its arms by ``cost_discount``, so a
   measurement k steps old counts cost_discount^k. bucket = ceil(log2(B)) with B the batch's rows
   (``new_batch``), finished or not: a step computes them all.
-* value: active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost, each row's alpha_b
-  from its own counts over the pooled ones; plain decoding: rows / cost. Plain decoding is taken at
-  once when best on the posterior means, else alpha is drawn from the posteriors (Thompson sampling).
+* value: tokens per second, each row's alpha_b from its own counts over the pooled ones. Served (rows
+  replaced as they finish): active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost; plain
+  decoding rows / cost. A static batch (``new_batch(rows, tokens)``: the engine's ``generate``) costs a
+  whole step until its last row is done, so its value is its remaining tokens over the time to its end if
+  the arm ran to it (``finish_steps``: row b needs about left_b / mean_b steps with a renewal count's
+  spread; the end is where the rows are expected to pass once between them), which charges speculation
+  for the slowest rows and for the spread of a large batch. Plain decoding is taken at once when best on
+  the posterior means, else alpha is drawn from the posteriors (Thompson sampling), but for a draft scored
+  for free (``observe_free``), which is seen on every step whatever runs: its posterior mean.
+* scoring: a plain step scores the drafts for free only on the first of every ``score_every`` plain steps
+  in a row (``plain_scores``; the loop switches ``score_free`` around it): at a large batch the scoring
+  costs a plain step a few per cent.
 * monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
   does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
   of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
@@ -248,11 +257,13 @@ class AdaptivePolicy:
         emitted tokens, a finished row being replaced. A static batch (``new_batch(tokens=)``): its remaining
         tokens over the steps until its last row is done if the arm ran to the end (``finish_steps``): every step
         costs the whole batch, so a batch that drains is as fast as its slowest rows, not its mean row."""
-        mean, var = emitted_moments(alpha[self.arm_draft], self.arm_length[:, None])  # [arms, R] each
-        mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
         left = None if self.remaining is None or self.row_active is None else self.remaining[self.row_active]
-        if left is None or left.shape[0] != mean.shape[1] or not left.any():
-            return np.log(rows * mean.mean(axis=1))
+        if left is None or left.shape[0] != alpha.shape[1] or not left.any():
+            mean, _ = emitted_moments(alpha[self.arm_draft], self.arm_length[:, None])  # [arms, R]
+            return np.log(rows * np.where(self.arm_plain, 1.0, mean.mean(axis=1)))
+        length = np.minimum(self.arm_length[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
+        mean, var = emitted_moments(alpha[self.arm_draft], length)  # [arms, R] each
+        mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
     def best(self, rows: int, b: int, alpha: np.ndarray) -> int:
