@@ -9,7 +9,8 @@ Calibration, per (model, batch, draft): the step seconds per arm are the policy'
 reproduce the run's acceptance and its number of steps (tokens/s x step cost), the tail included: the JSON
 gives measured and simulated tokens/s of every fixed arm beside the fit. Then, per scenario, every fixed arm and
 the adaptive policy run over the same rows: static batches of ``--tokens`` (as measured) and 4x as many
-tokens a row, with the benchmark's warm-up run first (warm) and without (cold: the policy's first run), and a
+tokens a row, with the benchmark's warm-up run first (warm), without (cold: the policy's first run) and with
+every arm's step seconds known but no acceptance (priced: as if each step kind were timed at capture), and a
 continuous stream (a server's slots refilled as requests finish). ``--policy old`` runs the policy as it
 was before this change (``OldPolicy``: mean-throughput value, Thompson sampling on free-scored drafts) for
 the before/after table.
@@ -154,12 +155,12 @@ def main() -> None:
                 "stream": Scenario(arms, costs, drafts, b, tokens, mode="stream", steps=3 * tokens, score_cost=score_cost),
             }
             for kind, sc in scenarios.items():
-                for warm in (True, False) if kind == "static" else (False,):
-                    key = f"{kind}_{'warm' if warm else 'cold'}"
+                for begin in ("warm", "cold", "priced") if kind == "static" else ("cold",):
+                    key = f"{kind}_{begin}"
                     entry["runs"][key] = {}
                     for p in chosen:
-                        out = compare(sc, lambda p=p: policies[p](arms, len(DRAFTS), rng=0), warm=warm,
-                                      repeats=max(1, 16 // b))
+                        out = compare(sc, lambda p=p: policies[p](arms, len(DRAFTS), rng=0), warm=begin == "warm",
+                                      repeats=max(1, 16 // b), priced=begin == "priced")
                         entry["runs"][key][p] = dict(
                             vs_best=round(out["vs_best"], 4), vs_plain=round(out["vs_plain"], 4),
                             best=names[out["best"]], steps={names[a]: n for a, n in sorted(out["steps"].items())},

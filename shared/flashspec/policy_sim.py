@@ -198,10 +198,13 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None)
     return run(sc, choose, observe, rows=rows)
 
 
-def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1) -> dict:
+def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1,
+            priced: bool = False) -> dict:
     """Every fixed arm and the adaptive policy over the same rows: tokens/s each, and adaptive / best fixed and
     adaptive / plain. ``warm``: the policy first runs the scenario once (the benchmark's warm-up run, which
-    prices every arm at this batch size) before the run that counts; ``repeats``: scenarios of seeds seed,
+    prices every arm at this batch size) before the run that counts; ``priced``: the policy starts knowing every
+    arm's step seconds at this batch size (a plain step's at 1 scoring step in ``score_every``), nothing of the
+    drafts' acceptance (as if each step kind were timed when captured); ``repeats``: scenarios of seeds seed,
     seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw)."""
     totals = np.zeros((len(sc.arms) + 1, 2))  # [fixed arms + adaptive, (tokens, seconds)]
     steps: dict = {}
@@ -212,6 +215,11 @@ def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool 
             res = run_fixed(s, a, rows)
             totals[a] += (res.tokens, res.seconds)
         policy = make_policy()
+        if priced:
+            b = policy.bucket_of(sc.batch, sc.batch)
+            plain = np.array([a.plain for a in sc.arms])
+            policy.log_cost[b] = np.log(np.array(sc.costs) + plain * sc.score_cost / policy.score_every)
+            policy.cost_weight[b] = 1.0
         if warm:
             run_adaptive(s, policy, rows)
         res = run_adaptive(s, policy, rows)
