@@ -386,9 +386,11 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
     s = np.sqrt(left * var / mean ** 3) + 1e-9
     lo = m.max(axis=1)
     hi = lo + 5.0 * s.max(axis=1)
-    for _ in range(16):
+    scale = 1.702 / s  # [arms, R]
+    shift = scale * m
+    for _ in range(12):  # (hi - lo) / 4096: well under a step
         t = 0.5 * (lo + hi)
-        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, 1.702 * (t[:, None] - m) / s)))).sum(axis=1) > 1.0
+        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, scale * t[:, None] - shift)))).sum(axis=1) > 1.0
         lo, hi = np.where(over, t, lo), np.where(over, hi, t)
     return np.maximum(1.0, 0.5 * (lo + hi))
 
