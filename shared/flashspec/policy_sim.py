@@ -16,8 +16,9 @@ Two shapes of run:
 
 The policy runs as the engine's loop runs it (``flashspec.adaptive.speculate_adaptive``): it chooses step
 k + 1 before it observes step k, sees each step's per-row accepted tokens and seconds, and the recomputable
-drafts (``free``) are scored on every step that did not run them over the step's emitted window,
-min(G, n + 1) tokens (``flashspec.adaptive.observe_free``).
+drafts (``free``) are scored on the steps that did not run them (every speculative step, the plain steps
+``AdaptivePolicy.plain_scores`` picks; every step of a stream) over the step's emitted window, min(G, n + 1)
+tokens (``flashspec.adaptive.observe_free``).
 """
 
 from __future__ import annotations
