@@ -201,9 +201,8 @@ class AdaptivePolicy:
 
     def plain_scores(self) -> bool:
         """Whether the plain step just chosen should score the drafts (full information): the first of every
-        ``score_every`` plain steps in a row. Scoring is not free at a large batch (H100, Llama-3-8B's shape, batch
-        256: a scoring plain step 10.7 ms against 10.0 ms), and a run of plain steps needs only enough of it to
-        notice a draft that would now pay."""
+        ``score_every`` plain steps in a row: scoring costs a plain step a few per cent at a large batch
+        (docs/adaptive.md), and a run of plain steps needs only enough of it to notice a draft that would now pay."""
         scores = self.plain_streak % self.score_every == 0
         self.plain_streak += 1
         return scores
@@ -365,7 +364,7 @@ class AdaptivePolicy:
             self.row_fail[draft, where] += accepted < drafted
 
 
-def emitted_moments(alpha: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def emitted_moments(alpha: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [...] each
     """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at i.i.d. per-token
     acceptance ``alpha`` (broadcast): P(accepted >= k) = alpha^k for k <= length."""
     alpha, length = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(length, np.float64))
