@@ -171,7 +171,8 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
             timed(backend, prompts, tokens, run)  # warm-up
             out, s, rec = timed(backend, prompts, tokens, run)
             key = f"{draft.name}:G{g}"
-            row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, sum(r.drafted for r in rec)))
+            row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, sum(r.drafted for r in rec)),
+                                     steps=len(rec))  # the batch's steps, its tail included (benchmarks/policy_sim.py)
             row["tokens_equal"][key] = rows_equal(out, ref_out)
     if "policy" not in policy_box:
         policy_box["policy"] = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)

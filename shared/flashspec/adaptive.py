@@ -24,9 +24,18 @@ The model (``AdaptivePolicy``):
   and every step in the bucket multiplies the weights of all its arms by ``cost_discount``, so a
   measurement k steps old counts cost_discount^k. bucket = ceil(log2(B)) with B the batch's rows
   (``new_batch``), finished or not: a step computes them all.
-* value: active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost, each row's alpha_b
-  from its own counts over the pooled ones; plain decoding: rows / cost. Plain decoding is taken at
-  once when best on the posterior means, else alpha is drawn from the posteriors (Thompson sampling).
+* value: tokens per second, each row's alpha_b from its own counts over the pooled ones. Served (rows
+  replaced as they finish): active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost; plain
+  decoding rows / cost. A static batch (``new_batch(rows, tokens)``: the engine's ``generate``) costs a
+  whole step until its last row is done, so its value is its remaining tokens over the time to its end if
+  the arm ran to it (``finish_steps``: row b needs about left_b / mean_b steps with a renewal count's
+  spread; the end is where the rows are expected to pass once between them), which charges speculation
+  for the slowest rows and for the spread of a large batch. Plain decoding is taken at once when best on
+  the posterior means, else alpha is drawn from the posteriors (Thompson sampling), but for a draft scored
+  for free (``observe_free``), which is seen on every step whatever runs: its posterior mean.
+* scoring: a plain step scores the drafts for free only on the first of every ``score_every`` plain steps
+  in a row (``plain_scores``; the loop switches ``score_free`` around it): at a large batch the scoring
+  costs a plain step a few per cent.
 * monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
   does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
   of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
@@ -55,7 +64,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import Backend, FreeScoring, StepHandle, StepView
-from .bandits import expected_accepted
 from .config import SamplingConfig
 from .faults import check_finite
 from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_drafted
@@ -112,7 +120,7 @@ class AdaptivePolicy:
 
     def __init__(self, arms: Sequence[Arm], num_drafts: int, *, discount: float = 0.99, cost_discount: float = 0.9,
                  remeasure: int = 256, prior: tuple[float, float] = (1.0, 1.0), rng=0, max_buckets: int = 16,
-                 carry: float = 4.0):
+                 carry: float = 4.0, score_every: int = 4):
         if not arms:
             raise ValueError("arms must not be empty")
         if any(not a.plain and not 0 <= a.draft < num_drafts for a in arms):
@@ -135,6 +143,11 @@ class AdaptivePolicy:
         if not (isinstance(carry, (int, float)) and carry > 0):
             raise ValueError(f"carry={carry!r} must be a positive number (rejections' worth of evidence a new batch keeps)")
         self.carry = float(carry)
+        if isinstance(score_every, bool) or not isinstance(score_every, int) or score_every < 1:
+            raise ValueError(f"score_every={score_every!r} must be an integer >= 1 (plain steps per scoring one)")
+        self.score_every = score_every
+        self.plain_streak = 0  # plain steps chosen in a row (``plain_scores``)
+        self.scoring_gamma = 0  # the backend's full-information G (``use_free_scoring``; 0: none)
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
         self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
         self.fail = np.zeros(num_drafts)  # per draft: rejections (discounted)
@@ -148,6 +161,8 @@ class AdaptivePolicy:
         self.row_fail: np.ndarray | None = None  # [drafts, B]
         self.row_active: np.ndarray | None = None  # [B] bool: the rows active in the last finished step
         self.batch: int | None = None  # the batch's rows (``new_batch``): the cost bucket's size
+        self.remaining: np.ndarray | None = None  # [B]: tokens each row of a static batch has left (None: a server)
+        self.free = np.zeros(num_drafts, bool)  # [drafts]: scored on steps that did not run it (``observe_free``)
 
     @property
     def cost(self) -> np.ndarray:  # [buckets, arms]
@@ -184,6 +199,14 @@ class AdaptivePolicy:
         self.period[b, a] = self.remeasure
         return self.launch(a)
 
+    def plain_scores(self) -> bool:
+        """Whether the plain step just chosen should score the drafts (full information): the first of every
+        ``score_every`` plain steps in a row: scoring costs a plain step a few per cent at a large batch
+        (docs/adaptive.md), and a run of plain steps needs only enough of it to notice a draft that would now pay."""
+        scores = self.plain_streak % self.score_every == 0
+        self.plain_streak += 1
+        return scores
+
     def counts(self) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
         """(accepted, rejections) per draft and active row of the batch: the row's own counts plus the pooled
         ones weakened to ``carry`` rejections' worth (R = 1: the pooled counts alone, before ``new_batch``
@@ -207,9 +230,8 @@ class AdaptivePolicy:
             return np.zeros(len(self.arms), bool)
         own = np.where(measured, self.log_cost[b], -np.inf)
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
-        accepted = expected_accepted(self.mean_alpha()[self.arm_draft], self.arm_length[:, None]).mean(axis=1)
-        best_possible = np.log(rows * (1.0 + np.where(self.arm_plain, 0.0, accepted))) - floor
-        return ~measured & (best_possible < self.value(rows, b, self.mean_alpha()).max())
+        alpha = self.mean_alpha()
+        return ~measured & (self.log_rate(rows, alpha) - floor < self.value(rows, b, alpha).max())
 
     def mean_alpha(self) -> np.ndarray:  # [drafts, R]
         """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""
@@ -217,22 +239,39 @@ class AdaptivePolicy:
         return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
 
     def sample_alpha(self) -> np.ndarray:  # [drafts, R]
+        """A Thompson draw of each draft's acceptance per active row; a draft scored for free (``free``) is seen on
+        every step whatever runs, so it needs no exploration: its posterior mean."""
         succ, fail = self.counts()
-        return self.rng.beta(self.prior[0] + succ, self.prior[1] + fail)
+        draw = self.rng.beta(self.prior[0] + succ, self.prior[1] + fail)
+        return np.where(self.free[:, None], self.mean_alpha(), draw)
 
     def value(self, rows: int, b: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
-        """log(rows x expected emitted tokens per row / capped cost) of every arm in bucket ``b`` (NaN costs: -inf);
-        ``alpha`` [drafts, R]: the rows' expected emitted tokens are averaged (a step's cost is its longest length's)."""
-        accepted = expected_accepted(alpha[self.arm_draft], self.arm_length[:, None]).mean(axis=1)  # [arms]
-        emitted = 1.0 + np.where(self.arm_plain, 0.0, accepted)
-        v = np.log(rows * emitted) - self.capped_log_cost(b)
+        """log(tokens per second) of every arm in bucket ``b`` at its capped cost (never measured: -inf): ``log_rate``
+        less the log cost; ``alpha`` [drafts, R] per active row."""
+        v = self.log_rate(rows, alpha) - self.capped_log_cost(b)
         return np.where(self.cost_weight[b] > 0, v, -np.inf)
+
+    def log_rate(self, rows: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
+        """log(tokens per step) each arm would give. A server (no ``remaining``): rows x the rows' mean expected
+        emitted tokens, a finished row being replaced. A static batch (``new_batch(tokens=)``): its remaining
+        tokens over the steps until its last row is done if the arm ran to the end (``finish_steps``): every step
+        costs the whole batch, so a batch that drains is as fast as its slowest rows, not its mean row."""
+        left = None if self.remaining is None or self.row_active is None else self.remaining[self.row_active]
+        if left is None or left.shape[0] != alpha.shape[1] or not left.any():
+            mean, _ = emitted_moments(alpha[self.arm_draft], self.arm_length[:, None])  # [arms, R]
+            return np.log(rows * np.where(self.arm_plain, 1.0, mean.mean(axis=1)))
+        length = np.minimum(self.arm_length[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
+        mean, var = emitted_moments(alpha[self.arm_draft], length)  # [arms, R] each
+        mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
+        return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
     def best(self, rows: int, b: int, alpha: np.ndarray) -> int:
         return int(np.argmax(self.value(rows, b, alpha)))
 
     def launch(self, a: int) -> int:
         self.in_flight.add(a)
+        if not self.arms[a].plain:
+            self.plain_streak = 0
         return a
 
     def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
@@ -268,6 +307,9 @@ class AdaptivePolicy:
         if not a.plain:
             lengths = np.full(len(accepted), a.length) if drafted is None else np.asarray(drafted)
             self._add(a.draft, lengths, np.asarray(accepted), where)
+        if self.remaining is not None and where is not None:
+            emitted = 1 if a.plain else np.asarray(accepted) + 1
+            self.remaining[where] = np.maximum(0.0, self.remaining[where] - emitted)
 
     def bucket_of(self, rows: int, size: int | None = None) -> int:
         """The cost bucket of a step over ``rows`` active rows: ``size``'s (the rows the step computes) where
@@ -275,9 +317,10 @@ class AdaptivePolicy:
         finished or not: its cost follows the batch, not the active rows), else ``rows``'."""
         return min(bucket(size or self.batch or rows), self.cost_weight.shape[0] - 1)
 
-    def new_batch(self, rows: int | None = None) -> None:
+    def new_batch(self, rows: int | None = None, tokens: int | None = None) -> None:
         """A new batch (request) of ``rows`` rows starts: each draft's pooled acceptance evidence is weakened to at
-        most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero."""
+        most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero; ``tokens``: the
+        new tokens each row will emit at most (a static batch: the value prices the batch's finish, ``log_rate``)."""
         scale = self.weakened()
         self.succ *= scale
         self.fail *= scale
@@ -286,10 +329,11 @@ class AdaptivePolicy:
             self.row_succ = np.zeros((len(self.succ), rows))
             self.row_fail = np.zeros((len(self.succ), rows))
             self.row_active = np.ones(rows, bool)
+        self.remaining = None if rows is None or tokens is None else np.full(rows, float(tokens))
 
     def open_rows(self, rows: int) -> None:
         """Serving: ``rows`` slots, each with its own counts (zero), the cost bucket given per step (``size``)."""
-        self.batch = None
+        self.batch, self.remaining = None, None
         self.row_succ = np.zeros((len(self.succ), rows))
         self.row_fail = np.zeros((len(self.succ), rows))
         self.row_active = np.zeros(rows, bool)
@@ -306,7 +350,8 @@ class AdaptivePolicy:
     def observe_free(self, draft: int, scored: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         """Full information: draft ``draft`` scored without being run, ``scored`` [rows] tokens of the emitted
         window each, ``accepted`` [rows] leading matches (no failure where the window ended without a mismatch);
-        ``where`` as ``observe``'s."""
+        ``where`` as ``observe``'s. The draft is from now on chosen on its posterior mean (``sample_alpha``)."""
+        self.free[draft] = True
         self._add(draft, np.asarray(scored), np.asarray(accepted), where)
 
     def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
@@ -319,10 +364,53 @@ class AdaptivePolicy:
             self.row_fail[draft, where] += accepted < drafted
 
 
+def emitted_moments(alpha: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [...] each
+    """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at i.i.d. per-token
+    acceptance ``alpha`` (broadcast): P(accepted >= k) = alpha^k for k <= length."""
+    alpha, length = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(length, np.float64))
+    k = np.arange(1, int(length.max(initial=0)) + 1)  # [K]
+    tail = np.where(k <= length[..., None], alpha[..., None] ** k, 0.0)  # [..., K]: P(accepted >= k)
+    mean = tail.sum(axis=-1)
+    return 1.0 + mean, np.maximum(0.0, ((2 * k - 1) * tail).sum(axis=-1) - mean ** 2)
+
+
+def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:  # [arms]
+    """Expected steps until the last of R rows is done, per arm: row b, ``left`` [R] tokens to go at ``mean`` /
+    ``var`` [arms, R] tokens a step, needs steps_b ~ normal(left / mean, left var / mean^3) (a renewal count); the
+    last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (bisection,
+    the normal tail by its logistic approximation), and never before the slowest row's expectation."""
+    m = left / mean  # [arms, R]
+    if m.shape[1] == 1:
+        return np.maximum(1.0, m[:, 0])
+    s = np.sqrt(left * var / mean ** 3) + 1e-9
+    lo = m.max(axis=1)
+    hi = lo + 5.0 * s.max(axis=1)
+    scale = 1.702 / s  # [arms, R]
+    shift = scale * m
+    for _ in range(12):  # (hi - lo) / 4096: well under a step
+        t = 0.5 * (lo + hi)
+        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, scale * t[:, None] - shift)))).sum(axis=1) > 1.0
+        lo, hi = np.where(over, t, lo), np.where(over, hi, t)
+    return np.maximum(1.0, 0.5 * (lo + hi))
+
+
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
     """Turn on full-information scoring at the arms' longest length where the backend offers it
     (``FreeScoring``; before ``prepare``, so the steps that score are the ones made ready). Returns the drafts scored."""
-    return backend.score_free(int(policy.arm_length.max())) if isinstance(backend, FreeScoring) else 0
+    scored = backend.score_free(int(policy.arm_length.max())) if isinstance(backend, FreeScoring) else 0
+    policy.scoring_gamma = int(policy.arm_length.max()) if scored else 0
+    return scored
+
+
+def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig) -> None:
+    """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps,
+    and plain decoding without scoring too where the policy scores (``AdaptivePolicy.plain_scores``)."""
+    for g in sorted({a.length for a in policy.arms if not a.plain}):
+        backend.prepare(g, sampling)
+    if policy.scoring_gamma:
+        backend.score_free(0)
+        backend.prepare(None, sampling)
+        backend.score_free(policy.scoring_gamma)
 
 
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
@@ -333,10 +421,12 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
     pending: tuple[int, StepHandle] | None = None
     timer = StepTimer()
     policy.in_flight.clear()  # a run cut short leaves none behind
-    policy.new_batch(rows)
+    policy.new_batch(rows, spec.max_new_tokens)
     for step in range(spec.max_steps or spec.max_new_tokens):
         a = policy.choose(rows)
         arm = policy.arms[a]
+        if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
+            backend.score_free(policy.scoring_gamma if not arm.plain or policy.plain_scores() else 0)
         if arm.plain:
             handle = timer.launch(lambda: backend.decode_one(sampling, seed, first_offset + step))
         else:
@@ -349,6 +439,8 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
         pending = (a, handle)
     if pending is not None:
         observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step)
+    if policy.scoring_gamma:
+        backend.score_free(policy.scoring_gamma)
 
 
 def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None, where: np.ndarray) -> None:

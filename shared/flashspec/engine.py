@@ -83,8 +83,7 @@ class EngineBase:
             adaptive.use_free_scoring(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]))
         backend.prepare(r.spec.gamma if r.speculation else None, r.sampling)
         if r.speculation and self.policy_name == adaptive.NAME:
-            for g in adaptive.engine_lengths(r.spec.gamma):  # every arm's step kind, so no capture is timed
-                backend.prepare(g, r.sampling)
+            adaptive.prepare_arms(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]), r.sampling)
             adaptive.speculate_adaptive(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]), sampling=r.sampling,
                                         spec=r.spec, seed=seed, rows=len(r.ids), on_step=r.on_step, records=records)
         elif r.speculation:

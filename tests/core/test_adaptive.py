@@ -32,7 +32,8 @@ def run(backend, policy, prompts, sampling, spec, seed=0):
 
 def test_plain_and_speculative_arms_together_are_exact():
     """One bucket for every batch size: a small warm-up batch measures every arm, plain decoding is then made to
-    look free (a cost of 1 ns at weight 1e-6, so the next measurement replaces it), so 40,000
+    look free (a cost of 1 ns at weight 1e-6, so the next measurement replaces it) and every speculative step
+    to cost 1 ms (plain decoding's own next measurement is capped there, so speculation wins), so 40,000
     rows run two plain steps
     (the second chosen before the first is read), then a speculative one the posterior picks; the law of
     the first three tokens is the target's."""
@@ -41,10 +42,12 @@ def test_plain_and_speculative_arms_together_are_exact():
     policy = AdaptivePolicy(make_arms(2, (1, 2)), 2, rng=3, max_buckets=1)
     run(MarkovBackend(target, drafts), policy, [[0]] * 4, sampling, SpecConfig(gamma=2, max_new_tokens=40), seed=1)
     policy.log_cost[0, 0], policy.cost_weight[0, 0] = np.log(1e-9), 1e-6
+    policy.log_cost[0, 1:], policy.cost_weight[0, 1:] = np.log(1e-3), 1e6  # every draft's step 1 ms, whatever the load
+    policy.succ[0], policy.fail[0] = 60.0, 6.0  # the good draft's acceptance about 0.9, whatever the warm-up ran
     outs, records = run(MarkovBackend(target, drafts), policy, [[0]] * 40_000, sampling,
-                        SpecConfig(gamma=2, max_new_tokens=3), seed=17)
+                        SpecConfig(gamma=2, max_new_tokens=40, max_steps=3), seed=17)  # 3 steps, 3+ tokens a row
     assert [r.arm for r in records][:2] == [-1, -1] and records[2].arm >= 0
-    tokens = np.array(outs)
+    tokens = np.array([o[:3] for o in outs])
     observed = np.bincount(tokens @ np.array([V * V, V, 1]), minlength=V**3)
     _, p_value, note = chi_square_test(observed, target_law(target, sampling, 0, 3))
     assert p_value >= 0.01, note
@@ -239,8 +242,8 @@ def test_full_information_in_the_loop_scores_the_drafts_not_run(clock, free):
     wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)
     backend = AsyncBackend(target, [wrong, right], clock, {0: 1.0, 2: 4.0, 4: 8.0})
     policy = AdaptivePolicy(make_arms(2, (2, 4)), 2, rng=0, discount=1.0)
-    assert adaptive.use_free_scoring(backend, policy) == 2 and backend.free_gamma == 4  # the longest arm's G
-    backend.score_free(free)
+    if free:  # the longest arm's G
+        assert adaptive.use_free_scoring(backend, policy) == 2 and backend.free_gamma == 4
     _, records = run(backend, policy, [[0]] * 64, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=30))
     own = sum(r.accepted for r in records if r.arm == 1)
     if free:

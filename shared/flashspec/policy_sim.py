@@ -1,0 +1,239 @@
+"""Replay simulator for the adaptive policy (issue #35): a policy against every fixed arm over the same rows.
+
+A scenario gives each arm's step seconds at the batch's size (``costs``, measured on a GPU:
+``benchmarks/policy_sim.py`` takes them from an H100 run's JSON) and each draft's acceptance per row and
+token position (``DraftModel``); every configuration runs over the same rows (common random numbers: whether
+draft d's token at row r, position p would be accepted is drawn once, ``Rows.ok``), so the ratios compare
+policies, not luck. Step seconds get a small seeded log-normal jitter (``noise``), the same per step index
+for every configuration.
+
+Two shapes of run:
+
+* ``static``: a batch of ``batch`` rows, ``tokens`` new tokens each (the engine's ``generate``); every step
+  costs the whole batch's step until the last row is done, so a batch that drains ends with its slowest rows;
+* ``stream``: ``batch`` slots for ``steps`` steps, a finished row replaced by a new request (a server's
+  continuous batch), scored by the tokens emitted.
+
+The policy runs as the engine's loop runs it (``flashspec.adaptive.speculate_adaptive``): it chooses step
+k + 1 before it observes step k, sees each step's per-row accepted tokens and seconds, and the recomputable
+drafts (``free``) are scored on the steps that did not run them (every speculative step, the plain steps
+``AdaptivePolicy.plain_scores`` picks; every step of a stream) over the step's emitted window, min(G, n + 1)
+tokens (``flashspec.adaptive.observe_free``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .adaptive import AdaptivePolicy, Arm
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """A draft's per-token acceptance along a row: ``first`` until the row's switch position, ``then`` after it;
+    the switch position is exponential with mean ``switch`` tokens (0: ``then`` from the first token). The
+    n-gram lookup on greedy random weights: little to match until the row falls into a loop (first < then);
+    the benchmark's replay draft in bf16: ``--keep`` until a near-tie sends the row off plain decoding's
+    tokens, which it replays (first > then)."""
+
+    first: float
+    then: float
+    switch: float = 0.0
+    free: bool = True  # recomputable from the history: scored on steps that did not run it
+
+    def __post_init__(self):
+        for name in ("first", "then"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a probability in [0, 1]")
+        if not (math.isfinite(self.switch) and self.switch >= 0):
+            raise ValueError(f"switch={self.switch!r} must be a number of tokens >= 0")
+
+    def alpha(self, switch: np.ndarray, width: int) -> np.ndarray:  # [rows, width]
+        """Per-token acceptance of rows whose switch positions are ``switch`` [rows]."""
+        return np.where(np.arange(width)[None, :] < switch[:, None], self.first, self.then)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    arms: tuple[Arm, ...]
+    costs: tuple[float, ...]  # [arms]: seconds per step at this batch size
+    drafts: tuple[DraftModel, ...]
+    batch: int
+    tokens: int = 128  # new tokens per row (per request in a stream)
+    mode: str = "static"  # "static" | "stream"
+    steps: int = 0  # stream: steps to run
+    noise: float = 0.03  # log-normal sigma of each step's seconds
+    score_cost: float = 0.0  # seconds a plain step's full-information scoring adds (fixed runs never score)
+    seed: int = 0
+
+    def __post_init__(self):
+        if len(self.costs) != len(self.arms) or not all(c > 0 for c in self.costs):
+            raise ValueError(f"costs={self.costs!r} must give a positive time for each of the {len(self.arms)} arms")
+        if any(not a.plain and not 0 <= a.draft < len(self.drafts) for a in self.arms):
+            raise ValueError("every arm's draft must index drafts")
+        if self.mode not in ("static", "stream"):
+            raise ValueError(f"mode={self.mode!r} must be 'static' or 'stream'")
+        if self.mode == "stream" and self.steps < 1:
+            raise ValueError("a stream needs steps >= 1")
+        if self.batch < 1 or self.tokens < 1:
+            raise ValueError("batch and tokens must be >= 1")
+
+
+class Rows:
+    """The scenario's rows: ``ok`` [drafts, requests, positions] bool, draft d's token at a request's position
+    p accepted; a static batch has ``batch`` requests, a stream enough for every slot's refills."""
+
+    def __init__(self, sc: Scenario):
+        rng = np.random.default_rng(sc.seed)
+        self.requests = sc.batch if sc.mode == "static" else sc.batch * (sc.steps + 1)
+        width = sc.tokens + max(a.length for a in sc.arms) + 2
+        self.ok = np.empty((len(sc.drafts), self.requests, width), bool)
+        for d, m in enumerate(sc.drafts):
+            switch = rng.exponential(m.switch, self.requests) if m.switch > 0 else np.zeros(self.requests)
+            self.ok[d] = rng.random((self.requests, width)) < m.alpha(switch, width)
+        self.cost_noise = np.exp(sc.noise * rng.standard_normal(64 * sc.tokens + sc.steps + 1))
+
+    def leading(self, d: int, req: np.ndarray, pos: np.ndarray, window: np.ndarray) -> np.ndarray:  # [rows]
+        """Draft d's leading accepted tokens at each row's position, at most ``window`` [rows] of them."""
+        span = int(window.max()) if len(window) else 0
+        if span == 0:
+            return np.zeros(len(req), np.int64)
+        ok = self.ok[d][req[:, None], pos[:, None] + np.arange(span)[None, :]]  # [rows, span]
+        ok &= np.arange(span)[None, :] < window[:, None]
+        return np.cumprod(ok, axis=1).sum(axis=1)
+
+
+@dataclass
+class Result:
+    tokens: int
+    seconds: float
+    steps: dict  # arm index -> steps run
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def run(sc: Scenario, choose: Callable[[], tuple[int, bool]], observe=None, rows: Rows | None = None) -> Result:
+    """One run of ``sc``: ``choose()`` gives each step's arm and whether the step scores the free drafts (a
+    speculative step of the adaptive loop always does, its measured cost includes it; a plain one when the policy
+    says, at ``score_cost``); ``observe(arm, where, accepted, drafted, seconds, free)`` hears each step one step
+    late (``free``: per draft, (scored, accepted) [rows] or None)."""
+    rows = rows or Rows(sc)
+    slot_req = np.arange(sc.batch)  # [batch]: the request each slot holds
+    pos = np.zeros(sc.batch, np.int64)  # [batch]: tokens emitted by the slot's request
+    next_req, tokens, seconds, counts, pending = sc.batch, 0, 0.0, {}, None
+    max_len = max(a.length for a in sc.arms)
+    step = 0
+    while True:
+        active = pos < sc.tokens
+        if (sc.mode == "static" and not active.any()) or (sc.mode == "stream" and step >= sc.steps):
+            break
+        a, scores = choose()
+        arm = sc.arms[a]
+        where = np.flatnonzero(active)
+        req, p = slot_req[where], pos[where]
+        if arm.plain:
+            accepted, drafted = np.zeros(len(where), np.int64), np.zeros(len(where), np.int64)
+        else:
+            drafted = np.full(len(where), arm.length)
+            accepted = rows.leading(arm.draft, req, p, drafted)
+        free = [None if (d == arm.draft or not m.free or not scores) else
+                (np.minimum(max_len, accepted + 1), rows.leading(d, req, p, np.minimum(max_len, accepted + 1)))
+                for d, m in enumerate(sc.drafts)]
+        emitted = np.minimum(accepted + 1, sc.tokens - p)
+        pos[where] += emitted
+        tokens += int(emitted.sum())
+        t = (sc.costs[a] + (sc.score_cost if scores and arm.plain else 0.0)) * rows.cost_noise[step % len(rows.cost_noise)]
+        seconds += t
+        counts[a] = counts.get(a, 0) + 1
+        if observe is not None:
+            if pending is not None:
+                observe(*pending)
+            pending = (a, where, accepted, drafted, t, free)
+        if sc.mode == "stream":  # finished requests leave; new ones take their slots
+            done = np.flatnonzero(pos >= sc.tokens)
+            slot_req[done] = next_req + np.arange(len(done))
+            next_req += len(done)
+            pos[done] = 0
+        step += 1
+    return Result(tokens, seconds, counts)
+
+
+def run_fixed(sc: Scenario, arm: int, rows: Rows | None = None) -> Result:
+    return run(sc, lambda: (arm, False), rows=rows)
+
+
+def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None) -> Result:
+    """``policy`` over ``sc`` as the engine's loop (static: ``new_batch``) or the server (stream: ``open_rows``,
+    ``start_rows`` for each admitted request) drives it."""
+    rows = rows or Rows(sc)
+    policy.in_flight.clear()
+    state = {"slot_req": None}
+    if sc.mode == "static":
+        policy.new_batch(sc.batch, tokens=sc.tokens)
+    else:
+        policy.open_rows(sc.batch)
+        state["slot_req"] = np.arange(sc.batch)
+    last = {"where": np.arange(sc.batch)}
+
+    def choose() -> tuple[int, bool]:
+        if sc.mode == "static":
+            a = policy.choose(len(last["where"]))
+        else:  # the server scores on every step
+            return policy.choose(len(last["where"]), where=last["where"], size=sc.batch), True
+        return a, not sc.arms[a].plain or policy.plain_scores()
+
+    def observe(a, where, accepted, drafted, seconds, free) -> None:
+        size = None if sc.mode == "static" else sc.batch
+        policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size)
+        for d, f in enumerate(free):
+            if f is not None and f[0].any():
+                policy.observe_free(d, f[0], f[1], where)
+        last["where"] = where
+
+    return run(sc, choose, observe, rows=rows)
+
+
+def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1,
+            priced: bool = False) -> dict:
+    """Every fixed arm and the adaptive policy over the same rows: tokens/s each, and adaptive / best fixed and
+    adaptive / plain. ``warm``: the policy first runs the scenario once (the benchmark's warm-up run, which
+    prices every arm at this batch size) before the run that counts; ``priced``: the policy starts knowing every
+    arm's step seconds at this batch size (a plain step's at 1 scoring step in ``score_every``), nothing of the
+    drafts' acceptance (as if each step kind were timed when captured); ``repeats``: scenarios of seeds seed,
+    seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw)."""
+    totals = np.zeros((len(sc.arms) + 1, 2))  # [fixed arms + adaptive, (tokens, seconds)]
+    steps: dict = {}
+    for i in range(repeats):
+        s = replace(sc, seed=sc.seed + i)
+        rows = Rows(s)
+        for a in range(len(sc.arms)):
+            res = run_fixed(s, a, rows)
+            totals[a] += (res.tokens, res.seconds)
+        policy = make_policy()
+        if priced:
+            b = policy.bucket_of(sc.batch, sc.batch)
+            plain = np.array([a.plain for a in sc.arms])
+            policy.log_cost[b] = np.log(np.array(sc.costs) + plain * sc.score_cost / policy.score_every)
+            policy.cost_weight[b] = 1.0
+        if warm:
+            run_adaptive(s, policy, rows)
+        res = run_adaptive(s, policy, rows)
+        totals[-1] += (res.tokens, res.seconds)
+        for a, n in res.steps.items():
+            steps[a] = steps.get(a, 0) + n
+    tps = totals[:, 0] / totals[:, 1]
+    fixed = {a: float(tps[a]) for a in range(len(sc.arms))}
+    plain = [a for a, arm in enumerate(sc.arms) if arm.plain]
+    best = max(fixed, key=fixed.get)
+    return dict(fixed=fixed, adaptive=float(tps[-1]), steps=steps, best=best, vs_best=float(tps[-1]) / fixed[best],
+                vs_plain=float(tps[-1]) / fixed[plain[0]] if plain else None)
+
+
+def arm_names(arms: Sequence[Arm], drafts: Sequence[str]) -> list[str]:
+    return ["plain" if a.plain else f"{drafts[a.draft]}:G{a.length}" for a in arms]
