@@ -181,28 +181,50 @@ class HeadDraft:
 
 
 def save_head(head: DraftHead, path: str | Path, *, target_name: str, dtype: torch.dtype = torch.bfloat16,
-              extra: dict | None = None) -> Path:
+              extra: dict | None = None, counts: torch.Tensor | None = None) -> Path:
     """One safetensors file: the head's weights in ``dtype``, ``token_ids`` in int64, and metadata
-    (format, feature_layers, the target's config and name, ``extra`` as JSON)."""
+    (format, feature_layers, the target's config and name, ``extra`` as JSON). With ``counts`` ([V]
+    int64: each token's count in the training text), ``token_ids`` is stored most frequent first (ties
+    by lower id) beside ``token_counts`` (int64, the same order), so that ``load_head(top=N)`` can
+    take the N most frequent; without, ``token_ids`` is sorted by id (the first format, still read)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: (v if k == "token_ids" else v.to(dtype)).detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    if counts is not None:
+        counts = torch.as_tensor(counts, dtype=torch.int64).cpu()
+        if counts.shape != (head.target_config.vocab_size,):
+            raise ValueError(f"counts has shape {tuple(counts.shape)}: want [{head.target_config.vocab_size}], "
+                             "one count per token of the target's vocabulary")
+        ids = state["token_ids"]
+        ids = ids[torch.argsort(-counts[ids], stable=True)]  # ids ascending, so ties stay by lower id
+        state["token_ids"], state["token_counts"] = ids.contiguous(), counts[ids].contiguous()
     meta = {"format": FORMAT, "feature_layers": json.dumps(head.feature_layers), "target_name": target_name,
             "target_config": json.dumps(config_fields(head.target_config)), "extra": json.dumps(extra or {})}
     save_file(state, str(path), metadata=meta)
     return path
 
 
-def load_head(path: str | Path, target: LlamaConfig) -> tuple[DraftHead, dict]:
-    """A head file (or a directory holding ``head.safetensors``) for ``target``: (the head in float32, metadata)."""
+def load_head(path: str | Path, target: LlamaConfig, top: int | None = None) -> tuple[DraftHead, dict]:
+    """A head file (or a directory holding ``head.safetensors``) for ``target``: (the head in float32,
+    metadata). ``top=N`` keeps the N most frequent tokens of the head's vocabulary (the file must
+    store them in frequency order: ``save_head(counts=...)``): a smaller LM head, exact all the same,
+    since q is 0 outside the vocabulary the head drafts from; acceptance drops by the tokens cut."""
     from safetensors.torch import load_file
 
     path, meta = read_metadata(path, target)
     state = load_file(str(path))
-    head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), state["token_ids"])
-    head.load_state_dict({k: v.float() if k != "token_ids" else v for k, v in state.items()})
+    ids, counts = state.pop("token_ids"), state.pop("token_counts", None)
+    if top is not None:
+        if counts is None:
+            raise ValueError(f"top={top}: the head at {path} stores its vocabulary sorted by id, not by frequency; "
+                             "retrain it with `flashspec train-head` (which saves the counts) or load it without top")
+        if not 1 <= top <= len(ids):
+            raise ValueError(f"top={top} must be in [1, {len(ids)}] (the head's vocabulary size)")
+        ids = ids[:top]
+    head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), ids)
+    head.load_state_dict({**{k: v.float() for k, v in state.items()}, "token_ids": head.token_ids})
     return head, meta
 
 
