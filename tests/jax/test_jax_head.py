@@ -39,7 +39,8 @@ def random_head(tm, seed: int, scale: float, copy: bool):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """(torch target, JAX target, {kind: (torch head, its file)}): a random head and a copying one."""
+    """(torch target, JAX target, {kind: (torch head, its file)}): a random head (its file stores the
+    vocabulary most frequent first, with counts) and a copying one (sorted by id, the first format)."""
     from flashspec_jax.weights import from_state
     from flashspec_torch.heads import save_head
     from flashspec_torch.model import Llama
@@ -53,7 +54,8 @@ def models(tmp_path_factory):
     for kind, scale in (("random", 0.3), ("copy", 0.1)):
         head = random_head(tm, 1, scale, kind == "copy")
         path = tmp_path_factory.mktemp(kind) / "head.safetensors"
-        heads[kind] = head, save_head(head, path, target_name="tiny", dtype=torch.float32)
+        counts = (torch.arange(97) * 37) % 97 if kind == "random" else None  # random: the file's ids in frequency order
+        heads[kind] = head, save_head(head, path, target_name="tiny", dtype=torch.float32, counts=counts)
     jm = from_state(CFG, {k: v.numpy() for k, v in tm.state_dict().items()})
     return tm, jm, heads
 
