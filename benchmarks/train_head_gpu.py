@@ -6,8 +6,9 @@ in the same run; JSON under --out.
 Writes --out/head.safetensors (bf16, vocabulary most frequent first with its counts; commit it as
 shared/flashspec/heads/smollm2-135m/head.safetensors if the verdict says so), history.json (loss
 curve), loss.png, report.json (data, config, training steps/s and tokens/s, held-out coverage of the
-2k / 4k / 8k most frequent tokens, held-out acceptance by domain and draft position of the new head
-and of the shipped one on the same sequences: ``flashspec_torch.head_job``) and train_head_gpu.json:
+2k / 4k / 8k most frequent tokens, held-out acceptance by domain and draft position of the new head,
+of it over its 2k and 4k most frequent tokens only, and of the shipped one on the same sequences:
+``flashspec_torch.head_job``) and train_head_gpu.json:
 that report, the engine's end-to-end run on held-out prompts for both heads (benchmarks/head_bench.py
 at a small size: tokens per step, acceptance per position, speed-up over plain), a verdict per domain
 (which head is better) and pass/fail checks. The recipe (defaults): 64 sequences a step (lr 2e-3, the
@@ -128,7 +129,7 @@ def main(argv=None) -> None:
     loaded = load_target(args.gguf, dtype, args.device)
     log = lambda s: print(s, flush=True)  # noqa: E731
     report = run_train_head(out, cfg, target=loaded, train_per_domain=args.train_prompts, eval_per_domain=args.eval_prompts,
-                            device=args.device, compare={"baseline": base} if base else None, log=log)
+                            device=args.device, compare={"baseline": base} if base else None, tops=(2048, 4096), log=log)
     doc = {"command": "python benchmarks/train_head_gpu.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "baseline": base, "environment": environment(torch.device(args.device)), "train": report, "engine": {}}
     write(out, doc, start)

@@ -37,10 +37,12 @@ def pick(prompts, per_domain: int, seed: int):
 
 
 def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_domain: int = 600,
-                   eval_per_domain: int = 40, device=None, dtype=None, compare: dict | None = None, log=print) -> dict:
+                   eval_per_domain: int = 40, device=None, dtype=None, compare: dict | None = None,
+                   tops: tuple[int, ...] = (), log=print) -> dict:
     """Train a head for ``target`` (None: the embedded model; a LoadedModel or a TARGET_HELP spelling).
     ``compare`` ({name: head file or directory}): other heads measured on the same held-out sequences
-    (report ``compare``)."""
+    (report ``compare``); ``tops``: the new head also over its N most frequent tokens only
+    (``load_head(top=N)``; report ``held_out_acceptance_top_n``)."""
     from .engine import check_device, load_target
     from .weights import LoadedModel
 
@@ -59,26 +61,27 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
     log(f"generated in {t_gen - t_load:.1f} s; training ({cfg.steps} steps, at most {cfg.seconds} s)")
     head, hist = train_head(model, train, cfg, ids, on_log=lambda s, l, per: log(f"step {s}: loss {l:.4f} {per}"))
     t_train = time.perf_counter()
-    by_domain = held_out_acceptance(head, model, held, cfg.passes)
-    others = {name: held_out_acceptance(load_head(p, model.config)[0], model, held, cfg.passes)
-              for name, p in (compare or {}).items()}
+    steps_done = hist.steps[-1] + 1 if hist.steps else 0
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = {"fingerprint": fingerprint(model), "steps": steps_done, "config": asdict(cfg)}
+    path = save_head(head, out / "head.safetensors", target_name=loaded.name, extra=extra, counts=counts)
+    by_domain, by_top, others = measure(path, len(head.token_ids), model, held, cfg.passes, tops,
+                                        compare or {})
     report = {
         "target": loaded.name, "device": str(dev), "dtype": str(dtype), "config": asdict(cfg),
         "feature_layers": list(head.feature_layers), "head_vocab": len(head.token_ids),
         "data": data_stats(train, held, ids, model.config.vocab_size),
         "seconds": {"load": t_load - t0, "generate": t_gen - t_load, "train": t_train - t_gen,
                     "evaluate": time.perf_counter() - t_train},
-        "steps_done": hist.steps[-1] + 1 if hist.steps else 0,
+        "steps_done": steps_done,
         "final_loss": hist.loss[-1] if hist.loss else None,
         "throughput": throughput(hist),
         "held_out_acceptance": by_domain,
+        "held_out_acceptance_top_n": by_top,
         "compare": others,
         "environment": environment(dev),
     }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    extra = {"fingerprint": fingerprint(model), "steps": report["steps_done"], "config": asdict(cfg)}
-    path = save_head(head, out / "head.safetensors", target_name=loaded.name, extra=extra, counts=counts)
     report["head_bytes"] = path.stat().st_size
     (out / "history.json").write_text(json.dumps(asdict(hist)))
     (out / "report.json").write_text(json.dumps(report, indent=1))
@@ -86,6 +89,15 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
     log(f"wrote {path} ({report['head_bytes'] / 2**20:.1f} MiB); {json.dumps(report['throughput'])}; "
         f"held-out acceptance {json.dumps(by_domain)}")
     return report
+
+
+def measure(path: Path, vocab: int, model, held, passes: int, tops, compare: dict) -> tuple[dict, dict, dict]:
+    """Held-out acceptance of the head as saved at ``path`` (bf16 weights, as it ships), of it over
+    its N most frequent tokens for each N of ``tops`` below its ``vocab``, and of the ``compare`` heads."""
+    def at(p, top=None):
+        return held_out_acceptance(load_head(p, model.config, top=top)[0], model, held, passes)
+
+    return at(path), {n: at(path, n) for n in tops if n < vocab}, {name: at(p) for name, p in compare.items()}
 
 
 def make_data(model, tok, cfg: TrainConfig, train_per_domain: int, eval_per_domain: int, log) -> tuple[list, list]:
