@@ -354,3 +354,33 @@ def test_the_gpu_scripts_verdict_compares_tokens_per_step_per_domain():
     v = s.verdict(report, {"new": {"code T=0.0": cell}})
     assert v["code"]["better"] == "new" and v["chat"]["better"] == "mixed"
     assert v["code"]["engine_new_T0.0"] == {"tokens_per_step": 2.5, "speedup": 1.3} and "engine_new_T0.7" not in v["code"]
+
+
+def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_another(tmp_path):
+    """``run_train_head`` end to end on a tiny target with a character tokenizer: sampled and greedy
+    continuations, the head saved most frequent first, its held-out acceptance whole and over its top
+    N, another head's on the same sequences, throughput and coverage in report.json."""
+    import json
+    from dataclasses import replace
+
+    from char_tokenizer import VOCAB, CharTokenizer
+    from flashspec_torch.head_job import run_train_head
+    from flashspec_torch.head_train import TrainConfig
+    from flashspec_torch.heads import load_head, save_head
+    from flashspec_torch.model import Llama
+    from flashspec_torch.weights import LoadedModel
+
+    torch.manual_seed(0)
+    model = Llama(replace(CFG, vocab_size=VOCAB, max_position_embeddings=640)).eval().requires_grad_(False)
+    other = save_head(random_head(model, layers=(0, 2)), tmp_path / "other" / "head.safetensors", target_name="tiny")
+    cfg = TrainConfig(new_tokens=4, gen_batch=8, batch=2, steps=2, warmup=1, vocab=40, passes=2, greedy=True)
+    report = run_train_head(tmp_path / "new", cfg, target=LoadedModel(model, CharTokenizer(), "tiny"), train_per_domain=1,
+                            eval_per_domain=1, device="cpu", compare={"other": other}, tops=(16, 64), log=lambda s: None)
+    assert report["data"]["train_sequences"] == {"code": 2, "prose": 2, "chat": 2}  # 1 sampled + 1 greedy each
+    assert set(report["held_out_acceptance_top_n"]) == {16} and set(report["compare"]) == {"other"}
+    for acc in (report["held_out_acceptance"], report["held_out_acceptance_top_n"][16], report["compare"]["other"]):
+        assert set(acc) == {"code", "prose", "chat"} and all(len(a["greedy"]) == 2 for a in acc.values())
+    assert report["throughput"]["tokens_per_s"] > 0 and set(report["data"]["held_out_coverage_by_top_n"]) == set()
+    assert json.loads((tmp_path / "new" / "report.json").read_text())["steps_done"] == 2
+    head, _ = load_head(tmp_path / "new", model.config, top=16)
+    assert len(head.token_ids) == 16
