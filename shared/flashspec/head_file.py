@@ -4,6 +4,9 @@
 One safetensors file (``head.safetensors`` in a directory): the head's weights (torch names), its
 ``token_ids`` and metadata: ``format`` (FORMAT), ``feature_layers`` and ``target_config`` (JSON),
 ``target_name``, ``extra`` (JSON; ``fingerprint`` = the mean |embedding| of the target it was trained for).
+``token_ids`` is either sorted by id (the first files) or most frequent first beside ``token_counts``
+(int64, the same order: each token's count in the training text), which lets a reader keep the N
+most frequent only; the set of ids, and so the head, is the same either way.
 """
 
 from __future__ import annotations
