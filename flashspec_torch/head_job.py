@@ -94,7 +94,7 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
 def measure(path: Path, vocab: int, model, held, passes: int, tops, compare: dict) -> tuple[dict, dict, dict]:
     """Held-out acceptance of the head as saved at ``path`` (bf16 weights, as it ships), of it over
     its N most frequent tokens for each N of ``tops`` below its ``vocab``, and of the ``compare`` heads."""
-    def at(p, top=None):
+    def at(p, top=0):
         return held_out_acceptance(load_head(p, model.config, top=top)[0], model, held, passes)
 
     return at(path), {n: at(path, n) for n in tops if n < vocab}, {name: at(p) for name, p in compare.items()}

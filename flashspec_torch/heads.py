@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
-from flashspec.head_file import FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, read_metadata
+from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, kept_ids,
+                                 read_metadata)
 
 from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths
 from .layers import default_impl, kernel_attends, rms_norm
@@ -206,23 +207,16 @@ def save_head(head: DraftHead, path: str | Path, *, target_name: str, dtype: tor
     return path
 
 
-def load_head(path: str | Path, target: LlamaConfig, top: int | None = None) -> tuple[DraftHead, dict]:
+def load_head(path: str | Path, target: LlamaConfig, top: int = 0) -> tuple[DraftHead, dict]:
     """A head file (or a directory holding ``head.safetensors``) for ``target``: (the head in float32,
-    metadata). ``top=N`` keeps the N most frequent tokens of the head's vocabulary (the file must
+    metadata). ``top=N`` (0: all) keeps the N most frequent tokens of the head's vocabulary (the file must
     store them in frequency order: ``save_head(counts=...)``): a smaller LM head, exact all the same,
     since q is 0 outside the vocabulary the head drafts from; acceptance drops by the tokens cut."""
     from safetensors.torch import load_file
 
     path, meta = read_metadata(path, target)
     state = load_file(str(path))
-    ids, counts = state.pop("token_ids"), state.pop("token_counts", None)
-    if top is not None:
-        if counts is None:
-            raise ValueError(f"top={top}: the head at {path} stores its vocabulary sorted by id, not by frequency; "
-                             "retrain it with `flashspec train-head` (which saves the counts) or load it without top")
-        if not 1 <= top <= len(ids):
-            raise ValueError(f"top={top} must be in [1, {len(ids)}] (the head's vocabulary size)")
-        ids = ids[:top]
+    ids = kept_ids(state.pop("token_ids"), state.pop("token_counts", None), top or 0, path)
     head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), ids)
     head.load_state_dict({**{k: v.float() for k, v in state.items()}, "token_ids": head.token_ids})
     return head, meta
@@ -233,9 +227,10 @@ def fingerprint(target: Llama) -> float:
     return float(target.embed.weight.detach().double().abs().mean())
 
 
-def load_draft_head(name: str, directory: str, target: Llama) -> HeadDraft:
-    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``."""
+def load_draft_head(name: str, directory: str, target: Llama, top: int = 0) -> HeadDraft:
+    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``;
+    ``top`` (``head@N``): over its N most frequent tokens only (0: all)."""
     path = draft_head_file(directory)
-    head, meta = load_head(path, target.config)
+    head, meta = load_head(path, target.config, top)
     check_fingerprint(name, path, meta, fingerprint(target))
     return HeadDraft(name, head, target)

@@ -63,6 +63,20 @@ def read_metadata(path: str | Path, target: LlamaConfig) -> tuple[Path, dict]:
     return path, meta
 
 
+def kept_ids(ids, counts, top: int, path):
+    """The token ids a head drafts from: all of ``ids`` (the file's ``token_ids``, [V_d]) when ``top``
+    is 0, else the ``top`` most frequent, which needs a file that stores them most frequent first
+    (``counts``, its ``token_counts``, present). Works on numpy arrays and torch tensors alike."""
+    if not top:
+        return ids
+    if counts is None:
+        raise ValueError(f"top={top}: the head at {path} stores its vocabulary sorted by id, not by frequency; "
+                         "retrain it with `flashspec train-head` (which saves the counts) or use all of it")
+    if not 1 <= top <= len(ids):
+        raise ValueError(f"top={top} must be in [1, {len(ids)}] (the head's vocabulary size)")
+    return ids[:top]
+
+
 def check_fingerprint(name: str, path: Path, meta: dict, fingerprint: float) -> None:
     """Refuse a head trained for a target of the same shape but other weights (``fingerprint``: this
     target's mean |embedding|)."""

@@ -177,6 +177,21 @@ def test_bad_heads_are_refused(models, tmp_path):
         load_head(tmp_path, jm)
 
 
+def test_head_at_n_keeps_the_torch_heads_n_most_frequent_tokens(models):
+    """``head@N``: the JAX head over the N most frequent tokens of a file that stores them so, the
+    same ids and LM head rows as the torch head's; refused for a file sorted by id."""
+    from flashspec_jax.heads import load_head
+    from flashspec_torch.heads import load_head as torch_load_head
+
+    tm, jm, heads = models
+    params, _, _ = load_head(heads["random"][1], jm, top=8)
+    want, _ = torch_load_head(heads["random"][1], CFG, top=8)
+    assert np.asarray(params.token_ids).tolist() == want.token_ids.tolist()
+    np.testing.assert_array_equal(np.asarray(params.lm_rows), tm.lm_head.weight[want.token_ids].numpy())
+    with pytest.raises(ValueError, match="sorted by id, not by frequency"):
+        load_head(heads["copy"][1], jm, top=8)
+
+
 def test_a_target_without_its_head_is_refused(models, tmp_path):
     """The shipped head on another target; a head:DIR trained for other weights of the same shape."""
     from flashspec.drafts import SHIPPED_HEAD

@@ -238,7 +238,7 @@ def test_a_head_truncated_to_its_top_n_tokens_drafts_inside_them_with_q_summing_
     frequent (ties by lower id), the same weights; drafting at T = 0.8 then proposes only those N and
     q (the full row the verifier sees) sums to 1 over them, 0 elsewhere."""
     from flashspec_torch.backend import TorchBackend
-    from flashspec_torch.heads import HeadDraft, load_head, save_head
+    from flashspec_torch.heads import HeadDraft, load_draft_head, load_head, save_head
 
     head = random_head(target, token_ids=torch.arange(1, 97, 2))  # 48 odd ids
     counts = torch.zeros(97, dtype=torch.int64)
@@ -251,6 +251,7 @@ def test_a_head_truncated_to_its_top_n_tokens_drafts_inside_them_with_q_summing_
     top, _ = load_head(tmp_path, target.config, top=10)
     want = sorted(range(1, 97, 2), key=lambda t: (-int(counts[t]), t))[:10]
     assert top.token_ids.tolist() == sorted(want)
+    assert load_draft_head("head@10", str(tmp_path), target, 10).head.token_ids.tolist() == sorted(want)  # head:DIR@10
     whole, _ = load_head(tmp_path, target.config)  # without top: the head as trained
     assert torch.equal(whole.token_ids, head.token_ids) and torch.equal(whole.fc_in.weight, top.fc_in.weight)
     draft = HeadDraft("head", top, target)
