@@ -1,4 +1,4 @@
-"""The draft head over its N most frequent tokens (``load_head(top=N)``) against its whole vocabulary,
+"""The draft head over its N most frequent tokens (``--draft head:DIR@N``) against its whole vocabulary,
 end to end on held-out prompts (benchmarks/head_bench.py's ``bench``, head only, batch 1).
 
 A head file written by ``flashspec train-head`` stores its vocabulary most frequent first with the
@@ -69,7 +69,6 @@ def main() -> None:
     import head_bench
     from flashspec.drafts import SHIPPED_HEAD
     from flashspec_torch.engine import load_target
-    from flashspec_torch.heads import load_head, save_head
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", default=str(SHIPPED_HEAD), help="a head file or directory (default: the shipped head)")
@@ -93,12 +92,8 @@ def main() -> None:
         whole, doc["vocabulary"] = counted_copy(args.head, loaded, Path(tmp) / "whole", args.count_prompts,
                                                 args.count_tokens, log)
         for n in (int(x) for x in args.tops.split(",")):
-            d = Path(tmp) / str(n)
-            head, meta = load_head(whole, loaded.model.config, top=n)
-            save_head(head, d / "head.safetensors", target_name=meta["target_name"], dtype=torch.float32,
-                      extra=json.loads(meta["extra"]))
             log(f"top {n}:")
-            doc["tops"][n] = head_bench.bench(loaded, f"head:{d}", prompts=args.prompts, new_tokens=args.new_tokens,
+            doc["tops"][n] = head_bench.bench(loaded, f"head:{whole}@{n}", prompts=args.prompts, new_tokens=args.new_tokens,
                                               gammas=(args.gamma,), others=(), device="cpu", hf=False, log=log,
                                               temperatures=tuple(float(t) for t in args.temperatures.split(",")))
     doc["wall_s"] = time.perf_counter() - start
