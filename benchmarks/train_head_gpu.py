@@ -134,18 +134,22 @@ def main(argv=None) -> None:
            "baseline": base, "environment": environment(torch.device(args.device)), "train": report, "engine": {}}
     write(out, doc, start)
     runs = {"new": f"head:{out}", "baseline": f"head:{base}" if base else None}
+    need = 45.0  # seconds an engine run needs: a guess for the first, 1.2x the last one's after
     for who, spec in runs.items():
         left = args.budget_s - (time.perf_counter() - start)
         if spec is None or not args.bench_prompts:
             continue
-        if left < 45:
-            doc.setdefault("skipped", []).append(f"engine run of the {who} head: {left:.0f} s of --budget-s left")
+        if left < need:
+            doc.setdefault("skipped", []).append(f"engine run of the {who} head: {left:.0f} s of --budget-s left, "
+                                                 f"{need:.0f} s needed")
             continue
         from head_bench import bench
 
         log(f"engine run, {who} head ({spec}), {left:.0f} s left")
+        t = time.perf_counter()
         doc["engine"][who] = bench(loaded, spec, prompts=args.bench_prompts, new_tokens=args.bench_tokens, gammas=(3, 4, 5),
                                    others=("ngram",) if who == "new" else (), device=args.device, hf=False, log=log)
+        need = 1.2 * (time.perf_counter() - t)
         write(out, doc, start)
     hist = json.loads((out / "history.json").read_text())
     doc["verdict"] = verdict(report, doc["engine"])
