@@ -110,7 +110,7 @@ class Engine(EngineBase):
         if draft.kind == "self":
             return self.backend.model_draft("self")
         if draft.kind == "head":
-            return load_draft_head(self.backend, spec, draft.path)
+            return load_draft_head(self.backend, spec, draft.path, draft.top)
         if draft.kind != "path":
             raise not_implemented(draft, "jax")
         try:

@@ -26,7 +26,7 @@ from flax import nnx
 from jax import lax
 
 from flashspec.config import LlamaConfig, SamplingConfig
-from flashspec.head_file import OUTSIDE, check_fingerprint, draft_head_file, read_metadata
+from flashspec.head_file import OUTSIDE, check_fingerprint, draft_head_file, kept_ids, read_metadata
 
 from .drafts import Proposal, Seeds, Seqs, gumbel_noise
 from .kernels.verify import log_probs
@@ -177,8 +177,9 @@ def head_params(state: dict, target: Llama, feature_layers: tuple[int, ...]) -> 
                       jnp.asarray(ids, jnp.int32), lm if len(ids) == c.vocab_size else lm[jnp.asarray(ids)])
 
 
-def load_head(path, target: Llama) -> tuple[HeadParams, tuple[int, ...], dict]:
-    """A head file (or a directory holding ``head.safetensors``) for ``target``: (params, feature_layers, metadata)."""
+def load_head(path, target: Llama, top: int = 0) -> tuple[HeadParams, tuple[int, ...], dict]:
+    """A head file (or a directory holding ``head.safetensors``) for ``target``: (params, feature_layers,
+    metadata); ``top=N`` (0: all): over its N most frequent tokens (``head_file.kept_ids``)."""
     import json
 
     from safetensors.flax import load_file
@@ -189,7 +190,10 @@ def load_head(path, target: Llama) -> tuple[HeadParams, tuple[int, ...], dict]:
     if not layers or bad or len(set(layers)) != len(layers):
         raise ValueError(f"the draft head's feature_layers={layers!r} must be distinct target layers in "
                          f"[0, {target.config.num_layers})")
-    return head_params(load_file(str(path)), target, layers), layers, meta
+    state = load_file(str(path))
+    if "token_ids" in state:
+        state["token_ids"] = kept_ids(state["token_ids"], state.get("token_counts"), top, path)
+    return head_params(state, target, layers), layers, meta
 
 
 def fingerprint(target: Llama) -> float:
@@ -197,10 +201,11 @@ def fingerprint(target: Llama) -> float:
     return float(np.abs(np.asarray(target.embed.value, np.float64)).mean())
 
 
-def load_draft_head(backend, name: str, directory: str) -> HeadDraft:
-    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``backend``'s target."""
+def load_draft_head(backend, name: str, directory: str, top: int = 0) -> HeadDraft:
+    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``backend``'s
+    target; ``top`` (``head@N``): over its N most frequent tokens only (0: all)."""
     target = backend.draft_models[0]
     path = draft_head_file(directory)
-    params, layers, meta = load_head(path, target)
+    params, layers, meta = load_head(path, target, top)
     check_fingerprint(name, path, meta, fingerprint(target))
     return backend.head_draft(name, params, layers)

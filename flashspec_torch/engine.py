@@ -152,7 +152,7 @@ class Engine(EngineBase):
         if draft.kind == "head":
             from .heads import load_draft_head
 
-            return load_draft_head(spec, draft.path, model)
+            return load_draft_head(spec, draft.path, model, draft.top)
         if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
             hf = load_transformers_directory(spec, self.dtype, self.device)
             hf.config.name_or_path = Path(spec).name

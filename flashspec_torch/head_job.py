@@ -21,8 +21,9 @@ import torch
 from flashspec.engine import encode
 from flashspec.head_corpus import DOMAINS, corpus, split
 
-from .head_train import TrainConfig, acceptance_by_position, frequent_tokens, generate_sequences, train_head
-from .heads import fingerprint, save_head
+from .head_train import (TrainConfig, acceptance_by_position, for_training, frequent_tokens, generate_sequences,
+                         token_counts, train_head)
+from .heads import fingerprint, load_head, save_head
 
 
 def pick(prompts, per_domain: int, seed: int):
@@ -36,8 +37,12 @@ def pick(prompts, per_domain: int, seed: int):
 
 
 def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_domain: int = 600,
-                   eval_per_domain: int = 40, device=None, dtype=None, log=print) -> dict:
-    """Train a head for ``target`` (None: the embedded model; a LoadedModel or a TARGET_HELP spelling)."""
+                   eval_per_domain: int = 40, device=None, dtype=None, compare: dict | None = None,
+                   tops: tuple[int, ...] = (), log=print) -> dict:
+    """Train a head for ``target`` (None: the embedded model; a LoadedModel or a TARGET_HELP spelling).
+    ``compare`` ({name: head file or directory}): other heads measured on the same held-out sequences
+    (report ``compare``); ``tops``: the new head also over its N most frequent tokens only
+    (``load_head(top=N)``; report ``held_out_acceptance_top_n``)."""
     from .engine import check_device, load_target
     from .weights import LoadedModel
 
@@ -47,57 +52,102 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
     loaded = target if isinstance(target, LoadedModel) else load_target(target, dtype, dev)
     if loaded.tokenizer is None:
         raise ValueError(f"target {loaded.name!r} has no tokenizer: training prompts must be encoded")
-    model, tok = loaded.model, loaded.tokenizer
+    model = loaded.model
+    t_load = time.perf_counter()
+    train, held = make_data(model, loaded.tokenizer, cfg, train_per_domain, eval_per_domain, log)
+    t_gen = time.perf_counter()
+    counts = token_counts(train, model.config.vocab_size)
+    ids = frequent_tokens(train, cfg.vocab, model.config.vocab_size)
+    log(f"generated in {t_gen - t_load:.1f} s; training ({cfg.steps} steps, at most {cfg.seconds} s)")
+    head, hist = train_head(model, train, cfg, ids, on_log=lambda s, l, per: log(f"step {s}: loss {l:.4f} {per}"))
+    t_train = time.perf_counter()
+    steps_done = hist.steps[-1] + 1 if hist.steps else 0
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = {"fingerprint": fingerprint(model), "steps": steps_done, "config": asdict(cfg)}
+    path = save_head(head, out / "head.safetensors", target_name=loaded.name, extra=extra, counts=counts)
+    by_domain, by_top, others = measure(path, len(head.token_ids), model, held, cfg.passes, tops,
+                                        compare or {})
+    report = {
+        "target": loaded.name, "device": str(dev), "dtype": str(dtype), "config": asdict(cfg),
+        "feature_layers": list(head.feature_layers), "head_vocab": len(head.token_ids),
+        "data": data_stats(train, held, ids, model.config.vocab_size),
+        "seconds": {"load": t_load - t0, "generate": t_gen - t_load, "train": t_train - t_gen,
+                    "evaluate": time.perf_counter() - t_train},
+        "steps_done": steps_done,
+        "final_loss": hist.loss[-1] if hist.loss else None,
+        "throughput": throughput(hist),
+        "held_out_acceptance": by_domain,
+        "held_out_acceptance_top_n": by_top,
+        "compare": others,
+        "environment": environment(dev),
+    }
+    report["head_bytes"] = path.stat().st_size
+    (out / "history.json").write_text(json.dumps(asdict(hist)))
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    plot_loss(hist, out / "loss.png")
+    log(f"wrote {path} ({report['head_bytes'] / 2**20:.1f} MiB); {json.dumps(report['throughput'])}; "
+        f"held-out acceptance {json.dumps(by_domain)}")
+    return report
+
+
+def measure(path: Path, vocab: int, model, held, passes: int, tops, compare: dict) -> tuple[dict, dict, dict]:
+    """Held-out acceptance of the head as saved at ``path`` (bf16 weights, as it ships), of it over
+    its N most frequent tokens for each N of ``tops`` below its ``vocab``, and of the ``compare`` heads."""
+    def at(p, top=0):
+        return held_out_acceptance(load_head(p, model.config, top=top)[0], model, held, passes)
+
+    return at(path), {n: at(path, n) for n in tops if n < vocab}, {name: at(p) for name, p in compare.items()}
+
+
+def make_data(model, tok, cfg: TrainConfig, train_per_domain: int, eval_per_domain: int, log) -> tuple[list, list]:
+    """(training sequences: ``cfg.samples`` sampled continuations per prompt, plus a greedy one when
+    ``cfg.greedy``; held-out sequences: one sampled continuation per prompt)."""
     train_prompts, held_prompts = split(corpus())
     train_prompts = pick(train_prompts, train_per_domain, cfg.seed)
     held_prompts = pick(held_prompts, eval_per_domain, cfg.seed + 1)
     enc = lambda p: encode(tok, p.text, p.domain == "chat")  # noqa: E731
     eos = model.config.eos_token_ids
-    log(f"generating: {len(train_prompts)} training prompts x {cfg.samples} samples + {len(held_prompts)} held-out prompts "
-        f"x {cfg.new_tokens} tokens")
-    t_load = time.perf_counter()
+    log(f"generating: {len(train_prompts)} training prompts x ({cfg.samples} sampled{' + 1 greedy' if cfg.greedy else ''}) "
+        f"+ {len(held_prompts)} held-out prompts x {cfg.new_tokens} tokens")
     train = generate_sequences(model, train_prompts * cfg.samples, enc, cfg, eos)
-    held = generate_sequences(model, held_prompts, enc, cfg, eos)
-    t_gen = time.perf_counter()
-    ids = frequent_tokens(train, cfg.vocab, model.config.vocab_size)
-    log(f"generated in {t_gen - t_load:.1f} s; training ({cfg.steps} steps, at most {cfg.seconds} s)")
-    head, hist = train_head(model, train, cfg, ids, on_log=lambda s, l, per: log(f"step {s}: loss {l:.4f} {per}"))
-    t_train = time.perf_counter()
-    by_domain = {d: acceptance_by_position(head, model, [s for s in held if s.domain == d], cfg.passes)
-                 for d in DOMAINS if any(s.domain == d for s in held)}
-    report = {
-        "target": loaded.name, "device": str(dev), "dtype": str(dtype), "config": asdict(cfg),
-        "feature_layers": list(head.feature_layers), "head_vocab": len(head.token_ids),
-        "data": data_stats(train, held, ids),
-        "seconds": {"load": t_load - t0, "generate": t_gen - t_load, "train": t_train - t_gen,
-                    "evaluate": time.perf_counter() - t_train},
-        "steps_done": hist.steps[-1] + 1 if hist.steps else 0,
-        "final_loss": hist.loss[-1] if hist.loss else None,
-        "held_out_acceptance": by_domain,
-        "environment": environment(dev),
-    }
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    extra = {"fingerprint": fingerprint(model), "steps": report["steps_done"], "config": asdict(cfg)}
-    path = save_head(head, out / "head.safetensors", target_name=loaded.name, extra=extra)
-    report["head_bytes"] = path.stat().st_size
-    (out / "history.json").write_text(json.dumps(asdict(hist)))
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    plot_loss(hist, out / "loss.png")
-    log(f"wrote {path} ({report['head_bytes'] / 2**20:.1f} MiB); held-out acceptance {json.dumps(by_domain)}")
-    return report
+    if cfg.greedy:
+        train += generate_sequences(model, train_prompts, enc, cfg, eos, greedy=True)
+    return train, generate_sequences(model, held_prompts, enc, cfg, eos)
 
 
-def data_stats(train, held, ids: torch.Tensor) -> dict:
-    inside = torch.zeros(int(ids.max()) + 1, dtype=torch.bool)
-    inside[ids] = True
-    cont = [t for s in held for t in s.tokens[s.prompt_len :]]
-    covered = sum(1 for t in cont if t < len(inside) and inside[t]) / max(1, len(cont))
+def held_out_acceptance(head, model, held, passes: int) -> dict:
+    """``acceptance_by_position`` per domain of the held-out sequences."""
+    head = for_training(head, model)
+    return {d: acceptance_by_position(head, model, [s for s in held if s.domain == d], passes)
+            for d in DOMAINS if any(s.domain == d for s in held)}
+
+
+def throughput(hist) -> dict:
+    """Training steps and tokens per second after the first logged step (which includes warm-up work)."""
+    if len(hist.steps) < 2:
+        return {"steps_per_s": None, "tokens_per_s": None}
+    dt = hist.seconds[-1] - hist.seconds[0]
+    return {"steps_per_s": (hist.steps[-1] - hist.steps[0]) / dt, "tokens_per_s": (hist.tokens[-1] - hist.tokens[0]) / dt}
+
+
+def data_stats(train, held, ids: torch.Tensor, vocab_size: int) -> dict:
+    """Sequence and token counts; the share of held-out continuation tokens inside the head's
+    vocabulary (``ids``, most frequent first) and inside its 2k / 4k / 8k most frequent tokens."""
+    cont = torch.tensor([t for s in held for t in s.tokens[s.prompt_len :]], dtype=torch.int64)
+    rank = torch.full((vocab_size,), len(ids), dtype=torch.int64)  # a token's place in ids (len(ids): outside)
+    rank[ids] = torch.arange(len(ids))
+    r = rank[cont]
+
+    def covered(n: int) -> float:
+        return float((r < n).float().mean()) if len(cont) else 0.0
+
     return {
         "train_sequences": {d: sum(s.domain == d for s in train) for d in DOMAINS},
         "train_tokens": sum(len(s.tokens) for s in train),
         "held_out_sequences": {d: sum(s.domain == d for s in held) for d in DOMAINS},
-        "held_out_continuation_tokens_in_head_vocab": covered,
+        "held_out_continuation_tokens_in_head_vocab": covered(len(ids)),
+        "held_out_coverage_by_top_n": {n: covered(n) for n in (2048, 4096, 8192) if n <= len(ids)},
     }
 
 

@@ -1,7 +1,8 @@
 """Training a draft head by self-distillation (``flashspec train-head``; Python: ``train_head``).
 
-1. The target continues prompts of ``flashspec.head_corpus`` (sampled at ``temperature``, our engine's
-   plain decoding); held-out groups are continued too, for the measurements only.
+1. The target continues prompts of ``flashspec.head_corpus`` (our engine's plain decoding): ``samples``
+   continuations sampled at ``temperature`` per training prompt, plus one greedy one when ``greedy``;
+   held-out groups are continued too (sampled, once), for the measurements only.
 2. Each training batch: the target scores the sequences once (no gradient), giving its features at
    the head's ``feature_layers`` and its next-token distribution p at every position.
 3. The head runs ``passes`` times over the batch (training-time test, as EAGLE-3 and HASS do): pass
@@ -39,10 +40,11 @@ class TrainConfig:
     steps: int = 200
     seconds: float | None = None  # stop training after this long, whatever ``steps`` says
     samples: int = 1  # continuations the target samples per training prompt (distinct seeds)
+    greedy: bool = False  # also one greedy continuation per training prompt (the contexts greedy drafting sees)
     lr: float = 1e-3
     warmup: int = 50
     passes: int = 3  # training-time test depth
-    decay: float = 0.8
+    decay: float = 0.8  # pass k's loss weight is decay ** k (lower: more weight on the first drafted position)
     seed: int = 0
 
     def __post_init__(self):
@@ -51,6 +53,10 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.vocab < 0:
             raise ValueError(f"vocab={self.vocab} must be >= 0 (0: the target's whole vocabulary)")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"decay={self.decay} must be in (0, 1]: pass k's loss weight is decay ** k")
+        if self.warmup < 1 or not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be > 0 and warmup={self.warmup} >= 1")
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (the target samples its own continuations)")
 
@@ -77,14 +83,16 @@ class Sequence:
     prompt_len: int
 
 
-def generate_sequences(target: Llama, prompts: list[Prompt], encode, cfg: TrainConfig, eos_ids=()) -> list[Sequence]:
-    """The target's own continuations of every prompt (``encode(prompt) -> ids``), ``gen_batch`` at a time."""
+def generate_sequences(target: Llama, prompts: list[Prompt], encode, cfg: TrainConfig, eos_ids=(),
+                       greedy: bool = False) -> list[Sequence]:
+    """The target's own continuations of every prompt (``encode(prompt) -> ids``), ``gen_batch`` at a
+    time: sampled at ``cfg.temperature``, or greedy."""
     from flashspec.loop import decode
 
     from .backend import TorchBackend
 
     backend = TorchBackend(target, [], eos_ids)
-    sampling = SamplingConfig(cfg.temperature)
+    sampling = SamplingConfig(0.0 if greedy else cfg.temperature)
     out = []
     with torch.inference_mode():
         for i in range(0, len(prompts), cfg.gen_batch):
@@ -96,15 +104,22 @@ def generate_sequences(target: Llama, prompts: list[Prompt], encode, cfg: TrainC
     return out
 
 
-def frequent_tokens(seqs: list[Sequence], size: int, vocab_size: int) -> torch.Tensor:
-    """The ``size`` most frequent tokens of the training sequences (0: all); ties by lower id."""
-    if size == 0 or size >= vocab_size:
-        return torch.arange(vocab_size)
+def token_counts(seqs: list[Sequence], vocab_size: int) -> torch.Tensor:  # [V] int64: occurrences in seqs
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for s in seqs:
         counts += torch.bincount(torch.as_tensor(s.tokens), minlength=vocab_size)
-    order = torch.argsort(-counts * vocab_size - torch.arange(vocab_size).flip(0), stable=True)
-    return order[:size].sort().values
+    return counts
+
+
+def by_frequency(counts: torch.Tensor) -> torch.Tensor:  # [V] counts -> [V] token ids, most frequent first, ties by lower id
+    return torch.argsort(-counts, stable=True)
+
+
+def frequent_tokens(seqs: list[Sequence], size: int, vocab_size: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the training sequences (0: all), most frequent first,
+    ties by lower id."""
+    order = by_frequency(token_counts(seqs, vocab_size))
+    return order if size == 0 or size >= vocab_size else order[:size]
 
 
 def pad(seqs: list[Sequence], device) -> tuple[torch.Tensor, torch.Tensor]:  # tokens [B, T] int64, lengths [B]
@@ -173,7 +188,7 @@ def ttt_states(head: DraftHead, target: Llama, tokens: torch.Tensor, feats: torc
 
 def head_loss(head: DraftHead, states, target_logits, lengths, decay: float):
     """sum_k decay^k * mean over positions k+1 <= p < length of -sum_{v in head vocab} p_v log q_v;
-    also the per-pass losses (floats)."""
+    also the per-pass losses (0-d tensors: reading them waits for the device)."""
     t = target_logits.shape[1]
     p = target_logits.float().softmax(-1)
     if not head.full_vocab:
@@ -186,7 +201,7 @@ def head_loss(head: DraftHead, states, target_logits, lengths, decay: float):
         ce = -(p * lq).sum(-1)
         loss = (ce * mask).sum() / mask.sum().clamp(min=1)
         total = total + decay**k * loss
-        per.append(float(loss.detach()))
+        per.append(loss.detach())
     return total, per
 
 
@@ -196,6 +211,7 @@ class History:
     loss: list[float] = field(default_factory=list)  # the weighted sum
     per_pass: list[list[float]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # training tokens (sequence lengths) seen so far
 
 
 def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids: torch.Tensor | None = None,
@@ -206,18 +222,18 @@ def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids:
     dev = target.embed.weight.device
     torch.manual_seed(cfg.seed)
     layers = cfg.feature_layers or default_layers(target.config.num_layers)
-    head = DraftHead(target.config, layers, token_ids).to(dev)
+    head = DraftHead(target.config, layers, token_ids)
     head.norm.data.copy_(target.norm.float())
-    head.attach(target)
-    head.lent = tuple(w.float() for w in head.lent)
+    head = for_training(head, target)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
-    hist, start = History(), time.perf_counter()
+    hist, start, seen = History(), time.perf_counter(), 0
     autocast = torch.autocast("cuda", torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
     for step in range(cfg.steps):
         pick = torch.randint(len(seqs), (cfg.batch,), generator=gen).tolist()
         tokens, lengths = pad([seqs[i] for i in pick], dev)
+        seen += sum(len(seqs[i].tokens) for i in pick)
         z, feats = target_pass(target, tokens, layers)
         with autocast:
             states = ttt_states(head, target, tokens, feats.float(), cfg.passes)
@@ -228,16 +244,27 @@ def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * lr_scale(step, time.perf_counter() - start, cfg)
         opt.step()
-        if step % log_every == 0 or step == cfg.steps - 1:
+        out_of_time = cfg.seconds is not None and time.perf_counter() - start > cfg.seconds
+        if step % log_every == 0 or step == cfg.steps - 1 or out_of_time:
             hist.steps.append(step)
             hist.loss.append(float(loss.detach()))
-            hist.per_pass.append(per)
+            hist.per_pass.append([float(x) for x in per])
             hist.seconds.append(time.perf_counter() - start)
+            hist.tokens.append(seen)
             if on_log:
-                on_log(step, hist.loss[-1], per)
-        if cfg.seconds is not None and time.perf_counter() - start > cfg.seconds:
+                on_log(step, hist.loss[-1], hist.per_pass[-1])
+        if out_of_time:
             break
     return head.eval().requires_grad_(False), hist
+
+
+def for_training(head: DraftHead, target: Llama) -> DraftHead:
+    """``head`` in float32 on the target's device with the target's embedding and LM head rows lent
+    in float32: how ``ttt_states`` runs it (training, and ``acceptance_by_position`` for any head)."""
+    head = head.float().to(target.embed.weight.device)
+    head.attach(target)
+    head.lent = tuple(w.float() for w in head.lent)
+    return head
 
 
 @torch.no_grad()

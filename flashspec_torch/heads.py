@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
-from flashspec.head_file import FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, read_metadata
+from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, kept_ids,
+                                 read_metadata)
 
 from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths
 from .layers import default_impl, kernel_attends, rms_norm
@@ -181,28 +182,43 @@ class HeadDraft:
 
 
 def save_head(head: DraftHead, path: str | Path, *, target_name: str, dtype: torch.dtype = torch.bfloat16,
-              extra: dict | None = None) -> Path:
+              extra: dict | None = None, counts: torch.Tensor | None = None) -> Path:
     """One safetensors file: the head's weights in ``dtype``, ``token_ids`` in int64, and metadata
-    (format, feature_layers, the target's config and name, ``extra`` as JSON)."""
+    (format, feature_layers, the target's config and name, ``extra`` as JSON). With ``counts`` ([V]
+    int64: each token's count in the training text), ``token_ids`` is stored most frequent first (ties
+    by lower id) beside ``token_counts`` (int64, the same order), so that ``load_head(top=N)`` can
+    take the N most frequent; without, ``token_ids`` is sorted by id (the first format, still read)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: (v if k == "token_ids" else v.to(dtype)).detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    if counts is not None:
+        counts = torch.as_tensor(counts, dtype=torch.int64).cpu()
+        if counts.shape != (head.target_config.vocab_size,):
+            raise ValueError(f"counts has shape {tuple(counts.shape)}: want [{head.target_config.vocab_size}], "
+                             "one count per token of the target's vocabulary")
+        ids = state["token_ids"]
+        ids = ids[torch.argsort(-counts[ids], stable=True)]  # ids ascending, so ties stay by lower id
+        state["token_ids"], state["token_counts"] = ids.contiguous(), counts[ids].contiguous()
     meta = {"format": FORMAT, "feature_layers": json.dumps(head.feature_layers), "target_name": target_name,
             "target_config": json.dumps(config_fields(head.target_config)), "extra": json.dumps(extra or {})}
     save_file(state, str(path), metadata=meta)
     return path
 
 
-def load_head(path: str | Path, target: LlamaConfig) -> tuple[DraftHead, dict]:
-    """A head file (or a directory holding ``head.safetensors``) for ``target``: (the head in float32, metadata)."""
+def load_head(path: str | Path, target: LlamaConfig, top: int = 0) -> tuple[DraftHead, dict]:
+    """A head file (or a directory holding ``head.safetensors``) for ``target``: (the head in float32,
+    metadata). ``top=N`` (0: all) keeps the N most frequent tokens of the head's vocabulary (the file must
+    store them in frequency order: ``save_head(counts=...)``): a smaller LM head, exact all the same,
+    since q is 0 outside the vocabulary the head drafts from; acceptance drops by the tokens cut."""
     from safetensors.torch import load_file
 
     path, meta = read_metadata(path, target)
     state = load_file(str(path))
-    head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), state["token_ids"])
-    head.load_state_dict({k: v.float() if k != "token_ids" else v for k, v in state.items()})
+    ids = kept_ids(state.pop("token_ids"), state.pop("token_counts", None), top or 0, path)
+    head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), ids)
+    head.load_state_dict({**{k: v.float() for k, v in state.items()}, "token_ids": head.token_ids})
     return head, meta
 
 
@@ -211,9 +227,10 @@ def fingerprint(target: Llama) -> float:
     return float(target.embed.weight.detach().double().abs().mean())
 
 
-def load_draft_head(name: str, directory: str, target: Llama) -> HeadDraft:
-    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``."""
+def load_draft_head(name: str, directory: str, target: Llama, top: int = 0) -> HeadDraft:
+    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``;
+    ``top`` (``head@N``): over its N most frequent tokens only (0: all)."""
     path = draft_head_file(directory)
-    head, meta = load_head(path, target.config)
+    head, meta = load_head(path, target.config, top)
     check_fingerprint(name, path, meta, fingerprint(target))
     return HeadDraft(name, head, target)

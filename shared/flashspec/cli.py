@@ -270,7 +270,7 @@ def add_generate(sub) -> None:
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR] | PATH; repeat for several (None: ngram)")
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several (None: ngram)")
     p.add_argument("--policy", choices=engine_policies(), default="thompson-token",
                    help="how a draft is chosen per step (adaptive: plain decoding, each draft at G and G // 2, "
                         "by measured tokens/s)")
@@ -413,8 +413,11 @@ def add_train_head(sub) -> None:
     p.add_argument("--eval-prompts", type=positive_int, default=40, help="held-out prompts per domain")
     p.add_argument("--new-tokens", type=positive_int, default=128, help="tokens the target generates per prompt")
     p.add_argument("--samples", type=positive_int, default=1, help="continuations sampled per training prompt")
+    p.add_argument("--greedy", action="store_true", help="also one greedy continuation per training prompt")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=positive_int, default=50, help="learning-rate warm-up steps")
     p.add_argument("--passes", type=positive_int, default=3, help="training-time-test depth")
+    p.add_argument("--decay", type=float, default=0.8, help="pass k's loss weight is decay**k, in (0, 1]")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.set_defaults(run=run_train_head)
@@ -427,8 +430,8 @@ def run_train_head(args) -> int:
     except ImportError as e:
         raise ImportError(f"train-head needs the torch backend: pip install 'flashspec[torch]' ({e})") from None
     cfg = TrainConfig(feature_layers=args.feature_layers, vocab=args.vocab, new_tokens=args.new_tokens, batch=args.batch,
-                      steps=args.steps, seconds=args.seconds, lr=args.lr, passes=args.passes, seed=args.seed,
-                      samples=args.samples)
+                      steps=args.steps, seconds=args.seconds, lr=args.lr, warmup=args.warmup, passes=args.passes,
+                      decay=args.decay, seed=args.seed, samples=args.samples, greedy=args.greedy)
     job(args.out, cfg, target=args.target, train_per_domain=args.train_prompts, eval_per_domain=args.eval_prompts,
         device=args.device, log=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

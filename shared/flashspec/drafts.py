@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DRAFT_HELP = (
-    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | head[:DIR] (a trained draft head) | PATH (a model directory or .gguf sharing the tokenizer) "
+    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | head[:DIR][@N] (a trained draft head; @N: over its N most frequent tokens) | PATH (a model directory or .gguf sharing the tokenizer) "
     "| a transformers model object (Python API)"
 )
 TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
@@ -39,6 +39,7 @@ class DraftSpec:
     max_n: int = 3
     layers: str = ""
     path: str = ""  # a PATH draft's file or directory; head:DIR's directory ('' for the shipped head)
+    top: int = 0  # head@N: the head drafts over its N most frequent tokens (0: all of them)
 
 
 def parse_draft(spec: str) -> DraftSpec:
@@ -56,9 +57,22 @@ def parse_draft(spec: str) -> DraftSpec:
         return DraftSpec(spec, "layerskip", layers=arg)
     if spec in ("nf4", "self"):
         return DraftSpec(spec, spec)
-    if name == "head":
-        return DraftSpec(spec, "head", path=arg)
+    if name == "head" or name.startswith("head@"):
+        return parse_head(spec)
     return DraftSpec(spec, "path", path=spec)
+
+
+def parse_head(spec: str) -> DraftSpec:
+    """head, head:DIR, head@N, head:DIR@N (N: the head's N most frequent tokens; a DIR may hold an @
+    not followed by digits alone)."""
+    base, _, top = spec.rpartition("@")
+    if not top.isdigit():
+        if spec.startswith("head@"):
+            raise ValueError(f"draft {spec!r}: use head[:DIR]@N with N >= 1 (the head's N most frequent tokens)")
+        base, top = spec, ""
+    if top and int(top) < 1:
+        raise ValueError(f"draft {spec!r}: use head[:DIR]@N with N >= 1 (the head's N most frequent tokens)")
+    return DraftSpec(spec, "head", path=base.partition(":")[2], top=int(top or 0))
 
 
 def not_implemented(draft: DraftSpec, backend: str) -> ValueError:

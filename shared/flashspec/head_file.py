@@ -4,6 +4,9 @@
 One safetensors file (``head.safetensors`` in a directory): the head's weights (torch names), its
 ``token_ids`` and metadata: ``format`` (FORMAT), ``feature_layers`` and ``target_config`` (JSON),
 ``target_name``, ``extra`` (JSON; ``fingerprint`` = the mean |embedding| of the target it was trained for).
+``token_ids`` is either sorted by id (the first files) or most frequent first beside ``token_counts``
+(int64, the same order: each token's count in the training text), which lets a reader keep the N
+most frequent only; the set of ids, and so the head, is the same either way.
 """
 
 from __future__ import annotations
@@ -58,6 +61,20 @@ def read_metadata(path: str | Path, target: LlamaConfig) -> tuple[Path, dict]:
         raise ValueError(f"{path} is not a FlashSpec draft head (metadata format {meta.get('format')!r}, want {FORMAT!r})")
     check_fits(replace(target, **json.loads(meta["target_config"])), target)
     return path, meta
+
+
+def kept_ids(ids, counts, top: int, path):
+    """The token ids a head drafts from: all of ``ids`` (the file's ``token_ids``, [V_d]) when ``top``
+    is 0, else the ``top`` most frequent, which needs a file that stores them most frequent first
+    (``counts``, its ``token_counts``, present). Works on numpy arrays and torch tensors alike."""
+    if not top:
+        return ids
+    if counts is None:
+        raise ValueError(f"top={top}: the head at {path} stores its vocabulary sorted by id, not by frequency; "
+                         "retrain it with `flashspec train-head` (which saves the counts) or use all of it")
+    if not 1 <= top <= len(ids):
+        raise ValueError(f"top={top} must be in [1, {len(ids)}] (the head's vocabulary size)")
+    return ids[:top]
 
 
 def check_fingerprint(name: str, path: Path, meta: dict, fingerprint: float) -> None:

@@ -19,6 +19,9 @@ from flashspec.weights import convert_state_dict
     ("self", DraftSpec("self", "self")),
     ("head", DraftSpec("head", "head", path="")),
     ("head:/heads/mine", DraftSpec("head:/heads/mine", "head", path="/heads/mine")),
+    ("head@4096", DraftSpec("head@4096", "head", path="", top=4096)),
+    ("head:/heads/a@b@2048", DraftSpec("head:/heads/a@b@2048", "head", path="/heads/a@b", top=2048)),
+    ("head:/heads/a@b", DraftSpec("head:/heads/a@b", "head", path="/heads/a@b")),
     ("/models/small", DraftSpec("/models/small", "path", path="/models/small")),
     ("draft.gguf", DraftSpec("draft.gguf", "path", path="draft.gguf")),
 ])
@@ -29,6 +32,12 @@ def test_parse_draft(spec, expected):
 @pytest.mark.parametrize("spec", ["ngram:0", "ngram:-2", "ngram:x"])
 def test_a_bad_ngram_is_refused(spec):
     with pytest.raises(ValueError, match="ngram:N with N >= 1"):
+        parse_draft(spec)
+
+
+@pytest.mark.parametrize("spec", ["head@0", "head@x", "head:/h@0", "head@"])
+def test_a_bad_head_vocabulary_size_is_refused(spec):
+    with pytest.raises(ValueError, match=r"head\[:DIR\]@N with N >= 1"):
         parse_draft(spec)
 
 

@@ -39,7 +39,8 @@ def random_head(tm, seed: int, scale: float, copy: bool):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """(torch target, JAX target, {kind: (torch head, its file)}): a random head and a copying one."""
+    """(torch target, JAX target, {kind: (torch head, its file)}): a random head (its file stores the
+    vocabulary most frequent first, with counts) and a copying one (sorted by id, the first format)."""
     from flashspec_jax.weights import from_state
     from flashspec_torch.heads import save_head
     from flashspec_torch.model import Llama
@@ -53,7 +54,8 @@ def models(tmp_path_factory):
     for kind, scale in (("random", 0.3), ("copy", 0.1)):
         head = random_head(tm, 1, scale, kind == "copy")
         path = tmp_path_factory.mktemp(kind) / "head.safetensors"
-        heads[kind] = head, save_head(head, path, target_name="tiny", dtype=torch.float32)
+        counts = (torch.arange(97) * 37) % 97 if kind == "random" else None  # random: the file's ids in frequency order
+        heads[kind] = head, save_head(head, path, target_name="tiny", dtype=torch.float32, counts=counts)
     jm = from_state(CFG, {k: v.numpy() for k, v in tm.state_dict().items()})
     return tm, jm, heads
 
@@ -173,6 +175,21 @@ def test_bad_heads_are_refused(models, tmp_path):
     save_file(state, str(tmp_path / "head.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="lacks 'fc_in.weight'"):
         load_head(tmp_path, jm)
+
+
+def test_head_at_n_keeps_the_torch_heads_n_most_frequent_tokens(models):
+    """``head@N``: the JAX head over the N most frequent tokens of a file that stores them so, the
+    same ids and LM head rows as the torch head's; refused for a file sorted by id."""
+    from flashspec_jax.heads import load_head
+    from flashspec_torch.heads import load_head as torch_load_head
+
+    tm, jm, heads = models
+    params, _, _ = load_head(heads["random"][1], jm, top=8)
+    want, _ = torch_load_head(heads["random"][1], CFG, top=8)
+    assert np.asarray(params.token_ids).tolist() == want.token_ids.tolist()
+    np.testing.assert_array_equal(np.asarray(params.lm_rows), tm.lm_head.weight[want.token_ids].numpy())
+    with pytest.raises(ValueError, match="sorted by id, not by frequency"):
+        load_head(heads["copy"][1], jm, top=8)
 
 
 def test_a_target_without_its_head_is_refused(models, tmp_path):

@@ -219,3 +219,169 @@ def test_stop_below_must_be_a_probability(target):
             HeadDraft("head", random_head(target), target, stop_below=bad)
         with pytest.raises(ValueError, match="stop_below"):
             ModelDraft("self", target, stop_below=bad)
+
+
+def record_proposals(draft):
+    """Wrap ``draft.propose`` to keep every Proposal it returns (a list)."""
+    seen, propose = [], draft.propose
+
+    def recorded(*args, **kwargs):
+        seen.append(propose(*args, **kwargs))
+        return seen[-1]
+
+    draft.propose = recorded
+    return seen
+
+
+def test_a_head_truncated_to_its_top_n_tokens_drafts_inside_them_with_q_summing_to_1(target, tmp_path):
+    """save_head(counts=) stores the vocabulary most frequent first; load_head(top=N) keeps the N most
+    frequent (ties by lower id), the same weights; drafting at T = 0.8 then proposes only those N and
+    q (the full row the verifier sees) sums to 1 over them, 0 elsewhere."""
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.heads import HeadDraft, load_draft_head, load_head, save_head
+
+    head = random_head(target, token_ids=torch.arange(1, 97, 2))  # 48 odd ids
+    counts = torch.zeros(97, dtype=torch.int64)
+    counts[torch.arange(1, 97, 2)] = torch.tensor([(7 * i) % 13 for i in range(48)])  # many ties
+    save_head(head, tmp_path / "head.safetensors", target_name="tiny", dtype=torch.float32, counts=counts)
+    from safetensors.torch import load_file
+
+    stored = load_file(str(tmp_path / "head.safetensors"))
+    assert stored["token_counts"].tolist() == sorted(stored["token_counts"].tolist(), reverse=True)
+    top, _ = load_head(tmp_path, target.config, top=10)
+    want = sorted(range(1, 97, 2), key=lambda t: (-int(counts[t]), t))[:10]
+    assert top.token_ids.tolist() == sorted(want)
+    assert load_draft_head("head@10", str(tmp_path), target, 10).head.token_ids.tolist() == sorted(want)  # head:DIR@10
+    whole, _ = load_head(tmp_path, target.config)  # without top: the head as trained
+    assert torch.equal(whole.token_ids, head.token_ids) and torch.equal(whole.fc_in.weight, top.fc_in.weight)
+    draft = HeadDraft("head", top, target)
+    seen = record_proposals(draft)
+    with torch.inference_mode():
+        speculate(TorchBackend(target, [draft]), Cycle([0]), [[5, 6, 7], [9, 8]], sampling=SamplingConfig(0.8),
+                  spec=SpecConfig(gamma=3, max_new_tokens=8), seed=torch.arange(2))
+    inside = torch.zeros(97, dtype=torch.bool)
+    inside[want] = True
+    for p in seen:
+        assert bool(inside[p.tokens].all())
+        q = (p.logits / 0.8).softmax(-1)  # [B, G, V]
+        torch.testing.assert_close(q.sum(-1), torch.ones(q.shape[:2]))
+        assert float(q[..., ~inside].max()) == 0.0
+    with pytest.raises(ValueError, match=r"top=49 must be in \[1, 48\]"):
+        load_head(tmp_path, target.config, top=49)
+
+
+def test_a_head_file_sorted_by_id_loads_and_drafts_as_before(target, tmp_path):
+    """The first format (token_ids sorted by id, no counts: the shipped head's) loads unchanged and
+    proposes what the head it was saved from proposes; top=N is refused for it, naming the fix."""
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.heads import HeadDraft, load_head, save_head
+
+    head = random_head(target, token_ids=torch.arange(0, 97, 3))
+    save_head(head, tmp_path / "head.safetensors", target_name="tiny", dtype=torch.float32)
+    again, _ = load_head(tmp_path, target.config)
+    runs = []
+    for h in (head, again):
+        draft = HeadDraft("head", h, target)
+        runs.append(record_proposals(draft))
+        with torch.inference_mode():
+            speculate(TorchBackend(target, [draft]), Cycle([0]), [[5, 6, 7]], sampling=SamplingConfig(0.8),
+                      spec=SpecConfig(gamma=3, max_new_tokens=9), seed=torch.arange(1))
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+    with pytest.raises(ValueError, match="sorted by id, not by frequency; retrain"):
+        load_head(tmp_path, target.config, top=8)
+
+
+def test_recipe_options_greedy_continuations_decay_and_coverage(target):
+    """TrainConfig.greedy adds one greedy continuation per prompt (plain greedy decoding's); pass k's
+    loss weight is decay**k; data_stats' coverage of the top N counts the held-out continuation
+    tokens inside the N most frequent; bad decay is refused by name."""
+    from flashspec.head_corpus import Prompt
+    from flashspec_torch.head_job import data_stats
+    from flashspec_torch.head_train import (Sequence, TrainConfig, frequent_tokens, generate_sequences, head_loss,
+                                            target_pass, ttt_states)
+
+    prompts = [Prompt("code", "f", t) for t in ("\x05\x06", "\x07\x08\x09")]
+    cfg = TrainConfig(new_tokens=6, gen_batch=2, greedy=True, decay=0.5)
+    enc = lambda p: list(p.text.encode())  # noqa: E731
+    greedy = generate_sequences(target, prompts, enc, cfg, greedy=True)
+    with torch.inference_mode():
+        from flashspec_torch.backend import TorchBackend
+
+        plain, _ = decode(TorchBackend(target, []), [enc(p) for p in prompts], sampling=SamplingConfig(0.0), max_new_tokens=6)
+    assert [s.tokens[s.prompt_len :] for s in greedy] == plain
+    head = random_head(target, token_ids=frequent_tokens(greedy, 40, 97))
+    from flashspec_torch.head_train import for_training
+
+    head = for_training(head, target)
+    tokens = torch.tensor([greedy[0].tokens])
+    z, feats = target_pass(target, tokens, head.feature_layers)
+    states = ttt_states(head, target, tokens, feats.float(), 3)
+    total, per = head_loss(head, states, z, torch.tensor([tokens.shape[1]]), 0.5)
+    torch.testing.assert_close(total, per[0] + 0.5 * per[1] + 0.25 * per[2])
+    held = [Sequence("code", True, [1, 2, 3, 4, 5, 6], 2)]  # continuation 3, 4, 5, 6
+    stats = data_stats(greedy, held, torch.tensor([4, 3, 9, 5] + list(range(10, 2100))), 2200)
+    assert stats["held_out_coverage_by_top_n"] == {2048: 0.75}  # 4, 3, 5 among the top; 6 is not in the vocabulary
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="decay"):
+            TrainConfig(decay=bad)
+
+
+def test_train_head_cli_flags_are_the_train_config_fields(monkeypatch):
+    from flashspec import cli
+    from flashspec_torch import head_job
+
+    got = {}
+    monkeypatch.setattr(head_job, "run_train_head", lambda out, cfg, **kw: got.update(cfg=cfg, out=out))
+    args = cli.build_parser().parse_args(["train-head", "--out", "d", "--greedy", "--decay", "0.6", "--warmup", "7",
+                                          "--passes", "4", "--batch", "64", "--samples", "3", "--lr", "0.002"])
+    assert args.run(args) == 0
+    c = got["cfg"]
+    assert (c.greedy, c.decay, c.warmup, c.passes, c.batch, c.samples, c.lr) == (True, 0.6, 7, 4, 64, 3, 0.002)
+    args = cli.build_parser().parse_args(["train-head", "--out", "d"])
+    args.run(args)
+    assert got["cfg"].greedy is False and got["cfg"].decay == 0.8
+
+
+def test_the_gpu_scripts_verdict_compares_tokens_per_step_per_domain():
+    from benchmark_modules import load_benchmark
+
+    s = load_benchmark("train_head_gpu")
+    assert s.expected_tokens_per_step([0.5, 0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)  # the last repeats
+    acc = lambda a: {"greedy": a, "sampled": a}  # noqa: E731
+    report = {"held_out_acceptance": {"code": acc([0.7, 0.6]), "chat": acc([0.4, 0.4])},
+              "compare": {"baseline": {"code": acc([0.6, 0.6]), "chat": {"greedy": [0.5, 0.5], "sampled": [0.3, 0.3]}}}}
+    cell = {"cells": {"head G=4": {"emitted_per_step": 2.5, "speedup": 1.3}}}
+    v = s.verdict(report, {"new": {"code T=0.0": cell}})
+    assert v["code"]["better"] == "new" and v["chat"]["better"] == "mixed"
+    assert v["code"]["engine_new_T0.0"] == {"tokens_per_step": 2.5, "speedup": 1.3} and "engine_new_T0.7" not in v["code"]
+
+
+def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_another(tmp_path):
+    """``run_train_head`` end to end on a tiny target with a character tokenizer: sampled and greedy
+    continuations, the head saved most frequent first, its held-out acceptance whole and over its top
+    N, another head's on the same sequences, throughput and coverage in report.json."""
+    import json
+    from dataclasses import replace
+
+    from char_tokenizer import VOCAB, CharTokenizer
+    from flashspec_torch.head_job import run_train_head
+    from flashspec_torch.head_train import TrainConfig
+    from flashspec_torch.heads import load_head, save_head
+    from flashspec_torch.model import Llama
+    from flashspec_torch.weights import LoadedModel
+
+    torch.manual_seed(0)
+    model = Llama(replace(CFG, vocab_size=VOCAB, max_position_embeddings=640)).eval().requires_grad_(False)
+    other = save_head(random_head(model, layers=(0, 2)), tmp_path / "other" / "head.safetensors", target_name="tiny")
+    cfg = TrainConfig(new_tokens=4, gen_batch=8, batch=2, steps=2, warmup=1, vocab=40, passes=2, greedy=True)
+    report = run_train_head(tmp_path / "new", cfg, target=LoadedModel(model, CharTokenizer(), "tiny"), train_per_domain=1,
+                            eval_per_domain=1, device="cpu", compare={"other": other}, tops=(16, 64), log=lambda s: None)
+    assert report["data"]["train_sequences"] == {"code": 2, "prose": 2, "chat": 2}  # 1 sampled + 1 greedy each
+    assert set(report["held_out_acceptance_top_n"]) == {16} and set(report["compare"]) == {"other"}
+    for acc in (report["held_out_acceptance"], report["held_out_acceptance_top_n"][16], report["compare"]["other"]):
+        assert set(acc) == {"code", "prose", "chat"} and all(len(a["greedy"]) == 2 for a in acc.values())
+    assert report["throughput"]["tokens_per_s"] > 0 and set(report["data"]["held_out_coverage_by_top_n"]) == set()
+    assert json.loads((tmp_path / "new" / "report.json").read_text())["steps_done"] == 2
+    head, _ = load_head(tmp_path / "new", model.config, top=16)
+    assert len(head.token_ids) == 16

@@ -15,7 +15,7 @@ def add_serve(sub, positive_int) -> None:
     p.add_argument("--backend", choices=("torch", "jax"), default="torch")
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR] | PATH; repeat for several "
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several "
                         "(default ngram)")
     p.add_argument("--policy", choices=engine_policies(), default=NAME,
                    help="draft selection (default %(default)s: each step chooses plain decoding or a draft at G or "
