@@ -270,8 +270,8 @@ def add_generate(sub) -> None:
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several (None: ngram)")
-    p.add_argument("--policy", choices=engine_policies(), default="thompson-token",
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several (default: head and ngram with torch, ngram with jax)")
+    p.add_argument("--policy", choices=engine_policies(), default="adaptive",
                    help="how a draft is chosen per step (adaptive: plain decoding, each draft at G and G // 2, "
                         "by measured tokens/s)")
     p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step")

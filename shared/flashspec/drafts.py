@@ -20,13 +20,11 @@ BACKEND_DRAFTS = {"torch": DRAFT_KINDS, "jax": ("ngram", "layerskip", "self", "h
 
 # The draft head trained for the embedded model ships here (``flashspec train-head``; docs/draft_head.md).
 SHIPPED_HEAD = Path(__file__).parent / "heads" / "smollm2-135m" / "head.safetensors"
-# The switch: True once SHIPPED_HEAD is committed, so that `flashspec generate` drafts with it by default.
-HEAD_IN_DEFAULTS = False
 
 
 def default_drafts(backend: str) -> tuple[str, ...]:
-    """The CLI's drafts when none is named: the shipped head (torch, once HEAD_IN_DEFAULTS) and ngram."""
-    return ("head", "ngram") if HEAD_IN_DEFAULTS and backend == "torch" else ("ngram",)
+    """The CLI's drafts when none is named: the shipped head and ngram with torch, ngram with jax."""
+    return ("head", "ngram") if backend == "torch" else ("ngram",)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ def test_version(capsys):
 def test_generate_help_shows_the_defaults(monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")  # no line breaks inside a default
     text = " ".join(build_parser()._subparsers._group_actions[0].choices["generate"].format_help().split())
-    for shown in ("(default: 0.7)", "(default: 4)", "(default: 128)", "(default: torch)", "(default: thompson-token)"):
+    for shown in ("(default: 0.7)", "(default: 4)", "(default: 128)", "(default: torch)", "(default: adaptive)"):
         assert shown in text, shown
     assert "0 is greedy" in text and "- reads it from standard input" in text
 

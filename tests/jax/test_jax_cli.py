@@ -14,7 +14,8 @@ FIELDS = {"text", "tokens", "new_tokens", "tokens_per_s", "steps", "acceptance",
 
 def test_generate_with_the_jax_backend_prints_the_spec_fields(capsys):
     assert main(["generate", "def add(a, b):", "--backend", "jax", "--no-chat", "--max-new-tokens", "6",
-                 "--temperature", "0", "--draft", "ngram", "--draft", "layerskip:24-29", "--json", "--device", "cpu"]) == 0
+                 "--temperature", "0", "--draft", "ngram", "--draft", "layerskip:24-29", "--policy", "thompson-token", "--json",
+                 "--device", "cpu"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert FIELDS <= set(out) and out["backend"] == "jax"
     assert 1 <= out["new_tokens"] == len(out["tokens"]) <= 6
