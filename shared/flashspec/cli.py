@@ -270,7 +270,7 @@ def add_generate(sub) -> None:
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several (default: head and ngram with torch, ngram with jax)")
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several (default: head and ngram with torch on the embedded model, else ngram)")
     p.add_argument("--policy", choices=engine_policies(), default="adaptive",
                    help="how a draft is chosen per step (adaptive: plain decoding, each draft at G and G // 2, "
                         "by measured tokens/s)")
@@ -331,7 +331,7 @@ def run_generate(args) -> int:
         options["row_invariant"] = True
     if args.tensor_parallel != 1:
         options["tensor_parallel"] = args.tensor_parallel
-    eng = engine_class(args.backend)(args.target, tuple(args.draft or default_drafts(args.backend)), policy=args.policy,
+    eng = engine_class(args.backend)(args.target, tuple(args.draft or default_drafts(args.backend, args.target)), policy=args.policy,
                                      device=args.device, **options)
     show = sys.stderr.isatty() and eng.rank == 0
     counted = {"tokens": 0, "steps": 0, "accepted": 0, "drafted": 0}

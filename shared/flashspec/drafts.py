@@ -22,9 +22,10 @@ BACKEND_DRAFTS = {"torch": DRAFT_KINDS, "jax": ("ngram", "layerskip", "self", "h
 SHIPPED_HEAD = Path(__file__).parent / "heads" / "smollm2-135m" / "head.safetensors"
 
 
-def default_drafts(backend: str) -> tuple[str, ...]:
-    """The CLI's drafts when none is named: the shipped head and ngram with torch, ngram with jax."""
-    return ("head", "ngram") if backend == "torch" else ("ngram",)
+def default_drafts(backend: str, target: str | None) -> tuple[str, ...]:
+    """The CLI's drafts when none is named: the shipped head (trained for the embedded model, so only
+    when ``target`` is None, the embedded model) and ngram with torch; ngram otherwise."""
+    return ("head", "ngram") if backend == "torch" and target is None else ("ngram",)
 
 
 @dataclass(frozen=True)

@@ -71,3 +71,13 @@ def test_a_process_waiting_on_a_conversion_says_so(tmp_path):
         line = proc.stderr.readline()  # printed while this process still holds the lock
         assert "waiting for another process to finish converting" in line and str(out) in line
     assert proc.communicate(timeout=60)[0].strip() == "got it"
+
+
+def test_default_drafts_use_the_shipped_head_only_on_the_embedded_model_with_torch():
+    """The shipped head fits the embedded model alone: another --target (or the JAX backend's
+    default) gets the n-gram draft, so that `generate --target MODEL` never loads a head of another width."""
+    from flashspec.drafts import default_drafts
+
+    assert default_drafts("torch", None) == ("head", "ngram")
+    assert default_drafts("torch", "/some/model.gguf") == ("ngram",)
+    assert default_drafts("jax", None) == ("ngram",)
