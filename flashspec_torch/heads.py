@@ -216,7 +216,7 @@ def load_head(path: str | Path, target: LlamaConfig, top: int = 0) -> tuple[Draf
 
     path, meta = read_metadata(path, target)
     state = load_file(str(path))
-    ids = kept_ids(state.pop("token_ids"), state.pop("token_counts", None), top or 0, path)
+    ids = kept_ids(state.pop("token_ids"), state.pop("token_counts", None), top, path)
     head = DraftHead(target, tuple(json.loads(meta["feature_layers"])), ids)
     head.load_state_dict({**{k: v.float() for k, v in state.items()}, "token_ids": head.token_ids})
     return head, meta

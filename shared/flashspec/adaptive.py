@@ -397,8 +397,9 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
     """Turn on full-information scoring at the arms' longest length where the backend offers it
     (``FreeScoring``; before ``prepare``, so the steps that score are the ones made ready). Returns the drafts scored."""
-    scored = backend.score_free(int(policy.arm_length.max())) if isinstance(backend, FreeScoring) else 0
-    policy.scoring_gamma = int(policy.arm_length.max()) if scored else 0
+    longest = int(policy.arm_length.max())
+    scored = backend.score_free(longest) if isinstance(backend, FreeScoring) else 0
+    policy.scoring_gamma = longest if scored else 0
     return scored
 
 

@@ -79,13 +79,15 @@ class EngineBase:
         backend, r = self.backend, request
         seed = self.seed_array(r.seeds)
         backend.prefill(r.ids, r.spec.max_new_tokens)
-        if r.speculation and self.policy_name == adaptive.NAME:
-            adaptive.use_free_scoring(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]))
+        adapts = r.speculation and self.policy_name == adaptive.NAME
+        policy = self.adaptive_policy(r.spec.gamma, r.seeds[0]) if adapts else None
+        if policy is not None:
+            adaptive.use_free_scoring(backend, policy)
         backend.prepare(r.spec.gamma if r.speculation else None, r.sampling)
-        if r.speculation and self.policy_name == adaptive.NAME:
-            adaptive.prepare_arms(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]), r.sampling)
-            adaptive.speculate_adaptive(backend, self.adaptive_policy(r.spec.gamma, r.seeds[0]), sampling=r.sampling,
-                                        spec=r.spec, seed=seed, rows=len(r.ids), on_step=r.on_step, records=records)
+        if policy is not None:
+            adaptive.prepare_arms(backend, policy, r.sampling)
+            adaptive.speculate_adaptive(backend, policy, sampling=r.sampling, spec=r.spec, seed=seed, rows=len(r.ids),
+                                        on_step=r.on_step, records=records)
         elif r.speculation:
             speculate_steps(backend, self.policy_for(r.spec.gamma, r.seeds[0]), sampling=r.sampling, spec=r.spec,
                             seed=seed, first_offset=0, on_step=r.on_step, records=records)
