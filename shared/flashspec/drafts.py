@@ -65,11 +65,9 @@ def parse_head(spec: str) -> DraftSpec:
     """head, head:DIR, head@N, head:DIR@N (N: the head's N most frequent tokens; a DIR may hold an @
     not followed by digits alone)."""
     base, _, top = spec.rpartition("@")
-    if not top.isdigit():
-        if spec.startswith("head@"):
-            raise ValueError(f"draft {spec!r}: use head[:DIR]@N with N >= 1 (the head's N most frequent tokens)")
+    if not top.isdigit() and not spec.startswith("head@"):
         base, top = spec, ""
-    if top and int(top) < 1:
+    elif not top.isdigit() or int(top) < 1:
         raise ValueError(f"draft {spec!r}: use head[:DIR]@N with N >= 1 (the head's N most frequent tokens)")
     return DraftSpec(spec, "head", path=base.partition(":")[2], top=int(top or 0))
 
