@@ -1,6 +1,7 @@
 """Compile the fused layer, step (plain decoding's greedy and sampled picks among them) and GEMV kernels for
 sm_90 with ``triton.compile`` (no GPU needed); run as a script without TRITON_INTERPRET:
-``compile_layers_sm90.py [layers] [gemv]`` (no argument: both). tests/torch/test_layers.py runs the layers group in a subprocess, tests/torch/test_gemv.py the gemv group."""
+``compile_layers_sm90.py [layers] [gemv]`` (no argument: both). tests/torch/test_layers.py runs the layers
+group in a subprocess, tests/torch/test_gemv.py the gemv group."""
 
 import os
 import sys
