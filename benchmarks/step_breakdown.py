@@ -13,11 +13,7 @@ replay (median); on the CPU (``tiny``), eagerly.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import datetime
 import json
-import platform
-import signal
 import statistics
 import sys
 import time
@@ -208,32 +204,6 @@ def parts(backend, model, greedy, cuda: bool, greedy_next, commit) -> dict:
     }
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Raise TimeoutError in this (main) thread after ``seconds``."""
-
-    def expire(*_):
-        raise TimeoutError(f"the budget of {seconds:.0f} s was reached")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1.0))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-def environment() -> dict:
-    import triton
-
-    cuda = torch.cuda.is_available()
-    return {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-            "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-            "python": platform.python_version()}
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="llama3-8b", help="a shape of benchmarks/engine_gpu.py, or tiny (CPU)")
@@ -243,8 +213,13 @@ def main() -> int:
                                                                   "the run is stopped at 1.15x it")
     p.add_argument("--out", type=Path, help="also write OUT.json (the same JSON)")
     args = p.parse_args()
+    import triton
+    from serve_bench import environment
+    from serve_gpu import time_limit
+
     start = time.monotonic()
-    doc = {"what": __doc__.split("\n\n")[0], "command": " ".join(sys.argv), "environment": environment()}
+    doc = {"what": __doc__.split("\n\n")[0], "command": " ".join(sys.argv),
+           "environment": {**environment(), "triton": triton.__version__, "cuda": torch.version.cuda}}
     try:
         with time_limit(1.15 * args.budget_s):
             breakdown(args.shape, [int(b) for b in args.batches.split(",")], args.context, start + args.budget_s, doc)
