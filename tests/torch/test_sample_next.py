@@ -58,6 +58,7 @@ def test_sample_next_kernel_matches_reference(v):
         z = logits(gen, b, v, dtype)
         check(z, cfg, 2**40 + 17 * i, 5 + i)  # a shared seed (rows drawn by row index), a scalar offset
         check(z, cfg, seeds, torch.randint(0, 2**31, (b,), generator=gen))  # per-row seeds and offsets
+    check(z, CONFIGS[0], torch.tensor(2**33 + 5), torch.tensor(7))  # a shared seed and offset as 0-d tensors
 
 
 def test_sample_next_kernel_two_tied_logits():
