@@ -51,7 +51,7 @@ MODES = {"embedded": ("plain", "ngram", "head"), "smollm2-135m": ("plain", "head
 OTHER_MODES = ("plain", "ngram")
 ADAPTIVE_MODES = ("plain", "ngram", "adaptive")  # --parts adaptive: per shape, the baselines first
 PARTS = ("serve", "jax", "generate", "breakdown", "chunked", "hf", "adaptive")
-PART_S = {"serve": 100, "jax": 70, "generate": 40, "breakdown": 45, "chunked": 30, "hf": 60,
+PART_S = {"serve": 100, "jax": 70, "generate": 40, "breakdown": 75, "chunked": 30, "hf": 60,
           "adaptive": 200}  # each part's limit
 
 
@@ -442,7 +442,8 @@ def run_part(doc: dict, part: str, args, limit: float) -> None:
                 from step_breakdown import breakdown
 
                 doc[key] = breakdown("llama3-8b" if not args.quick else "tiny",
-                                     [int(b) for b in args.breakdown_batches.split(",")], args.breakdown_context)
+                                     [int(b) for b in args.breakdown_batches.split(",")], args.breakdown_context,
+                                     deadline)
             else:
                 doc[key] = chunked_run(args)
     except Exception as e:  # noqa: BLE001 - recorded, the next part runs

@@ -26,6 +26,11 @@ def summary(doc: dict) -> dict:
                 round(row["plain_share_outside_forward"], 3), round(row["ngram_share_outside_forward"], 3))
             checks[f"step outside the forward <= 10% at batch {row['batch']}"] = max(
                 row["plain_share_outside_forward"], row["ngram_share_outside_forward"]) <= 0.10
+        if isinstance(row, dict) and "plain_sampled_step_ms" in row:  # T > 0: the fused sampler, the torch one
+            out[f"sampled plain step ms at batch {row['batch']} (fused sampler, torch sampler)"] = (
+                round(row["plain_sampled_step_ms"], 3), round(row["plain_sampled_step_torch_sampler_ms"], 3))
+            for name, c in row["check_fused_equals_torch_sampler"].items():
+                checks[f"fused sampler draws the torch sampler's tokens at batch {row['batch']}, {name}"] = c["pass"]
     for name, ok in (doc.get("chunked_prefill") or {}).get("checks", {}).items():
         checks[f"chunked prefill: {name}"] = ok
     for name, run in doc["runs"].items():

@@ -15,14 +15,13 @@ import torch
 from flashspec.backend import FeatureDraft, StepView, feature_layers
 from flashspec.config import SamplingConfig
 from flashspec.contract import VerifyResult
-from flashspec.random import FINAL
 
 from .drafts import LookupDraft, ModelDraft, Proposal, Sequences
 from .faults import discard_flagged, screen
 from .layers import default_impl
 from .model import Llama
 from .parallel import is_split
-from .sampling import sample
+from .sample_next import next_token_result, sample_next_reference, sample_next_triton
 from .device import next_pow2
 from .free import expand, free_proposals, recomputable, score_into
 from .verify import verify
@@ -364,11 +363,10 @@ class TorchBackend:
         length = self.seqs.length
         last = self.seqs.tokens.gather(1, (length - 1)[:, None])
         z = self.run_target(last, (length - 1)[:, None], self.attend(0))[:, 0]
+        triton = (self.commit_impl or default_impl(self.device)) == "triton"
         if sampling.greedy:  # screen + argmax: one launch on a GPU instead of about ten
-            triton = (self.commit_impl or default_impl(self.device)) == "triton"
             return (greedy_next_triton if triton else greedy_next_reference)(z, self.bad)
-        screen(self.bad, z[:, None])
-        return next_token_result(sample(z, sampling, seed, offset, position=0, stream=FINAL)[0])
+        return (sample_next_triton if triton else sample_next_reference)(z, sampling, seed, offset, self.bad)
 
     # -- commit
 
@@ -466,12 +464,6 @@ def greedy_next_reference(
     """Plain greedy decoding's result: the fault screen, then torch.argmax."""
     screen(bad, z[:, None])
     return next_token_result(z.argmax(-1))
-
-
-def next_token_result(y: torch.Tensor) -> VerifyResult:  # y [B] int -> num_accepted [B] zeros, tokens [B, 2] (y, -1)
-    """A plain decoding step as ``commit`` takes it: nothing accepted, one token emitted."""
-    tokens = torch.stack([y, torch.full_like(y, -1)], 1).to(torch.int32)
-    return VerifyResult(torch.zeros_like(tokens[:, 0]), tokens)
 
 
 def greedy_next_triton(z: torch.Tensor, bad: torch.Tensor) -> VerifyResult:  # as greedy_next_reference

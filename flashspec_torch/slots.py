@@ -53,12 +53,15 @@ class SlotHandle:
 
     def __init__(self, tensors: list[torch.Tensor], event, drafts: tuple[int, ...]):
         self.tensors, self.event, self.drafts = tensors, event, drafts
+        self.faulty: np.ndarray | None = None  # [slots] bool, the backend's: rows flagged here are marked in it
 
     def fetch(self) -> StepView:
         if self.event is not None:
             self.event.synchronize()
         values = [t.numpy().copy() for t in self.tensors]
         n, active, done, bad, drafted, emitted = *values[:5], values[-1]
+        if self.faulty is not None:
+            self.faulty[: len(bad)] |= bad != 0
         free = None
         if len(values) == 7:  # [2, R, k] -> (scored, accepted) [D, k] each
             free = [expand(c, self.drafts[0], list(self.drafts[1:])) for c in values[5]]
@@ -119,6 +122,7 @@ class TorchSlotBackend(TorchBackend):
         self.prompt_len.fill_(1)
         self.hold_rows = np.zeros(slots, bool)
         self.bound = np.zeros(slots, np.int64)  # host upper bound of each row's length
+        self.faulty = np.zeros(slots, bool)  # rows read back with NaN / inf logits, scrubbed before reuse
         self.seqs.max_len_bound, self.seqs.step = 1, 0
         self.slot_mirror = SlotMirror(slots, dev, (len(self.drafts), *recomputable(self.drafts)))
         self.whole = self.seqs  # the whole batch's Sequences (steps see views of the first rows)
@@ -142,6 +146,7 @@ class TorchSlotBackend(TorchBackend):
     def admit(self, slots, prompts, max_new_tokens, seeds, cached=None) -> None:
         idx = self.check_slots(slots)
         cached = check_admit(slots, prompts, max_new_tokens, seeds, cached, self.context)
+        self.scrub_faulty(slots)
         n, longest = len(slots), max(len(p) for p in prompts)
         host = torch.zeros((n, longest), dtype=torch.int64)
         for i, p in enumerate(prompts):
@@ -176,6 +181,23 @@ class TorchSlotBackend(TorchBackend):
         self.bound[list(slots)] = lens.numpy()
         self.seqs.max_len_bound = min(int(self.bound.max()), self.shape[1])
 
+    def scrub_faulty(self, slots: Sequence[int]) -> None:
+        """Zero the K/V rows (the drafts' caches and the features too) of those ``slots`` whose last request
+        had NaN or infinite logits (``faulty``, marked when a step's results are read), before the slot
+        takes a new request: stale NaN past the new prompt would reach it through attention
+        (0 x NaN is NaN). Other slots, and slots without a fault, are not touched."""
+        dirty = [int(s) for s in slots if self.faulty[int(s)]]
+        if not dirty:
+            return
+        idx = torch.tensor(dirty, dtype=torch.int64, device=self.device)
+        caches = [self.cache] + [d.cache for d in self.drafts if isinstance(d, (ModelDraft, FeatureDraft))]
+        for cache in caches:
+            cache.k[:, idx] = 0
+            cache.v[:, idx] = 0
+        if self.seqs.features is not None:
+            self.seqs.features[idx] = 0
+        self.faulty[dirty] = False
+
     def catch_up_admitted(self, slots: list[int], lens: list[int]) -> None:
         """Each draft with a cache of its own (a model draft, a head) fed the admitted rows' prompts
         now, row by row over views of those rows, so that the next step's fixed-shape ``propose``
@@ -204,6 +226,7 @@ class TorchSlotBackend(TorchBackend):
         if not tokens or start < 0 or start + len(tokens) >= self.context:
             raise ValueError(f"a chunk of {len(tokens)} tokens at {start} does not fit a slot's prompt "
                              f"(1 to {self.context - 1} tokens, start >= 0)")
+        self.scrub_faulty([slot])
         host = torch.as_tensor(list(tokens), dtype=torch.int64)[None]
         self.fill_row(slot, self.upload(host), start)
         self.seqs.length[slot] = start + len(tokens) + 1  # what a held step writes lands after the chunk
@@ -337,8 +360,10 @@ class TorchSlotBackend(TorchBackend):
             seqs.max_len_bound = min(int(self.bound.max(initial=1)), self.shape[1])
             seqs.step += 1
         free = [self.free] if self.free_gamma else []  # full-information counts (flashspec_torch.free)
-        return self.slot_mirror.start(num_accepted.to(torch.int32), self.active, self.done, self.bad, self.drafted,
-                                      *free, emitted)
+        handle = self.slot_mirror.start(num_accepted.to(torch.int32), self.active, self.done, self.bad, self.drafted,
+                                        *free, emitted)
+        handle.faulty = self.faulty
+        return handle
 
     def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
         if not self.slot_mode:

@@ -182,8 +182,8 @@ def filter_thresholds(logits: torch.Tensor, cfg: SamplingConfig) -> tuple[torch.
         return kth.contiguous(), torch.full((b, r), INT32_MAX, dtype=torch.int32, device=s.device)
     s = torch.where(s >= kth[..., None], s, float("-inf"))
     order, keep_sorted = sorted_nucleus(s, cfg.top_p)
-    kept = (keep_sorted & (s.gather(-1, order) > float("-inf"))).sum(-1, keepdim=True)  # >= 1
-    last = order.gather(-1, kept - 1)  # [B, R, 1]: the last kept id in the sorted order
+    kept = (keep_sorted & (s.gather(-1, order) > float("-inf"))).sum(-1, keepdim=True)  # >= 1 unless no finite logit
+    last = order.gather(-1, (kept - 1).clamp(min=0))  # [B, R, 1]: the last kept id (a faulty row: any, discarded)
     return s.gather(-1, last)[..., 0].contiguous(), last[..., 0].to(torch.int32).contiguous()
 
 

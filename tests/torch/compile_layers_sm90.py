@@ -1,6 +1,7 @@
-"""Compile the fused layer, step and GEMV kernels for sm_90 with ``triton.compile`` (no GPU needed); run
-as a script without TRITON_INTERPRET: ``compile_layers_sm90.py [layers] [gemv]`` (no argument: both).
-tests/torch/test_layers.py runs the layers group in a subprocess, tests/torch/test_gemv.py the gemv group."""
+"""Compile the fused layer, step (plain decoding's greedy and sampled picks among them) and GEMV kernels for
+sm_90 with ``triton.compile`` (no GPU needed); run as a script without TRITON_INTERPRET:
+``compile_layers_sm90.py [layers] [gemv]`` (no argument: both). tests/torch/test_layers.py runs the layers
+group in a subprocess, tests/torch/test_gemv.py the gemv group."""
 
 import os
 import sys
@@ -11,7 +12,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from flashspec_torch.kernels import gemv, layers, steps  # noqa: E402
+from flashspec_torch.kernels import gemv, layers, sample, steps  # noqa: E402
 
 
 def compile_kernel(fn, signature: dict, constexprs: dict, num_warps: int) -> int:
@@ -74,6 +75,12 @@ def compile_layers() -> None:
         (steps.greedy_next_kernel, dict(z_ptr="*fp32", tokens_ptr="*i32", num_ptr="*i32", bad_ptr="*u8"),
          dict(FLAG=1, BLOCK_V=8192), 16),
     ]
+    sample_sig = dict(thr_ptr="*fp32", tid_ptr="*i32", seed_ptr="*i64", offset_ptr="*i64", tokens_ptr="*i32",
+                      num_ptr="*i32", bad_ptr="*u8", T="fp32")
+    for dt, counters, filtered in (("bf16", False, False), ("fp32", True, True)):  # scalar seed; per-row seeds, top-k/p
+        step_kernels.append((sample.sample_next_kernel, dict(sample_sig, z_ptr=f"*{dt}"),
+                             dict(FILTER=filtered, SEED_TENSOR=counters, OFFSET_TENSOR=counters, PER_ROW_SEED=counters,
+                                  FLAG=1, BLOCK_V=4096), 8))
     for fn, sig, constexprs, warps in step_kernels:
         print(f"ok {fn.__name__}: cubin {compile_kernel(fn, sig, constexprs, warps)} bytes")
 
