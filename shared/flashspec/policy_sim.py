@@ -97,6 +97,27 @@ class Rows:
             self.ok[d] = rng.random((self.requests, width)) < m.alpha(switch, width)
         self.cost_noise = np.exp(sc.noise * rng.standard_normal(64 * sc.tokens + sc.steps + 1))
 
+    @classmethod
+    def replay(cls, sc: Scenario, bits: Sequence[np.ndarray]) -> "Rows":
+        """Rows replayed from recorded traces instead of ``sc.drafts``' models: ``bits`` per draft [rows, width]
+        int8 (``trace_bits``: 1 accepted, 0 rejected, -1 never seen); request r replays trace row r mod rows, and a
+        position never seen is drawn (seeded by ``sc.seed``) at that row's own acceptance, (1 + accepted) / (2 +
+        seen), so a replay of the run's own fixed arm takes exactly its recorded steps."""
+        if len(bits) != len(sc.drafts):
+            raise ValueError(f"bits gives {len(bits)} drafts; the scenario has {len(sc.drafts)}")
+        self = cls(sc)
+        rng = np.random.default_rng(sc.seed + 7919)
+        width = self.ok.shape[2]
+        for d, b in enumerate(bits):
+            b = np.asarray(b)
+            if b.ndim != 2 or b.shape[0] < 1:
+                raise ValueError(f"bits[{d}] must be [rows >= 1, width], got shape {b.shape}")
+            b = np.pad(b[:, :width], ((0, 0), (0, max(0, width - b.shape[1]))), constant_values=-1)[
+                np.arange(self.requests) % b.shape[0]]  # [requests, width]
+            rate = (1.0 + (b == 1).sum(axis=1)) / (2.0 + (b >= 0).sum(axis=1))  # [requests]
+            self.ok[d] = np.where(b >= 0, b == 1, rng.random(b.shape) < rate[:, None])
+        return self
+
     def leading(self, d: int, req: np.ndarray, pos: np.ndarray, window: np.ndarray) -> np.ndarray:  # [rows]
         """Draft d's leading accepted tokens at each row's position, at most ``window`` [rows] of them."""
         span = int(window.max()) if len(window) else 0
@@ -105,6 +126,30 @@ class Rows:
         ok = self.ok[d][req[:, None], pos[:, None] + np.arange(span)[None, :]]  # [rows, span]
         ok &= np.arange(span)[None, :] < window[:, None]
         return np.cumprod(ok, axis=1).sum(axis=1)
+
+
+def trace_bits(traces: dict[int, Sequence[str]], width: int) -> np.ndarray:  # [rows, width] int8
+    """What the fixed runs of one draft saw, per row and token position: 1 accepted, 0 rejected, -1 never seen.
+    ``traces``: {G: one string per row, one digit per step the row was active: the tokens it accepted of G}
+    (``adaptive_bench.py``'s ``trace``). A step at position p that accepted n < G tokens shows p .. p + n - 1
+    accepted and p + n rejected; n = G shows p .. p + G - 1 accepted and nothing of the bonus position p + G.
+    The longest G's trace is read first; a shorter G's fills only the positions the longer ones never saw."""
+    rows = {len(t) for t in traces.values()}
+    if len(rows) != 1:
+        raise ValueError(f"every G's trace must have the same rows, got {sorted(rows)}")
+    bits = np.full((rows.pop(), width), -1, np.int8)
+    for g in sorted(traces, reverse=True):
+        for r, steps in enumerate(traces[g]):
+            p = 0
+            for ch in steps:
+                n = int(ch)
+                if not 0 <= n <= g:
+                    raise ValueError(f"trace G={g} row {r}: {n} accepted of {g}")
+                seen = np.r_[np.ones(n, np.int8), np.zeros(int(n < g), np.int8)][: max(0, width - p)]
+                span = bits[r, p: p + len(seen)]
+                bits[r, p: p + len(seen)] = np.where(span < 0, seen, span)
+                p += n + 1
+    return bits
 
 
 @dataclass
@@ -200,18 +245,19 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None)
 
 
 def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1,
-            priced: bool = False) -> dict:
+            priced: bool = False, bits: Sequence[np.ndarray] | None = None) -> dict:
     """Every fixed arm and the adaptive policy over the same rows: tokens/s each, and adaptive / best fixed and
     adaptive / plain. ``warm``: the policy first runs the scenario once (the benchmark's warm-up run, which
     prices every arm at this batch size) before the run that counts; ``priced``: the policy starts knowing every
     arm's step seconds at this batch size (a plain step's at 1 scoring step in ``score_every``), nothing of the
     drafts' acceptance (as if each step kind were timed when captured); ``repeats``: scenarios of seeds seed,
-    seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw)."""
+    seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw); ``bits``:
+    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models."""
     totals = np.zeros((len(sc.arms) + 1, 2))  # [fixed arms + adaptive, (tokens, seconds)]
     steps: dict = {}
     for i in range(repeats):
         s = replace(sc, seed=sc.seed + i)
-        rows = Rows(s)
+        rows = Rows(s) if bits is None else Rows.replay(s, bits)
         for a in range(len(sc.arms)):
             res = run_fixed(s, a, rows)
             totals[a] += (res.tokens, res.seconds)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flashspec.adaptive import AdaptivePolicy, make_arms
-from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, run_fixed
+from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, run_fixed, trace_bits
 
 ARMS = make_arms(2, (2, 4))  # plain, ngram:G2, ngram:G4, replay:G2, replay:G4
 # H100, Llama-3-8B's shape, batch 256 (benchmarks/results/h100_2026-12-06_s13_adaptive): seconds per step, the
@@ -55,3 +55,16 @@ def test_the_policy_stays_with_plain_decoding_where_speculation_does_not_pay(lla
     assert out["best"] == 0 and out["vs_plain"] >= 0.92, out
     blind = compare(llama_256, lambda: BlindPolicy(ARMS, 2, rng=0), warm=False)
     assert blind["vs_plain"] < 0.9, blind
+
+
+def test_a_replayed_trace_gives_its_fixed_run_back():
+    """A fixed G = 4 run's trace (tokens accepted per step) fixes every position it saw; a G = 2 trace fills the
+    bonus position the G = 4 run never drafted; replaying the G = 4 run takes exactly its recorded 4 steps."""
+    bits = trace_bits({4: ["4203"], 2: ["22"]}, 16)
+    assert bits[0, :13].tolist() == [1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0] and (bits[0, 13:] == -1).all()
+    assert trace_bits({2: ["1220"]}, 10)[0].tolist() == [1, 0, 1, 1, -1, 1, 1, -1, 0, -1]
+    with pytest.raises(ValueError, match="3 accepted of 2"):
+        trace_bits({2: ["3"]}, 8)
+    sc = Scenario((ARMS[0], ARMS[2]), (1.0, 2.0), (DraftModel(0.0, 0.0),), batch=3, tokens=12, noise=0.0)
+    rows = Rows.replay(sc, [bits])
+    assert run_fixed(sc, 1, rows).steps == {1: 4} and run_fixed(sc, 0, rows).steps == {0: 12}
