@@ -44,11 +44,14 @@ class DraftModel:
     then: float
     switch: float = 0.0
     free: bool = True  # recomputable from the history: scored on steps that did not run it
+    position: tuple[float, ...] = ()  # per draft position k: a further chance its token holds (an n-gram past its match)
 
     def __post_init__(self):
         for name in ("first", "then"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a probability in [0, 1]")
+        if not all(0.0 <= p <= 1.0 for p in self.position):
+            raise ValueError(f"position={self.position!r} must be probabilities in [0, 1]")
         if not (math.isfinite(self.switch) and self.switch >= 0):
             raise ValueError(f"switch={self.switch!r} must be a number of tokens >= 0")
 
@@ -95,6 +98,13 @@ class Rows:
         for d, m in enumerate(sc.drafts):
             switch = rng.exponential(m.switch, self.requests) if m.switch > 0 else np.zeros(self.requests)
             self.ok[d] = rng.random((self.requests, width)) < m.alpha(switch, width)
+        self.position = np.ones((len(sc.drafts), max(a.length for a in sc.arms)), np.float32)  # [drafts, K]
+        self.u = None  # [drafts, requests, width]: the draws the position profiles test (common to every run)
+        if any(m.position for m in sc.drafts):
+            self.u = rng.random((len(sc.drafts), self.requests, width), dtype=np.float32)
+            for d, m in enumerate(sc.drafts):
+                k = min(len(m.position), self.position.shape[1])
+                self.position[d, :k] = m.position[:k]
         self.cost_noise = np.exp(sc.noise * rng.standard_normal(64 * sc.tokens + sc.steps + 1))
 
     @classmethod
@@ -106,6 +116,7 @@ class Rows:
         if len(bits) != len(sc.drafts):
             raise ValueError(f"bits gives {len(bits)} drafts; the scenario has {len(sc.drafts)}")
         self = cls(sc)
+        self.u = None  # the traces hold whatever position profile the drafts had
         rng = np.random.default_rng(sc.seed + 7919)
         width = self.ok.shape[2]
         for d, b in enumerate(bits):
@@ -125,6 +136,8 @@ class Rows:
             return np.zeros(len(req), np.int64)
         ok = self.ok[d][req[:, None], pos[:, None] + np.arange(span)[None, :]]  # [rows, span]
         ok &= np.arange(span)[None, :] < window[:, None]
+        if self.u is not None:  # draft position k's token holds only if its draw is under position[k] too
+            ok &= self.u[d][req[:, None], pos[:, None] + np.arange(span)[None, :]] < self.position[d, :span][None, :]
         return np.cumprod(ok, axis=1).sum(axis=1)
 
 
