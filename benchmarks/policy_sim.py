@@ -125,8 +125,9 @@ def calibrate(row: dict, tokens: int) -> tuple[tuple[float, ...], tuple[DraftMod
 
 
 class OldPolicy(AdaptivePolicy):
-    """The policy before this change, for the before/after table: every step valued by the active rows' mean
-    throughput (no remaining tokens, no tail) and Thompson sampling even on drafts scored for free."""
+    """The policy before the s14 change, for that before/after table: every step valued by the active rows' mean
+    throughput (no remaining tokens, no tail) and Thompson sampling even on drafts scored for free (on today's
+    acceptance model, the per-position profile included)."""
 
     def new_batch(self, rows=None, tokens=None):
         super().new_batch(rows, None)
@@ -184,7 +185,9 @@ def main() -> None:
                             tokens_per_s={**{names[a]: round(v) for a, v in out["fixed"].items()},
                                           "adaptive": round(out["adaptive"])})
             entry["measured_tokens_per_s"] = {"plain": round(row["plain_tokens_per_s"]),
-                                              **{k: round(v["tokens_per_s"]) for k, v in row["fixed"].items()}}
+                                              **{k: round(v["tokens_per_s"]) for k, v in row["fixed"].items()},
+                                              "adaptive": round(row["adaptive_tokens_per_s"])}
+            entry["measured_adaptive_steps"] = row["adaptive_steps"]  # beside runs.static_warm's simulated steps
             doc["models"][model].append(entry)
             print(model, b, {k: {p: (v[p]["vs_best"], v[p]["vs_plain"]) for p in v} for k, v in entry["runs"].items()},
                   flush=True)
