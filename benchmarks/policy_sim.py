@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]
 
 from flashspec.adaptive import AdaptivePolicy, make_arms  # noqa: E402
-from flashspec.policy_sim import DraftModel, Rows, Scenario, arm_names, compare, run_fixed, trace_bits  # noqa: E402
+from flashspec.policy_sim import (DraftModel, Rows, Scenario, arm_names, compare, position_acceptance, run_fixed,  # noqa: E402
+                                  trace_bits)
 
 DEFAULT_RUN = ROOT / "benchmarks/results/h100_2026-12-06_s13_adaptive/adaptive_gpu.json"
 DRAFTS = ("ngram", "replay")
@@ -167,6 +168,8 @@ def main() -> None:
                 rows_ = Rows.replay(static, bits)
                 entry["replay_steps"] = {n: [row["fixed"][n]["steps"], sum(run_fixed(static, a, rows_).steps.values())]
                                          for a, n in enumerate(names) if n != "plain"}
+                entry["position_acceptance"] = {n: position_acceptance(row["fixed"][n]["trace"], arm.length)
+                                                for n, arm in zip(names, arms) if not arm.plain}
             scenarios = {
                 "static": Scenario(arms, costs, drafts, b, tokens, score_cost=score_cost),
                 "static_long": Scenario(arms, costs, drafts, b, 4 * tokens, score_cost=score_cost),

@@ -165,6 +165,17 @@ def trace_bits(traces: dict[int, Sequence[str]], width: int) -> np.ndarray:  # [
     return bits
 
 
+def position_acceptance(trace: Sequence[str], g: int) -> list[float | None]:  # [G]
+    """From one fixed run's ``trace`` at length ``g``: per draft position k, the fraction of the steps that reached
+    it (the k - 1 before accepted) that accepted it (None where none reached it). One per-token acceptance would
+    make these equal; an n-gram's later positions (its continuation past the match) hold less often."""
+    digits = np.array([int(c) for row in trace for c in row], np.int64)  # every row's steps
+    k = np.arange(g)  # [G]: 0-based positions
+    reached = (digits[:, None] >= k).sum(axis=0)
+    accepted = (digits[:, None] > k).sum(axis=0)
+    return [round(float(a / r), 4) if r else None for a, r in zip(accepted, reached)]
+
+
 @dataclass
 class Result:
     tokens: int

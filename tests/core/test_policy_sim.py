@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flashspec.adaptive import AdaptivePolicy, emitted_moments, make_arms
-from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, run_fixed, trace_bits
+from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, position_acceptance, run_fixed, trace_bits
 
 ARMS = make_arms(2, (2, 4))  # plain, ngram:G2, ngram:G4, replay:G2, replay:G4
 # H100, Llama-3-8B's shape, batch 256 (benchmarks/results/h100_2026-12-06_s13_adaptive): seconds per step, the
@@ -68,6 +68,7 @@ def test_a_replayed_trace_gives_its_fixed_run_back():
     sc = Scenario((ARMS[0], ARMS[2]), (1.0, 2.0), (DraftModel(0.0, 0.0),), batch=3, tokens=12, noise=0.0)
     rows = Rows.replay(sc, [bits])
     assert run_fixed(sc, 1, rows).steps == {1: 4} and run_fixed(sc, 0, rows).steps == {0: 12}
+    assert position_acceptance(["4203"], 4) == [0.75, 1.0, 0.6667, 0.5]  # reached 4, 3, 3, 2 times
 
 
 class SharedAlpha(AdaptivePolicy):
