@@ -102,6 +102,33 @@ def rows_equal(out: list[list[int]], ref: list[list[int]]) -> float:
     return sum(a == b for a, b in zip(out, ref)) / len(ref)
 
 
+def traces(records, rows: int) -> list[str]:
+    """Per batch row, the tokens it accepted at each step it was active, one digit a step (G <= 9): what a fixed
+    run saw, for ``flashspec.policy_sim.trace_bits`` to replay."""
+    return ["".join(str(r.row_accepted[i]) for r in records if r.row_accepted[i] >= 0) for i in range(rows)]
+
+
+def step_ms(records) -> float:
+    """The median of the run's step times (``StepRecord.seconds``), in ms."""
+    times = sorted(r.seconds for r in records)
+    return round(times[len(times) // 2] * 1e3, 4) if times else float("nan")
+
+
+def policy_arm_name(record, drafts) -> str:
+    return "plain" if record.arm < 0 else f"{drafts[record.arm].name}:G{record.drafted // max(record.rows, 1)}"
+
+
+def arm_runs(names: list[str]) -> str:
+    """The adaptive run's arms in order, each run of one arm as name*count ("ngram:G4*3 plain*1 ...")."""
+    runs: list[list] = []
+    for n in names:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return " ".join(f"{n}*{k}" for n, k in runs)
+
+
 def synchronize(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -148,7 +175,7 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
                                         on_step=None, records=rec)
 
     timed(plain_backend, prompts, tokens, plain(plain_backend))  # warm-up
-    ref_out, plain_s, _ = timed(plain_backend, prompts, tokens, plain(plain_backend))
+    ref_out, plain_s, plain_rec = timed(plain_backend, prompts, tokens, plain(plain_backend))
     drafts = [LookupDraft()]
     if keep is not None:
         width = max(map(len, prompts)) + tokens + 80
@@ -163,7 +190,8 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
             backend.prefill(prompts, tokens)
             backend.prepare(g, GREEDY)
     new = len(prompts) * tokens
-    row = dict(batch=len(prompts), new_tokens=new, plain_tokens_per_s=new / plain_s, fixed={}, tokens_equal={})
+    row = dict(batch=len(prompts), new_tokens=new, plain_tokens_per_s=new / plain_s, plain_step_ms=step_ms(plain_rec),
+               fixed={}, tokens_equal={})
     for d, draft in enumerate(drafts):
         for g in LENGTHS:
             run = lambda rec, d=d, g=g: speculate_steps(backend, Fixed(d), sampling=GREEDY, spec=SpecConfig(g, tokens),
@@ -172,7 +200,8 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
             out, s, rec = timed(backend, prompts, tokens, run)
             key = f"{draft.name}:G{g}"
             row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, sum(r.drafted for r in rec)),
-                                     steps=len(rec))  # the batch's steps, its tail included (benchmarks/policy_sim.py)
+                                     steps=len(rec), step_ms=step_ms(rec),  # steps: the tail included
+                                     trace=traces(rec, len(prompts)))  # replayed by benchmarks/policy_sim.py
             row["tokens_equal"][key] = rows_equal(out, ref_out)
     if "policy" not in policy_box:
         policy_box["policy"] = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
@@ -184,12 +213,15 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
     out, s, rec = timed(backend, prompts, tokens, run)
     pulls: dict[str, int] = {}
     for r in rec:
-        name = "plain" if r.arm < 0 else f"{drafts[r.arm].name}:G{r.drafted // max(r.rows, 1)}"
+        name = policy_arm_name(r, drafts)
         pulls[name] = pulls.get(name, 0) + 1
     best = max(row["fixed"].items(), key=lambda kv: kv[1]["tokens_per_s"])
     names = ["plain" if a.plain else f"{drafts[a.draft].name}:G{a.length}" for a in policy.arms]
     costs = policy.cost[min(bucket(len(prompts)), policy.cost.shape[0] - 1)]
     row.update(adaptive_tokens_per_s=new / s, adaptive_steps=pulls, best_fixed=best[0],
+               adaptive_arms=arm_runs([policy_arm_name(r, drafts) for r in rec]),
+               adaptive_trace=traces(rec, len(prompts)),  # a plain step's digit is 0 (nothing drafted)
+               adaptive_step_ms={n: step_ms([r for r in rec if policy_arm_name(r, drafts) == n]) for n in pulls},
                adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
     row["tokens_equal"]["adaptive"] = rows_equal(out, ref_out)
     best_tps = max(best[1]["tokens_per_s"], row["plain_tokens_per_s"])

@@ -1,11 +1,12 @@
 """The issue #35 GPU run in one command, each part under its own time limit so a slow part cannot eat the
 other: ``adaptive_bench.py`` (adaptive vs every fixed (draft, G) vs plain decoding at batch 1, 4, 16, 64, 256
 for Llama-3-8B's and SmolLM2-135M's shapes) and ``adaptive_mixed.py`` (the mixed stream, SmolLM2-135M's shape in
-fp32 at batch 64: in bf16 the replay drafts lose their rows at the first near-tie). Writes
+fp32 at batch 64: in bf16 the replay drafts lose their rows at the first near-tie), then ``admit_sync.py``
+(whether the served slot path makes the host wait for the device; its JSON goes into summary.json). Writes
 adaptive_gpu.json, adaptive_mixed.json, their logs and summary.json (at most 5 files) under ``--out``.
 
     export PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks TRITON_INTERPRET=0
-    python benchmarks/adaptive_gpu.py --out $OUT            # H100, < 4 min
+    timeout 200 python benchmarks/adaptive_gpu.py --out $OUT/ad --bench-s 120 --mixed-s 45 --sync-s 30
 """
 
 from __future__ import annotations
@@ -32,6 +33,20 @@ def part(name: str, args: list[str], out: Path, limit: float) -> dict:
     return dict(rc=rc, seconds=round(time.perf_counter() - start, 1), limit_s=limit)
 
 
+def sync_part(device: str, limit: float) -> dict:
+    """``admit_sync.py`` under ``limit`` seconds: its JSON (the last stdout line), or why there is none."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, str(HERE / "admit_sync.py"), "--device", device], capture_output=True,
+                              text=True, timeout=limit)
+        lines = done.stdout.strip().splitlines()
+        result = json.loads(lines[-1]) if done.returncode == 0 and lines else {"rc": done.returncode,
+                                                                               "stderr_tail": done.stderr[-1500:]}
+    except subprocess.TimeoutExpired:
+        result = {"rc": "timeout"}
+    return dict(result, seconds=round(time.perf_counter() - start, 1), limit_s=limit)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -43,6 +58,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,64,256")
     ap.add_argument("--mixed-model", default="smollm2-135m")
     ap.add_argument("--mixed-batch", type=int, default=64)
+    ap.add_argument("--sync-s", type=float, default=30.0, help="admit_sync.py's limit (0: skip it)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {"command": "python " + " ".join(sys.argv)}
@@ -52,6 +68,8 @@ def main() -> None:
     summary["adaptive_mixed"] = part("adaptive_mixed", [
         "--device", args.device, "--model", args.mixed_model, "--batch", str(args.mixed_batch), "--tokens", "96",
         "--budget-s", str(args.mixed_s - 25), "--out", str(args.out / "adaptive_mixed.json")], args.out, args.mixed_s)
+    if args.sync_s > 0:
+        summary["admit_sync"] = sync_part(args.device, args.sync_s)
     for key, file in (("adaptive_bench", "adaptive_gpu.json"), ("adaptive_mixed", "adaptive_mixed.json")):
         path = args.out / file
         if path.exists():

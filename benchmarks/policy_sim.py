@@ -7,7 +7,10 @@ Calibration, per (model, batch, draft): the step seconds per arm are the policy'
 (``adaptive_cost_ms``; an arm it never measured gets the next longer length's); each draft's acceptance is a
 ``DraftModel`` (first / then / switch), fitted on a grid so that the fixed runs of that draft at G = 2 and 4
 reproduce the run's acceptance and its number of steps (tokens/s x step cost), the tail included: the JSON
-gives measured and simulated tokens/s of every fixed arm beside the fit. Then, per scenario, every fixed arm and
+gives measured and simulated tokens/s of every fixed arm beside the fit. Where the run's JSON has the fixed runs'
+per-row traces (``trace``, written since issue #35's s15 change), the simulator replays those instead of the
+fitted models (``flashspec.policy_sim.trace_bits``, ``Rows.replay``): ``replay_steps`` gives each fixed arm's
+recorded and replayed steps. Then, per scenario, every fixed arm and
 the adaptive policy run over the same rows: static batches of ``--tokens`` (as measured) and 4x as many
 tokens a row, with the benchmark's warm-up run first (warm), without (cold: the policy's first run) and with
 every arm's step seconds known but no acceptance (priced: as if each step kind were timed at capture), and a
@@ -32,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]
 
 from flashspec.adaptive import AdaptivePolicy, make_arms  # noqa: E402
-from flashspec.policy_sim import DraftModel, Scenario, arm_names, compare  # noqa: E402
+from flashspec.policy_sim import (DraftModel, Rows, Scenario, arm_names, compare, position_acceptance, run_fixed,  # noqa: E402
+                                  trace_bits)
 
 DEFAULT_RUN = ROOT / "benchmarks/results/h100_2026-12-06_s13_adaptive/adaptive_gpu.json"
 DRAFTS = ("ngram", "replay")
@@ -87,14 +91,19 @@ def fit_draft(measured: dict, batch: int, tokens: int) -> tuple[DraftModel, dict
                       steps=[round(measured[g][1], 1), int(sims[g][1][i])]) for g in LENGTHS})
 
 
-def calibrate(row: dict, tokens: int) -> tuple[tuple[float, ...], tuple[DraftModel, ...], float, dict]:
-    """(costs [arms], drafts, a plain step's scoring seconds, the fit's report) of one (model, batch) of an
-    ``adaptive_bench.py`` JSON. A plain step costs what the fixed plain run took a step; the policy's own
-    estimate, from its plain steps that scored the drafts for free, is dearer by the scoring's seconds."""
+def calibrate(row: dict, tokens: int) -> tuple[tuple[float, ...], tuple[DraftModel, ...], float, dict, list | None]:
+    """(costs [arms], drafts, a plain step's scoring seconds, the fit's report, the traces' bits per draft or None)
+    of one (model, batch) of an ``adaptive_bench.py`` JSON. A plain step costs what the fixed plain run took a step;
+    the policy's own estimate, from its plain steps that scored the drafts for free, is dearer by the scoring's
+    seconds. Where the JSON has the fixed runs' traces, the simulator replays them (``trace_bits``); the fitted
+    models stay in the report beside them."""
     arms = make_arms(len(DRAFTS), LENGTHS)
     names = arm_names(arms, DRAFTS)
     ms = dict(row["adaptive_cost_ms"])
-    for d in DRAFTS:  # an arm the policy never measured: the longer length's cost (an upper bound)
+    for d in DRAFTS:  # an arm the policy never measured: its fixed run's median step, else the longer length's cost
+        for g in LENGTHS:
+            if not np.isfinite(ms[f"{d}:G{g}"]):
+                ms[f"{d}:G{g}"] = row["fixed"][f"{d}:G{g}"].get("step_ms", float("nan"))
         for g in LENGTHS:
             if not np.isfinite(ms[f"{d}:G{g}"]):
                 ms[f"{d}:G{g}"] = max(v for k, v in ms.items() if k.startswith(d) and np.isfinite(v))
@@ -109,12 +118,17 @@ def calibrate(row: dict, tokens: int) -> tuple[tuple[float, ...], tuple[DraftMod
                     for g, f in zip(LENGTHS, fixed)}
         model, report[d] = fit_draft(measured, row["batch"], tokens)
         drafts.append(model)
-    return costs, tuple(drafts), score_cost, report
+    if not all("trace" in f for f in row["fixed"].values()):
+        return costs, tuple(drafts), score_cost, report, None
+    width = tokens + max(LENGTHS) + 2
+    bits = [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in DRAFTS]
+    return costs, tuple(drafts), score_cost, report, bits
 
 
 class OldPolicy(AdaptivePolicy):
-    """The policy before this change, for the before/after table: every step valued by the active rows' mean
-    throughput (no remaining tokens, no tail) and Thompson sampling even on drafts scored for free."""
+    """The policy before the s14 change, for that before/after table: every step valued by the active rows' mean
+    throughput (no remaining tokens, no tail) and Thompson sampling even on drafts scored for free (on today's
+    acceptance model, the per-position profile included)."""
 
     def new_batch(self, rows=None, tokens=None):
         super().new_batch(rows, None)
@@ -145,10 +159,17 @@ def main() -> None:
     for model, rows in src["models"].items():
         doc["models"][model] = []
         for row in rows:
-            costs, drafts, score_cost, fit = calibrate(row, tokens)
+            costs, drafts, score_cost, fit, bits = calibrate(row, tokens)
             b = row["batch"]
             entry = dict(batch=b, costs_ms=[round(c * 1e3, 4) for c in costs], plain_scoring_ms=round(score_cost * 1e3, 4),
-                         fit=fit, runs={})
+                         fit=fit, replayed=bits is not None, runs={})
+            if bits is not None:  # each fixed arm's steps: recorded, and replayed from the traces
+                static = Scenario(arms, costs, drafts, b, tokens, noise=0.0)
+                rows_ = Rows.replay(static, bits)
+                entry["replay_steps"] = {n: [row["fixed"][n]["steps"], sum(run_fixed(static, a, rows_).steps.values())]
+                                         for a, n in enumerate(names) if n != "plain"}
+                entry["position_acceptance"] = {n: position_acceptance(row["fixed"][n]["trace"], arm.length)
+                                                for n, arm in zip(names, arms) if not arm.plain}
             scenarios = {
                 "static": Scenario(arms, costs, drafts, b, tokens, score_cost=score_cost),
                 "static_long": Scenario(arms, costs, drafts, b, 4 * tokens, score_cost=score_cost),
@@ -160,14 +181,16 @@ def main() -> None:
                     entry["runs"][key] = {}
                     for p in chosen:
                         out = compare(sc, lambda p=p: policies[p](arms, len(DRAFTS), rng=0), warm=begin == "warm",
-                                      repeats=max(1, 16 // b), priced=begin == "priced")
+                                      repeats=max(1, 16 // b), priced=begin == "priced", bits=bits)
                         entry["runs"][key][p] = dict(
                             vs_best=round(out["vs_best"], 4), vs_plain=round(out["vs_plain"], 4),
                             best=names[out["best"]], steps={names[a]: n for a, n in sorted(out["steps"].items())},
                             tokens_per_s={**{names[a]: round(v) for a, v in out["fixed"].items()},
                                           "adaptive": round(out["adaptive"])})
             entry["measured_tokens_per_s"] = {"plain": round(row["plain_tokens_per_s"]),
-                                              **{k: round(v["tokens_per_s"]) for k, v in row["fixed"].items()}}
+                                              **{k: round(v["tokens_per_s"]) for k, v in row["fixed"].items()},
+                                              "adaptive": round(row["adaptive_tokens_per_s"])}
+            entry["measured_adaptive_steps"] = row["adaptive_steps"]  # beside runs.static_warm's simulated steps
             doc["models"][model].append(entry)
             print(model, b, {k: {p: (v[p]["vs_best"], v[p]["vs_plain"]) for p in v} for k, v in entry["runs"].items()},
                   flush=True)

@@ -165,10 +165,13 @@ class TorchSlotBackend(TorchBackend):
         fresh = [i for i, c in enumerate(cached) if c == 0]
         longest = max((len(prompts[i]) for i in fresh), default=1)
         if longest > 1:  # K/V of every prompt token but the last, in a cache of these rows only
-            rows = idx if len(fresh) == n else idx[fresh]
+            # device indices (``upload``): a Python list index is copied with a blocking copy, a stream sync that
+            # makes the host wait for the step in flight inside StepTimer.outside (docs/adaptive.md)
+            pick = self.upload(torch.tensor(fresh, dtype=torch.int64))
+            rows = idx if len(fresh) == n else idx.index_select(0, pick)
             cache = self.target.new_cache(len(fresh), longest - 1)
             pos = torch.arange(longest - 1, device=self.device)[None].expand(len(fresh), -1)
-            feats = self.prefill_kv(tokens[fresh, : longest - 1], pos, cache, longest - 1)
+            feats = self.prefill_kv(tokens.index_select(0, pick)[:, : longest - 1], pos, cache, longest - 1)
             self.cache.k[:, rows, :, : longest - 1] = cache.k
             self.cache.v[:, rows, :, : longest - 1] = cache.v
             if feats is not None:

@@ -16,7 +16,10 @@ The model (``AdaptivePolicy``):
   every length of that draft and discounted by ``discount`` at every step, so that a change of
   domain is forgotten in about 1 / (1 - discount) steps; a new batch (``new_batch``, each
   ``speculate_adaptive`` call: a new request's rows) keeps at most ``carry`` rejections' worth of the
-  old evidence as its prior, so each request adapts to its own domain within a few steps. Full information
+  old evidence as its prior, so each request adapts to its own domain within a few steps. Per draft position k
+  (pooled over rows, ``profile``) the acceptance there relative to the draft's over all positions scales a row's
+  alpha at k, so a draft whose later tokens hold less often is not priced at G = 2 by G = 4's rejections (nor
+  at G = 4 by G = 2's acceptance). Full information
   (``observe_free``): a draft whose proposal can be recomputed from the emitted text (the n-gram
   lookup) is scored on steps that did not run it, with the same censored-window update.
 * cost: per (arm, batch bucket) a discounted mean of the log of the measured step seconds (each
@@ -71,6 +74,7 @@ from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_drafte
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
+PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
 def engine_policies() -> list[str]:
@@ -163,6 +167,9 @@ class AdaptivePolicy:
         self.batch: int | None = None  # the batch's rows (``new_batch``): the cost bucket's size
         self.remaining: np.ndarray | None = None  # [B]: tokens each row of a static batch has left (None: a server)
         self.free = np.zeros(num_drafts, bool)  # [drafts]: scored on steps that did not run it (``observe_free``)
+        width = max(1, int(self.arm_length.max()))
+        self.pos_succ = np.zeros((num_drafts, width))  # [drafts, K]: accepted at draft position k + 1 (discounted)
+        self.pos_fail = np.zeros((num_drafts, width))  # [drafts, K]: rejected at draft position k + 1
 
     @property
     def cost(self) -> np.ndarray:  # [buckets, arms]
@@ -221,6 +228,17 @@ class AdaptivePolicy:
         """The factor that weakens each draft's pooled counts to at most ``carry`` rejections' worth."""
         return np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))
 
+    def profile(self) -> np.ndarray:  # [drafts, K]
+        """Per draft, its acceptance at each draft position relative to its acceptance over all positions: a_k / a
+        (pooled over rows; a_k the acceptance at position k given the earlier ones accepted, shrunk toward a by
+        ``PROFILE_PRIOR`` trials). A draft whose first tokens are surer than its later ones (an n-gram continuation
+        past its match) is valued per position: 1 + sum_k prod_{j <= k} min(1, alpha_b r_j) tokens a step
+        (``emitted_moments``), where one alpha for every position would price G = 2 from G = 4's rejections."""
+        total_s, total_f = self.pos_succ.sum(axis=1, keepdims=True), self.pos_fail.sum(axis=1, keepdims=True)
+        a = (1.0 + total_s) / (2.0 + total_s + total_f)  # [drafts, 1]
+        a_k = (PROFILE_PRIOR * a + self.pos_succ) / (PROFILE_PRIOR + self.pos_succ + self.pos_fail)
+        return a_k / a
+
     def hopeless(self, rows: int, b: int) -> np.ndarray:  # [arms] bool
         """Unmeasured arms that cannot beat the best measured one even at the least they can cost (the dearest
         measured arm whose work they include: plain decoding's, or a shorter length's of the same draft), on the
@@ -258,10 +276,10 @@ class AdaptivePolicy:
         costs the whole batch, so a batch that drains is as fast as its slowest rows, not its mean row."""
         left = None if self.remaining is None or self.row_active is None else self.remaining[self.row_active]
         if left is None or left.shape[0] != alpha.shape[1] or not left.any():
-            mean, _ = emitted_moments(alpha[self.arm_draft], self.arm_length[:, None])  # [arms, R]
+            mean, _ = emitted_moments(alpha[self.arm_draft], self.arm_length[:, None], self.profile()[self.arm_draft, None])
             return np.log(rows * np.where(self.arm_plain, 1.0, mean.mean(axis=1)))
         length = np.minimum(self.arm_length[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
-        mean, var = emitted_moments(alpha[self.arm_draft], length)  # [arms, R] each
+        mean, var = emitted_moments(alpha[self.arm_draft], length, self.profile()[self.arm_draft, None])  # [arms, R] each
         mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
@@ -299,6 +317,8 @@ class AdaptivePolicy:
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
         self.succ *= self.discount  # every draft forgets at every step, scored or not
         self.fail *= self.discount
+        self.pos_succ *= self.discount
+        self.pos_fail *= self.discount
         if self.row_succ is not None and where is not None:
             self.row_succ *= self.discount
             self.row_fail *= self.discount
@@ -359,17 +379,23 @@ class AdaptivePolicy:
             raise ValueError("accepted must be in [0, drafted] for every row")
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
+        k = np.arange(self.pos_succ.shape[1])  # [K]: draft positions 1 .. K, 0-based
+        self.pos_succ[draft] += (accepted[:, None] > k).sum(axis=0)
+        self.pos_fail[draft] += ((accepted[:, None] == k) & (accepted < drafted)[:, None]).sum(axis=0)
         if self.row_succ is not None and where is not None:
             self.row_succ[draft, where] += accepted
             self.row_fail[draft, where] += accepted < drafted
 
 
-def emitted_moments(alpha: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [...] each
-    """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at i.i.d. per-token
-    acceptance ``alpha`` (broadcast): P(accepted >= k) = alpha^k for k <= length."""
+def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:  # [...] each
+    """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at per-token acceptance
+    ``alpha`` (broadcast) times ``profile`` [..., >= K] at draft position k (None: 1 everywhere, i.i.d.):
+    P(accepted >= k) = prod_{j <= k} min(1, alpha profile_j) for k <= length."""
     alpha, length = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(length, np.float64))
     k = np.arange(1, int(length.max(initial=0)) + 1)  # [K]
-    tail = np.where(k <= length[..., None], alpha[..., None] ** k, 0.0)  # [..., K]: P(accepted >= k)
+    per = alpha[..., None] * (np.ones(len(k)) if profile is None else np.asarray(profile)[..., : len(k)])  # [..., K]
+    tail = np.where(k <= length[..., None], np.cumprod(np.minimum(1.0, per), axis=-1), 0.0)  # [..., K]: P(accepted >= k)
     mean = tail.sum(axis=-1)
     return 1.0 + mean, np.maximum(0.0, ((2 * k - 1) * tail).sum(axis=-1) - mean ** 2)
 

@@ -139,7 +139,8 @@ class EngineBase:
         backend holds now, e.g. after an interrupt)."""
         outs = self.backend.outputs() if outs is None else outs
         speculation, gamma = request.speculation, request.spec.gamma
-        stats = summarize(records, self.backend.draft_names, wall, sum(map(len, outs)))
+        stats = summarize(records, self.backend.draft_names, wall, sum(map(len, outs)),
+                          plain=speculation and self.policy_name == adaptive.NAME)
         texts = [self.tokenizer.decode(o, skip_special_tokens=True, clean_up_tokenization_spaces=False) for o in outs]
         single = isinstance(prompt, str)
         return {

@@ -44,11 +44,14 @@ class DraftModel:
     then: float
     switch: float = 0.0
     free: bool = True  # recomputable from the history: scored on steps that did not run it
+    position: tuple[float, ...] = ()  # per draft position k: a further chance its token holds (an n-gram past its match)
 
     def __post_init__(self):
         for name in ("first", "then"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a probability in [0, 1]")
+        if not all(0.0 <= p <= 1.0 for p in self.position):
+            raise ValueError(f"position={self.position!r} must be probabilities in [0, 1]")
         if not (math.isfinite(self.switch) and self.switch >= 0):
             raise ValueError(f"switch={self.switch!r} must be a number of tokens >= 0")
 
@@ -95,7 +98,36 @@ class Rows:
         for d, m in enumerate(sc.drafts):
             switch = rng.exponential(m.switch, self.requests) if m.switch > 0 else np.zeros(self.requests)
             self.ok[d] = rng.random((self.requests, width)) < m.alpha(switch, width)
+        self.position = np.ones((len(sc.drafts), max(a.length for a in sc.arms)), np.float32)  # [drafts, K]
+        self.u = None  # [drafts, requests, width]: the draws the position profiles test (common to every run)
+        if any(m.position for m in sc.drafts):
+            self.u = rng.random((len(sc.drafts), self.requests, width), dtype=np.float32)
+            for d, m in enumerate(sc.drafts):
+                k = min(len(m.position), self.position.shape[1])
+                self.position[d, :k] = m.position[:k]
         self.cost_noise = np.exp(sc.noise * rng.standard_normal(64 * sc.tokens + sc.steps + 1))
+
+    @classmethod
+    def replay(cls, sc: Scenario, bits: Sequence[np.ndarray]) -> "Rows":
+        """Rows replayed from recorded traces instead of ``sc.drafts``' models: ``bits`` per draft [rows, width]
+        int8 (``trace_bits``: 1 accepted, 0 rejected, -1 never seen); request r replays trace row r mod rows, and a
+        position never seen is drawn (seeded by ``sc.seed``) at that row's own acceptance, (1 + accepted) / (2 +
+        seen), so a replay of the run's own fixed arm takes exactly its recorded steps."""
+        if len(bits) != len(sc.drafts):
+            raise ValueError(f"bits gives {len(bits)} drafts; the scenario has {len(sc.drafts)}")
+        self = cls(sc)
+        self.u = None  # the traces hold whatever position profile the drafts had
+        rng = np.random.default_rng(sc.seed + 7919)
+        width = self.ok.shape[2]
+        for d, b in enumerate(bits):
+            b = np.asarray(b)
+            if b.ndim != 2 or b.shape[0] < 1:
+                raise ValueError(f"bits[{d}] must be [rows >= 1, width], got shape {b.shape}")
+            b = np.pad(b[:, :width], ((0, 0), (0, max(0, width - b.shape[1]))), constant_values=-1)[
+                np.arange(self.requests) % b.shape[0]]  # [requests, width]
+            rate = (1.0 + (b == 1).sum(axis=1)) / (2.0 + (b >= 0).sum(axis=1))  # [requests]
+            self.ok[d] = np.where(b >= 0, b == 1, rng.random(b.shape) < rate[:, None])
+        return self
 
     def leading(self, d: int, req: np.ndarray, pos: np.ndarray, window: np.ndarray) -> np.ndarray:  # [rows]
         """Draft d's leading accepted tokens at each row's position, at most ``window`` [rows] of them."""
@@ -104,7 +136,44 @@ class Rows:
             return np.zeros(len(req), np.int64)
         ok = self.ok[d][req[:, None], pos[:, None] + np.arange(span)[None, :]]  # [rows, span]
         ok &= np.arange(span)[None, :] < window[:, None]
+        if self.u is not None:  # draft position k's token holds only if its draw is under position[k] too
+            ok &= self.u[d][req[:, None], pos[:, None] + np.arange(span)[None, :]] < self.position[d, :span][None, :]
         return np.cumprod(ok, axis=1).sum(axis=1)
+
+
+def trace_bits(traces: dict[int, Sequence[str]], width: int) -> np.ndarray:  # [rows, width] int8
+    """What the fixed runs of one draft saw, per row and token position: 1 accepted, 0 rejected, -1 never seen.
+    ``traces``: {G: one string per row, one digit per step the row was active: the tokens it accepted of G}
+    (``adaptive_bench.py``'s ``trace``). A step at position p that accepted n < G tokens shows p .. p + n - 1
+    accepted and p + n rejected; n = G shows p .. p + G - 1 accepted and nothing of the bonus position p + G.
+    The longest G's trace is read first; a shorter G's fills only the positions the longer ones never saw."""
+    rows = {len(t) for t in traces.values()}
+    if len(rows) != 1:
+        raise ValueError(f"every G's trace must have the same rows, got {sorted(rows)}")
+    bits = np.full((rows.pop(), width), -1, np.int8)
+    for g in sorted(traces, reverse=True):
+        for r, steps in enumerate(traces[g]):
+            p = 0
+            for ch in steps:
+                n = int(ch)
+                if not 0 <= n <= g:
+                    raise ValueError(f"trace G={g} row {r}: {n} accepted of {g}")
+                seen = np.r_[np.ones(n, np.int8), np.zeros(int(n < g), np.int8)][: max(0, width - p)]
+                span = bits[r, p: p + len(seen)]
+                bits[r, p: p + len(seen)] = np.where(span < 0, seen, span)
+                p += n + 1
+    return bits
+
+
+def position_acceptance(trace: Sequence[str], g: int) -> list[float | None]:  # [G]
+    """From one fixed run's ``trace`` at length ``g``: per draft position k, the fraction of the steps that reached
+    it (the k - 1 before accepted) that accepted it (None where none reached it). One per-token acceptance would
+    make these equal; an n-gram's later positions (its continuation past the match) hold less often."""
+    digits = np.array([int(c) for row in trace for c in row], np.int64)  # every row's steps
+    k = np.arange(g)  # [G]: 0-based positions
+    reached = (digits[:, None] >= k).sum(axis=0)
+    accepted = (digits[:, None] > k).sum(axis=0)
+    return [round(float(a / r), 4) if r else None for a, r in zip(accepted, reached)]
 
 
 @dataclass
@@ -200,18 +269,19 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None)
 
 
 def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1,
-            priced: bool = False) -> dict:
+            priced: bool = False, bits: Sequence[np.ndarray] | None = None) -> dict:
     """Every fixed arm and the adaptive policy over the same rows: tokens/s each, and adaptive / best fixed and
     adaptive / plain. ``warm``: the policy first runs the scenario once (the benchmark's warm-up run, which
     prices every arm at this batch size) before the run that counts; ``priced``: the policy starts knowing every
     arm's step seconds at this batch size (a plain step's at 1 scoring step in ``score_every``), nothing of the
     drafts' acceptance (as if each step kind were timed when captured); ``repeats``: scenarios of seeds seed,
-    seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw)."""
+    seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw); ``bits``:
+    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models."""
     totals = np.zeros((len(sc.arms) + 1, 2))  # [fixed arms + adaptive, (tokens, seconds)]
     steps: dict = {}
     for i in range(repeats):
         s = replace(sc, seed=sc.seed + i)
-        rows = Rows(s)
+        rows = Rows(s) if bits is None else Rows.replay(s, bits)
         for a in range(len(sc.arms)):
             res = run_fixed(s, a, rows)
             totals[a] += (res.tokens, res.seconds)

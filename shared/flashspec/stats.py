@@ -9,16 +9,21 @@ import numpy as np
 from .loop import StepRecord
 
 
-def summarize(records: Sequence[StepRecord], draft_names: Sequence[str], wall_seconds: float, new_tokens: int) -> dict:
-    """tokens_per_s, steps, acceptance (mean fraction of drafted tokens accepted), arm_pulls,
+def summarize(records: Sequence[StepRecord], draft_names: Sequence[str], wall_seconds: float, new_tokens: int,
+              plain: bool = False) -> dict:
+    """tokens_per_s, steps, acceptance (mean fraction of drafted tokens accepted), arm_pulls (per draft name, and
+    "plain": the plain decoding steps, where ``plain``: a policy that chooses plain decoding as an arm),
     arm_acceptance (per draft name), step_latency_ms (p50, p90)."""
     drafted = sum(r.drafted for r in records)
     accepted = sum(r.accepted for r in records)
-    pulls = {name: 0 for name in draft_names}
+    pulls = {"plain": 0} if plain else {}
+    pulls.update({name: 0 for name in draft_names})
     arm_drafted = {name: 0 for name in draft_names}
     arm_accepted = {name: 0 for name in draft_names}
     for r in records:
         if r.arm < 0:  # a plain autoregressive step
+            if plain:
+                pulls["plain"] += 1
             continue
         name = draft_names[r.arm]
         pulls[name] += 1

@@ -54,6 +54,8 @@ def test_per_request_statistics_beside_the_totals():
     assert rows[0] == {"new_tokens": 5, "steps": 2, "drafted": 1, "accepted": 1, "acceptance": 1.0}
     assert rows[1] == {"new_tokens": 5, "steps": 3, "drafted": 8, "accepted": 3, "acceptance": 3 / 8}
     assert summarize(records, ["ngram"], 1.0, 10)["acceptance"] == 4 / 9  # the pooled total
+    assert summarize(records, ["ngram"], 1.0, 10)["arm_pulls"] == {"ngram": 2}  # a draft bandit: drafts only
+    assert summarize(records, ["ngram"], 1.0, 10, plain=True)["arm_pulls"] == {"plain": 1, "ngram": 2}  # adaptive
     unknown = per_request([StepRecord(0, 4, 2, 3, 1, 0.1)], [3])  # a loop without per-row records
     assert unknown[0]["acceptance"] is None and unknown[0]["new_tokens"] == 3
 

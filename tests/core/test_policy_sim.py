@@ -5,8 +5,8 @@ step costs 2.2-3.6x a plain one and plain decoding is the best fixed choice."""
 import numpy as np
 import pytest
 
-from flashspec.adaptive import AdaptivePolicy, make_arms
-from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, run_fixed
+from flashspec.adaptive import AdaptivePolicy, emitted_moments, make_arms
+from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, position_acceptance, run_fixed, trace_bits
 
 ARMS = make_arms(2, (2, 4))  # plain, ngram:G2, ngram:G4, replay:G2, replay:G4
 # H100, Llama-3-8B's shape, batch 256 (benchmarks/results/h100_2026-12-06_s13_adaptive): seconds per step, the
@@ -55,3 +55,40 @@ def test_the_policy_stays_with_plain_decoding_where_speculation_does_not_pay(lla
     assert out["best"] == 0 and out["vs_plain"] >= 0.92, out
     blind = compare(llama_256, lambda: BlindPolicy(ARMS, 2, rng=0), warm=False)
     assert blind["vs_plain"] < 0.9, blind
+
+
+def test_a_replayed_trace_gives_its_fixed_run_back():
+    """A fixed G = 4 run's trace (tokens accepted per step) fixes every position it saw; a G = 2 trace fills the
+    bonus position the G = 4 run never drafted; replaying the G = 4 run takes exactly its recorded 4 steps."""
+    bits = trace_bits({4: ["4203"], 2: ["22"]}, 16)
+    assert bits[0, :13].tolist() == [1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0] and (bits[0, 13:] == -1).all()
+    assert trace_bits({2: ["1220"]}, 10)[0].tolist() == [1, 0, 1, 1, -1, 1, 1, -1, 0, -1]
+    with pytest.raises(ValueError, match="3 accepted of 2"):
+        trace_bits({2: ["3"]}, 8)
+    sc = Scenario((ARMS[0], ARMS[2]), (1.0, 2.0), (DraftModel(0.0, 0.0),), batch=3, tokens=12, noise=0.0)
+    rows = Rows.replay(sc, [bits])
+    assert run_fixed(sc, 1, rows).steps == {1: 4} and run_fixed(sc, 0, rows).steps == {0: 12}
+    assert position_acceptance(["4203"], 4) == [0.75, 1.0, 0.6667, 0.5]  # reached 4, 3, 3, 2 times
+
+
+class SharedAlpha(AdaptivePolicy):
+    """A mutant that values every draft position at the draft's one per-token acceptance (no position profile)."""
+
+    def profile(self):
+        return np.ones_like(self.pos_succ)
+
+
+def test_each_draft_position_is_priced_by_its_own_acceptance():
+    """An n-gram whose third and fourth tokens hold less often (position 0.35, 0.5: the continuation past its match),
+    on SmolLM2-135M's H200 prices at batch 64: G = 2 is the best fixed arm by a few per cent. One acceptance for every
+    position, learned from the G = 4 steps' rejections, prices G = 2 too low and mixes in G = 4 (0.96x of the best);
+    each position's own acceptance keeps G = 2."""
+    assert emitted_moments(0.8, 2, np.array([1.0, 0.5]))[0] == pytest.approx(1 + 0.8 + 0.8 * 0.4)
+    assert emitted_moments(0.8, 3)[0] == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+    assert emitted_moments(0.8, 3, np.ones(4))[1] == pytest.approx(emitted_moments(0.8, 3)[1])
+    sc = Scenario(ARMS, (1.08e-3, 1.28e-3, 1.46e-3, 1.34e-3, 1.6e-3),
+                  (DraftModel(0.95, 0.75, 48.0, position=(1.0, 1.0, 0.35, 0.5)), DraftModel(0.6, 0.6)), batch=64)
+    out = compare(sc, lambda: AdaptivePolicy(ARMS, 2, rng=0))
+    assert out["best"] == 1 and out["vs_best"] >= 0.98 and out["steps"].get(2, 0) <= 2, out
+    shared = compare(sc, lambda: SharedAlpha(ARMS, 2, rng=0))
+    assert shared["vs_best"] < 0.97 and shared["steps"].get(2, 0) > 10, shared

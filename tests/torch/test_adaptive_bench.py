@@ -17,3 +17,9 @@ def test_tiny_run_is_exact_and_the_replay_draft_is_accepted():
     assert set(row["fixed"]) == {"ngram:G2", "ngram:G4", "replay:G2", "replay:G4"}
     assert sum(row["adaptive_steps"].values()) >= 1
     assert row["fixed"]["replay:G2"]["acceptance"] >= 0.75  # only the last step drafts past the budget
+    for key, fixed in row["fixed"].items():  # one digit per step a row was active: the tokens it accepted
+        g = int(key.rsplit("G", 1)[1])
+        assert len(fixed["trace"]) == 2 and max(map(len, fixed["trace"])) == fixed["steps"], key
+        assert all(sum(int(c) + 1 for c in t) >= 8 and all(int(c) <= g for c in t) for t in fixed["trace"]), key
+    assert sum(int(run.rsplit("*", 1)[1]) for run in row["adaptive_arms"].split()) == sum(row["adaptive_steps"].values())
+    assert len(row["adaptive_trace"]) == 2 and set(row["adaptive_step_ms"]) == set(row["adaptive_steps"])

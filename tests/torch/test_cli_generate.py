@@ -16,7 +16,8 @@ def test_generate_json_has_the_spec_fields(capsys):
     out = json.loads(capsys.readouterr().out)
     assert FIELDS <= set(out)
     assert 1 <= out["new_tokens"] == len(out["tokens"]) <= 6
-    assert set(out["arm_pulls"]) == {"ngram", "layerskip:24-29"}
+    assert set(out["arm_pulls"]) == {"plain", "ngram", "layerskip:24-29"}  # the adaptive policy's arms
+    assert sum(out["arm_pulls"].values()) == out["steps"]
     assert set(out["step_latency_ms"]) == {"p50", "p90"}
 
 

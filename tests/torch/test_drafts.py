@@ -228,5 +228,5 @@ def test_cli_takes_several_real_drafts(capsys):
     assert main(["generate", "def add(a, b):", "--no-chat", "--max-new-tokens", "6", "--temperature", "0",
                  "--draft", "ngram", "--draft", "nf4", "--draft", "layerskip", "--json", "--device", "cpu"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["arm_pulls"]) == {"ngram", "nf4", "layerskip"}
+    assert set(out["arm_pulls"]) == {"plain", "ngram", "nf4", "layerskip"}
     assert 1 <= out["new_tokens"] <= 6
