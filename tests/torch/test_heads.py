@@ -334,13 +334,15 @@ def test_train_head_cli_flags_are_the_train_config_fields(monkeypatch):
     got = {}
     monkeypatch.setattr(head_job, "run_train_head", lambda out, cfg, **kw: got.update(cfg=cfg, out=out))
     args = cli.build_parser().parse_args(["train-head", "--out", "d", "--greedy", "--decay", "0.6", "--warmup", "7",
-                                          "--passes", "4", "--batch", "64", "--samples", "3", "--lr", "0.002"])
+                                          "--passes", "4", "--batch", "64", "--samples", "3", "--lr", "0.002",
+                                          "--init", "shipped", "--gen-seconds", "90"])
     assert args.run(args) == 0
     c = got["cfg"]
     assert (c.greedy, c.decay, c.warmup, c.passes, c.batch, c.samples, c.lr) == (True, 0.6, 7, 4, 64, 3, 0.002)
+    assert (c.init, c.gen_seconds) == ("shipped", 90.0)
     args = cli.build_parser().parse_args(["train-head", "--out", "d"])
     args.run(args)
-    assert got["cfg"].greedy is False and got["cfg"].decay == 0.8
+    assert got["cfg"].greedy is False and got["cfg"].decay == 0.8 and got["cfg"].init is None
 
 
 def test_the_gpu_scripts_verdict_compares_tokens_per_step_per_domain():
