@@ -357,6 +357,10 @@ def test_the_gpu_scripts_verdict_compares_tokens_per_step_per_domain():
     v = s.verdict(report, {"new": {"code T=0.0": cell}})
     assert v["code"]["better"] == "new" and v["chat"]["better"] == "mixed"
     assert v["code"]["engine_new_T0.0"] == {"tokens_per_step": 2.5, "speedup": 1.3} and "engine_new_T0.7" not in v["code"]
+    report.update(head_bytes=1, init=None)
+    hist = {"loss": [10.0] * 5 + [8.0] * 5}
+    assert not s.checks(report, hist, {})["loss_fell"]  # a new head must lose 30% of its start
+    assert s.checks(dict(report, init="shipped"), hist, {})["loss_fell"]  # a continued one anything
 
 
 def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_another(tmp_path):
