@@ -104,7 +104,8 @@ def checks(report: dict, hist: dict, engine: dict) -> dict:
     out = {
         "head_at_most_16_MiB": report["head_bytes"] <= 16 * 2**20,
         # a new head's loss falls far from its random start; a continued head's below its start
-        "loss_fell": bool(hist["loss"]) and mean(hist["loss"][-5:]) < (1.0 if report.get("init") else 0.7) * mean(hist["loss"][:5]),
+        "loss_fell": bool(hist["loss"])
+        and mean(hist["loss"][-5:]) < (1.0 if report.get("init") else 0.7) * mean(hist["loss"][:5]),
         "first_position_greedy_acceptance_above_0.5_in_every_domain": min(first) > 0.5,
     }
     for who, res in engine.items():

@@ -61,8 +61,7 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
     ids = init_ids if init_ids is not None else frequent_tokens(train, cfg.vocab, model.config.vocab_size)
     generated = sum(len(s.tokens) - s.prompt_len for s in train + held)
     gen_rate = generated / max(t_gen - t_load, 1e-9)
-    log(f"generated {generated} tokens in {t_gen - t_load:.1f} s ({gen_rate:.0f} tokens/s); training "
-        f"({cfg.steps} steps, at most {cfg.seconds} s{', from ' + str(init_file(cfg.init)) if cfg.init else ''})")
+    log(f"generated {generated} tokens in {t_gen - t_load:.1f} s ({gen_rate:.0f}/s); training from {cfg.init or 'scratch'}")
     head, hist = train_head(model, train, cfg, ids, on_log=lambda s, l, per: log(f"step {s}: loss {l:.4f} {per}"))
     t_train = time.perf_counter()
     steps_done = hist.steps[-1] + 1 if hist.steps else 0

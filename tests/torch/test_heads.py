@@ -384,6 +384,8 @@ def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_
     report = run_train_head(tmp_path / "new", cfg, target=LoadedModel(model, CharTokenizer(), "tiny"), train_per_domain=1,
                             eval_per_domain=1, device="cpu", compare={"other": other}, tops=(16, 64), log=lambda s: None)
     assert report["data"]["train_sequences"] == {"code": 2, "prose": 2, "chat": 2}  # 1 sampled + 1 greedy each
+    assert report["data"]["train_prompts"] == {"code": 1, "prose": 1, "chat": 1} and report["init"] is None
+    assert 0 < report["generation"]["tokens"] <= 4 * (6 + 3) and report["generation"]["tokens_per_s"] > 0
     assert set(report["held_out_acceptance_top_n"]) == {16} and set(report["compare"]) == {"other"}
     for acc in (report["held_out_acceptance"], report["held_out_acceptance_top_n"][16], report["compare"]["other"]):
         assert set(acc) == {"code", "prose", "chat"} and all(len(a["greedy"]) == 2 for a in acc.values())
