@@ -14,7 +14,7 @@ at a small size: tokens per step, acceptance per position, speed-up over plain),
 (which head is better) and pass/fail checks. The recipe (defaults): continue the shipped head
 (``--init shipped``; the verdict says whether the continued head beats it), every training prompt of
 the corpus (about 22,000: code and prose windows, 48 x 240 chat pairs) with 1 sampled (T = 0.8) and 1
-greedy continuation each, generated 1,024 at a time for at most ``--gen-seconds``; 64 sequences a
+greedy continuation each, generated 512 at a time for at most ``--gen-seconds``; 64 sequences a
 step (lr 2e-3), 4 training-time-test passes, pass weights 0.6^k. Budget on an H100: about 15 s
 loading, ``--gen-seconds`` (120) generating, ``--seconds`` (200) training, 10 s measuring acceptance,
 2 x 25 s engine runs; ``--budget-s`` skips the engine runs that would not fit (the JSON is written
@@ -55,7 +55,7 @@ def parse_args(argv=None):
     ap.add_argument("--train-prompts", type=int, default=20000, help="per domain (at most: every domain has fewer)")
     ap.add_argument("--samples", type=int, default=1, help="continuations sampled per training prompt")
     ap.add_argument("--no-greedy", action="store_true", help="no greedy continuation per training prompt")
-    ap.add_argument("--gen-batch", type=int, default=1024)
+    ap.add_argument("--gen-batch", type=int, default=512)
     ap.add_argument("--eval-prompts", type=int, default=40)
     ap.add_argument("--feature-layers", default=None, help="e.g. 29 for the top layer alone (default: 2,15,29)")
     ap.add_argument("--bench-prompts", type=int, default=3, help="held-out prompts per domain for the engine runs (0: none)")
