@@ -109,7 +109,8 @@ def make_data(model, tok, cfg: TrainConfig, train_per_domain: int, eval_per_doma
     """(training sequences: ``cfg.samples`` sampled continuations per prompt, plus a greedy one when
     ``cfg.greedy``; held-out sequences: one sampled continuation per prompt). The held-out ones come
     first; the training prompts are shuffled across domains, so that ``cfg.gen_seconds`` cuts every
-    domain alike (the greedy continuations get their share of the time: ``1 / (samples + 1)``)."""
+    domain alike: the greedy continuations get at most their share of it (``1 / (samples + 1)``), the
+    sampled ones the rest."""
     train_prompts, held_prompts = split(corpus())
     train_prompts = pick(train_prompts, train_per_domain, cfg.seed)
     random.Random(cfg.seed + 2).shuffle(train_prompts)
@@ -119,14 +120,12 @@ def make_data(model, tok, cfg: TrainConfig, train_per_domain: int, eval_per_doma
     log(f"generating: {len(train_prompts)} training prompts x ({cfg.samples} sampled{' + 1 greedy' if cfg.greedy else ''}) "
         f"+ {len(held_prompts)} held-out prompts x {cfg.new_tokens} tokens")
     held = generate_sequences(model, held_prompts, enc, cfg, eos)
-    start = time.perf_counter()
-    share = cfg.samples / (cfg.samples + cfg.greedy)
-    sampled_by = None if cfg.gen_seconds is None else start + cfg.gen_seconds * share
-    train = generate_sequences(model, train_prompts * cfg.samples, enc, cfg, eos, deadline=sampled_by)
-    if cfg.greedy:
-        greedy_by = None if cfg.gen_seconds is None else start + cfg.gen_seconds
+    start, train = time.perf_counter(), []
+    if cfg.greedy:  # first: the cheap ones (no noise to draw), so that what they leave goes to sampling
+        greedy_by = None if cfg.gen_seconds is None else start + cfg.gen_seconds / (cfg.samples + 1)
         train += generate_sequences(model, train_prompts, enc, cfg, eos, greedy=True, deadline=greedy_by)
-    return train, held
+    end = None if cfg.gen_seconds is None else start + cfg.gen_seconds
+    return train + generate_sequences(model, train_prompts * cfg.samples, enc, cfg, eos, deadline=end), held
 
 
 def held_out_acceptance(head, model, held, passes: int) -> dict:

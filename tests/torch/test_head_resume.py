@@ -93,3 +93,25 @@ def test_generation_stops_at_its_deadline():
     enc = lambda p: list(p.text.encode())  # noqa: E731
     assert generate_sequences(target, prompts, enc, cfg, deadline=time.perf_counter() - 1) == []
     assert len(generate_sequences(target, prompts, enc, cfg, deadline=time.perf_counter() + 60)) == 3
+
+
+def test_make_data_generates_held_out_then_greedy_then_sampled_within_gen_seconds(monkeypatch):
+    """Held-out continuations first, without a deadline; then the greedy ones within 1 / (samples + 1)
+    of ``gen_seconds``; then the sampled ones within the rest; training prompts of every domain mixed."""
+    import time
+    from types import SimpleNamespace
+
+    from flashspec_torch import head_job
+    from flashspec_torch.head_train import TrainConfig
+
+    calls = []
+    monkeypatch.setattr(head_job, "generate_sequences", lambda m, prompts, enc, cfg, eos, greedy=False, deadline=None:
+                        calls.append((greedy, deadline, prompts)) or [])
+    model = SimpleNamespace(config=SimpleNamespace(eos_token_ids=()))
+    t0 = time.perf_counter()
+    head_job.make_data(model, None, TrainConfig(samples=2, greedy=True, gen_seconds=30.0), 50, 4, lambda s: None)
+    (held, g0, p0), (greedy, g1, p1), (sampled, g2, p2) = calls
+    assert g0 is None and not held and all(p.held_out for p in p0) and len(p0) == 12
+    assert greedy and t0 + 10 <= g1 <= time.perf_counter() + 10 and len(p1) == 150
+    assert not sampled and t0 + 30 <= g2 <= time.perf_counter() + 30 and p2 == p1 * 2
+    assert len({p.domain for p in p1[:20]}) == 3  # shuffled across domains
