@@ -22,7 +22,7 @@ from flashspec.engine import encode
 from flashspec.head_corpus import DOMAINS, corpus, split
 
 from .head_train import (TrainConfig, acceptance_by_position, for_training, frequent_tokens, generate_sequences,
-                         token_counts, train_head)
+                         init_file, init_vocabulary, token_counts, train_head)
 from .heads import fingerprint, load_head, save_head
 
 
@@ -54,11 +54,14 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
         raise ValueError(f"target {loaded.name!r} has no tokenizer: training prompts must be encoded")
     model = loaded.model
     t_load = time.perf_counter()
+    init_ids = init_vocabulary(cfg, model)  # checked again, with the rest, by train_head
     train, held = make_data(model, loaded.tokenizer, cfg, train_per_domain, eval_per_domain, log)
     t_gen = time.perf_counter()
     counts = token_counts(train, model.config.vocab_size)
-    ids = frequent_tokens(train, cfg.vocab, model.config.vocab_size)
-    log(f"generated in {t_gen - t_load:.1f} s; training ({cfg.steps} steps, at most {cfg.seconds} s)")
+    ids = init_ids if init_ids is not None else frequent_tokens(train, cfg.vocab, model.config.vocab_size)
+    generated = sum(len(s.tokens) - s.prompt_len for s in train + held)
+    gen_rate = generated / max(t_gen - t_load, 1e-9)
+    log(f"generated {generated} tokens in {t_gen - t_load:.1f} s ({gen_rate:.0f}/s); training from {cfg.init or 'scratch'}")
     head, hist = train_head(model, train, cfg, ids, on_log=lambda s, l, per: log(f"step {s}: loss {l:.4f} {per}"))
     t_train = time.perf_counter()
     steps_done = hist.steps[-1] + 1 if hist.steps else 0
@@ -74,8 +77,10 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
         "data": data_stats(train, held, ids, model.config.vocab_size),
         "seconds": {"load": t_load - t0, "generate": t_gen - t_load, "train": t_train - t_gen,
                     "evaluate": time.perf_counter() - t_train},
+        "init": str(init_file(cfg.init)) if cfg.init else None,
         "steps_done": steps_done,
         "final_loss": hist.loss[-1] if hist.loss else None,
+        "generation": {"tokens": generated, "tokens_per_s": gen_rate},
         "throughput": throughput(hist),
         "held_out_acceptance": by_domain,
         "held_out_acceptance_top_n": by_top,
@@ -86,7 +91,7 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
     (out / "history.json").write_text(json.dumps(asdict(hist)))
     (out / "report.json").write_text(json.dumps(report, indent=1))
     plot_loss(hist, out / "loss.png")
-    log(f"wrote {path} ({report['head_bytes'] / 2**20:.1f} MiB); {json.dumps(report['throughput'])}; "
+    log(f"wrote {path} ({report['head_bytes'] / 2**20:.1f} MiB); training {json.dumps(report['throughput'])}; "
         f"held-out acceptance {json.dumps(by_domain)}")
     return report
 
@@ -102,18 +107,25 @@ def measure(path: Path, vocab: int, model, held, passes: int, tops, compare: dic
 
 def make_data(model, tok, cfg: TrainConfig, train_per_domain: int, eval_per_domain: int, log) -> tuple[list, list]:
     """(training sequences: ``cfg.samples`` sampled continuations per prompt, plus a greedy one when
-    ``cfg.greedy``; held-out sequences: one sampled continuation per prompt)."""
+    ``cfg.greedy``; held-out sequences: one sampled continuation per prompt). The held-out ones come
+    first; the training prompts are shuffled across domains, so that ``cfg.gen_seconds`` cuts every
+    domain alike: the greedy continuations get at most their share of it (``1 / (samples + 1)``), the
+    sampled ones the rest."""
     train_prompts, held_prompts = split(corpus())
     train_prompts = pick(train_prompts, train_per_domain, cfg.seed)
+    random.Random(cfg.seed + 2).shuffle(train_prompts)
     held_prompts = pick(held_prompts, eval_per_domain, cfg.seed + 1)
     enc = lambda p: encode(tok, p.text, p.domain == "chat")  # noqa: E731
     eos = model.config.eos_token_ids
     log(f"generating: {len(train_prompts)} training prompts x ({cfg.samples} sampled{' + 1 greedy' if cfg.greedy else ''}) "
         f"+ {len(held_prompts)} held-out prompts x {cfg.new_tokens} tokens")
-    train = generate_sequences(model, train_prompts * cfg.samples, enc, cfg, eos)
-    if cfg.greedy:
-        train += generate_sequences(model, train_prompts, enc, cfg, eos, greedy=True)
-    return train, generate_sequences(model, held_prompts, enc, cfg, eos)
+    held = generate_sequences(model, held_prompts, enc, cfg, eos)
+    start, train = time.perf_counter(), []
+    if cfg.greedy:  # first: the cheap ones (no noise to draw), so that what they leave goes to sampling
+        greedy_by = None if cfg.gen_seconds is None else start + cfg.gen_seconds / (cfg.samples + 1)
+        train += generate_sequences(model, train_prompts, enc, cfg, eos, greedy=True, deadline=greedy_by)
+    end = None if cfg.gen_seconds is None else start + cfg.gen_seconds
+    return train + generate_sequences(model, train_prompts * cfg.samples, enc, cfg, eos, deadline=end), held
 
 
 def held_out_acceptance(head, model, held, passes: int) -> dict:
@@ -143,6 +155,7 @@ def data_stats(train, held, ids: torch.Tensor, vocab_size: int) -> dict:
         return float((r < n).float().mean()) if len(cont) else 0.0
 
     return {
+        "train_prompts": {d: len({tuple(s.tokens[: s.prompt_len]) for s in train if s.domain == d}) for d in DOMAINS},
         "train_sequences": {d: sum(s.domain == d for s in train) for d in DOMAINS},
         "train_tokens": sum(len(s.tokens) for s in train),
         "held_out_sequences": {d: sum(s.domain == d for s in held) for d in DOMAINS},

@@ -10,6 +10,10 @@
    target-fed keys up to position p - k and to its own keys of passes 1..k (``ttt_states``), which
    is exactly what drafting the (k+1)-th token sees. Loss: cross-entropy of q against p on the
    head's vocabulary (KL to p up to a constant), pass k weighted by ``decay ** k``.
+
+With ``init`` (a head file or directory, or ``shipped``), training continues that head (its weights,
+feature layers and vocabulary; a fresh optimizer and the same learning-rate schedule) instead of
+starting from a random one, so a head improves across runs.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import torch
 from torch import nn
 
 from flashspec.config import SamplingConfig
+from flashspec.head_file import check_fingerprint, draft_head_file
 from flashspec.head_corpus import Prompt
 
-from .heads import DraftHead
+from .heads import DraftHead, fingerprint, load_head
 from .layers import apply_rope, rms_norm, silu_mul_reference
 from .model import Llama
 
@@ -46,6 +51,8 @@ class TrainConfig:
     passes: int = 3  # training-time test depth
     decay: float = 0.8  # pass k's loss weight is decay ** k (lower: more weight on the first drafted position)
     seed: int = 0
+    init: str | None = None  # continue this head (a file or directory, or "shipped"); None: a new head
+    gen_seconds: float | None = None  # stop generating training continuations after this long (held-out ones always)
 
     def __post_init__(self):
         for name in ("new_tokens", "gen_batch", "batch", "steps", "passes", "samples"):
@@ -59,6 +66,8 @@ class TrainConfig:
             raise ValueError(f"lr={self.lr} must be > 0 and warmup={self.warmup} >= 1")
         if not self.temperature > 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 (the target samples its own continuations)")
+        if self.init == "":
+            raise ValueError("init='' names no head: pass a head file or directory, 'shipped', or None for a new head")
 
 
 def lr_scale(step: int, elapsed: float, cfg: TrainConfig) -> float:
@@ -84,9 +93,10 @@ class Sequence:
 
 
 def generate_sequences(target: Llama, prompts: list[Prompt], encode, cfg: TrainConfig, eos_ids=(),
-                       greedy: bool = False) -> list[Sequence]:
-    """The target's own continuations of every prompt (``encode(prompt) -> ids``), ``gen_batch`` at a
-    time: sampled at ``cfg.temperature``, or greedy."""
+                       greedy: bool = False, deadline: float | None = None) -> list[Sequence]:
+    """The target's own continuations of the prompts (``encode(prompt) -> ids``), ``gen_batch`` at a
+    time, in order: sampled at ``cfg.temperature``, or greedy; no group starts after ``deadline``
+    (a ``time.perf_counter()`` value), so the prompts after it are left out."""
     from flashspec.loop import decode
 
     from .backend import TorchBackend
@@ -96,6 +106,8 @@ def generate_sequences(target: Llama, prompts: list[Prompt], encode, cfg: TrainC
     out = []
     with torch.inference_mode():
         for i in range(0, len(prompts), cfg.gen_batch):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
             group = prompts[i : i + cfg.gen_batch]
             ids = [encode(p) for p in group]
             seeds = torch.arange(i, i + len(group), device=target.embed.weight.device) + 1000 * cfg.seed
@@ -105,10 +117,8 @@ def generate_sequences(target: Llama, prompts: list[Prompt], encode, cfg: TrainC
 
 
 def token_counts(seqs: list[Sequence], vocab_size: int) -> torch.Tensor:  # [V] int64: occurrences in seqs
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for s in seqs:
-        counts += torch.bincount(torch.as_tensor(s.tokens), minlength=vocab_size)
-    return counts
+    flat = torch.as_tensor([t for s in seqs for t in s.tokens], dtype=torch.int64)
+    return torch.bincount(flat, minlength=vocab_size)[:vocab_size]
 
 
 def by_frequency(counts: torch.Tensor) -> torch.Tensor:  # [V] counts -> [V] token ids, most frequent first, ties by lower id
@@ -221,10 +231,7 @@ def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids:
         raise ValueError("train_head was given held-out sequences: pass the training split only")
     dev = target.embed.weight.device
     torch.manual_seed(cfg.seed)
-    layers = cfg.feature_layers or default_layers(target.config.num_layers)
-    head = DraftHead(target.config, layers, token_ids)
-    head.norm.data.copy_(target.norm.float())
-    head = for_training(head, target)
+    head = for_training(initial_head(target, cfg, token_ids), target)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -234,7 +241,7 @@ def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids:
         pick = torch.randint(len(seqs), (cfg.batch,), generator=gen).tolist()
         tokens, lengths = pad([seqs[i] for i in pick], dev)
         seen += sum(len(seqs[i].tokens) for i in pick)
-        z, feats = target_pass(target, tokens, layers)
+        z, feats = target_pass(target, tokens, head.feature_layers)
         with autocast:
             states = ttt_states(head, target, tokens, feats.float(), cfg.passes)
             loss, per = head_loss(head, states, z, lengths, cfg.decay)
@@ -256,6 +263,44 @@ def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids:
         if out_of_time:
             break
     return head.eval().requires_grad_(False), hist
+
+
+def init_file(init: str):
+    """The head file ``TrainConfig.init`` names: ``shipped`` (the embedded model's) or a file/directory."""
+    return draft_head_file("" if init == "shipped" else init)
+
+
+def initial_head(target: Llama, cfg: TrainConfig, token_ids: torch.Tensor | None) -> DraftHead:
+    """A new head (``cfg.feature_layers``, vocabulary ``token_ids``, final norm the target's), or the
+    head ``cfg.init`` names, checked to be one for this target and for ``cfg``: its feature layers and
+    vocabulary are kept, so a ``cfg`` or ``token_ids`` asking for others is refused."""
+    if cfg.init is None:
+        head = DraftHead(target.config, cfg.feature_layers or default_layers(target.config.num_layers), token_ids)
+        head.norm.data.copy_(target.norm.float())
+        return head
+    path = init_file(cfg.init)
+    head, meta = load_head(path, target.config)
+    try:
+        check_fingerprint(f"init={cfg.init}", path, meta, fingerprint(target))
+    except ValueError as e:
+        raise ValueError(f"{e} (or drop init: a head continues only on the target it was trained for)") from None
+    if cfg.feature_layers is not None and tuple(cfg.feature_layers) != head.feature_layers:
+        raise ValueError(f"feature_layers={cfg.feature_layers} but the init head {path} reads layers "
+                         f"{head.feature_layers}: drop feature_layers (--feature-layers) to continue it, or drop init")
+    if cfg.vocab != len(head.token_ids) and not (cfg.vocab == 0 and head.full_vocab):
+        raise ValueError(f"vocab={cfg.vocab} but the init head {path} has {len(head.token_ids)} tokens: pass "
+                         f"vocab={len(head.token_ids)} (--vocab) to continue it, or drop init")
+    if token_ids is not None and not torch.equal(torch.as_tensor(token_ids).sort().values, head.token_ids.cpu()):
+        raise ValueError(f"token_ids differ from the init head's vocabulary ({path}): pass init_vocabulary(cfg) "
+                         "or None when continuing a head")
+    return head
+
+
+def init_vocabulary(cfg: TrainConfig, target: Llama) -> torch.Tensor | None:  # [V_d] the init head's token ids, None without init
+    """The vocabulary a run continuing ``cfg.init`` keeps (None for a new head)."""
+    if cfg.init is None:
+        return None
+    return load_head(init_file(cfg.init), target.config)[0].token_ids
 
 
 def for_training(head: DraftHead, target: Llama) -> DraftHead:

@@ -419,6 +419,9 @@ def add_train_head(sub) -> None:
     p.add_argument("--passes", type=positive_int, default=3, help="training-time-test depth")
     p.add_argument("--decay", type=float, default=0.8, help="pass k's loss weight is decay**k, in (0, 1]")
     p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--init", help="continue this head (a directory or file, or 'shipped': the embedded model's) "
+                                  "instead of a new one; it keeps its feature layers and vocabulary")
+    p.add_argument("--gen-seconds", type=float, default=None, help="stop generating training data after this long")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.set_defaults(run=run_train_head)
 
@@ -431,7 +434,8 @@ def run_train_head(args) -> int:
         raise ImportError(f"train-head needs the torch backend: pip install 'flashspec[torch]' ({e})") from None
     cfg = TrainConfig(feature_layers=args.feature_layers, vocab=args.vocab, new_tokens=args.new_tokens, batch=args.batch,
                       steps=args.steps, seconds=args.seconds, lr=args.lr, warmup=args.warmup, passes=args.passes,
-                      decay=args.decay, seed=args.seed, samples=args.samples, greedy=args.greedy)
+                      decay=args.decay, seed=args.seed, samples=args.samples, greedy=args.greedy, init=args.init,
+                      gen_seconds=args.gen_seconds)
     job(args.out, cfg, target=args.target, train_per_domain=args.train_prompts, eval_per_domain=args.eval_prompts,
         device=args.device, log=lambda line: print(line, file=sys.stderr, flush=True))
     return 0

@@ -334,13 +334,15 @@ def test_train_head_cli_flags_are_the_train_config_fields(monkeypatch):
     got = {}
     monkeypatch.setattr(head_job, "run_train_head", lambda out, cfg, **kw: got.update(cfg=cfg, out=out))
     args = cli.build_parser().parse_args(["train-head", "--out", "d", "--greedy", "--decay", "0.6", "--warmup", "7",
-                                          "--passes", "4", "--batch", "64", "--samples", "3", "--lr", "0.002"])
+                                          "--passes", "4", "--batch", "64", "--samples", "3", "--lr", "0.002",
+                                          "--init", "shipped", "--gen-seconds", "90"])
     assert args.run(args) == 0
     c = got["cfg"]
     assert (c.greedy, c.decay, c.warmup, c.passes, c.batch, c.samples, c.lr) == (True, 0.6, 7, 4, 64, 3, 0.002)
+    assert (c.init, c.gen_seconds) == ("shipped", 90.0)
     args = cli.build_parser().parse_args(["train-head", "--out", "d"])
     args.run(args)
-    assert got["cfg"].greedy is False and got["cfg"].decay == 0.8
+    assert got["cfg"].greedy is False and got["cfg"].decay == 0.8 and got["cfg"].init is None
 
 
 def test_the_gpu_scripts_verdict_compares_tokens_per_step_per_domain():
@@ -355,6 +357,10 @@ def test_the_gpu_scripts_verdict_compares_tokens_per_step_per_domain():
     v = s.verdict(report, {"new": {"code T=0.0": cell}})
     assert v["code"]["better"] == "new" and v["chat"]["better"] == "mixed"
     assert v["code"]["engine_new_T0.0"] == {"tokens_per_step": 2.5, "speedup": 1.3} and "engine_new_T0.7" not in v["code"]
+    report.update(head_bytes=1, init=None)
+    hist = {"loss": [10.0] * 5 + [8.0] * 5}
+    assert not s.checks(report, hist, {})["loss_fell"]  # a new head must lose 30% of its start
+    assert s.checks(dict(report, init="shipped"), hist, {})["loss_fell"]  # a continued one anything
 
 
 def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_another(tmp_path):
@@ -378,6 +384,8 @@ def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_
     report = run_train_head(tmp_path / "new", cfg, target=LoadedModel(model, CharTokenizer(), "tiny"), train_per_domain=1,
                             eval_per_domain=1, device="cpu", compare={"other": other}, tops=(16, 64), log=lambda s: None)
     assert report["data"]["train_sequences"] == {"code": 2, "prose": 2, "chat": 2}  # 1 sampled + 1 greedy each
+    assert report["data"]["train_prompts"] == {"code": 1, "prose": 1, "chat": 1} and report["init"] is None
+    assert 0 < report["generation"]["tokens"] <= 4 * (6 + 3) and report["generation"]["tokens_per_s"] > 0
     assert set(report["held_out_acceptance_top_n"]) == {16} and set(report["compare"]) == {"other"}
     for acc in (report["held_out_acceptance"], report["held_out_acceptance_top_n"][16], report["compare"]["other"]):
         assert set(acc) == {"code", "prose", "chat"} and all(len(a["greedy"]) == 2 for a in acc.values())
