@@ -101,7 +101,8 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
 # GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
 # tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check, with
 # the result directory that shows it. Only on these does the engine use 64-row tiles (from MMA64_ROWS rows).
-MMA64_CARDS: dict[str, str] = {"NVIDIA H200": "benchmarks/results/gpu_2026-12-06_s14_invtile"}
+MMA64_CARDS: dict[str, str] = {"NVIDIA H200": "benchmarks/results/gpu_2026-12-06_s14_invtile",
+                               "NVIDIA H100 80GB HBM3": "benchmarks/results/gpu_2026-12-06_s15_inv15"}
 MMA64_ROWS = 64
 
 
