@@ -1,7 +1,7 @@
 """Batch-invariant mode on a GPU (issue #40): are a request's tokens the same bits alone, in a batch
 of 16 or 64 other requests, and through n-gram speculation, and what does the mode cost per token?
 
-    python benchmarks/batch_invariant_gpu.py --out $OUT/batch_invariant_gpu.json [--gguf PATH]
+    python benchmarks/batch_invariant_gpu.py --out $OUT/batch_invariant_gpu.json [--gguf PATH] [--tiles-json PATH]
 
 Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B's, Llama-3-8B's);
 ``--gguf PATH`` adds the embedded model's real weights on its 8 benchmark prompts. Per shape:
@@ -12,11 +12,13 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
   token lists of a request are equal. Run in batch-invariant mode, and (greedy, as "before", first
   shape only) in the default mode.
 * ``timing``: ms per plain token at batch 1, 16, 64 and ms per speculative step (with its tokens per
-  step) at batch 1 and 64, CUDA graphs on, in five modes: batch-invariant with the engine's product
-  (``invariant``: up to 4 row tiles of 16 per program, each weight chunk loaded once for them), with one
-  16-row tile per program (``invariant_rows1``, the product before), with one 64-row tile per program
-  (``invariant_m64``), the default mode and cuBLAS-only products; the ratios of each invariant mode to
-  the default and to cuBLAS (issue #40's bar: <= 1.15 at batch 1, <= 1.25 at batch 64).
+  step) at batch 1 and 64, CUDA graphs on, in three or four modes: batch-invariant with the engine's
+  launches (``invariant``: ``launch_tiling``), the default mode, cuBLAS-only products, and, with
+  ``--tiles-json`` (a result of ``benchmarks/invariant_tiles_gpu.py`` on this GPU, usually from the same
+  run), batch-invariant with each product launched as the fastest candidate of the engine's order that
+  passed every bit check there at the nearest measured M at or above the pass's rows
+  (``invariant_best``: what ``launch_tiling`` would give if it took those winners); the ratios of each
+  invariant mode to the default and to cuBLAS (issue #40's bar: <= 1.15 at batch 1, <= 1.25 at batch 64).
 * ``products``: (``--product-shapes``) each projection alone at M = 1, 16, 64, 320: us per call of the
   three invariant tilings above on the product's input (``rows4`` the engine's, ``rows1``, ``m64``),
   of cuBLAS, and of the per-row add + RMSNorm or SwiGLU kernel the engine runs before the product;
@@ -63,11 +65,10 @@ SHAPES = {
     "tiny": dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                  head_dim=16),  # --tiny: the CPU test of this script
 }
-# mode: (model.batch_invariant, model.linear_impl, model.pdl, invariant_matmul's (BLOCK_M, ROW_TILES));
-# None: the model's default by device and shape
-MODES = {"invariant": (True, None, None, (16, 4)), "invariant_rows1": (True, None, None, (16, 1)),
-         "invariant_m64": (True, None, None, (64, 1)), "default": (False, None, None, (16, 4)),
-         "cublas": (False, "reference", False, (16, 4))}
+# mode: (model.batch_invariant, model.linear_impl, model.pdl); None: the model's default by device and shape
+MODES = {"invariant": (True, None, None), "default": (False, None, None), "cublas": (False, "reference", False),
+         "invariant_best": (True, None, None)}  # the last with --tiles-json only: launches from its winners
+ENGINE_LAUNCH = None  # invariant_matmul.launch_tiling as imported (set_mode restores it)
 GREEDY, SAMPLED = SamplingConfig(0.0), SamplingConfig(0.8)
 
 
@@ -88,12 +89,45 @@ def random_model(cfg: LlamaConfig, device: str) -> Llama:
     return m.eval().requires_grad_(False)
 
 
-def set_mode(m: Llama, mode: str) -> None:
-    """The model's mode, and the invariant product's tiling (module constants read by ``invariant_tiling``
-    at each launch: a backend made after this call captures its graphs with them)."""
+def set_mode(m: Llama, mode: str, winners: dict | None = None) -> None:
+    """The model's mode, and the invariant product's launches (``invariant_matmul.launch_tiling``, read at
+    each launch: a backend made after this call captures its graphs with them): the engine's, or for
+    ``invariant_best`` the ``winners`` (``tile_winners``)."""
     from flashspec_torch import invariant_matmul as I
 
-    m.batch_invariant, m.linear_impl, m.pdl, (I.BLOCK_M, I.ROW_TILES) = MODES[mode]
+    global ENGINE_LAUNCH
+    ENGINE_LAUNCH = ENGINE_LAUNCH or I.launch_tiling
+    m.batch_invariant, m.linear_impl, m.pdl = MODES[mode]
+    I.launch_tiling = ENGINE_LAUNCH if mode != "invariant_best" else best_launch(winners, ENGINE_LAUNCH)
+
+
+def tile_winners(path: Path) -> dict[tuple[int, int], dict[int, dict]]:
+    """(N, K) -> M -> the tiling (a dict) of the fastest candidate of ``benchmarks/invariant_tiles_gpu.py``'s
+    result at ``path`` that passed every check and keeps the engine's order (``r16`` is the engine's order)."""
+    got = json.loads(path.read_text())
+    out: dict[tuple[int, int], dict[int, dict]] = {}
+    for part in got["parts"]:
+        fam, cands = part["families"]["engine"], part["candidates"]["engine"]
+        order = cands["r16"]["order"]
+        for m, row in fam["timing_us"].items():
+            ok = {c: us for c, us in row.items() if c in cands and fam["checks"][c]["pass"] and cands[c]["order"] == order}
+            if ok:
+                out.setdefault((part["n"], part["k"]), {})[int(m)] = cands[min(ok, key=ok.get)]["tiling"]
+    return out
+
+
+def best_launch(winners: dict, engine):
+    """A ``launch_tiling`` that takes the winner measured at the smallest M >= the pass's rows (the largest
+    measured M above it) for a product of ``winners``, the engine's launch for any other."""
+    from flashspec_torch.invariant_matmul import InvariantTiling
+
+    def launch_tiling(t, m, n, k, gpu=None):
+        by_m = winners.get((n, k))
+        if not by_m:
+            return engine(t, m, n, k, gpu)
+        at = min([x for x in by_m if x >= m] or [max(by_m)])
+        return InvariantTiling(**by_m[at])
+    return launch_tiling
 
 
 def generate(backend, prompts, seeds, sampling, tokens: int, spec: bool):
@@ -131,11 +165,13 @@ def step_ms(records) -> float:  # mean ms per step, the first (prefill-adjacent)
     return statistics.mean(r.seconds for r in records[1:] or records) * 1e3
 
 
-def timing(m: Llama, requests, seeds, tokens: int, batches, device: str) -> dict:
+def timing(m: Llama, requests, seeds, tokens: int, batches, device: str, winners: dict | None) -> dict:
     """ms per plain token per batch and ms per speculative step at the smallest and largest batch, per mode."""
     out = {}
     for mode in MODES:
-        set_mode(m, mode)
+        if mode == "invariant_best" and not winners:
+            continue
+        set_mode(m, mode, winners)
         backend = TorchBackend(m, [LookupDraft()], eos_ids=[], verify_impl="triton", graphs=device == "cuda")
         row = {}
         for b in batches:
@@ -148,7 +184,7 @@ def timing(m: Llama, requests, seeds, tokens: int, batches, device: str) -> dict
                 row[f"spec_tokens_per_step_b{b}"] = statistics.mean(r.emitted for r in records) / b
         out[mode] = row
         del backend
-    for mode in ("invariant", "invariant_rows1", "invariant_m64"):
+    for mode in ("invariant", "invariant_best")[: 1 + bool(winners)]:
         for base in ("default", "cublas"):
             out[f"{mode}_over_{base}"] = {k: out[mode][k] / out[base][k] for k in out[mode] if "_ms_" in k}
     set_mode(m, "invariant")
@@ -291,7 +327,7 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
         if not over_budget(args, f"{name} timing"):
             t = time.perf_counter()
             batches = (1, 16, 64) if not args.tiny else (1, 4)
-            row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device)
+            row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device, args.winners)
             row["timing_s"] = time.perf_counter() - t
             save()
         if name in args.product_shapes and not over_budget(args, "products"):
@@ -378,7 +414,10 @@ def main() -> None:
     ap.add_argument("--product-shapes", default="llama3-8b", help="shapes whose products are timed alone (comma-separated)")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start after this many seconds are skipped")
     ap.add_argument("--stop-s", type=float, default=1e9, help="no distinct-completion run starts after this many seconds")
+    ap.add_argument("--tiles-json", type=Path, help="a result of benchmarks/invariant_tiles_gpu.py on this GPU: adds the "
+                    "invariant_best timing mode (its winners); skipped with a note when the file is missing")
     args = ap.parse_args()
+    args.winners = tile_winners(args.tiles_json) if args.tiles_json and args.tiles_json.exists() else None
     args.shapes, args.product_shapes = args.shapes.split(","), args.product_shapes.split(",")
     args.start, args.skipped = time.perf_counter(), []
     unknown = [s for s in args.shapes if s not in SHAPES]
@@ -391,7 +430,9 @@ def main() -> None:
         versions=dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
                       cuda=torch.version.cuda),
         settings=dict(tokens=args.tokens, gamma=4, draft="ngram (fixed)", dtype="bfloat16", sampled_temperature=0.8,
-                      distinct_runs=args.distinct, distinct_tokens=args.distinct_tokens),
+                      distinct_runs=args.distinct, distinct_tokens=args.distinct_tokens,
+                      tiles_json=str(args.tiles_json) if args.tiles_json else None,
+                      invariant_best={f"{n}x{k}": {m: t for m, t in by_m.items()} for (n, k), by_m in (args.winners or {}).items()}),
         shapes={},
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

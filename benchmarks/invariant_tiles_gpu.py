@@ -4,9 +4,10 @@ against cuBLAS (issue #40)?
     python benchmarks/invariant_tiles_gpu.py --out $OUT/invariant_tiles_gpu.json --budget-s 170
 
 Every projection (qkv, o, gate_up, down, LM head) of TinyLlama-1.1B's and Llama-3-8B's shapes, random
-bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks, group) with the
-candidates that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
-64-row tiles (a warpgroup MMA on sm_90 instead of ``mma.sync``: an empirical question of rounding);
+bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks) with the candidates
+that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
+64-row tiles of 16-128 columns, 2-4 stages, 4-8 warps (a warpgroup MMA on sm_90 instead of ``mma.sync``:
+an empirical question of rounding);
 and K chunks of twice the length over the same slices (``r16_k2x``: the same sequence of 16-deep MMA
 steps if the compiler chains them alike; the interpreter's pairwise tree over 256 is the sum of the two
 trees over 128, the same bits).
@@ -63,8 +64,9 @@ def projections(shape: str) -> list[tuple[str, int, int]]:
 
 def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.InvariantTiling, tuple[str, ...]]]]:
     """family -> candidate -> (tiling, the M classes it runs at: "small" <= 16 rows, "64", "big" > 64).
-    ``engine``: the engine's order (``invariant_tiling``); ``halves``: its slices in 2 groups (another
-    order: a program may then take a group, 2 partials instead of all slices')."""
+    One family, ``engine``: the engine's order (``invariant_tiling``), launched in every way below. The
+    64-row tiles of 64-128 columns with 3-4 stages (8 warps at 128 columns) are shaped like cuBLAS's
+    tiles at these sizes; one weight chunk is preloaded there (two [128, 128] chunks would sit in registers)."""
     m64 = replace(t, block_m=64, row_tiles=1)
     wide = min(64, 2 * t.block_n)
     engine = {
@@ -75,22 +77,17 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
         "r16_serial": (replace(t, span=0), ("64", "big")),
         "m64": (m64, ("64", "big")),
         "m64_serial": (replace(m64, span=0), ("64", "big")),
-        "m64_n64_serial": (replace(m64, span=0, block_n=64, num_stages=3), ("big",)),
+        "m64_n64_serial": (replace(m64, span=0, block_n=64, num_stages=3), ("64", "big")),
+        "m64_n64": (replace(m64, block_n=64, num_stages=3, preload=1), ("64", "big")),
+        "m64_n64_s4_serial": (replace(m64, span=0, block_n=64, num_stages=4, preload=1), ("64", "big")),
+        "m64_n128_w8_serial": (replace(m64, span=0, block_n=128, num_stages=3, num_warps=8, preload=1), ("64", "big")),
+        "m64_n128_w8": (replace(m64, block_n=128, num_stages=3, num_warps=8, preload=1), ("64", "big")),
     }
     if t.chunks % 2 == 0:  # the same slices in chunks of twice the K: on a GPU the same 16-deep MMA steps in the
         # same order, if Triton chains them alike (another order(); the interpreter's tree sums give the same bits)
         engine["r16_k2x"] = (replace(t, block_k=2 * t.block_k, chunks=t.chunks // 2, preload=min(t.preload, t.chunks // 2)),
                              ("small",))  # at 64 rows (4 row tiles) ptxas spills
-    out = {"engine": engine}
-    slices = t.slices(k)
-    if slices >= 2:
-        g = replace(t, group=-(-slices // 2))
-        out["halves"] = {
-            "h_r16": (g, ("small",)),
-            "h_r16_group": (replace(g, span=g.group), ("small", "64")),
-            "h_m64_group": (replace(g, block_m=64, row_tiles=1, span=g.group), ("64", "big")),
-        }
-    return out
+    return {"engine": engine}
 
 
 def m_class(m: int) -> str:
@@ -192,9 +189,8 @@ def projection_part(shape, proj, n, k, args, device) -> dict:
 
 
 def summarize(parts: list[dict]) -> dict:
-    """Per shape, family and M: sums over the projections of the best passing candidates' us (a
-    projection of one slice has no ``halves`` family: its ``engine`` best counts), cuBLAS's and the
-    engine's; the candidates that failed a check anywhere; the mutants caught."""
+    """Per shape, family and M: sums over the projections of the best passing candidates' us, cuBLAS's
+    and the engine's; the candidates that failed a check anywhere; the mutants caught."""
     failed = sorted({f"{p['shape']} {p['projection']} {f}/{c}" for p in parts for f, d in p["families"].items()
                      for c, r in d["checks"].items() if not r["pass"]})
     out: dict = dict(failed=failed, mutants_caught=sum(p["mutant"]["pass"] for p in parts), mutants=len(parts),
@@ -202,9 +198,9 @@ def summarize(parts: list[dict]) -> dict:
     for shape in dict.fromkeys(p["shape"] for p in parts):
         mine = [p for p in parts if p["shape"] == shape]
         rows = {}
-        for fam in ("engine", "halves"):
+        for fam in ("engine",):
             for m in mine[0]["families"]["engine"]["timing_us"]:
-                bests = [p["families"].get(fam, p["families"]["engine"])["best"].get(m) for p in mine]
+                bests = [p["families"][fam]["best"].get(m) for p in mine]
                 if None in bests:  # a projection with no passing candidate at this M
                     continue
                 best_us = sum(b["us"] for b in bests)

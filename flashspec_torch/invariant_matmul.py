@@ -5,8 +5,8 @@ every product of the target by it, after the per-row add + RMSNorm and SwiGLU ke
 and the reference (``invariant_matmul_reference``, rounding once at the end) are ``flashspec_torch.gemv``'s.
 
 The reduction order (``invariant_tiling``) depends on N, K and the dtype, never on M: one K chunk
-size, a fixed cut of K into slices (each a float32 sum of its chunks' dots in order) and of the slices
-into groups; the slices' sums are added per group, the groups' sums in order. How the work is spread
+size and a fixed cut of K into slices (each a float32 sum of its chunks' dots in order); the slices'
+sums are added in order. How the work is spread
 over programs (``launch_tiling``) does depend on M and never changes that order: up to 4 row tiles
 of 16 rows per program (each weight chunk loaded once for all of them), one slice per program up to
 64 rows (partials added by the last program), every slice in one program above (no workspace), and
@@ -36,7 +36,7 @@ def kernels():
 @dataclass(frozen=True)
 class InvariantTiling:
     """How the kernel computes a product. The reduction order along K, hence a row's bits, is fixed by
-    ``order()`` (block_k, chunks, group) and K; the other fields only say which program computes what."""
+    ``order()`` (block_k, chunks) and K; the other fields only say which program computes what."""
 
     block_m: int
     block_n: int
@@ -46,8 +46,7 @@ class InvariantTiling:
     num_warps: int = 4
     num_stages: int = 2  # software pipelining of the loads; the sum order is the chunk order whatever it is
     row_tiles: int = 4  # row tiles of block_m per program at most (1-4): each weight chunk is loaded once for them
-    group: int = 1  # slices per group: each group summed from zero in slice order, then the groups in order
-    span: int = 1  # slices per program: 1, group, or 0 (all of them: no workspace, no counter)
+    span: int = 1  # slices per program: 1 (partials added by the last program) or 0 (all of them: no workspace)
 
     def __post_init__(self):
         for name in ("block_m", "block_n", "block_k"):
@@ -58,19 +57,16 @@ class InvariantTiling:
             raise ValueError(f"chunks={self.chunks!r}, preload={self.preload!r}: need 1 <= preload <= chunks")
         if self.row_tiles not in (1, 2, 3, 4):
             raise ValueError(f"row_tiles={self.row_tiles!r} must be 1, 2, 3 or 4")
-        if not (isinstance(self.group, int) and self.group >= 1):
-            raise ValueError(f"group={self.group!r} must be an int >= 1")
-        if self.span not in (0, 1, self.group):
-            raise ValueError(f"span={self.span!r} must be 1, group ({self.group}) or 0 (every slice)")
+        if self.span not in (0, 1):
+            raise ValueError(f"span={self.span!r} must be 1 (one slice per program) or 0 (every slice)")
 
-    def order(self) -> tuple[int, int, int]:
+    def order(self) -> tuple[int, int]:
         """What fixes a row's bits (with K and the dtype): two tilings of one order give the same bits."""
-        return self.block_k, self.chunks, self.group
+        return self.block_k, self.chunks
 
     def slices(self, k: int) -> int:
-        """K's slices: enough for K, rounded up to whole groups (the slices past K add nothing)."""
-        needed = -(-(-(-k // self.block_k)) // self.chunks)
-        return -(-needed // self.group) * self.group
+        """K's slices of ``chunks`` chunks of ``block_k`` (the last one partial)."""
+        return -(-(-(-k // self.block_k)) // self.chunks)
 
     def partials(self, k: int) -> int:
         """Programs along K, each writing one partial (1: no workspace)."""
@@ -89,7 +85,7 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
     """A function of (N, K, dtype) only, so that its order is the same for every M: wider N tiles for
     wide products (the LM head), K chunks of 128 (64 in float32, whose tiles take twice the registers),
     and slices of 8, 4, 2 or 1 chunks, the longest that still give ~``TARGET_PROGRAMS`` programs at
-    M <= 64, lengthened while the partials would exceed ``MAX_SPLIT_COLUMNS``; one slice per group."""
+    M <= 64, lengthened while the partials would exceed ``MAX_SPLIT_COLUMNS``."""
     block_n = 64 if n >= 16384 else 32 if n >= 8192 else 16
     block_k = 64 if dtype == torch.float32 else 128
     tiles, chunks_k = -(-n // block_n), -(-k // block_k)
@@ -105,7 +101,8 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
 # GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
 # tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check, with
 # the result directory that shows it. Only on these does the engine use 64-row tiles (from MMA64_ROWS rows).
-MMA64_CARDS: dict[str, str] = {"NVIDIA H200": "benchmarks/results/gpu_2026-12-06_s14_invtile"}
+MMA64_CARDS: dict[str, str] = {"NVIDIA H200": "benchmarks/results/gpu_2026-12-06_s14_invtile",
+                               "NVIDIA H100 80GB HBM3": "benchmarks/results/gpu_2026-12-06_s15_inv15"}
 MMA64_ROWS = 64
 
 
@@ -181,8 +178,8 @@ def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tens
     use_pdl = pdl_on(pdl, x)
     kernels().invariant_matmul_kernel[(*grid, partials)](
         x, w, y, part, count, m, n, k,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SLICES=slices, GROUP=t.group,
-        SPAN=span, PARTIALS=partials, PER_GROUP=max(1, t.group // span), PRELOAD=t.preload, ROW_TILES=row_tiles,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SLICES=slices, SPAN=span,
+        PARTIALS=partials, PRELOAD=t.preload, ROW_TILES=row_tiles,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
         USE_PDL=use_pdl, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
     )

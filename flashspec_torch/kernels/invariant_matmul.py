@@ -3,19 +3,18 @@
 ``invariant_matmul_kernel``: y = x w^T for any number of rows M, w [N, K] in nn.Linear's layout.
 
 A row's output bits do not depend on M or on the other rows. The reduction order along K is fixed by
-(BLOCK_K, CHUNKS, GROUP) and K alone: K is cut into SLICES slices of CHUNKS chunks of BLOCK_K (chunks
-past K add nothing), each slice one float32 sum from zero of its chunks' ``tl.dot`` in chunk order;
-the slices in groups of GROUP, each group's sum from zero of its slices in order; y = round(the sum
-from zero of the groups' sums in order). Which program computes which part is free, and the launcher
-chooses it by M: a program takes ROW_TILES row tiles of BLOCK_M rows (each its own ``tl.dot``s, the
-weight chunk loaded once for all of them), one column tile of BLOCK_N and SPAN consecutive slices
-(1, GROUP or SLICES), summed as above. With SPAN < SLICES each program writes its float32 partial to a
-workspace; the last program of a (row group, column tile) to finish (a counter, taken with
-acquire-release semantics and reset by that program) adds the PARTIALS partials, PER_GROUP per group,
-in the same order and writes y. Which program finishes last changes nothing. SPAN == SLICES needs no
-workspace and no counter. None of the free choices (BLOCK_M, BLOCK_N, ROW_TILES, SPAN, warps, stages)
-changes an element's sequence of dots and additions; whether the GPU's MMA rounds a [16, BK] and a
-[64, BK] ``tl.dot`` alike (sm_90: ``mma.sync`` and a warpgroup MMA) is measured, not assumed
+(BLOCK_K, CHUNKS) and K alone: K is cut into SLICES slices of CHUNKS chunks of BLOCK_K (chunks past K
+add nothing), each slice one float32 sum from zero of its chunks' ``tl.dot`` in chunk order; y =
+round(the sum from zero of the slices' sums in slice order). Which program computes which part is
+free, and the launcher chooses it by M: a program takes ROW_TILES row tiles of BLOCK_M rows (each its
+own ``tl.dot``s, the weight chunk loaded once for all of them), one column tile of BLOCK_N and SPAN
+consecutive slices (1 or SLICES), summed as above. With SPAN 1 (and more than one slice) each program
+writes its float32 partial to a workspace; the last program of a (row group, column tile) to finish
+(a counter, taken with acquire-release semantics and reset by that program) adds the PARTIALS
+partials in slice order and writes y. Which program finishes last changes nothing. SPAN == SLICES
+needs no workspace and no counter. None of the free choices (BLOCK_M, BLOCK_N, ROW_TILES, SPAN, warps,
+stages) changes an element's sequence of dots and additions; whether the GPU's MMA rounds a [16, BK]
+and a [64, BK] ``tl.dot`` alike (sm_90: ``mma.sync`` and a warpgroup MMA) is measured, not assumed
 (``flashspec_torch.invariant_matmul``).
 
 PRELOAD chunks of the program's first slice (weights are never written by any kernel) are loaded
@@ -96,25 +95,23 @@ def slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, FIRS
 
 
 @triton.jit
-def group_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, s_first, M, g0, g1, g2, g3, K: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr, BK: tl.constexpr, CHUNKS: tl.constexpr, COUNT: tl.constexpr,
-              ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr):
-    """g + the sums of slices s_lo + s_first, ..., s_lo + COUNT - 1, each from zero, added in slice order."""
+def slices_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, M, t0, t1, t2, t3, K: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr, CHUNKS: tl.constexpr, SPAN: tl.constexpr,
+               ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr):
+    """t + the sums of slices s_lo + 1, ..., s_lo + SPAN - 1, each from zero, added in slice order."""
     z = tl.zeros([BM, BN], tl.float32)
-    for j in range(s_first, COUNT):
+    for j in range(1, SPAN):
         a0, a1, a2, a3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, (s_lo + j) * (CHUNKS * BK), M, z, z, z, z, 0, K, BM,
                                     BN, BK, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
-        g0, g1, g2, g3 = tiles_add(g0, g1, g2, g3, a0, a1, a2, a3, ROW_TILES)
-    return g0, g1, g2, g3
+        t0, t1, t2, t3 = tiles_add(t0, t1, t2, t3, a0, a1, a2, a3, ROW_TILES)
+    return t0, t1, t2, t3
 
 
 @triton.jit
-def tile_out(acc, part_ptr, y_ptr, m, n, M, N, pid_s, LAST: tl.constexpr, PARTIALS: tl.constexpr,
-             PER_GROUP: tl.constexpr):
+def tile_out(acc, part_ptr, y_ptr, m, n, M, N, pid_s, LAST: tl.constexpr, PARTIALS: tl.constexpr):
     """One row tile's result: with one partial (the program walked every slice), y = round(acc); else
     (LAST False) the program's float32 partial to the workspace, or (LAST True, the last program of the
-    tile) y = round(the partials summed as the slices are: PER_GROUP partials per group, each group's
-    sum from zero, the groups' sums added from zero in order)."""
+    tile) y = round(the partials added from zero in slice order)."""
     mask = (m < M) & (n < N)[None, :]
     if PARTIALS == 1:
         tl.store(y_ptr + m * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -122,25 +119,21 @@ def tile_out(acc, part_ptr, y_ptr, m, n, M, N, pid_s, LAST: tl.constexpr, PARTIA
         tl.store(part_ptr + (pid_s * M + m) * N + n[None, :], acc, mask=mask)
     else:
         total = tl.zeros_like(acc)
-        for gi in tl.static_range(PARTIALS // PER_GROUP):
-            g = tl.zeros_like(acc)
-            for j in tl.static_range(PER_GROUP):
-                s = gi * PER_GROUP + j
-                g += tl.load(part_ptr + (s * M + m) * N + n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-            total += g
+        for s in tl.static_range(PARTIALS):
+            total += tl.load(part_ptr + (s * M + m) * N + n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
         tl.store(y_ptr + m * N + n[None, :], total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BM: tl.constexpr, ROW_TILES: tl.constexpr,
-              LAST: tl.constexpr, PARTIALS: tl.constexpr, PER_GROUP: tl.constexpr):
-    tile_out(acc0, part_ptr, y_ptr, m, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
+              LAST: tl.constexpr, PARTIALS: tl.constexpr):
+    tile_out(acc0, part_ptr, y_ptr, m, n, M, N, pid_s, LAST, PARTIALS)
     if ROW_TILES > 1:
-        tile_out(acc1, part_ptr, y_ptr, m + BM, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
+        tile_out(acc1, part_ptr, y_ptr, m + BM, n, M, N, pid_s, LAST, PARTIALS)
     if ROW_TILES > 2:
-        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
+        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n, M, N, pid_s, LAST, PARTIALS)
     if ROW_TILES > 3:
-        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n, M, N, pid_s, LAST, PARTIALS, PER_GROUP)
+        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n, M, N, pid_s, LAST, PARTIALS)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel per ROW_TILES for every M (Triton would specialize M == 1)
@@ -152,7 +145,7 @@ def invariant_matmul_kernel(
     count_ptr,  # [row groups * N tiles] int32, zero on entry and on exit (SPAN < SLICES)
     M, N, K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-    SLICES: tl.constexpr, GROUP: tl.constexpr, SPAN: tl.constexpr, PARTIALS: tl.constexpr, PER_GROUP: tl.constexpr,
+    SLICES: tl.constexpr, SPAN: tl.constexpr, PARTIALS: tl.constexpr,
     PRELOAD: tl.constexpr, ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -181,22 +174,16 @@ def invariant_matmul_kernel(
                                            BLOCK_K, ROW_TILES, PRECISION, USE_DOT)
     acc0, acc1, acc2, acc3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
                                         BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
-    if SPAN > 1:  # the program's slices summed as the partials would be: per group from zero, groups from zero
-        g0, g1, g2, g3 = tiles_add(z, z, z, z, acc0, acc1, acc2, acc3, ROW_TILES)
-        g0, g1, g2, g3 = group_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, 1, M, g0, g1, g2, g3, K, BLOCK_M, BLOCK_N,
-                                   BLOCK_K, CHUNKS, GROUP, ROW_TILES, PRECISION, USE_DOT)
-        acc0, acc1, acc2, acc3 = tiles_add(z, z, z, z, g0, g1, g2, g3, ROW_TILES)
-        for gi in range(1, SPAN // GROUP):
-            g0, g1, g2, g3 = group_sum(x_ptr, w_rows, n_ok, m, kk, s_lo + gi * GROUP, 0, M, z, z, z, z, K, BLOCK_M,
-                                       BLOCK_N, BLOCK_K, CHUNKS, GROUP, ROW_TILES, PRECISION, USE_DOT)
-            acc0, acc1, acc2, acc3 = tiles_add(acc0, acc1, acc2, acc3, g0, g1, g2, g3, ROW_TILES)
+    if SPAN > 1:  # the program's slices summed as the partials would be: from zero, in slice order
+        acc0, acc1, acc2, acc3 = tiles_add(z, z, z, z, acc0, acc1, acc2, acc3, ROW_TILES)
+        acc0, acc1, acc2, acc3 = slices_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, M, acc0, acc1, acc2, acc3, K, BLOCK_M,
+                                            BLOCK_N, BLOCK_K, CHUNKS, SPAN, ROW_TILES, PRECISION, USE_DOT)
 
-    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, False, PARTIALS,
-              PER_GROUP)
+    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, False, PARTIALS)
     if PARTIALS > 1:
         counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
         tl.debug_barrier()  # every thread's partials stored before the (one-thread) release below
         if tl.atomic_add(counter, 1, sem="acq_rel") == PARTIALS - 1:  # the last program: add them in order
-            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, True, PARTIALS,
-                      PER_GROUP)
+            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, True,
+                      PARTIALS)
             tl.atomic_xchg(counter, 0, sem="relaxed")

@@ -25,11 +25,11 @@ def operands(dtype):  # (x [ROWS, K], w [N, K])
     return rand(ROWS, K, seed=5, dtype=dtype), rand(N, K, seed=6, dtype=dtype)
 
 
-def invariance_failures(fn, x, w) -> list[str]:
-    """Where a row's bits in a batch of 70 differ from its bits alone (rows at tile edges), inside
-    batches of 1, 3, 17, 64 (at the first and the last place) or as a row of a [3, 5] scoring pass;
-    fn(x, w) is a product."""
-    full = fn(x, w)
+def invariance_failures(fn, x, w, full=None) -> list[str]:
+    """Where a row's bits in a batch of 70 (``full``: fn(x, w) unless given) differ from its bits alone
+    (rows at tile edges), inside batches of 1, 3, 17, 64 (at the first and the last place) or as a row of
+    a [3, 5] scoring pass; fn(x, w) is a product."""
+    full = fn(x, w) if full is None else full
     failures = [f"row {i} alone" for i in EDGES if not torch.equal(fn(x[i : i + 1], w)[0], full[i])]
     for m in (1, 3, 17, 64):
         for start in sorted({0, ROWS - m}):
@@ -39,22 +39,30 @@ def invariance_failures(fn, x, w) -> list[str]:
     return failures + [f"scoring row {i}" for i in range(15) if not torch.equal(scored[i], full[i])]
 
 
+# crc32 of the engine's 70 x 40 product (4 slices of 1 chunk in float32, 2 of 1 in bfloat16, partials added
+# by the last program), recorded before the "group" level of the order was deleted (session 15): the order
+# with one slice per group is the order without groups (test_a_tilings_launch_choices_... shows every span
+# gives these bits).
+PINNED = {torch.float32: 0x3D07C106, torch.bfloat16: 0x65A66526}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_rows_bits_do_not_depend_on_the_batch(dtype):
     """The engine's product (up to 4 row tiles per program, one weight chunk load for all of them), and
-    the same bits with one row tile per program (the product before)."""
-    x, w = operands(dtype)
-    assert invariance_failures(I.invariant_matmul, x, w) == []
-    one_tile = I.launch(x, w, False, replace(I.invariant_tiling(N, K, dtype), row_tiles=1))
-    assert torch.equal(one_tile, I.invariant_matmul(x, w))
+    the same bits with one row tile per program (the product before); those bits are the ones pinned
+    before the group level went (a change to the sum order fails this), and agree with the reference
+    to rounding."""
+    import zlib
 
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_matches_the_reference(dtype):
     x, w = operands(dtype)
-    got, want = I.invariant_matmul(x, w), I.invariant_matmul_reference(x, w)
+    full = I.invariant_matmul(x, w)
+    assert zlib.crc32(full.view(torch.int16 if dtype == torch.bfloat16 else torch.int32).numpy().tobytes()) == PINNED[dtype]
+    want = I.invariant_matmul_reference(x, w)
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype] * want.float().abs().max().item()
-    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tol)
+    torch.testing.assert_close(full.float(), want.float(), rtol=0, atol=tol)
+    assert invariance_failures(I.invariant_matmul, x, w, full) == []
+    one_tile = I.launch(x, w, False, replace(I.invariant_tiling(N, K, dtype), row_tiles=1))
+    assert torch.equal(one_tile, full)
 
 
 def split_k_by_batch(x, w):
@@ -67,9 +75,8 @@ def split_k_by_batch(x, w):
     return (parts + I.invariant_matmul(x[..., h:].contiguous(), w[:, h:].contiguous()).float()).to(x.dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_mutant_that_splits_k_by_batch_size_fails_the_check(dtype):
-    x, w = operands(dtype)
+def test_a_mutant_that_splits_k_by_batch_size_fails_the_check():
+    x, w = operands(torch.bfloat16)
     assert len(invariance_failures(split_k_by_batch, x, w)) >= 10
 
 
@@ -167,39 +174,28 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
 
 
 def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
-    """One order (block_k 64, slices of 1 chunk, 2 slices per group: 4 slices, 2 groups; float32, where
-    every rounding shows) computed with 1, 2 (a group) or all 4 slices per program, 1-4 row tiles of 16 or
-    32 rows, 16 or 32 columns, 2 or 4 warps: every row of the 70-row pass has the bits of the first
-    tiling's rows alone, and each tiling's sum agrees with the reference."""
+    """One order (block_k 64, slices of 1 chunk: 4 slices; float32, where every rounding shows) computed
+    with 1 or all 4 slices per program, 1-4 row tiles of 16 or 32 rows, 16 or 32 columns, 2 or 4 warps:
+    every row of the 70-row pass has the bits of the first tiling's rows alone, and each tiling's sum
+    agrees with the reference."""
     x, w = operands(torch.float32)
-    first = I.InvariantTiling(16, 16, 64, 1, 1, group=2)
+    first = I.InvariantTiling(16, 16, 64, 1, 1)
     alone = torch.cat([I.launch(x[i : i + 1], w, False, first) for i in EDGES])
     want = I.invariant_matmul_reference(x, w)
-    for t in (replace(first, span=2), replace(first, span=0, row_tiles=2), replace(first, block_n=32, span=0),
-              replace(first, block_m=32, row_tiles=1, num_warps=2), replace(first, span=2, row_tiles=3)):
+    for t in (replace(first, span=0), replace(first, span=0, row_tiles=2), replace(first, block_n=32, span=0),
+              replace(first, block_m=32, row_tiles=1, num_warps=2), replace(first, row_tiles=3)):
         assert t.order() == first.order() and t.slices(K) == 4 and t.partials(K) == 4 // (t.span or 4)
         got = I.launch(x, w, False, t)
         assert torch.equal(got[list(EDGES)], alone), t
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
 
 
-def test_slices_are_rounded_up_to_whole_groups():
-    """K 200 in chunks of 64: 4 chunks; slices of 3 chunks: 2, in groups of 3: 3 (the last adds nothing)."""
-    t = I.InvariantTiling(16, 16, 64, 3, 1, group=3, span=3)
-    assert (t.slices(K), t.partials(K)) == (3, 1)
-    x, w = operands(torch.float32)
-    want = I.invariant_matmul_reference(x, w)
-    got = I.launch(x[:20], w, False, t)
-    assert torch.equal(got, I.launch(x[:20], w, False, replace(t, span=1)))
-    torch.testing.assert_close(got, want[:20], rtol=0, atol=1e-5 * want.abs().max().item())
-
-
-@pytest.mark.parametrize("field, value, match", [("span", 3, "span=3 must be 1, group"), ("row_tiles", 5, "row_tiles=5"),
+@pytest.mark.parametrize("field, value, match", [("span", 3, "span=3 must be 1"), ("row_tiles", 5, "row_tiles=5"),
                                                  ("block_m", 24, "block_m=24 must be a power of two"),
-                                                 ("preload", 3, "need 1 <= preload <= chunks"), ("group", 0, "group=0")])
+                                                 ("preload", 3, "need 1 <= preload <= chunks")])
 def test_a_bad_tiling_is_refused_by_name(field, value, match):
     with pytest.raises(ValueError, match=match):
-        replace(I.InvariantTiling(16, 16, 64, 2, 1, group=2), **{field: value})
+        replace(I.InvariantTiling(16, 16, 64, 2, 1), **{field: value})
 
 
 def test_more_rows_than_the_counters_cover_run_in_pieces(monkeypatch):
