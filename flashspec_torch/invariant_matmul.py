@@ -129,7 +129,7 @@ MMA64_CARDS: dict[str, Evidence] = {
 }
 MMA64_ROWS = 64
 WIDE_N = 8192  # from this many columns (gate_up, LM heads) 64-row tiles of 128 columns where covered
-LONG_K = 2048  # above 64 rows, K longer than this also takes 128 columns where covered
+LONG_K = 2048  # where covered: above 64 rows a longer K also takes 128 columns, at 64 rows 64 columns
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,19 +170,22 @@ def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = 
 def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) -> str | None:
     """The name (``MMA64_LAUNCHES``) of the engine's 64-row launch for M rows on ``gpu``, None for 16-row
     tiles: none below ``MMA64_ROWS`` rows or on a card not in ``MMA64_CARDS``, and only a launch the card's
-    evidence covers. Where it covers ``S15_LAUNCHES``: 128 columns with 8 warps for ``WIDE_N`` columns or
-    more, and above 64 rows for K > ``LONG_K`` too; otherwise 64 columns with 4 stages at 64 rows, 3 above.
+    evidence covers. Where it covers ``S15_LAUNCHES`` (and ``S14_LAUNCHES``): 128 columns with 8 warps for
+    ``WIDE_N`` columns or more, and above 64 rows for K > ``LONG_K`` too; otherwise at 64 rows 64 columns
+    with 4 stages for K > ``LONG_K``, ``t``'s columns for shorter K, and above 64 rows 64 columns, 3 stages.
     Where it covers ``S14_LAUNCHES`` only: at 64 rows ``t``'s columns where there are
     ``MMA64_SERIAL_PROGRAMS`` column tiles (16-row tiles below that), above 64 rows 64 columns (3 stages;
     the widest products keep their 2)."""
     covered = MMA64_CARDS[gpu].launches if gpu in MMA64_CARDS else frozenset()
     if m < MMA64_ROWS or not covered:
         return None
-    if S15_LAUNCHES <= covered:
+    if S14_LAUNCHES | S15_LAUNCHES <= covered:
         if n >= WIDE_N or (m > MMA64_ROWS and k > LONG_K):
             name = "m64_n128_w8_serial"
+        elif m == MMA64_ROWS:
+            name = "m64_n64_s4_serial" if k > LONG_K else "m64_serial"
         else:
-            name = "m64_n64_s4_serial" if m == MMA64_ROWS else "m64_n64_serial"
+            name = "m64_n64_serial"
     elif m == MMA64_ROWS:
         name = "m64_serial" if -(-n // t.block_n) >= MMA64_SERIAL_PROGRAMS else None
     else:

@@ -139,7 +139,7 @@ def test_64_row_tiles_only_on_an_admitted_card_with_the_same_bits(monkeypatch):
     assert blocks() == [16, 16, 64, 16]  # above 64 rows it would take m64_n64_serial: not covered
     monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.S14_LAUNCHES | I.S15_LAUNCHES)})
     assert blocks() == [16, 16, 64, 64]
-    assert [I.launch_tiling(t, m, N, K, "some GPU").num_stages for m in (64, 70)] == [4, 3]
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_n for m in (64, 70)] == [t.block_n, 64]
     monkeypatch.setattr(I, "card", lambda device: "some GPU")
     x, w = operands(torch.bfloat16)
     full = I.invariant_matmul(x, w)
@@ -174,7 +174,8 @@ def test_every_admitted_card_has_its_evidence():
             cands, checks = part["candidates"]["engine"], part["families"]["engine"]["checks"]
             t = I.invariant_tiling(part["n"], part["k"], torch.bfloat16)
             for launch in ev.launches:
-                assert checks[launch]["pass"] and measured(cands[launch]) == replace(t, **I.MMA64_LAUNCHES[launch])
+                assert launch in cands and checks[launch]["pass"], (ev.results, part["projection"], launch)
+                assert measured(cands[launch]) == replace(t, **I.MMA64_LAUNCHES[launch]), (ev.results, launch)
             for m in got["settings"]["ms"]:
                 used = I.mma64_launch(t, m, part["n"], part["k"], name)
                 assert used is None or ("64" if m <= 64 else "big") in cands[used]["at"], (name, part["projection"], m)
@@ -190,8 +191,8 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
     """``launch_tiling`` picks, per M, what benchmarks/invariant_tiles_gpu.py timed (and checked): twice
     the columns up to 64 rows (4 stages for the widest products with long slices at <= 16 rows); on the
     H200 one 64-row tile over every slice, of 64 columns above 64 rows; on the H100 from 64 rows the
-    fastest passing candidate of its run at M = 64 and 320 for every projection but four (each within
-    8% per call of it); every tiling of the engine's order."""
+    fastest passing candidate of its run at M = 64 and 320 for every projection but three (each within
+    4% per call of it); every tiling of the engine's order."""
     qkv = I.invariant_tiling(2560, 2048, torch.bfloat16)  # TinyLlama-1.1B: 160 column tiles of 16
     head = I.invariant_tiling(128256, 4096, torch.bfloat16)  # Llama-3-8B's LM head: block_n 64, 32 chunks
     assert I.launch_tiling(qkv, 1, 2560, 2048) == replace(qkv, block_n=32) == I.launch_tiling(qkv, 64, 2560, 2048)
@@ -205,7 +206,11 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
     assert I.launch_tiling(qkv, 320, 2560, 2048) == replace(qkv, span=0)
     for m in (1, 16, 63):  # below 64 rows the H100 launches as every card does
         assert I.launch_tiling(qkv, m, 2560, 2048, H100) == I.launch_tiling(qkv, m, 2560, 2048)
-    assert I.launch_tiling(qkv, 64, 2560, 2048, H100) == replace(qkv, **I.MMA64_LAUNCHES["m64_n64_s4_serial"])
+    assert I.launch_tiling(qkv, 64, 2560, 2048, H100) == replace(qkv, **I.MMA64_LAUNCHES["m64_serial"])
+    down = I.invariant_tiling(4096, 14336, torch.bfloat16)  # Llama-3-8B's down: K > LONG_K
+    assert I.launch_tiling(down, 64, 4096, 14336, H100) == replace(down, **I.MMA64_LAUNCHES["m64_n64_s4_serial"])
+    assert I.launch_tiling(down, 320, 4096, 14336, H100) == replace(down, **I.MMA64_LAUNCHES["m64_n128_w8_serial"])
+    assert I.launch_tiling(qkv, 320, 2560, 2048, H100) == I.launch_tiling(qkv, 320, 2560, 2048, h200)
     assert I.launch_tiling(head, 65, 128256, 4096, H100) == replace(head, **I.MMA64_LAUNCHES["m64_n128_w8_serial"])
     for t, n, k in ((qkv, 2560, 2048), (head, 128256, 4096)):
         assert {I.launch_tiling(t, m, n, k, gpu).order() for m in (1, 16, 17, 64, 65, 320)
@@ -220,9 +225,8 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
             as_run = lambda x: replace(x, span=0) if x.slices(k) == 1 else x  # noqa: E731  (one slice: span is moot)
             if as_run(I.launch_tiling(t, m, n, k, H100)) != as_run(best):
                 off.append((part["shape"], part["projection"], m))
-                assert us[I.mma64_launch(t, m, n, k, H100)] < 1.08 * min(us.values()), off[-1]
-    assert off == [("tinyllama-1.1b", "qkv", 64), ("tinyllama-1.1b", "o", 64), ("llama3-8b", "o", 320),
-                   ("llama3-8b", "down", 320)]
+                assert us[I.mma64_launch(t, m, n, k, H100)] < 1.04 * min(us.values()), off[-1]
+    assert off == [("tinyllama-1.1b", "qkv", 64), ("llama3-8b", "o", 320), ("llama3-8b", "down", 320)]
 
 
 def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
