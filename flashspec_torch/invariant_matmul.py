@@ -117,15 +117,15 @@ MMA64_LAUNCHES: dict[str, dict[str, int]] = {
     "m64_n64_s4_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=4, preload=1),
     "m64_n128_w8_serial": dict(block_m=64, row_tiles=1, span=0, block_n=128, num_stages=3, num_warps=8, preload=1),
 }
-S14_LAUNCHES = frozenset({"m64_serial", "m64_n64_serial"})
-S15_LAUNCHES = frozenset({"m64_n64_serial", "m64_n64_s4_serial", "m64_n128_w8_serial"})
+MMA64_BASIC = frozenset({"m64_serial", "m64_n64_serial"})  # the order's columns or 64, 2-3 stages
+MMA64_CUBLAS_LIKE = frozenset({"m64_n64_s4_serial", "m64_n128_w8_serial"})  # shaped like cuBLAS's tiles
 
 # GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
 # tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check. Only on
 # these does the engine use 64-row tiles (from MMA64_ROWS rows), and only the launches their evidence covers.
 MMA64_CARDS: dict[str, Evidence] = {
-    "NVIDIA H200": Evidence("benchmarks/results/gpu_2026-12-06_s14_invtile", S14_LAUNCHES),
-    "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/gpu_2026-12-06_s15_inv15", S14_LAUNCHES | S15_LAUNCHES),
+    "NVIDIA H200": Evidence("benchmarks/results/gpu_2026-12-06_s14_invtile", MMA64_BASIC),
+    "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/gpu_2026-12-06_s15_inv15", MMA64_BASIC | MMA64_CUBLAS_LIKE),
 }
 MMA64_ROWS = 64
 WIDE_N = 8192  # from this many columns (gate_up, LM heads) 64-row tiles of 128 columns where covered
@@ -170,16 +170,16 @@ def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = 
 def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) -> str | None:
     """The name (``MMA64_LAUNCHES``) of the engine's 64-row launch for M rows on ``gpu``, None for 16-row
     tiles: none below ``MMA64_ROWS`` rows or on a card not in ``MMA64_CARDS``, and only a launch the card's
-    evidence covers. Where it covers ``S15_LAUNCHES`` (and ``S14_LAUNCHES``): 128 columns with 8 warps for
+    evidence covers. Where it covers ``MMA64_CUBLAS_LIKE`` and ``MMA64_BASIC``: 128 columns with 8 warps for
     ``WIDE_N`` columns or more, and above 64 rows for K > ``LONG_K`` too; otherwise at 64 rows 64 columns
     with 4 stages for K > ``LONG_K``, ``t``'s columns for shorter K, and above 64 rows 64 columns, 3 stages.
-    Where it covers ``S14_LAUNCHES`` only: at 64 rows ``t``'s columns where there are
+    Where it covers ``MMA64_BASIC`` only: at 64 rows ``t``'s columns where there are
     ``MMA64_SERIAL_PROGRAMS`` column tiles (16-row tiles below that), above 64 rows 64 columns (3 stages;
     the widest products keep their 2)."""
     covered = MMA64_CARDS[gpu].launches if gpu in MMA64_CARDS else frozenset()
     if m < MMA64_ROWS or not covered:
         return None
-    if S14_LAUNCHES | S15_LAUNCHES <= covered:
+    if MMA64_BASIC | MMA64_CUBLAS_LIKE <= covered:
         if n >= WIDE_N or (m > MMA64_ROWS and k > LONG_K):
             name = "m64_n128_w8_serial"
         elif m == MMA64_ROWS:

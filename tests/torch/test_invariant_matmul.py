@@ -124,20 +124,20 @@ def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same
 
 
 def test_64_row_tiles_only_on_an_admitted_card_with_the_same_bits(monkeypatch):
-    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (with only the session-14
-    launches covered, at 64 rows only with enough column tiles: here 1 suffices), elsewhere never, and
+    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (with only ``MMA64_BASIC``
+    covered, at 64 rows only with enough column tiles: here 1 suffices), elsewhere never, and
     only launches the card's evidence covers; under the interpreter (no MMA) they give every row its bits
     alone."""
     t = I.invariant_tiling(N, K, torch.bfloat16)
     blocks = lambda: [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)]  # noqa: E731
     assert blocks() == [16, 16, 16, 16]
-    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.S14_LAUNCHES)})
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC)})
     assert blocks() == [16, 16, 16, 64]
     monkeypatch.setattr(I, "MMA64_SERIAL_PROGRAMS", 1)
     assert blocks() == [16, 16, 64, 64]
     monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", frozenset({"m64_serial"}))})
     assert blocks() == [16, 16, 64, 16]  # above 64 rows it would take m64_n64_serial: not covered
-    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.S14_LAUNCHES | I.S15_LAUNCHES)})
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC | I.MMA64_CUBLAS_LIKE)})
     assert blocks() == [16, 16, 64, 64]
     assert [I.launch_tiling(t, m, N, K, "some GPU").block_n for m in (64, 70)] == [t.block_n, 64]
     monkeypatch.setattr(I, "card", lambda device: "some GPU")
@@ -179,9 +179,9 @@ def test_every_admitted_card_has_its_evidence():
             for m in got["settings"]["ms"]:
                 used = I.mma64_launch(t, m, part["n"], part["k"], name)
                 assert used is None or ("64" if m <= 64 else "big") in cands[used]["at"], (name, part["projection"], m)
-    assert I.MMA64_CARDS["NVIDIA H200"].launches == I.S14_LAUNCHES  # its run never checked the session-15 launches
-    assert not I.S15_LAUNCHES - {"m64_n64_serial"} & set(evidence(I.MMA64_CARDS["NVIDIA H200"].results)["parts"][0]
-                                                          ["candidates"]["engine"])
+    h200 = I.MMA64_CARDS["NVIDIA H200"]  # its run never timed or checked the cuBLAS-like launches
+    assert h200.launches == I.MMA64_BASIC
+    assert not I.MMA64_CUBLAS_LIKE & set(evidence(h200.results)["parts"][0]["candidates"]["engine"])
 
 
 H100 = "NVIDIA H100 80GB HBM3"
