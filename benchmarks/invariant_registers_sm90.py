@@ -1,6 +1,7 @@
 """Registers and spills of the batch-invariant product on sm_90, without a GPU: compiles the kernel
 for sm_90a with ``triton.compile`` with every tiling ``benchmarks/invariant_tiles_gpu.py`` times (its
-``families``: the candidates of each reduction order, and the engine's ``launch_tiling``) of every
+``families``: the candidates of each reduction order, and the engine's ``launch_tiling`` on any GPU and on
+each card of ``MMA64_CARDS``) of every
 projection of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16), at M = 1, 64 and 320 where the
 candidate runs (each distinct kernel once), and runs ``ptxas -v`` on its PTX. Run without
 TRITON_INTERPRET:
@@ -58,7 +59,9 @@ def main() -> None:
                 seen = set()
                 cands = [(f"{f}/{c}", tt, cls) for f, d in families(t, k).items() for c, (tt, cls) in d.items()]
                 for m in (1, 64, 320):
-                    for name, tiling, classes in cands + [("launch_tiling", I.launch_tiling(t, m, n, k), (m_class(m),))]:
+                    engine = [(f"launch_tiling {gpu}", I.launch_tiling(t, m, n, k, gpu), (m_class(m),))
+                              for gpu in (None, *I.MMA64_CARDS)]
+                    for name, tiling, classes in engine + cands:
                         key = (tiling, min(tiling.row_tiles, -(-m // tiling.block_m)))
                         if m_class(m) not in classes or key in seen:
                             continue

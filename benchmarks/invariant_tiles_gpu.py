@@ -66,7 +66,8 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
     """family -> candidate -> (tiling, the M classes it runs at: "small" <= 16 rows, "64", "big" > 64).
     One family, ``engine``: the engine's order (``invariant_tiling``), launched in every way below. The
     64-row tiles of 64-128 columns with 3-4 stages (8 warps at 128 columns) are shaped like cuBLAS's
-    tiles at these sizes; one weight chunk is preloaded there (two [128, 128] chunks would sit in registers)."""
+    tiles at these sizes; one weight chunk is preloaded there (two [128, 128] chunks would sit in registers).
+    The engine's 64-row launches (``MMA64_LAUNCHES``) are candidates by their names."""
     m64 = replace(t, block_m=64, row_tiles=1)
     wide = min(64, 2 * t.block_n)
     engine = {
@@ -76,13 +77,10 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
         "r16_n2x": (replace(t, block_n=wide), ("small", "64")),
         "r16_serial": (replace(t, span=0), ("64", "big")),
         "m64": (m64, ("64", "big")),
-        "m64_serial": (replace(m64, span=0), ("64", "big")),
-        "m64_n64_serial": (replace(m64, span=0, block_n=64, num_stages=3), ("64", "big")),
         "m64_n64": (replace(m64, block_n=64, num_stages=3, preload=1), ("64", "big")),
-        "m64_n64_s4_serial": (replace(m64, span=0, block_n=64, num_stages=4, preload=1), ("64", "big")),
-        "m64_n128_w8_serial": (replace(m64, span=0, block_n=128, num_stages=3, num_warps=8, preload=1), ("64", "big")),
         "m64_n128_w8": (replace(m64, block_n=128, num_stages=3, num_warps=8, preload=1), ("64", "big")),
     }
+    engine.update({name: (replace(t, **fields), ("64", "big")) for name, fields in I.MMA64_LAUNCHES.items()})
     if t.chunks % 2 == 0:  # the same slices in chunks of twice the K: on a GPU the same 16-deep MMA steps in the
         # same order, if Triton chains them alike (another order(); the interpreter's tree sums give the same bits)
         engine["r16_k2x"] = (replace(t, block_k=2 * t.block_k, chunks=t.chunks // 2, preload=min(t.preload, t.chunks // 2)),

@@ -10,7 +10,8 @@ sums are added in order. How the work is spread
 over programs (``launch_tiling``) does depend on M and never changes that order: up to 4 row tiles
 of 16 rows per program (each weight chunk loaded once for all of them), one slice per program up to
 64 rows (partials added by the last program), every slice in one program above (no workspace), and
-64-row tiles only on the GPUs of ``MMA64_CARDS`` (another MMA instruction: admitted by measurement).
+64-row tiles only on the GPUs of ``MMA64_CARDS`` (another MMA instruction: admitted by measurement),
+each with only the launches its evidence covers.
 """
 
 from __future__ import annotations
@@ -98,12 +99,37 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
     return InvariantTiling(BLOCK_M, block_n, block_k, chunks, min(chunks, max(1, 32 // block_n)), row_tiles=ROW_TILES)
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """Where a card's 64-row tiles were shown to give every row its bits alone: the result directory of
+    ``benchmarks/invariant_tiles_gpu.py`` on that card and the launches of ``MMA64_LAUNCHES`` it checked
+    (all passing there; ``test_every_admitted_card_has_its_evidence`` reads the JSON)."""
+
+    results: str
+    launches: frozenset[str]
+
+
+# 64-row launches of an order's tiling ``t``, named as ``benchmarks/invariant_tiles_gpu.py``'s candidates:
+# the fields replaced in ``t`` (one 64-row tile per program over every slice).
+MMA64_LAUNCHES: dict[str, dict[str, int]] = {
+    "m64_serial": dict(block_m=64, row_tiles=1, span=0),
+    "m64_n64_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=3),
+    "m64_n64_s4_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=4, preload=1),
+    "m64_n128_w8_serial": dict(block_m=64, row_tiles=1, span=0, block_n=128, num_stages=3, num_warps=8, preload=1),
+}
+MMA64_BASIC = frozenset({"m64_serial", "m64_n64_serial"})  # the order's columns or 64, 2-3 stages
+MMA64_CUBLAS_LIKE = frozenset({"m64_n64_s4_serial", "m64_n128_w8_serial"})  # shaped like cuBLAS's tiles
+
 # GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
-# tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check, with
-# the result directory that shows it. Only on these does the engine use 64-row tiles (from MMA64_ROWS rows).
-MMA64_CARDS: dict[str, str] = {"NVIDIA H200": "benchmarks/results/gpu_2026-12-06_s14_invtile",
-                               "NVIDIA H100 80GB HBM3": "benchmarks/results/gpu_2026-12-06_s15_inv15"}
+# tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check. Only on
+# these does the engine use 64-row tiles (from MMA64_ROWS rows), and only the launches their evidence covers.
+MMA64_CARDS: dict[str, Evidence] = {
+    "NVIDIA H200": Evidence("benchmarks/results/gpu_2026-12-06_s14_invtile", MMA64_BASIC),
+    "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/gpu_2026-12-06_s15_inv15", MMA64_BASIC | MMA64_CUBLAS_LIKE),
+}
 MMA64_ROWS = 64
+WIDE_N = 8192  # from this many columns (gate_up, LM heads) 64-row tiles of 128 columns where covered
+LONG_K = 2048  # where covered: above 64 rows a longer K also takes 128 columns, at 64 rows 64 columns
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,29 +145,52 @@ def card(device: torch.device) -> str | None:  # the GPU's name; None on the CPU
 
 def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = None) -> InvariantTiling:
     """The engine's tiling for M rows, always of ``t``'s order (``t``: ``invariant_tiling``; block_n < 64
-    but for the widest products). Up to 64 rows, 16-row tiles (up to 4 per program), one slice per
-    program, with twice ``t``'s columns per tile, or, for the widest products, 4 stages where a slice has
-    16 chunks or more (at most 16 rows); on a ``gpu`` of ``MMA64_CARDS``, at 64 rows one 64-row tile over
-    every slice per program where there are ``MMA64_SERIAL_PROGRAMS`` column tiles. Above 64 rows, on
-    such a card 64-row tiles of 64 columns over every slice; elsewhere 16-row tiles over every slice
-    where that still gives ``SERIAL_PROGRAMS`` programs. These are the fastest candidates of
-    ``benchmarks/invariant_tiles_gpu.py`` on an H200 (docs/batch_invariance.md). A row's bits are the
-    same at every M: the sequence of dots and additions is ``t``'s (and the MMA instruction the same,
-    or shown to round alike on ``gpu``)."""
+    but for the widest products). From 64 rows on a ``gpu`` of ``MMA64_CARDS``, the 64-row launch of
+    ``mma64_launch``. Otherwise up to 64 rows, 16-row tiles (up to 4 per program), one slice per program,
+    with twice ``t``'s columns per tile, or, for the widest products, 4 stages where a slice has 16 chunks
+    or more (at most 16 rows); above 64 rows 16-row tiles over every slice where that still gives
+    ``SERIAL_PROGRAMS`` programs. These are the fastest checked candidates of
+    ``benchmarks/invariant_tiles_gpu.py`` (docs/batch_invariance.md). A row's bits are the same at every M:
+    the sequence of dots and additions is ``t``'s (and the MMA instruction the same, or shown to round
+    alike on ``gpu``)."""
+    name = mma64_launch(t, m, n, k, gpu)
+    if name is not None:
+        return replace(t, **MMA64_LAUNCHES[name])
     wide = t.block_n >= 64
-    mma64 = gpu in MMA64_CARDS
     if m <= t.block_m * t.row_tiles:
-        if mma64 and m >= MMA64_ROWS and -(-n // t.block_n) >= MMA64_SERIAL_PROGRAMS:
-            return replace(t, block_m=64, row_tiles=1, span=0)
         if not wide:
             return replace(t, block_n=2 * t.block_n)
         return replace(t, num_stages=4) if m <= t.block_m and t.chunks >= 16 else t
-    if mma64:
-        return replace(t, block_m=64, row_tiles=1, span=0, block_n=64, num_stages=t.num_stages if wide else 3)
     groups = -(-m // (t.block_m * t.row_tiles))
     if groups * -(-n // t.block_n) >= SERIAL_PROGRAMS:
         return replace(t, span=0)
     return t
+
+
+def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) -> str | None:
+    """The name (``MMA64_LAUNCHES``) of the engine's 64-row launch for M rows on ``gpu``, None for 16-row
+    tiles: none below ``MMA64_ROWS`` rows or on a card not in ``MMA64_CARDS``, and only a launch the card's
+    evidence covers. Where it covers ``MMA64_CUBLAS_LIKE`` and ``MMA64_BASIC``: 128 columns with 8 warps for
+    ``WIDE_N`` columns or more, and above 64 rows for K > ``LONG_K`` too; otherwise at 64 rows 64 columns
+    with 4 stages for K > ``LONG_K``, ``t``'s columns for shorter K, and above 64 rows 64 columns, 3 stages.
+    Where it covers ``MMA64_BASIC`` only: at 64 rows ``t``'s columns where there are
+    ``MMA64_SERIAL_PROGRAMS`` column tiles (16-row tiles below that), above 64 rows 64 columns (3 stages;
+    the widest products keep their 2)."""
+    covered = MMA64_CARDS[gpu].launches if gpu in MMA64_CARDS else frozenset()
+    if m < MMA64_ROWS or not covered:
+        return None
+    if MMA64_BASIC | MMA64_CUBLAS_LIKE <= covered:
+        if n >= WIDE_N or (m > MMA64_ROWS and k > LONG_K):
+            name = "m64_n128_w8_serial"
+        elif m == MMA64_ROWS:
+            name = "m64_n64_s4_serial" if k > LONG_K else "m64_serial"
+        else:
+            name = "m64_n64_serial"
+    elif m == MMA64_ROWS:
+        name = "m64_serial" if -(-n // t.block_n) >= MMA64_SERIAL_PROGRAMS else None
+    else:
+        name = "m64_serial" if t.block_n >= 64 else "m64_n64_serial"
+    return name if name in covered else None
 
 
 def invariant_matmul(

@@ -124,40 +124,75 @@ def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same
 
 
 def test_64_row_tiles_only_on_an_admitted_card_with_the_same_bits(monkeypatch):
-    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (at 64 rows only with enough
-    column tiles: here 1 suffices), elsewhere never; under the interpreter (no MMA) they give every row
-    its bits alone."""
+    """On a card of ``MMA64_CARDS`` the engine takes 64-row tiles from 64 rows (with only ``MMA64_BASIC``
+    covered, at 64 rows only with enough column tiles: here 1 suffices), elsewhere never, and
+    only launches the card's evidence covers; under the interpreter (no MMA) they give every row its bits
+    alone."""
     t = I.invariant_tiling(N, K, torch.bfloat16)
-    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (64, 70)] == [16, 16]
-    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": "its results"})
-    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)] == [16, 16, 16, 64]
+    blocks = lambda: [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)]  # noqa: E731
+    assert blocks() == [16, 16, 16, 16]
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC)})
+    assert blocks() == [16, 16, 16, 64]
     monkeypatch.setattr(I, "MMA64_SERIAL_PROGRAMS", 1)
-    assert [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)] == [16, 16, 64, 64]
+    assert blocks() == [16, 16, 64, 64]
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", frozenset({"m64_serial"}))})
+    assert blocks() == [16, 16, 64, 16]  # above 64 rows it would take m64_n64_serial: not covered
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC | I.MMA64_CUBLAS_LIKE)})
+    assert blocks() == [16, 16, 64, 64]
+    assert [I.launch_tiling(t, m, N, K, "some GPU").block_n for m in (64, 70)] == [t.block_n, 64]
     monkeypatch.setattr(I, "card", lambda device: "some GPU")
     x, w = operands(torch.bfloat16)
     full = I.invariant_matmul(x, w)
     assert all(torch.equal(I.invariant_matmul(x[i : i + 1], w)[0], full[i]) for i in (0, 63, 64, 69))
 
 
-def test_every_admitted_card_has_its_evidence():
-    """Each card of ``MMA64_CARDS`` names a GPU result of benchmarks/invariant_tiles_gpu.py on that card
-    where no 64-row candidate failed, nothing was skipped and every mutant was caught."""
+def evidence(where: str) -> dict:  # the JSON of benchmarks/invariant_tiles_gpu.py in a result directory
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    for name, where in I.MMA64_CARDS.items():
-        got = json.loads((root / where / "invariant_tiles_gpu.json").read_text())
+    return json.loads((Path(__file__).resolve().parents[2] / where / "invariant_tiles_gpu.json").read_text())
+
+
+def measured(c: dict) -> I.InvariantTiling:  # a candidate's tiling in the JSON (session 14's had group 1)
+    fields = dict(c["tiling"])
+    assert fields.pop("group", 1) == 1
+    return I.InvariantTiling(**fields)
+
+
+def test_every_admitted_card_has_its_evidence():
+    """Each card of ``MMA64_CARDS`` names a GPU result of benchmarks/invariant_tiles_gpu.py on that card
+    where no 64-row candidate failed, nothing was skipped and every mutant was caught; every launch its
+    evidence covers is a candidate of every projection there, the same tiling, passing; and each 64-row
+    launch the engine makes at the run's M on that card ran there at that M."""
+    for name, ev in I.MMA64_CARDS.items():
+        got = evidence(ev.results)
         s = got["summary"]
-        assert got["gpu"] == name and not got["skipped"] and s["mutants_caught"] == s["mutants"] > 0, where
-        assert not [f for f in s["failed"] if "m64" in f], (where, s["failed"])
+        assert got["gpu"] == name and not got["skipped"] and s["mutants_caught"] == s["mutants"] > 0, ev.results
+        assert not [f for f in s["failed"] if "m64" in f], (ev.results, s["failed"])
+        assert ev.launches and ev.launches <= set(I.MMA64_LAUNCHES), ev
+        for part in got["parts"]:
+            cands, checks = part["candidates"]["engine"], part["families"]["engine"]["checks"]
+            t = I.invariant_tiling(part["n"], part["k"], torch.bfloat16)
+            for launch in ev.launches:
+                assert launch in cands and checks[launch]["pass"], (ev.results, part["projection"], launch)
+                assert measured(cands[launch]) == replace(t, **I.MMA64_LAUNCHES[launch]), (ev.results, launch)
+            for m in got["settings"]["ms"]:
+                used = I.mma64_launch(t, m, part["n"], part["k"], name)
+                assert used is None or ("64" if m <= 64 else "big") in cands[used]["at"], (name, part["projection"], m)
+    h200 = I.MMA64_CARDS["NVIDIA H200"]  # its run never timed or checked the cuBLAS-like launches
+    assert h200.launches == I.MMA64_BASIC
+    assert not I.MMA64_CUBLAS_LIKE & set(evidence(h200.results)["parts"][0]["candidates"]["engine"])
+
+
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_the_engines_launches_by_m_are_the_measured_candidates():
-    """``launch_tiling`` picks, per M, what benchmarks/invariant_tiles_gpu.py timed (and checked) on the
-    H200: twice the columns up to 64 rows (4 stages for the widest products with long slices at <= 16
-    rows); on an admitted card one 64-row tile over every slice, of 64 columns above 64 rows; every tiling
-    of the engine's order."""
+    """``launch_tiling`` picks, per M, what benchmarks/invariant_tiles_gpu.py timed (and checked): twice
+    the columns up to 64 rows (4 stages for the widest products with long slices at <= 16 rows); on the
+    H200 one 64-row tile over every slice, of 64 columns above 64 rows; on the H100 from 64 rows the
+    fastest passing candidate of its run at M = 64 and 320 for every projection but three (each within
+    4% per call of it); every tiling of the engine's order."""
     qkv = I.invariant_tiling(2560, 2048, torch.bfloat16)  # TinyLlama-1.1B: 160 column tiles of 16
     head = I.invariant_tiling(128256, 4096, torch.bfloat16)  # Llama-3-8B's LM head: block_n 64, 32 chunks
     assert I.launch_tiling(qkv, 1, 2560, 2048) == replace(qkv, block_n=32) == I.launch_tiling(qkv, 64, 2560, 2048)
@@ -169,8 +204,29 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
     assert I.launch_tiling(qkv, 320, 2560, 2048, h200) == replace(qkv, block_m=64, row_tiles=1, span=0, block_n=64,
                                                                   num_stages=3)
     assert I.launch_tiling(qkv, 320, 2560, 2048) == replace(qkv, span=0)
+    for m in (1, 16, 63):  # below 64 rows the H100 launches as every card does
+        assert I.launch_tiling(qkv, m, 2560, 2048, H100) == I.launch_tiling(qkv, m, 2560, 2048)
+    assert I.launch_tiling(qkv, 64, 2560, 2048, H100) == replace(qkv, **I.MMA64_LAUNCHES["m64_serial"])
+    down = I.invariant_tiling(4096, 14336, torch.bfloat16)  # Llama-3-8B's down: K > LONG_K
+    assert I.launch_tiling(down, 64, 4096, 14336, H100) == replace(down, **I.MMA64_LAUNCHES["m64_n64_s4_serial"])
+    assert I.launch_tiling(down, 320, 4096, 14336, H100) == replace(down, **I.MMA64_LAUNCHES["m64_n128_w8_serial"])
+    assert I.launch_tiling(qkv, 320, 2560, 2048, H100) == I.launch_tiling(qkv, 320, 2560, 2048, h200)
+    assert I.launch_tiling(head, 65, 128256, 4096, H100) == replace(head, **I.MMA64_LAUNCHES["m64_n128_w8_serial"])
     for t, n, k in ((qkv, 2560, 2048), (head, 128256, 4096)):
-        assert {I.launch_tiling(t, m, n, k, gpu).order() for m in (1, 16, 17, 64, 65, 320) for gpu in (None, h200)} == {t.order()}
+        assert {I.launch_tiling(t, m, n, k, gpu).order() for m in (1, 16, 17, 64, 65, 320)
+                for gpu in (None, h200, H100)} == {t.order()}
+    off = []  # (shape, projection, M) where the H100's launch is not its run's fastest passing candidate
+    for part in evidence(I.MMA64_CARDS[H100].results)["parts"]:
+        n, k, fam = part["n"], part["k"], part["families"]["engine"]
+        t = I.invariant_tiling(n, k, torch.bfloat16)
+        for m in (64, 320):
+            us = {c: v for c, v in fam["timing_us"][str(m)].items() if c in part["candidates"]["engine"]}
+            best = measured(part["candidates"]["engine"][min(us, key=us.get)])
+            as_run = lambda x: replace(x, span=0) if x.slices(k) == 1 else x  # noqa: E731  (one slice: span is moot)
+            if as_run(I.launch_tiling(t, m, n, k, H100)) != as_run(best):
+                off.append((part["shape"], part["projection"], m))
+                assert us[I.mma64_launch(t, m, n, k, H100)] < 1.04 * min(us.values()), off[-1]
+    assert off == [("tinyllama-1.1b", "qkv", 64), ("llama3-8b", "o", 320), ("llama3-8b", "down", 320)]
 
 
 def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
