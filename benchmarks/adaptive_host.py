@@ -1,0 +1,233 @@
+"""The adaptive loop's host work per step against the fixed loop's, on the CPU with a tiny random model (issue #35):
+at SmolLM2-135M's shape on an H100 a GPU step takes ~1 ms and the adaptive loop's extra host work showed (docs/
+adaptive.md, "The H100 run of adapt15"); here the model's compute is small, so the host's parts are visible.
+
+    PYTHONPATH=$PWD/shared:$PWD python benchmarks/adaptive_host.py --batches 1,4,64 --tokens 48 \
+        --out benchmarks/results/adaptive_host_cpu.json
+
+Per batch: the fixed loop (n-gram at G = 2, ``speculate_steps``), and the adaptive loop (arms: plain, n-gram at
+G = 2 and 4, full-information scoring on; ``speculate_adaptive``) after a warm-up run that measures every arm.
+Each run's wall ms per step is split into host parts by wrapping the calls the loops make: ``choose`` and
+``observe`` (the policy's), ``observe_free`` (the policy's full-information update), ``score_free`` (the
+backend switch), ``launch`` (``StepTimer.launch``: on the CPU the step's own compute, the free scoring's included),
+``read`` (``StepHandle.fetch``), and ``other`` (the rest: records, the timer). ``policy_ms`` = choose + observe +
+observe_free: work a GPU run does on the host between launches. Also a cProfile of the policy's calls alone (top
+functions by own time) and the policy's ms per step replayed without any model (``policy_only``: the same arms and
+step views, so only the policy runs). Greedy; the adaptive run's tokens must equal the fixed run's
+(``tokens_equal``). Medians over ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import platform
+import pstats
+import sys
+import time
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, whatever is installed
+
+import flashspec.adaptive as adaptive  # noqa: E402
+from flashspec.adaptive import AdaptivePolicy, make_arms, speculate_adaptive, use_free_scoring  # noqa: E402
+from flashspec.config import SamplingConfig  # noqa: E402
+from flashspec.loop import SpecConfig, StepTimer, speculate_steps  # noqa: E402
+from flashspec_torch.backend import TorchBackend  # noqa: E402
+from flashspec_torch.drafts import LookupDraft  # noqa: E402
+from flashspec_torch.model import Llama, LlamaConfig  # noqa: E402
+
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
+GREEDY = SamplingConfig(0.0)
+LENGTHS = (2, 4)
+PARTS = ("choose", "observe", "observe_free", "score_free", "launch", "read")
+
+
+class Fixed:
+    def __init__(self, arm: int):
+        self.arm = arm
+
+    def choose(self):
+        return self.arm
+
+    def observe(self, *args):
+        pass
+
+
+class Clocks:
+    """Host seconds per named part, summed over a run, by wrapping callables."""
+
+    def __init__(self):
+        self.s = dict.fromkeys(PARTS, 0.0)
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.s[name] += time.perf_counter() - t0
+        return timed
+
+
+def model() -> Llama:
+    torch.manual_seed(0)
+    m = Llama(LlamaConfig(**TINY, max_position_embeddings=1024))
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m.eval().requires_grad_(False)
+
+
+def prompts(batch: int, seed: int = 0) -> list[list[int]]:
+    """Repetitive prompts (a short motif repeated), so the n-gram lookup finds matches."""
+    r = np.random.default_rng(seed)
+    return [(r.integers(0, TINY["vocab_size"], 5).tolist() * 6) for _ in range(batch)]
+
+
+def instrumented_run(backend, policy, batch: int, tokens: int, adaptive_loop: bool) -> tuple[dict, list, list]:
+    """(ms per step of each part and of the whole, the outputs, the records) of one run after its prefill."""
+    clocks = Clocks()
+    backend.prefill(prompts(batch), tokens)
+    saved = (StepTimer.launch, adaptive.observe_free, backend.score_free, policy.choose, policy.observe)
+    orig_launch = StepTimer.launch
+
+    def launch(self, start):
+        def fetching():
+            h = start()
+            h.fetch = clocks.wrap("read", h.fetch)
+            return h
+        t0 = time.perf_counter()
+        try:
+            return orig_launch(self, fetching)
+        finally:
+            clocks.s["launch"] += time.perf_counter() - t0
+
+    StepTimer.launch = launch
+    adaptive.observe_free = clocks.wrap("observe_free", adaptive.observe_free)
+    backend.score_free = clocks.wrap("score_free", backend.score_free)
+    policy.choose = clocks.wrap("choose", policy.choose)
+    policy.observe = clocks.wrap("observe", policy.observe)
+    records: list = []
+    t0 = time.perf_counter()
+    try:
+        if adaptive_loop:
+            speculate_adaptive(backend, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
+                               rows=batch, records=records)
+        else:
+            speculate_steps(backend, policy, sampling=GREEDY, spec=SpecConfig(LENGTHS[0], tokens), seed=0,
+                            first_offset=0, on_step=None, records=records)
+    finally:
+        wall = time.perf_counter() - t0
+        StepTimer.launch, adaptive.observe_free = saved[0], saved[1]
+        del backend.score_free, policy.choose, policy.observe  # the instance attributes: the methods show again
+    steps = max(1, len(records))
+    ms = {k: v * 1e3 / steps for k, v in clocks.s.items()}
+    ms["total"] = wall * 1e3 / steps
+    ms["other"] = ms["total"] - sum(ms[k] for k in PARTS)
+    ms["policy"] = ms["choose"] + ms["observe"] + ms["observe_free"]
+    return ms, backend.outputs(), records
+
+
+def median_parts(runs: list[dict]) -> dict:
+    return {k: round(float(np.median([r[k] for r in runs])), 4) for k in runs[0]}
+
+
+def policy_only(policy_arms, batch: int, records: list, repeats: int) -> tuple[float, str]:
+    """ms per step of the policy alone (choose + observe + free updates) replaying ``records`` (an adaptive
+    run's steps) on a fresh policy, and a cProfile of it (top 12 functions by own time)."""
+    from flashspec.backend import StepView
+
+    def replay():
+        p = AdaptivePolicy(policy_arms, 1, rng=0)
+        p.scoring_gamma = max(LENGTHS)
+        p.new_batch(batch, 10**6)
+        for r in records:
+            a = p.choose(batch)
+            acc = np.array([max(0, n) for n in r.row_accepted])
+            drafted = np.array([max(0, n) for n in r.row_drafted])
+            active = np.array([n >= 0 for n in r.row_accepted])
+            where = np.nonzero(active)[0]
+            arm = p.arms[a]
+            p.observe(a, len(where), np.minimum(acc[where], arm.length), r.seconds,
+                      drafted=np.full(len(where), arm.length), where=where)
+            view = StepView(acc, active, ~active, np.zeros(batch, bool),
+                            free_scored=[np.full(batch, max(LENGTHS))], free_accepted=[np.minimum(acc, max(LENGTHS))],
+                            drafted=drafted)
+            adaptive.observe_free(p, view, skip=arm.draft, where=where)
+        return len(records)
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        n = replay()
+        times.append((time.perf_counter() - t0) * 1e3 / max(1, n))
+    prof = cProfile.Profile()
+    prof.enable()
+    replay()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    return round(float(np.median(times)), 4), "\n".join(lines[:30])
+
+
+def run_batch(m, batch: int, tokens: int, repeats: int) -> dict:
+    backend = TorchBackend(m, [LookupDraft()], eos_ids=[])
+    arms = make_arms(1, LENGTHS)
+    fixed_runs, adaptive_runs = [], []
+    for _ in range(repeats + 1):  # the first of each: warm-up
+        ms, fixed_out, _ = instrumented_run(backend, Fixed(0), batch, tokens, adaptive_loop=False)
+        fixed_runs.append(ms)
+    policy = AdaptivePolicy(arms, 1, rng=0)
+    use_free_scoring(backend, policy)
+    for _ in range(repeats + 1):
+        ms, out, records = instrumented_run(backend, policy, batch, tokens, adaptive_loop=True)
+        adaptive_runs.append(ms)
+    backend.score_free(0)
+    names = ["plain" if a.plain else f"ngram:G{a.length}" for a in arms]
+    pulls = {n: sum(1 for r in records if (r.arm < 0) == (n == "plain") and
+                    (n == "plain" or r.drafted == int(n[-1]) * r.rows)) for n in names}
+    pol_ms, prof = policy_only(arms, batch, records, repeats)
+    fixed, adapt = median_parts(fixed_runs[1:]), median_parts(adaptive_runs[1:])
+    return dict(batch=batch, tokens=tokens, fixed_ngram_G2_ms=fixed, adaptive_ms=adapt,
+                extra_ms=round(adapt["total"] - fixed["total"], 4), adaptive_steps=len(records), adaptive_pulls=pulls,
+                tokens_equal=out == fixed_out, policy_only_ms=pol_ms, policy_profile=prof)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,4,64")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    m = model()
+    rows = [run_batch(m, int(b), args.tokens, args.repeats) for b in args.batches.split(",")]
+    for r in rows:
+        print(f"batch {r['batch']}: fixed {r['fixed_ngram_G2_ms']['total']:.3f} ms/step, adaptive "
+              f"{r['adaptive_ms']['total']:.3f} (policy {r['adaptive_ms']['policy']:.3f}: choose "
+              f"{r['adaptive_ms']['choose']:.3f} observe {r['adaptive_ms']['observe']:.3f} free "
+              f"{r['adaptive_ms']['observe_free']:.3f}; launch {r['adaptive_ms']['launch']:.3f} vs "
+              f"{r['fixed_ngram_G2_ms']['launch']:.3f}), policy alone {r['policy_only_ms']:.3f}, "
+              f"tokens equal {r['tokens_equal']}, pulls {r['adaptive_pulls']}")
+    doc = dict(benchmark="adaptive_host", issue=35, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               hardware=dict(cpu=platform.processor() or platform.machine(), threads=args.threads),
+               versions=dict(python=platform.python_version(), torch=torch.__version__, numpy=version("numpy")),
+               model=TINY, args=vars(args), units="host ms per step (wall of the run / its steps, per part)",
+               checks={f"tokens_equal_batch{r['batch']}": r["tokens_equal"] for r in rows}, rows=rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
