@@ -25,7 +25,9 @@ import io
 import json
 import platform
 import pstats
+import subprocess
 import sys
+import types
 import time
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -38,7 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, whatever is installed
 
 import flashspec.adaptive as adaptive  # noqa: E402
-from flashspec.adaptive import AdaptivePolicy, make_arms, speculate_adaptive, use_free_scoring  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec.loop import SpecConfig, StepTimer, speculate_steps  # noqa: E402
 from flashspec_torch.backend import TorchBackend  # noqa: E402
@@ -92,11 +93,26 @@ def prompts(batch: int, seed: int = 0) -> list[list[int]]:
     return [(r.integers(0, TINY["vocab_size"], 5).tolist() * 6) for _ in range(batch)]
 
 
-def instrumented_run(backend, policy, batch: int, tokens: int, adaptive_loop: bool) -> tuple[dict, list, list]:
-    """(ms per step of each part and of the whole, the outputs, the records) of one run after its prefill."""
+def load_adaptive(rev: str | None):
+    """``flashspec.adaptive`` as of git revision ``rev`` of this checkout (None: the current one), as a module of
+    its own (``flashspec.adaptive_<rev>``) beside the current one."""
+    if rev is None:
+        return adaptive
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:shared/flashspec/adaptive.py"], capture_output=True,
+                         text=True, check=True).stdout
+    mod = types.ModuleType(f"flashspec.adaptive_{rev}")
+    mod.__package__, mod.__file__ = "flashspec", f"{rev}:shared/flashspec/adaptive.py"
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up
+    exec(compile(src, mod.__file__, "exec"), mod.__dict__)
+    return mod
+
+
+def instrumented_run(ad, backend, policy, batch: int, tokens: int, adaptive_loop: bool) -> tuple[dict, list, list]:
+    """(ms per step of each part and of the whole, the outputs, the records) of one run after its prefill; ``ad``:
+    the adaptive module whose loop runs."""
     clocks = Clocks()
     backend.prefill(prompts(batch), tokens)
-    saved = (StepTimer.launch, adaptive.observe_free, backend.score_free, policy.choose, policy.observe)
+    saved = (StepTimer.launch, ad.observe_free, backend.score_free, policy.choose, policy.observe)
     orig_launch = StepTimer.launch
 
     def launch(self, start):
@@ -111,7 +127,7 @@ def instrumented_run(backend, policy, batch: int, tokens: int, adaptive_loop: bo
             clocks.s["launch"] += time.perf_counter() - t0
 
     StepTimer.launch = launch
-    adaptive.observe_free = clocks.wrap("observe_free", adaptive.observe_free)
+    ad.observe_free = clocks.wrap("observe_free", ad.observe_free)
     backend.score_free = clocks.wrap("score_free", backend.score_free)
     policy.choose = clocks.wrap("choose", policy.choose)
     policy.observe = clocks.wrap("observe", policy.observe)
@@ -119,14 +135,14 @@ def instrumented_run(backend, policy, batch: int, tokens: int, adaptive_loop: bo
     t0 = time.perf_counter()
     try:
         if adaptive_loop:
-            speculate_adaptive(backend, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
+            ad.speculate_adaptive(backend, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
                                rows=batch, records=records)
         else:
             speculate_steps(backend, policy, sampling=GREEDY, spec=SpecConfig(LENGTHS[0], tokens), seed=0,
                             first_offset=0, on_step=None, records=records)
     finally:
         wall = time.perf_counter() - t0
-        StepTimer.launch, adaptive.observe_free = saved[0], saved[1]
+        StepTimer.launch, ad.observe_free = saved[0], saved[1]
         del backend.score_free, policy.choose, policy.observe  # the instance attributes: the methods show again
     steps = max(1, len(records))
     ms = {k: v * 1e3 / steps for k, v in clocks.s.items()}
@@ -140,17 +156,22 @@ def median_parts(runs: list[dict]) -> dict:
     return {k: round(float(np.median([r[k] for r in runs])), 4) for k in runs[0]}
 
 
-def policy_only(policy_arms, batch: int, records: list, repeats: int) -> tuple[float, str]:
-    """ms per step of the policy alone (choose + observe + free updates) replaying ``records`` (an adaptive
-    run's steps) on a fresh policy, and a cProfile of it (top 12 functions by own time)."""
+def policy_only(ad, batch: int, tokens: int, records: list, repeats: int) -> tuple[float, list[int], str]:
+    """(ms per step, its choices, a cProfile: top 12 functions by own time) of the policy of module ``ad`` alone
+    (choose + observe + free updates) replaying ``records`` (an adaptive run's steps, their seconds and acceptance)
+    on a fresh policy: the same inputs for every module, so the same choices where the modules agree."""
     from flashspec.backend import StepView
 
+    choices: list[int] = []
+
     def replay():
-        p = AdaptivePolicy(policy_arms, 1, rng=0)
+        choices.clear()
+        p = ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0)
         p.scoring_gamma = max(LENGTHS)
-        p.new_batch(batch, 10**6)
+        p.new_batch(batch, tokens)
         for r in records:
             a = p.choose(batch)
+            choices.append(a)
             acc = np.array([max(0, n) for n in r.row_accepted])
             drafted = np.array([max(0, n) for n in r.row_drafted])
             active = np.array([n >= 0 for n in r.row_accepted])
@@ -161,7 +182,7 @@ def policy_only(policy_arms, batch: int, records: list, repeats: int) -> tuple[f
             view = StepView(acc, active, ~active, np.zeros(batch, bool),
                             free_scored=[np.full(batch, max(LENGTHS))], free_accepted=[np.minimum(acc, max(LENGTHS))],
                             drafted=drafted)
-            adaptive.observe_free(p, view, skip=arm.draft, where=where)
+            ad.observe_free(p, view, skip=arm.draft, where=where)
         return len(records)
 
     times = []
@@ -176,30 +197,41 @@ def policy_only(policy_arms, batch: int, records: list, repeats: int) -> tuple[f
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
     lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
-    return round(float(np.median(times)), 4), "\n".join(lines[:30])
+    return round(float(np.median(times)), 4), list(choices), "\n".join(lines[:30])
 
 
-def run_batch(m, batch: int, tokens: int, repeats: int) -> dict:
+def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
+    """Fixed, adaptive (``before``'s module, then this checkout's) runs in turn, ``repeats`` times after a warm-up
+    each; then the policies alone on the last adaptive run's steps."""
     backend = TorchBackend(m, [LookupDraft()], eos_ids=[])
-    arms = make_arms(1, LENGTHS)
-    fixed_runs, adaptive_runs = [], []
-    for _ in range(repeats + 1):  # the first of each: warm-up
-        ms, fixed_out, _ = instrumented_run(backend, Fixed(0), batch, tokens, adaptive_loop=False)
-        fixed_runs.append(ms)
-    policy = AdaptivePolicy(arms, 1, rng=0)
-    use_free_scoring(backend, policy)
-    for _ in range(repeats + 1):
-        ms, out, records = instrumented_run(backend, policy, batch, tokens, adaptive_loop=True)
-        adaptive_runs.append(ms)
+    mods = {"before": before, "after": adaptive} if before is not None else {"after": adaptive}
+    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, ad in mods.items()}
+    runs: dict[str, list] = {"fixed": [], **{k: [] for k in mods}}
+    outs, records = {}, {}
+    for _ in range(repeats + 1):  # the first: warm-up (the policies measure every arm)
+        backend.score_free(0)
+        ms, outs["fixed"], _ = instrumented_run(adaptive, backend, Fixed(0), batch, tokens, adaptive_loop=False)
+        runs["fixed"].append(ms)
+        for k, ad in mods.items():
+            ad.use_free_scoring(backend, policies[k])
+            ms, outs[k], records[k] = instrumented_run(ad, backend, policies[k], batch, tokens, adaptive_loop=True)
+            runs[k].append(ms)
     backend.score_free(0)
-    names = ["plain" if a.plain else f"ngram:G{a.length}" for a in arms]
-    pulls = {n: sum(1 for r in records if (r.arm < 0) == (n == "plain") and
-                    (n == "plain" or r.drafted == int(n[-1]) * r.rows)) for n in names}
-    pol_ms, prof = policy_only(arms, batch, records, repeats)
-    fixed, adapt = median_parts(fixed_runs[1:]), median_parts(adaptive_runs[1:])
-    return dict(batch=batch, tokens=tokens, fixed_ngram_G2_ms=fixed, adaptive_ms=adapt,
-                extra_ms=round(adapt["total"] - fixed["total"], 4), adaptive_steps=len(records), adaptive_pulls=pulls,
-                tokens_equal=out == fixed_out, policy_only_ms=pol_ms, policy_profile=prof)
+    row = dict(batch=batch, tokens=tokens, tokens_equal={k: outs[k] == outs["fixed"] for k in mods})
+    for k in runs:
+        row[f"{k}_ms"] = median_parts(runs[k][1:])
+    for k in mods:
+        rec = records[k]
+        row[f"{k}_extra_ms"] = round(row[f"{k}_ms"]["total"] - row["fixed_ms"]["total"], 4)
+        row[f"{k}_pulls"] = {"plain": sum(r.arm < 0 for r in rec),
+                             **{f"ngram:G{g}": sum(r.arm >= 0 and r.drafted == g * r.rows for r in rec) for g in LENGTHS}}
+    trace = records["after"]
+    row["policy_only_steps"] = len(trace)
+    choices = {}
+    for k, ad in mods.items():
+        row[f"{k}_policy_only_ms"], choices[k], row[f"{k}_policy_profile"] = policy_only(ad, batch, tokens, trace, repeats)
+    row["policy_only_same_choices"] = len(set(map(tuple, choices.values()))) == 1
+    return row
 
 
 def main() -> None:
@@ -208,23 +240,27 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--before", default=None, help="a git revision whose flashspec/adaptive.py runs beside this one")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     m = model()
-    rows = [run_batch(m, int(b), args.tokens, args.repeats) for b in args.batches.split(",")]
+    before = load_adaptive(args.before) if args.before else None
+    rows = [run_batch(m, int(b), args.tokens, args.repeats, before) for b in args.batches.split(",")]
     for r in rows:
-        print(f"batch {r['batch']}: fixed {r['fixed_ngram_G2_ms']['total']:.3f} ms/step, adaptive "
-              f"{r['adaptive_ms']['total']:.3f} (policy {r['adaptive_ms']['policy']:.3f}: choose "
-              f"{r['adaptive_ms']['choose']:.3f} observe {r['adaptive_ms']['observe']:.3f} free "
-              f"{r['adaptive_ms']['observe_free']:.3f}; launch {r['adaptive_ms']['launch']:.3f} vs "
-              f"{r['fixed_ngram_G2_ms']['launch']:.3f}), policy alone {r['policy_only_ms']:.3f}, "
-              f"tokens equal {r['tokens_equal']}, pulls {r['adaptive_pulls']}")
+        for k in ("before", "after"):
+            if f"{k}_ms" in r:
+                ms = r[f"{k}_ms"]
+                print(f"batch {r['batch']} {k}: fixed {r['fixed_ms']['total']:.3f} ms/step, adaptive {ms['total']:.3f} "
+                      f"(policy {ms['policy']:.3f}: choose {ms['choose']:.3f} observe {ms['observe']:.3f} free "
+                      f"{ms['observe_free']:.3f}; launch {ms['launch']:.3f} vs {r['fixed_ms']['launch']:.3f}), policy "
+                      f"alone {r[f'{k}_policy_only_ms']:.3f}, pulls {r[f'{k}_pulls']}")
     doc = dict(benchmark="adaptive_host", issue=35, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                hardware=dict(cpu=platform.processor() or platform.machine(), threads=args.threads),
                versions=dict(python=platform.python_version(), torch=torch.__version__, numpy=version("numpy")),
                model=TINY, args=vars(args), units="host ms per step (wall of the run / its steps, per part)",
-               checks={f"tokens_equal_batch{r['batch']}": r["tokens_equal"] for r in rows}, rows=rows)
+               checks={f"batch{r['batch']}": dict(tokens_equal=all(r["tokens_equal"].values()),
+                                                   policy_only_same_choices=r["policy_only_same_choices"]) for r in rows}, rows=rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
 
