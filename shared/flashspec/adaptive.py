@@ -74,7 +74,7 @@ from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_drafte
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
-CELLS = 4096  # finish_steps' search: (hi - lo) / CELLS
+GRID_SIZE = 96  # finish_steps searches [arms, R] up to this size on a grid (fewer calls), larger by bisection
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
@@ -426,23 +426,29 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
     ``var`` [arms, R] tokens a step, needs steps_b ~ normal(left / mean, left var / mean^3) (a renewal count); the
     last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (bisection,
     the normal tail by its logistic approximation), and never before the slowest row's expectation. The crossing is
-    found to (hi - lo) / ``CELLS``: for a small [arms, R] on a grid of 15 points a round (3 rounds), else by bisection."""
+    found to (hi - lo) / 4096: by 12 halvings, or for [arms, R] of at most ``GRID_SIZE`` on a grid of 15 points a
+    round, 3 rounds (the same cell)."""
     m = left / mean  # [arms, R]
     if m.shape[1] == 1:
         return np.maximum(1.0, m[:, 0])
     s = np.sqrt(left * var / mean ** 3) + 1e-9
     lo = m.max(axis=1)
     hi = lo + 5.0 * s.max(axis=1)
-    scale = (1.702 / s)[:, None, :]  # [arms, 1, R]
-    shift = scale * m[:, None, :]
-    grid = 16 if m.size <= 256 else 2  # small: 3 rounds of 15 points (fewer calls); large: bisection (fewer points)
-    j = np.arange(1, grid)  # [grid - 1]: the interior points of a round's grid
-    for _ in range(round(math.log2(CELLS) / math.log2(grid))):  # grid ** rounds = CELLS: well under a step
-        w = (hi - lo) / grid  # [arms]
-        t = lo[:, None] + np.multiply.outer(w, j)  # [arms, grid - 1]
-        z = np.minimum(50.0, scale * t[:, :, None] - shift)  # [arms, grid - 1, R]
-        k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing, its cell
-        lo, hi = lo + w * k, np.where(k == grid - 1, hi, lo + w * (k + 1))
+    scale = 1.702 / s  # [arms, R]
+    shift = scale * m
+    if m.size <= GRID_SIZE:  # 3 rounds of 15 points: fewer numpy calls than 12 halvings, each on a small array
+        j = np.arange(1, 16)  # [15]: the interior points of a round's grid
+        for _ in range(3):  # 16 ** 3 = 4096 cells
+            w = (hi - lo) / 16  # [arms]
+            t = lo[:, None] + np.multiply.outer(w, j)  # [arms, 15]
+            z = np.minimum(50.0, scale[:, None, :] * t[:, :, None] - shift[:, None, :])  # [arms, 15, R]
+            k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing: its cell
+            lo, hi = lo + w * k, np.where(k == 15, hi, lo + w * (k + 1))
+        return np.maximum(1.0, 0.5 * (lo + hi))
+    for _ in range(12):  # (hi - lo) / 4096: well under a step
+        t = 0.5 * (lo + hi)
+        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, scale * t[:, None] - shift)))).sum(axis=1) > 1.0
+        lo, hi = np.where(over, t, lo), np.where(over, hi, t)
     return np.maximum(1.0, 0.5 * (lo + hi))
 
 

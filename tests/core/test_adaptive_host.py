@@ -25,7 +25,7 @@ def finish_steps_bisection(left, mean, var):  # [arms]
     return np.maximum(1.0, 0.5 * (lo + hi))
 
 
-@pytest.mark.parametrize("rows", [2, 5, 64, 300])  # 300 x 3 arms: the bisection branch
+@pytest.mark.parametrize("rows", [2, 5, 32, 300])  # 32 or more x 3 arms: the bisection branch
 def test_finish_steps_finds_bisections_crossing(rows):
     r = np.random.default_rng(rows)
     for _ in range(20):
