@@ -268,7 +268,9 @@ class AdaptivePolicy:
 
     def mean_alpha(self) -> np.ndarray:  # [drafts, R]
         """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""
-        succ, fail = self.counts()
+        return self.posterior_mean(*self.counts())
+
+    def posterior_mean(self, succ: np.ndarray, fail: np.ndarray) -> np.ndarray:  # [drafts, R]
         return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
 
     def sample_alpha(self) -> np.ndarray:  # [drafts, R]
@@ -276,7 +278,7 @@ class AdaptivePolicy:
         every step whatever runs, so it needs no exploration: its posterior mean."""
         succ, fail = self.counts()
         draw = self.rng.beta(self.prior[0] + succ, self.prior[1] + fail)
-        return np.where(self.free[:, None], self.mean_alpha(), draw)
+        return np.where(self.free[:, None], self.posterior_mean(succ, fail), draw)
 
     def value(self, rows: int, b: int, alpha: np.ndarray, capped: np.ndarray | None = None) -> np.ndarray:  # [arms]
         """log(tokens per second) of every arm in bucket ``b`` at its capped cost (never measured: -inf): ``log_rate``
