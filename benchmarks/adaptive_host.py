@@ -2,19 +2,21 @@
 at SmolLM2-135M's shape on an H100 a GPU step takes ~1 ms and the adaptive loop's extra host work showed (docs/
 adaptive.md, "The H100 run of adapt15"); here the model's compute is small, so the host's parts are visible.
 
-    PYTHONPATH=$PWD/shared:$PWD python benchmarks/adaptive_host.py --batches 1,4,64 --tokens 48 \
-        --out benchmarks/results/adaptive_host_cpu.json
+    PYTHONPATH=$PWD/shared:$PWD python benchmarks/adaptive_host.py --batches 1,4,16,64 --tokens 48 --repeats 7 \
+        --before d6eb4da --out benchmarks/results/adaptive_host_cpu.json
 
-Per batch: the fixed loop (n-gram at G = 2, ``speculate_steps``), and the adaptive loop (arms: plain, n-gram at
-G = 2 and 4, full-information scoring on; ``speculate_adaptive``) after a warm-up run that measures every arm.
+Per batch, in turn: the fixed loop (n-gram at G = 2, ``speculate_steps``), and the adaptive loop (arms: plain,
+n-gram at G = 2 and 4, full-information scoring on; ``speculate_adaptive``) of revision ``--before`` (its
+``flashspec/adaptive.py`` loaded beside this checkout's) and of this checkout, after a warm-up run of each that
+measures every arm.
 Each run's wall ms per step is split into host parts by wrapping the calls the loops make: ``choose`` and
 ``observe`` (the policy's), ``observe_free`` (the policy's full-information update), ``score_free`` (the
 backend switch), ``launch`` (``StepTimer.launch``: on the CPU the step's own compute, the free scoring's included),
 ``read`` (``StepHandle.fetch``), and ``other`` (the rest: records, the timer). ``policy_ms`` = choose + observe +
-observe_free: work a GPU run does on the host between launches. Also a cProfile of the policy's calls alone (top
-functions by own time) and the policy's ms per step replayed without any model (``policy_only``: the same arms and
-step views, so only the policy runs). Greedy; the adaptive run's tokens must equal the fixed run's
-(``tokens_equal``). Medians over ``--repeats`` runs.
+observe_free: work a GPU run does on the host between launches. Then each policy alone replays this checkout's
+last adaptive run's steps without any model (``*_policy_only_ms``; the same inputs, so the same choices:
+``policy_only_same_choices``), with a cProfile of it (top functions by own time). Greedy; every adaptive run's
+tokens must equal the fixed run's (``tokens_equal``). Medians over ``--repeats`` runs.
 """
 
 from __future__ import annotations
