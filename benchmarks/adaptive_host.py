@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, whatever is installed
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]  # this checkout's flashspec, whatever is installed
 
 import flashspec.adaptive as adaptive  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
@@ -48,21 +48,12 @@ from flashspec_torch.backend import TorchBackend  # noqa: E402
 from flashspec_torch.drafts import LookupDraft  # noqa: E402
 from flashspec_torch.model import Llama, LlamaConfig  # noqa: E402
 
+from adaptive_bench import Fixed  # noqa: E402
+
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
 GREEDY = SamplingConfig(0.0)
 LENGTHS = (2, 4)
 PARTS = ("choose", "observe", "observe_free", "score_free", "launch", "read")
-
-
-class Fixed:
-    def __init__(self, arm: int):
-        self.arm = arm
-
-    def choose(self):
-        return self.arm
-
-    def observe(self, *args):
-        pass
 
 
 class Clocks:

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashspec.adaptive import AdaptivePolicy, finish_steps, make_arms
+from flashspec.adaptive import AdaptivePolicy, make_arms
+from flashspec.throughput import finish_steps
 
 
 def finish_steps_bisection(left, mean, var):  # [arms]
