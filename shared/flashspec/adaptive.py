@@ -70,6 +70,7 @@ from .backend import Backend, FreeScoring, StepHandle, StepView
 from .config import SamplingConfig
 from .faults import check_finite
 from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_drafted
+from .throughput import emitted_moments, finish_steps
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
@@ -184,27 +185,41 @@ class AdaptivePolicy:
             self.row_active = np.zeros_like(self.row_active)
             self.row_active[where] = True
         b = self.bucket_of(rows, size)
-        untried = (self.cost_weight[b] == 0) & ~np.isin(np.arange(len(self.arms)), list(self.in_flight))
-        hopeless = self.hopeless(rows, b)
         unmeasured = self.cost_weight[b] == 0
-        untried &= ~(self.dearer.T & unmeasured[None, :]).any(axis=1)  # an arm it includes is measured first
-        if (untried & ~hopeless).any():  # each unmeasured arm once (not twice because its first step is not read yet)
-            return self.launch(int(np.argmax(untried & ~hopeless)))
-        if ((self.cost_weight[b] == 0) & ~hopeless).any():  # the rest are in flight: the best measured arm meanwhile
-            return self.launch(self.best(rows, b, self.mean_alpha()))
+        if unmeasured.any():
+            a = self.explore(rows, b, unmeasured)
+            if a is not None:
+                return self.launch(a)
         capped = self.capped_log_cost(b)
         inconsistent = self.log_cost[b] > capped + SPIKE  # re-measured after 1, 2, 4 ... steps
         stale = (self.age[b] >= np.where(inconsistent, self.period[b] // self.remeasure, self.period[b])) \
-            & (self.cost_weight[b] > 0)  # a hopeless arm never measured waits until its acceptance gives it hope
+            & ~unmeasured  # a hopeless arm never measured waits until its acceptance gives it hope
         if stale.any():  # forced re-measurement; the next one of this arm waits twice as long
             a = int(np.argmax(stale))
             self.period[b, a] *= 2
             return self.launch(a)
-        a = self.best(rows, b, self.mean_alpha())
+        mean = self.mean_alpha()
+        a = self.best(rows, b, mean, capped)
         if not self.arms[a].plain:  # plain decoding, best on the posterior means, is taken at once; else Thompson
-            a = self.best(rows, b, self.sample_alpha())
+            draw = self.sample_alpha()
+            if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
+                a = self.best(rows, b, draw, capped)
         self.period[b, a] = self.remeasure
         return self.launch(a)
+
+    def explore(self, rows: int, b: int, unmeasured: np.ndarray) -> int | None:
+        """The arm to run while some of bucket ``b``'s arms are unmeasured (``unmeasured`` [arms] bool), or None when
+        every unmeasured arm is hopeless: each unmeasured arm once, the arms it includes first; while the rest are
+        in flight, the best measured arm."""
+        flying = np.zeros(len(self.arms), bool)
+        flying[list(self.in_flight)] = True
+        hopeless = self.hopeless(rows, b)
+        untried = unmeasured & ~flying & ~(self.dearer.T & unmeasured[None, :]).any(axis=1)  # an arm it includes first
+        if (untried & ~hopeless).any():  # each unmeasured arm once (not twice because its first step is not read yet)
+            return int(np.argmax(untried & ~hopeless))
+        if (unmeasured & ~hopeless).any():  # the rest are in flight: the best measured arm meanwhile
+            return self.best(rows, b, self.mean_alpha())
+        return None
 
     def plain_scores(self) -> bool:
         """Whether the plain step just chosen should score the drafts (full information): the first of every
@@ -248,12 +263,14 @@ class AdaptivePolicy:
             return np.zeros(len(self.arms), bool)
         own = np.where(measured, self.log_cost[b], -np.inf)
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
-        alpha = self.mean_alpha()
-        return ~measured & (self.log_rate(rows, alpha) - floor < self.value(rows, b, alpha).max())
+        rate = self.log_rate(rows, self.mean_alpha())
+        return ~measured & (rate - floor < np.where(measured, rate - self.capped_log_cost(b), -np.inf).max())
 
     def mean_alpha(self) -> np.ndarray:  # [drafts, R]
         """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""
-        succ, fail = self.counts()
+        return self.posterior_mean(*self.counts())
+
+    def posterior_mean(self, succ: np.ndarray, fail: np.ndarray) -> np.ndarray:  # [drafts, R]
         return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
 
     def sample_alpha(self) -> np.ndarray:  # [drafts, R]
@@ -261,12 +278,12 @@ class AdaptivePolicy:
         every step whatever runs, so it needs no exploration: its posterior mean."""
         succ, fail = self.counts()
         draw = self.rng.beta(self.prior[0] + succ, self.prior[1] + fail)
-        return np.where(self.free[:, None], self.mean_alpha(), draw)
+        return np.where(self.free[:, None], self.posterior_mean(succ, fail), draw)
 
-    def value(self, rows: int, b: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
+    def value(self, rows: int, b: int, alpha: np.ndarray, capped: np.ndarray | None = None) -> np.ndarray:  # [arms]
         """log(tokens per second) of every arm in bucket ``b`` at its capped cost (never measured: -inf): ``log_rate``
-        less the log cost; ``alpha`` [drafts, R] per active row."""
-        v = self.log_rate(rows, alpha) - self.capped_log_cost(b)
+        less the log cost; ``alpha`` [drafts, R] per active row; ``capped``: ``capped_log_cost(b)`` if known."""
+        v = self.log_rate(rows, alpha) - (self.capped_log_cost(b) if capped is None else capped)
         return np.where(self.cost_weight[b] > 0, v, -np.inf)
 
     def log_rate(self, rows: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
@@ -283,8 +300,8 @@ class AdaptivePolicy:
         mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
-    def best(self, rows: int, b: int, alpha: np.ndarray) -> int:
-        return int(np.argmax(self.value(rows, b, alpha)))
+    def best(self, rows: int, b: int, alpha: np.ndarray, capped: np.ndarray | None = None) -> int:
+        return int(np.argmax(self.value(rows, b, alpha, capped)))
 
     def launch(self, a: int) -> int:
         self.in_flight.add(a)
@@ -298,6 +315,12 @@ class AdaptivePolicy:
         measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
         return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
+    def arm_cap(self, b: int, arm: int) -> float:
+        """``capped_log_cost(b)[arm]`` alone."""
+        own = self.log_cost[b, arm]
+        caps = self.log_cost[b, self.dearer[arm] & (self.cost_weight[b] > 0)]
+        return min(own, caps.min()) if caps.size else own
+
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
                 where: np.ndarray | None = None, size: int | None = None) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
@@ -310,7 +333,7 @@ class AdaptivePolicy:
         b = self.bucket_of(rows, size)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
-        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
+        if self.log_cost[b, arm] > self.arm_cap(b, arm) + SPIKE:
             self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
         w = self.cost_weight[b, arm] + 1.0
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
@@ -385,39 +408,6 @@ class AdaptivePolicy:
         if self.row_succ is not None and where is not None:
             self.row_succ[draft, where] += accepted
             self.row_fail[draft, where] += accepted < drafted
-
-
-def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray]:  # [...] each
-    """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at per-token acceptance
-    ``alpha`` (broadcast) times ``profile`` [..., >= K] at draft position k (None: 1 everywhere, i.i.d.):
-    P(accepted >= k) = prod_{j <= k} min(1, alpha profile_j) for k <= length."""
-    alpha, length = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(length, np.float64))
-    k = np.arange(1, int(length.max(initial=0)) + 1)  # [K]
-    per = alpha[..., None] * (np.ones(len(k)) if profile is None else np.asarray(profile)[..., : len(k)])  # [..., K]
-    tail = np.where(k <= length[..., None], np.cumprod(np.minimum(1.0, per), axis=-1), 0.0)  # [..., K]: P(accepted >= k)
-    mean = tail.sum(axis=-1)
-    return 1.0 + mean, np.maximum(0.0, ((2 * k - 1) * tail).sum(axis=-1) - mean ** 2)
-
-
-def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:  # [arms]
-    """Expected steps until the last of R rows is done, per arm: row b, ``left`` [R] tokens to go at ``mean`` /
-    ``var`` [arms, R] tokens a step, needs steps_b ~ normal(left / mean, left var / mean^3) (a renewal count); the
-    last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (bisection,
-    the normal tail by its logistic approximation), and never before the slowest row's expectation."""
-    m = left / mean  # [arms, R]
-    if m.shape[1] == 1:
-        return np.maximum(1.0, m[:, 0])
-    s = np.sqrt(left * var / mean ** 3) + 1e-9
-    lo = m.max(axis=1)
-    hi = lo + 5.0 * s.max(axis=1)
-    scale = 1.702 / s  # [arms, R]
-    shift = scale * m
-    for _ in range(12):  # (hi - lo) / 4096: well under a step
-        t = 0.5 * (lo + hi)
-        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, scale * t[:, None] - shift)))).sum(axis=1) > 1.0
-        lo, hi = np.where(over, t, lo), np.where(over, hi, t)
-    return np.maximum(1.0, 0.5 * (lo + hi))
 
 
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:

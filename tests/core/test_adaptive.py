@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from flashspec import adaptive, loop
-from flashspec.adaptive import AdaptivePolicy, Arm, bucket, emitted_moments, make_arms, speculate_adaptive
+from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
+from flashspec.throughput import emitted_moments
 from flashspec.config import SamplingConfig
 from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
 from flashspec.fake import chain_law as target_law

@@ -5,7 +5,8 @@ step costs 2.2-3.6x a plain one and plain decoding is the best fixed choice."""
 import numpy as np
 import pytest
 
-from flashspec.adaptive import AdaptivePolicy, emitted_moments, make_arms
+from flashspec.adaptive import AdaptivePolicy, make_arms
+from flashspec.throughput import emitted_moments
 from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, position_acceptance, run_fixed, trace_bits
 
 ARMS = make_arms(2, (2, 4))  # plain, ngram:G2, ngram:G4, replay:G2, replay:G4

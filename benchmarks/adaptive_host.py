@@ -1,0 +1,262 @@
+"""The adaptive loop's host work per step against the fixed loop's, on the CPU with a tiny random model (issue #35):
+at SmolLM2-135M's shape on an H100 a GPU step takes ~1 ms and the adaptive loop's extra host work showed (docs/
+adaptive.md, "The H100 run of adapt15"); here the model's compute is small, so the host's parts are visible.
+
+    PYTHONPATH=$PWD/shared:$PWD python benchmarks/adaptive_host.py --batches 1,4,16,64 --tokens 48 --repeats 7 \
+        --before d6eb4da --out benchmarks/results/adaptive_host_cpu.json
+
+Per batch, in turn: the fixed loop (n-gram at G = 2, ``speculate_steps``), and the adaptive loop (arms: plain,
+n-gram at G = 2 and 4, full-information scoring on; ``speculate_adaptive``) of revision ``--before`` (its
+``flashspec/adaptive.py`` loaded beside this checkout's) and of this checkout, after a warm-up run of each that
+measures every arm.
+Each run's wall ms per step is split into host parts by wrapping the calls the loops make: ``choose`` and
+``observe`` (the policy's), ``observe_free`` (the policy's full-information update), ``score_free`` (the
+backend switch), ``launch`` (``StepTimer.launch``: on the CPU the step's own compute, the free scoring's included),
+``read`` (``StepHandle.fetch``), and ``other`` (the rest: records, the timer). ``policy_ms`` = choose + observe +
+observe_free: work a GPU run does on the host between launches. Then each policy alone replays this checkout's
+last adaptive run's steps without any model (``*_policy_only_ms``; the same inputs, so the same choices:
+``policy_only_same_choices``), with a cProfile of it (top functions by own time). Greedy; every adaptive run's
+tokens must equal the fixed run's (``tokens_equal``). Medians over ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import platform
+import pstats
+import subprocess
+import sys
+import types
+import time
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]  # this checkout's flashspec, whatever is installed
+
+import flashspec.adaptive as adaptive  # noqa: E402
+from flashspec.config import SamplingConfig  # noqa: E402
+from flashspec.loop import SpecConfig, StepTimer, speculate_steps  # noqa: E402
+from flashspec_torch.backend import TorchBackend  # noqa: E402
+from flashspec_torch.drafts import LookupDraft  # noqa: E402
+from flashspec_torch.model import Llama, LlamaConfig  # noqa: E402
+
+from adaptive_bench import Fixed  # noqa: E402
+
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
+GREEDY = SamplingConfig(0.0)
+LENGTHS = (2, 4)
+PARTS = ("choose", "observe", "observe_free", "score_free", "launch", "read")
+
+
+class Clocks:
+    """Host seconds per named part, summed over a run, by wrapping callables."""
+
+    def __init__(self):
+        self.s = dict.fromkeys(PARTS, 0.0)
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.s[name] += time.perf_counter() - t0
+        return timed
+
+
+def model() -> Llama:
+    torch.manual_seed(0)
+    m = Llama(LlamaConfig(**TINY, max_position_embeddings=1024))
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m.eval().requires_grad_(False)
+
+
+def prompts(batch: int, seed: int = 0) -> list[list[int]]:
+    """Repetitive prompts (a short motif repeated), so the n-gram lookup finds matches."""
+    r = np.random.default_rng(seed)
+    return [(r.integers(0, TINY["vocab_size"], 5).tolist() * 6) for _ in range(batch)]
+
+
+def load_adaptive(rev: str | None):
+    """``flashspec.adaptive`` as of git revision ``rev`` of this checkout (None: the current one), as a module of
+    its own (``flashspec.adaptive_<rev>``) beside the current one."""
+    if rev is None:
+        return adaptive
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:shared/flashspec/adaptive.py"], capture_output=True,
+                         text=True, check=True).stdout
+    mod = types.ModuleType(f"flashspec.adaptive_{rev}")
+    mod.__package__, mod.__file__ = "flashspec", f"{rev}:shared/flashspec/adaptive.py"
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up
+    exec(compile(src, mod.__file__, "exec"), mod.__dict__)
+    return mod
+
+
+def instrumented_run(ad, backend, policy, batch: int, tokens: int, adaptive_loop: bool) -> tuple[dict, list, list]:
+    """(ms per step of each part and of the whole, the outputs, the records) of one run after its prefill; ``ad``:
+    the adaptive module whose loop runs."""
+    clocks = Clocks()
+    backend.prefill(prompts(batch), tokens)
+    saved = (StepTimer.launch, ad.observe_free, backend.score_free, policy.choose, policy.observe)
+    orig_launch = StepTimer.launch
+
+    def launch(self, start):
+        def fetching():
+            h = start()
+            h.fetch = clocks.wrap("read", h.fetch)
+            return h
+        t0 = time.perf_counter()
+        try:
+            return orig_launch(self, fetching)
+        finally:
+            clocks.s["launch"] += time.perf_counter() - t0
+
+    StepTimer.launch = launch
+    ad.observe_free = clocks.wrap("observe_free", ad.observe_free)
+    backend.score_free = clocks.wrap("score_free", backend.score_free)
+    policy.choose = clocks.wrap("choose", policy.choose)
+    policy.observe = clocks.wrap("observe", policy.observe)
+    records: list = []
+    t0 = time.perf_counter()
+    try:
+        if adaptive_loop:
+            ad.speculate_adaptive(backend, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
+                               rows=batch, records=records)
+        else:
+            speculate_steps(backend, policy, sampling=GREEDY, spec=SpecConfig(LENGTHS[0], tokens), seed=0,
+                            first_offset=0, on_step=None, records=records)
+    finally:
+        wall = time.perf_counter() - t0
+        StepTimer.launch, ad.observe_free = saved[0], saved[1]
+        del backend.score_free, policy.choose, policy.observe  # the instance attributes: the methods show again
+    steps = max(1, len(records))
+    ms = {k: v * 1e3 / steps for k, v in clocks.s.items()}
+    ms["total"] = wall * 1e3 / steps
+    ms["other"] = ms["total"] - sum(ms[k] for k in PARTS)
+    ms["policy"] = ms["choose"] + ms["observe"] + ms["observe_free"]
+    return ms, backend.outputs(), records
+
+
+def median_parts(runs: list[dict]) -> dict:
+    return {k: round(float(np.median([r[k] for r in runs])), 4) for k in runs[0]}
+
+
+def policy_only(ad, batch: int, tokens: int, records: list, repeats: int) -> tuple[float, list[int], str]:
+    """(ms per step, its choices, a cProfile: top 12 functions by own time) of the policy of module ``ad`` alone
+    (choose + observe + free updates) replaying ``records`` (an adaptive run's steps, their seconds and acceptance)
+    on a fresh policy: the same inputs for every module, so the same choices where the modules agree."""
+    from flashspec.backend import StepView
+
+    choices: list[int] = []
+
+    def replay():
+        choices.clear()
+        p = ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0)
+        p.scoring_gamma = max(LENGTHS)
+        p.new_batch(batch, tokens)
+        for r in records:
+            a = p.choose(batch)
+            choices.append(a)
+            acc = np.array([max(0, n) for n in r.row_accepted])
+            drafted = np.array([max(0, n) for n in r.row_drafted])
+            active = np.array([n >= 0 for n in r.row_accepted])
+            where = np.nonzero(active)[0]
+            arm = p.arms[a]
+            p.observe(a, len(where), np.minimum(acc[where], arm.length), r.seconds,
+                      drafted=np.full(len(where), arm.length), where=where)
+            view = StepView(acc, active, ~active, np.zeros(batch, bool),
+                            free_scored=[np.full(batch, max(LENGTHS))], free_accepted=[np.minimum(acc, max(LENGTHS))],
+                            drafted=drafted)
+            ad.observe_free(p, view, skip=arm.draft, where=where)
+        return len(records)
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        n = replay()
+        times.append((time.perf_counter() - t0) * 1e3 / max(1, n))
+    prof = cProfile.Profile()
+    prof.enable()
+    replay()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
+    return round(float(np.median(times)), 4), list(choices), "\n".join(lines[:30])
+
+
+def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
+    """Fixed, adaptive (``before``'s module, then this checkout's) runs in turn, ``repeats`` times after a warm-up
+    each; then the policies alone on the last adaptive run's steps."""
+    backend = TorchBackend(m, [LookupDraft()], eos_ids=[])
+    mods = {"before": before, "after": adaptive} if before is not None else {"after": adaptive}
+    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, ad in mods.items()}
+    runs: dict[str, list] = {"fixed": [], **{k: [] for k in mods}}
+    outs, records = {}, {}
+    for _ in range(repeats + 1):  # the first: warm-up (the policies measure every arm)
+        backend.score_free(0)
+        ms, outs["fixed"], _ = instrumented_run(adaptive, backend, Fixed(0), batch, tokens, adaptive_loop=False)
+        runs["fixed"].append(ms)
+        for k, ad in mods.items():
+            ad.use_free_scoring(backend, policies[k])
+            ms, outs[k], records[k] = instrumented_run(ad, backend, policies[k], batch, tokens, adaptive_loop=True)
+            runs[k].append(ms)
+    backend.score_free(0)
+    row = dict(batch=batch, tokens=tokens, tokens_equal={k: outs[k] == outs["fixed"] for k in mods})
+    for k in runs:
+        row[f"{k}_ms"] = median_parts(runs[k][1:])
+    for k in mods:
+        rec = records[k]
+        row[f"{k}_extra_ms"] = round(row[f"{k}_ms"]["total"] - row["fixed_ms"]["total"], 4)
+        row[f"{k}_pulls"] = {"plain": sum(r.arm < 0 for r in rec),
+                             **{f"ngram:G{g}": sum(r.arm >= 0 and r.drafted == g * r.rows for r in rec) for g in LENGTHS}}
+    trace = records["after"]
+    row["policy_only_steps"] = len(trace)
+    choices = {}
+    for k, ad in mods.items():
+        row[f"{k}_policy_only_ms"], choices[k], row[f"{k}_policy_profile"] = policy_only(ad, batch, tokens, trace, repeats)
+    row["policy_only_same_choices"] = len(set(map(tuple, choices.values()))) == 1
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,4,64")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--before", default=None, help="a git revision whose flashspec/adaptive.py runs beside this one")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    m = model()
+    before = load_adaptive(args.before) if args.before else None
+    rows = [run_batch(m, int(b), args.tokens, args.repeats, before) for b in args.batches.split(",")]
+    for r in rows:
+        for k in ("before", "after"):
+            if f"{k}_ms" in r:
+                ms = r[f"{k}_ms"]
+                print(f"batch {r['batch']} {k}: fixed {r['fixed_ms']['total']:.3f} ms/step, adaptive {ms['total']:.3f} "
+                      f"(policy {ms['policy']:.3f}: choose {ms['choose']:.3f} observe {ms['observe']:.3f} free "
+                      f"{ms['observe_free']:.3f}; launch {ms['launch']:.3f} vs {r['fixed_ms']['launch']:.3f}), policy "
+                      f"alone {r[f'{k}_policy_only_ms']:.3f}, pulls {r[f'{k}_pulls']}")
+    doc = dict(benchmark="adaptive_host", issue=35, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               hardware=dict(cpu=platform.processor() or platform.machine(), threads=args.threads),
+               versions=dict(python=platform.python_version(), torch=torch.__version__, numpy=version("numpy")),
+               model=TINY, args=vars(args), units="host ms per step (wall of the run / its steps, per part)",
+               checks={f"batch{r['batch']}": dict(tokens_equal=all(r["tokens_equal"].values()),
+                                                   policy_only_same_choices=r["policy_only_same_choices"]) for r in rows}, rows=rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The adaptive policy's cheaper host work (issue #35, benchmarks/adaptive_host.py): ``finish_steps``' grid search
+against plain bisection, ``arm_cap`` against ``capped_log_cost``, and the benchmark's own smoke run."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flashspec.adaptive import AdaptivePolicy, make_arms
+from flashspec.throughput import finish_steps
+
+
+def finish_steps_bisection(left, mean, var):  # [arms]
+    """``finish_steps`` by 12 halvings of [slowest row's expectation, + 5 sigma]: the plain reference."""
+    m = left / mean
+    if m.shape[1] == 1:
+        return np.maximum(1.0, m[:, 0])
+    s = np.sqrt(left * var / mean ** 3) + 1e-9
+    lo = m.max(axis=1)
+    hi = lo + 5.0 * s.max(axis=1)
+    for _ in range(12):
+        t = 0.5 * (lo + hi)
+        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, 1.702 / s * (t[:, None] - m))))).sum(axis=1) > 1.0
+        lo, hi = np.where(over, t, lo), np.where(over, hi, t)
+    return np.maximum(1.0, 0.5 * (lo + hi))
+
+
+@pytest.mark.parametrize("rows", [2, 5, 32, 300])  # 32 or more x 3 arms: the bisection branch
+def test_finish_steps_finds_bisections_crossing(rows):
+    r = np.random.default_rng(rows)
+    for _ in range(20):
+        left = r.integers(0, 200, rows).astype(float)
+        mean, var = r.uniform(1, 4, (3, rows)), r.uniform(0, 2, (3, rows)) * r.integers(0, 2, (3, 1))
+        got, want = finish_steps(left, mean, var), finish_steps_bisection(left, mean, var)
+        width = 5.0 * np.sqrt(left * var / mean ** 3).max(axis=1) / 4096 + 1e-9  # one cell
+        assert np.all(np.abs(got - want) <= 1e-9 * want + 1e-3 * width)
+
+
+def test_arm_cap_is_capped_log_cost_of_that_arm():
+    r = np.random.default_rng(0)
+    p = AdaptivePolicy(make_arms(2, (1, 2, 4)), 2, rng=0)
+    for _ in range(10):
+        p.log_cost[1] = r.normal(size=len(p.arms))
+        p.cost_weight[1] = r.integers(0, 2, len(p.arms)).astype(float)
+        assert [p.arm_cap(1, a) for a in range(len(p.arms))] == list(p.capped_log_cost(1))
+
+
+def test_the_host_benchmark_runs_and_keeps_the_tokens():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import adaptive_host
+
+    row = adaptive_host.run_batch(adaptive_host.model(), 2, 6, 1, None)
+    assert row["tokens_equal"] == {"after": True} and row["policy_only_same_choices"]
+    assert row["after_ms"]["policy"] > 0 and row["after_ms"]["choose"] > row["fixed_ms"]["choose"]
