@@ -128,6 +128,8 @@ MMA64_CARDS: dict[str, Evidence] = {
     "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/gpu_2026-12-06_s15_inv15", MMA64_BASIC | MMA64_CUBLAS_LIKE),
 }
 MMA64_ROWS = 64
+MMA64_DTYPES = (torch.bfloat16,)  # the dtype of every card's run (settings.dtype in its JSON): float32 and
+# float16 keep 16-row tiles everywhere until a run checks them
 WIDE_N = 8192  # from this many columns (gate_up, LM heads) 64-row tiles of 128 columns where covered
 LONG_K = 2048  # where covered: above 64 rows a longer K also takes 128 columns, at 64 rows 64 columns
 
@@ -141,6 +143,12 @@ def card(device: torch.device) -> str | None:  # the GPU's name; None on the CPU
     if device.type != "cuda" or interpreting():
         return None
     return card_name(cuda_index(device))
+
+
+def evidence_card(x: torch.Tensor) -> str | None:
+    """The GPU whose ``MMA64_CARDS`` evidence may decide ``x``'s launches: its card where ``x`` has a dtype
+    of ``MMA64_DTYPES`` (the only dtype every card's run checked), else None (16-row tiles, as on any card)."""
+    return card(x.device) if x.dtype in MMA64_DTYPES else None
 
 
 def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = None) -> InvariantTiling:
@@ -210,7 +218,7 @@ def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tens
     of them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
     ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one."""
     m, (n, k) = x.shape[0], w.shape
-    t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k, card(x.device)) if tiling is None else tiling
+    t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k, evidence_card(x)) if tiling is None else tiling
     row_tiles = min(t.row_tiles, -(-m // t.block_m))  # fewer when M is small: no program computes an empty tile
     rows_per_program = row_tiles * t.block_m
     slices, partials = t.slices(k), t.partials(k)

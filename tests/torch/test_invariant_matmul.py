@@ -170,6 +170,7 @@ def test_every_admitted_card_has_its_evidence():
         assert got["gpu"] == name and not got["skipped"] and s["mutants_caught"] == s["mutants"] > 0, ev.results
         assert not [f for f in s["failed"] if "m64" in f], (ev.results, s["failed"])
         assert ev.launches and ev.launches <= set(I.MMA64_LAUNCHES), ev
+        assert got["settings"]["dtype"] in [str(d).removeprefix("torch.") for d in I.MMA64_DTYPES], ev.results
         for part in got["parts"]:
             cands, checks = part["candidates"]["engine"], part["families"]["engine"]["checks"]
             t = I.invariant_tiling(part["n"], part["k"], torch.bfloat16)
@@ -185,6 +186,15 @@ def test_every_admitted_card_has_its_evidence():
 
 
 H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_only_the_evidences_dtype_takes_64_row_tiles(monkeypatch):
+    """On an admitted card a bfloat16 product may take 64-row tiles; float32 and float16, which no card's run
+    checked, keep the 16-row tiles of any card."""
+    monkeypatch.setattr(I, "card", lambda device: H100)
+    assert I.evidence_card(torch.zeros(2, dtype=torch.bfloat16)) == H100
+    assert I.evidence_card(torch.zeros(2, dtype=torch.float32)) is None
+    assert I.evidence_card(torch.zeros(2, dtype=torch.float16)) is None
 
 
 def test_the_engines_launches_by_m_are_the_measured_candidates():
