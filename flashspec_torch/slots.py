@@ -192,7 +192,7 @@ class TorchSlotBackend(TorchBackend):
         dirty = [int(s) for s in slots if self.faulty[int(s)]]
         if not dirty:
             return
-        idx = torch.tensor(dirty, dtype=torch.int64, device=self.device)
+        idx = self.upload(torch.tensor(dirty, dtype=torch.int64))  # no host wait for the step in flight
         caches = [self.cache] + [d.cache for d in self.drafts if isinstance(d, (ModelDraft, FeatureDraft))]
         for cache in caches:
             cache.k[:, idx] = 0
