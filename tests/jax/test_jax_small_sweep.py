@@ -42,7 +42,7 @@ def test_children_flags_and_the_merge(bench, monkeypatch):
     with pytest.raises(SystemExit):
         bench.parse_args(["--variants", "nope"])
     dry = bench.plan_of(bench.parse_args(["--dry-run", "--variants", "torch,default,split64"]))
-    assert dry == [("tiny", "default", (1,), 22.0), ("tiny", "split64", (1,), 14.0)]
+    assert dry == [("tiny", "default", (1,), 28.0), ("tiny", "split64", (1,), 14.0)]
 
     def child(variant, step, tokens):
         return dict(shape=f"s@{variant}", rc=0, killed=False, share_s=1, wall_s=1, data=dict(batches={"1": dict(
