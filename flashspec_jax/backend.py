@@ -32,18 +32,34 @@ from .verify import on_gpu
 
 @dataclass
 class AsyncHandle:
-    """A step's small device results, copying to the host; ``fetch`` waits for that copy only."""
+    """A step's small device results packed into one array (``pack``), copying to the host; ``fetch``
+    waits for that one copy only."""
 
-    out: StepOut
+    packed: jax.Array  # [3, B] int32: num_accepted, active, done
 
     def fetch(self) -> StepView:
-        return StepView(*(np.asarray(a).copy() for a in self.out))
+        n, active, done = np.asarray(self.packed)
+        return StepView(n.copy(), active.astype(bool), done.astype(bool))
 
 
-def start_copy(out: StepOut) -> AsyncHandle:
-    for a in out:
-        a.copy_to_host_async()
-    return AsyncHandle(out)
+def pack(out: StepOut) -> jax.Array:  # [3, B] int32
+    """A step's ``StepOut`` as one int32 array: one device-to-host copy per step instead of three."""
+    return jnp.stack([out.num_accepted.astype(jnp.int32), out.active.astype(jnp.int32), out.done.astype(jnp.int32)])
+
+
+def packed(step):
+    """``step`` (-> (state, StepOut)) returning (state, ``pack(StepOut)``); its signature kept for ``jax.jit``."""
+    @functools.wraps(step)
+    def run(*args, **kwargs):
+        state, out = step(*args, **kwargs)
+        return state, pack(out)
+
+    return run
+
+
+def start_copy(packed_out: jax.Array) -> AsyncHandle:
+    packed_out.copy_to_host_async()
+    return AsyncHandle(packed_out)
 
 
 class JaxBackend:
@@ -101,8 +117,8 @@ class JaxBackend:
         self.draft_jit = jax.jit(s.draft, static_argnames=("arm", "gamma", "cfg"), **keep("state"))
         self.score_jit = jax.jit(s.score, **keep("state"))
         self.verify_jit = jax.jit(s.verify, static_argnames=("cfg",))
-        self.commit_jit = jax.jit(s.commit, **keep("state"))
-        self.decode_jit = jax.jit(s.decode_one, static_argnames=("cfg", "rows"), **keep("state"))
+        self.commit_jit = jax.jit(packed(s.commit), **keep("state"))
+        self.decode_jit = jax.jit(packed(s.decode_one), static_argnames=("cfg", "rows"), **keep("state"))
 
     # -- the batch
 
