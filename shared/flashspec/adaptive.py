@@ -315,12 +315,6 @@ class AdaptivePolicy:
         measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
         return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
-    def arm_cap(self, b: int, arm: int) -> float:
-        """``capped_log_cost(b)[arm]`` alone."""
-        own = self.log_cost[b, arm]
-        caps = self.log_cost[b, self.dearer[arm] & (self.cost_weight[b] > 0)]
-        return min(own, caps.min()) if caps.size else own
-
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
                 where: np.ndarray | None = None, size: int | None = None) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
@@ -333,7 +327,7 @@ class AdaptivePolicy:
         b = self.bucket_of(rows, size)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
-        if self.log_cost[b, arm] > self.arm_cap(b, arm) + SPIKE:
+        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
             self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
         w = self.cost_weight[b, arm] + 1.0
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w

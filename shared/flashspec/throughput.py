@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-GRID_SIZE = 96  # finish_steps searches [arms, R] up to this size on a grid (fewer calls), larger by bisection
-
 
 def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray]:  # [...] each
@@ -24,10 +22,9 @@ def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray |
 def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:  # [arms]
     """Expected steps until the last of R rows is done, per arm: row b, ``left`` [R] tokens to go at ``mean`` /
     ``var`` [arms, R] tokens a step, needs steps_b ~ normal(left / mean, left var / mean^3) (a renewal count); the
-    last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (bisection,
-    the normal tail by its logistic approximation), and never before the slowest row's expectation. The crossing is
-    found to (hi - lo) / 4096: by 12 halvings, or for [arms, R] of at most ``GRID_SIZE`` on a grid of 15 points a
-    round, 3 rounds (the same cell)."""
+    last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (the normal tail
+    by its logistic approximation), and never before the slowest row's expectation. The crossing is found to
+    (hi - lo) / 4096 on a grid of 15 interior points a round, 3 rounds."""
     m = left / mean  # [arms, R]
     if m.shape[1] == 1:
         return np.maximum(1.0, m[:, 0])
@@ -36,17 +33,11 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
     hi = lo + 5.0 * s.max(axis=1)
     scale = 1.702 / s  # [arms, R]
     shift = scale * m
-    if m.size <= GRID_SIZE:  # 3 rounds of 15 points: fewer numpy calls than 12 halvings, each on a small array
-        j = np.arange(1, 16)  # [15]: the interior points of a round's grid
-        for _ in range(3):  # 16 ** 3 = 4096 cells
-            w = (hi - lo) / 16  # [arms]
-            t = lo[:, None] + np.multiply.outer(w, j)  # [arms, 15]
-            z = np.minimum(50.0, scale[:, None, :] * t[:, :, None] - shift[:, None, :])  # [arms, 15, R]
-            k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing: its cell
-            lo, hi = lo + w * k, np.where(k == 15, hi, lo + w * (k + 1))
-        return np.maximum(1.0, 0.5 * (lo + hi))
-    for _ in range(12):  # (hi - lo) / 4096: well under a step
-        t = 0.5 * (lo + hi)
-        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, scale * t[:, None] - shift)))).sum(axis=1) > 1.0
-        lo, hi = np.where(over, t, lo), np.where(over, hi, t)
+    j = np.arange(1, 16)  # [15]: the interior points of a round's grid
+    for _ in range(3):  # 16 ** 3 = 4096 cells
+        w = (hi - lo) / 16  # [arms]
+        t = lo[:, None] + np.multiply.outer(w, j)  # [arms, 15]
+        z = np.minimum(50.0, scale[:, None, :] * t[:, :, None] - shift[:, None, :])  # [arms, 15, R]
+        k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing: its cell
+        lo, hi = lo + w * k, np.where(k == 15, hi, lo + w * (k + 1))
     return np.maximum(1.0, 0.5 * (lo + hi))

@@ -1,5 +1,5 @@
 """The adaptive policy's cheaper host work (issue #35, benchmarks/adaptive_host.py): ``finish_steps``' grid search
-against plain bisection, ``arm_cap`` against ``capped_log_cost``, and the benchmark's own smoke run."""
+against plain bisection, and the benchmark's own smoke run."""
 
 import sys
 from pathlib import Path
@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashspec.adaptive import AdaptivePolicy, make_arms
 from flashspec.throughput import finish_steps
 
 
@@ -26,7 +25,7 @@ def finish_steps_bisection(left, mean, var):  # [arms]
     return np.maximum(1.0, 0.5 * (lo + hi))
 
 
-@pytest.mark.parametrize("rows", [2, 5, 32, 300])  # 32 or more x 3 arms: the bisection branch
+@pytest.mark.parametrize("rows", [2, 40])
 def test_finish_steps_finds_bisections_crossing(rows):
     r = np.random.default_rng(rows)
     for _ in range(20):
@@ -35,15 +34,6 @@ def test_finish_steps_finds_bisections_crossing(rows):
         got, want = finish_steps(left, mean, var), finish_steps_bisection(left, mean, var)
         width = 5.0 * np.sqrt(left * var / mean ** 3).max(axis=1) / 4096 + 1e-9  # one cell
         assert np.all(np.abs(got - want) <= 1e-9 * want + 1e-3 * width)
-
-
-def test_arm_cap_is_capped_log_cost_of_that_arm():
-    r = np.random.default_rng(0)
-    p = AdaptivePolicy(make_arms(2, (1, 2, 4)), 2, rng=0)
-    for _ in range(10):
-        p.log_cost[1] = r.normal(size=len(p.arms))
-        p.cost_weight[1] = r.integers(0, 2, len(p.arms)).astype(float)
-        assert [p.arm_cap(1, a) for a in range(len(p.arms))] == list(p.capped_log_cost(1))
 
 
 def test_the_host_benchmark_runs_and_keeps_the_tokens():
