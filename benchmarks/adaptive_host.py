@@ -43,12 +43,13 @@ sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]  # th
 
 import flashspec.adaptive as adaptive  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
-from flashspec.loop import SpecConfig, StepTimer, speculate_steps  # noqa: E402
+from flashspec.loop import SpecConfig, StepTimer, decode_steps, speculate_steps  # noqa: E402
 from flashspec_torch.backend import TorchBackend  # noqa: E402
 from flashspec_torch.drafts import LookupDraft  # noqa: E402
 from flashspec_torch.model import Llama, LlamaConfig  # noqa: E402
 
 from adaptive_bench import Fixed  # noqa: E402
+from paced_device import PacedDevice  # noqa: E402
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
 GREEDY = SamplingConfig(0.0)
@@ -224,6 +225,51 @@ def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
     for k, ad in mods.items():
         row[f"{k}_policy_only_ms"], choices[k], row[f"{k}_policy_profile"] = policy_only(ad, batch, tokens, trace, repeats)
     row["policy_only_same_choices"] = len(set(map(tuple, choices.values()))) == 1
+    return row
+
+
+def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: tuple[int, int] | None) -> dict:
+    """One run on the paced device: ``ad``'s adaptive loop (``fixed`` None) or the fixed loop of (arm, G) (arm -1:
+    plain decoding); wall and device ms per step, tokens."""
+    device.prefill([[0]] * batch, tokens)
+    records: list = []
+    t0 = time.perf_counter()
+    if fixed is None:
+        ad.speculate_adaptive(device, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0, rows=batch,
+                              records=records)
+    elif fixed[0] < 0:
+        decode_steps(device, sampling=GREEDY, max_new_tokens=tokens, seed=0, first_offset=0, on_step=None, records=records)
+    else:
+        speculate_steps(device, Fixed(fixed[0]), sampling=GREEDY, spec=SpecConfig(fixed[1], tokens), seed=0,
+                        first_offset=0, on_step=None, records=records)
+    wall = time.perf_counter() - t0
+    steps = max(1, len(records))
+    return dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps,
+                exposed_ms=(wall - device.busy) * 1e3 / steps, steps=len(records), tokens=int(device.emitted.sum()),
+                tokens_per_s=float(device.emitted.sum()) / wall)
+
+
+def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tuple[float, float]) -> dict:
+    """The loops on ``PacedDevice`` (a device step of ``step_ms``, rows accepting 0.5-0.9 of the n-gram's tokens): each
+    fixed arm (plain, n-gram at each of ``LENGTHS``) and each module's adaptive loop, in turn, ``repeats`` times after
+    a warm-up; medians. ``exposed_ms``: wall less device time per step, the host work the device waited for."""
+    accept = np.linspace(0.5, 0.9, batch)
+    arms = {"plain": (-1, 0), **{f"ngram:G{g}": (0, g) for g in LENGTHS}}
+    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, ad in mods.items()}
+    runs: dict[str, list] = {k: [] for k in [*arms, *mods]}
+    for _ in range(repeats + 1):  # the first: warm-up (the policies measure every arm)
+        for name, arm in arms.items():
+            device = PacedDevice(accept, step_ms)
+            runs[name].append(paced_run(adaptive, device, None, batch, tokens, arm))
+        for k, ad in mods.items():
+            device = PacedDevice(accept, step_ms)
+            ad.use_free_scoring(device, policies[k])
+            runs[k].append(paced_run(ad, device, policies[k], batch, tokens, None))
+    row = dict(batch=batch, tokens=tokens, step_ms=step_ms, **{k: median_parts(v[1:]) for k, v in runs.items()})
+    best = max(arms, key=lambda k: row[k]["tokens_per_s"])
+    row["best_fixed"] = best
+    for k in mods:
+        row[f"{k}_over_best_fixed"] = round(row[k]["tokens_per_s"] / row[best]["tokens_per_s"], 4)
     return row
 
 

@@ -11,7 +11,7 @@ def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray |
     """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at per-token acceptance
     ``alpha`` (broadcast) times ``profile`` [..., >= K] at draft position k (None: 1 everywhere, i.i.d.):
     P(accepted >= k) = prod_{j <= k} min(1, alpha profile_j) for k <= length."""
-    alpha, length = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(length, np.float64))
+    alpha, length = np.asarray(alpha, np.float64), np.asarray(length, np.float64)  # broadcast against each other
     k = np.arange(1, int(length.max(initial=0)) + 1)  # [K]
     per = alpha[..., None] * (np.ones(len(k)) if profile is None else np.asarray(profile)[..., : len(k)])  # [..., K]
     tail = np.where(k <= length[..., None], np.cumprod(np.minimum(1.0, per), axis=-1), 0.0)  # [..., K]: P(accepted >= k)
