@@ -73,6 +73,8 @@ from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_accept
 from .throughput import emitted_moments, finish_steps
 
 
+HOST_SHARE = 0.25  # the share of a step's time a choice's host work may take, spread over the steps it holds (``held``)
+MAX_HOLD = 4  # the most steps one choice holds for
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
@@ -162,6 +164,7 @@ class AdaptivePolicy:
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
         self.in_flight: set[int] = set()  # arms chosen and not yet observed
+        self.on_value = False  # the last choice was made on the arms' values (not exploration, not a re-measurement)
         self.row_succ: np.ndarray | None = None  # [drafts, B]: per row of the batch (``new_batch``), as succ
         self.row_fail: np.ndarray | None = None  # [drafts, B]
         self.row_active: np.ndarray | None = None  # [B] bool: the rows active in the last finished step
@@ -186,6 +189,7 @@ class AdaptivePolicy:
             self.row_active[where] = True
         b = self.bucket_of(rows, size)
         unmeasured = self.cost_weight[b] == 0
+        self.on_value = False
         mean = self.mean_alpha()
         rate = self.log_rate(rows, mean)  # [arms]: on the posterior means, computed once a choice
         if unmeasured.any():
@@ -206,6 +210,7 @@ class AdaptivePolicy:
             if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
                 a = self.best(b, self.log_rate(rows, draw), capped)
         self.period[b, a] = self.remeasure
+        self.on_value = True
         return self.launch(a)
 
     def explore(self, b: int, unmeasured: np.ndarray, rate: np.ndarray) -> int | None:
@@ -413,6 +418,16 @@ class AdaptivePolicy:
             self.row_fail[draft, where] += accepted < drafted
 
 
+def held(choose_s: float, step_s: float | None) -> int:
+    """The steps a choice made on value runs its arm for: enough that the choice's host seconds ``choose_s``, spread
+    over them, stay within ``HOST_SHARE`` of a step (``step_s``: the last measured; None: unknown, 1), at most
+    ``MAX_HOLD``. Where a device step is short (about 1 ms) the policy's host work would otherwise hold the device
+    up (docs/adaptive.md); where steps are long, or on a simulated clock (``choose_s`` 0), every step chooses."""
+    if not step_s or choose_s <= 0.0:
+        return 1
+    return int(min(MAX_HOLD, max(1, math.ceil(choose_s / (HOST_SHARE * step_s)))))
+
+
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
     """Turn on full-information scoring at the arms' longest length where the backend offers it
     (``FreeScoring``; before ``prepare``, so the steps that score are the ones made ready). Returns the drafts scored."""
@@ -436,14 +451,23 @@ def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingCon
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
                        first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
     """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
-    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``;
-    step seconds come from ``flashspec.loop.StepTimer`` (each step's own time, not its predecessor's)."""
+    chooses; ``rows``: the batch's rows. A choice made on value holds for ``held`` steps (the choice's host time
+    against the last step's), during which the policy observes every step but is not asked again. Records carry
+    the draft index (-1: plain) as ``StepRecord.arm``; step seconds come from ``flashspec.loop.StepTimer`` (each
+    step's own time, not its predecessor's)."""
     pending: tuple[int, StepHandle] | None = None
     timer = StepTimer()
     policy.in_flight.clear()  # a run cut short leaves none behind
     policy.new_batch(rows, spec.max_new_tokens)
+    a, hold = 0, 0
     for step in range(spec.max_steps or spec.max_new_tokens):
-        a = policy.choose(rows)
+        if hold > 0:  # the last choice still holds: the arm again, the policy's work saved
+            hold -= 1
+            policy.launch(a)
+        else:
+            t0 = timer.now()
+            a = policy.choose(rows)
+            hold = held(timer.now() - t0, records[-1].seconds if records else None) - 1 if policy.on_value else 0
         arm = policy.arms[a]
         if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
             backend.score_free(policy.scoring_gamma if not arm.plain or policy.plain_scores() else 0)
