@@ -32,11 +32,12 @@ def wait_until(deadline: float) -> None:
 
 
 class PacedHandle:
-    def __init__(self, view: StepView, finish: float):
-        self.view, self.finish = view, finish
+    def __init__(self, view: StepView, finish: float, seconds: float, device: PacedDevice):
+        self.view, self.finish, self.seconds, self.device = view, finish, seconds, device
 
     def fetch(self) -> StepView:
         wait_until(self.finish)
+        self.device.busy += self.seconds
         return self.view
 
 
@@ -51,7 +52,7 @@ class PacedDevice:
         self.hits = np.random.default_rng(seed).random((steps, len(self.accept), gamma_max)) < self.accept[:, None]
         self.lead = np.cumprod(self.hits, axis=2).sum(axis=2)  # [steps, B]: leading accepted tokens of gamma_max
         self.free_gamma = 0
-        self.busy = 0.0  # device seconds of the steps launched since prefill
+        self.busy = 0.0  # device seconds of the steps read since prefill (a loop's last launch may go unread)
 
     def score_free(self, gamma: int) -> int:
         self.free_gamma = gamma
@@ -89,9 +90,8 @@ class PacedDevice:
                         free_accepted=free_accepted, drafted=np.full(len(n), gamma) * active)
         seconds = (self.step_ms[0] + gamma * self.step_ms[1]) * 1e-3
         self.free_at = max(self.free_at, time.perf_counter()) + seconds
-        self.busy += seconds
         self.t += 1
-        return PacedHandle(view, self.free_at)
+        return PacedHandle(view, self.free_at, seconds, self)
 
     def outputs(self) -> list[list[int]]:
         return [[0] * int(e) for e in self.emitted]
