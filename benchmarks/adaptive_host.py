@@ -21,7 +21,7 @@ tokens must equal the fixed run's (``tokens_equal``). Medians over ``--repeats``
 The critical path (``critical_path``, first; ``--critical-only`` runs it alone, no model): the loops on a fake
 asynchronous device (``paced_device.PacedDevice``) whose steps take ``--device-ms`` (1 ms plain, + 0.025 ms per
 drafted token: SmolLM2-135M's shape on an H100) after launch: each fixed arm, the adaptive loop of ``--before`` and of
-this checkout, and this checkout's with one choice per step (``after_no_hold``: ``MAX_HOLD`` = 1). A loop whose host
+this checkout, and this checkout's with one choice per step (``after_no_hold``: ``flashspec.throughput.MAX_HOLD`` = 1). A loop whose host
 work per step fits in the device step runs at the device's pace; ``exposed_ms`` = wall - device ms per step is the host
 work the device waited for, and ``*_over_best_fixed`` the adaptive loop's tokens/s over the best fixed arm's.
 
@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]  # this checkout's flashspec, whatever is installed
 
 import flashspec.adaptive as adaptive  # noqa: E402
+import flashspec.throughput as throughput  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec.loop import SpecConfig, StepTimer, decode_steps, speculate_steps  # noqa: E402
 from flashspec_torch.backend import TorchBackend  # noqa: E402
@@ -263,7 +264,7 @@ def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: t
 def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tuple[float, float]) -> dict:
     """The loops on ``PacedDevice`` (a device step of ``step_ms``, rows accepting 0.5-0.9 of the n-gram's tokens): each
     fixed arm (plain, n-gram at each of ``LENGTHS``) and each module's adaptive loop (``mods``: name -> (module,
-    its ``MAX_HOLD`` for the run or None)), in turn, ``repeats`` times after a warm-up; medians. ``exposed_ms``: wall
+    ``flashspec.throughput.MAX_HOLD`` for the run or None)), in turn, ``repeats`` times after a warm-up; medians. ``exposed_ms``: wall
     less device time per step, the host work the device waited for."""
     accept = np.linspace(0.5, 0.9, batch)
     arms = {"plain": (-1, 0), **{f"ngram:G{g}": (0, g) for g in LENGTHS}}
@@ -276,14 +277,12 @@ def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tu
         for k, (ad, hold) in mods.items():
             device = PacedDevice(accept, step_ms)
             ad.use_free_scoring(device, policies[k])
-            saved = getattr(ad, "MAX_HOLD", None)
-            if hold is not None:
-                ad.MAX_HOLD = hold
+            saved = throughput.MAX_HOLD
+            throughput.MAX_HOLD = saved if hold is None else hold
             try:
                 runs[k].append(paced_run(ad, device, policies[k], batch, tokens, None))
             finally:
-                if hold is not None:
-                    ad.MAX_HOLD = saved
+                throughput.MAX_HOLD = saved
     row = dict(batch=batch, tokens=tokens, step_ms=step_ms, **{k: median_parts(v[1:]) for k, v in runs.items()})
     best = max(arms, key=lambda k: row[k]["tokens_per_s"])
     row["best_fixed"] = best

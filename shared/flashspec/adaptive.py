@@ -53,6 +53,10 @@ The model (``AdaptivePolicy``):
   ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's first steps and on the best arm's;
   each wins afterwards.
 
+* held choices (the engine's loop, ``flashspec.throughput.held``): a choice made on value runs its arm for as many
+  steps as keep its host seconds within a share of a step's; the policy observes every step. Exactness: a held
+  arm was chosen from finished steps, as any choice.
+
 An arm's length holds for every row of the step; per-row lengths (``verify(draft_lengths=)``) come
 from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), not from this policy
 (docs/adaptive.md says why).
@@ -70,11 +74,9 @@ from .backend import Backend, FreeScoring, StepHandle, StepView
 from .config import SamplingConfig
 from .faults import check_finite
 from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_accepted, row_drafted
-from .throughput import emitted_moments, finish_steps
+from .throughput import emitted_moments, finish_steps, held
 
 
-HOST_SHARE = 0.25  # the share of a step's time a choice's host work may take, spread over the steps it holds (``held``)
-MAX_HOLD = 4  # the most steps one choice holds for
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
@@ -416,16 +418,6 @@ class AdaptivePolicy:
         if self.row_succ is not None and where is not None:
             self.row_succ[draft, where] += accepted
             self.row_fail[draft, where] += accepted < drafted
-
-
-def held(choose_s: float, step_s: float | None) -> int:
-    """The steps a choice made on value runs its arm for: enough that the choice's host seconds ``choose_s``, spread
-    over them, stay within ``HOST_SHARE`` of a step (``step_s``: the last measured; None: unknown, 1), at most
-    ``MAX_HOLD``. Where a device step is short (about 1 ms) the policy's host work would otherwise hold the device
-    up (docs/adaptive.md); where steps are long, or on a simulated clock (``choose_s`` 0), every step chooses."""
-    if not step_s or choose_s <= 0.0:
-        return 1
-    return int(min(MAX_HOLD, max(1, math.ceil(choose_s / (HOST_SHARE * step_s)))))
 
 
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:

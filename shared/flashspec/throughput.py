@@ -1,9 +1,14 @@
 """The adaptive policy's throughput arithmetic (``flashspec.adaptive``'s value of an arm): the tokens a step emits at
-a per-token acceptance, and the steps until the last row of a static batch is done."""
+a per-token acceptance, the steps until the last row of a static batch is done, and the steps a choice holds for."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+HOST_SHARE = 0.25  # the share of a step's time a choice's host work may take, spread over the steps it holds (``held``)
+MAX_HOLD = 4  # the most steps one choice holds for
 
 
 def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None
@@ -41,3 +46,13 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
         k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing: its cell
         lo, hi = lo + w * k, np.where(k == 15, hi, lo + w * (k + 1))
     return np.maximum(1.0, 0.5 * (lo + hi))
+
+
+def held(choose_s: float, step_s: float | None) -> int:
+    """The steps a choice made on value runs its arm for: enough that the choice's host seconds ``choose_s``, spread
+    over them, stay within ``HOST_SHARE`` of a step (``step_s``: the last measured; None: unknown, 1), at most
+    ``MAX_HOLD``. Where a device step is short (about 1 ms) the policy's host work would otherwise hold the device
+    up (docs/adaptive.md); where steps are long, or on a simulated clock (``choose_s`` 0), every step chooses."""
+    if not step_s or choose_s <= 0.0:
+        return 1
+    return int(min(MAX_HOLD, max(1, math.ceil(choose_s / (HOST_SHARE * step_s)))))

@@ -4,7 +4,7 @@ arms, and the throughput choice under a simulated clock (step costs that grow wi
 import numpy as np
 import pytest
 
-from flashspec import adaptive, loop
+from flashspec import adaptive, loop, throughput
 from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
 from flashspec.throughput import emitted_moments
 from flashspec.config import SamplingConfig
@@ -332,8 +332,8 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
     (``held``): about a third of the steps ask the policy (those after exploration); the held steps run the arm chosen, and greedy tokens equal
     plain decoding's (each step keeps its own offset whatever arm runs). ``held`` itself: 1 without a measured
     step or host time, at most ``MAX_HOLD``."""
-    assert adaptive.held(0.0, 1.0) == 1 and adaptive.held(0.1, None) == 1 and adaptive.held(0.1, 1.0) == 1
-    assert adaptive.held(0.3, 1.0) == 2 and adaptive.held(5.0, 1.0) == adaptive.MAX_HOLD
+    assert throughput.held(0.0, 1.0) == 1 and throughput.held(0.1, None) == 1 and throughput.held(0.1, 1.0) == 1
+    assert throughput.held(0.3, 1.0) == 2 and throughput.held(5.0, 1.0) == throughput.MAX_HOLD
     target, drafts = chain(1)
     prompts = [[0], [1], [2], [3]]
     backend = AsyncBackend(target, drafts, clock, {0: 1.0, 2: 1.0})
