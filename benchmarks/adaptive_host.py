@@ -242,13 +242,24 @@ def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
 
 def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: tuple[int, int] | None) -> dict:
     """One run on the paced device: ``ad``'s adaptive loop (``fixed`` None) or the fixed loop of (arm, G) (arm -1:
-    plain decoding); wall and device ms per step, tokens."""
+    plain decoding); wall and device ms per step, tokens, the policy's choices per step (held choices: fewer than 1)."""
     device.prefill([[0]] * batch, tokens)
     records: list = []
+    choices = [0]
     t0 = time.perf_counter()
     if fixed is None:
-        ad.speculate_adaptive(device, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0, rows=batch,
-                              records=records)
+        choose = policy.choose
+
+        def counted(*args):
+            choices[0] += 1
+            return choose(*args)
+
+        policy.choose = counted
+        try:
+            ad.speculate_adaptive(device, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
+                                  rows=batch, records=records)
+        finally:
+            del policy.choose  # the instance attribute: the method shows again
     elif fixed[0] < 0:
         decode_steps(device, sampling=GREEDY, max_new_tokens=tokens, seed=0, first_offset=0, on_step=None, records=records)
     else:
@@ -258,7 +269,7 @@ def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: t
     steps = max(1, len(records))
     return dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps,
                 exposed_ms=(wall - device.busy) * 1e3 / steps, steps=len(records), tokens=int(device.emitted.sum()),
-                tokens_per_s=float(device.emitted.sum()) / wall)
+                tokens_per_s=float(device.emitted.sum()) / wall, choices_per_step=choices[0] / steps)
 
 
 def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tuple[float, float]) -> dict:
