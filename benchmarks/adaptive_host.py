@@ -17,6 +17,16 @@ observe_free: work a GPU run does on the host between launches. Then each policy
 last adaptive run's steps without any model (``*_policy_only_ms``; the same inputs, so the same choices:
 ``policy_only_same_choices``), with a cProfile of it (top functions by own time). Greedy; every adaptive run's
 tokens must equal the fixed run's (``tokens_equal``). Medians over ``--repeats`` runs.
+
+The critical path (``critical_path``, first; ``--critical-only`` runs it alone, no model): the loops on a fake
+asynchronous device (``paced_device.PacedDevice``) whose steps take ``--device-ms`` (1 ms plain, + 0.025 ms per
+drafted token: SmolLM2-135M's shape on an H100) after launch: each fixed arm, the adaptive loop of ``--before`` and of
+this checkout, and this checkout's with one choice per step (``after_no_hold``: ``flashspec.throughput.MAX_HOLD`` = 1). A loop whose host
+work per step fits in the device step runs at the device's pace; ``exposed_ms`` = wall - device ms per step is the host
+work the device waited for, and ``*_over_best_fixed`` the adaptive loop's tokens/s over the best fixed arm's.
+
+    PYTHONPATH=$PWD/shared:$PWD python benchmarks/adaptive_host.py --critical-only --batches 1,4,16,64 --tokens 48 \
+        --repeats 5 --before 7f17826 --out benchmarks/results/adaptive_critical_cpu.json
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import platform
 import pstats
 import subprocess
@@ -42,13 +53,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]  # this checkout's flashspec, whatever is installed
 
 import flashspec.adaptive as adaptive  # noqa: E402
+import flashspec.throughput as throughput  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
-from flashspec.loop import SpecConfig, StepTimer, speculate_steps  # noqa: E402
+from flashspec.loop import SpecConfig, StepTimer, decode_steps, speculate_steps  # noqa: E402
 from flashspec_torch.backend import TorchBackend  # noqa: E402
 from flashspec_torch.drafts import LookupDraft  # noqa: E402
 from flashspec_torch.model import Llama, LlamaConfig  # noqa: E402
 
 from adaptive_bench import Fixed  # noqa: E402
+from paced_device import PacedDevice  # noqa: E402
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
 GREEDY = SamplingConfig(0.0)
@@ -227,6 +240,75 @@ def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
     return row
 
 
+def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: tuple[int, int] | None) -> dict:
+    """One run on the paced device: ``ad``'s adaptive loop (``fixed`` None) or the fixed loop of (arm, G) (arm -1:
+    plain decoding); wall and device ms per step, tokens, the policy's choices per step (held choices: fewer than 1)."""
+    device.prefill([[0]] * batch, tokens)
+    records: list = []
+    choices = [0]
+    t0 = time.perf_counter()
+    if fixed is None:
+        choose = policy.choose
+
+        def counted(*args):
+            choices[0] += 1
+            return choose(*args)
+
+        policy.choose = counted
+        try:
+            ad.speculate_adaptive(device, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
+                                  rows=batch, records=records)
+        finally:
+            del policy.choose  # the instance attribute: the method shows again
+    elif fixed[0] < 0:
+        decode_steps(device, sampling=GREEDY, max_new_tokens=tokens, seed=0, first_offset=0, on_step=None, records=records)
+    else:
+        speculate_steps(device, Fixed(fixed[0]), sampling=GREEDY, spec=SpecConfig(fixed[1], tokens), seed=0,
+                        first_offset=0, on_step=None, records=records)
+    wall = time.perf_counter() - t0
+    steps = max(1, len(records))
+    return dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps,
+                exposed_ms=(wall - device.busy) * 1e3 / steps, steps=len(records), tokens=int(device.emitted.sum()),
+                tokens_per_s=float(device.emitted.sum()) / wall, choices_per_step=choices[0] / steps)
+
+
+def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tuple[float, float]) -> dict:
+    """The loops on ``PacedDevice`` (a device step of ``step_ms``, rows accepting 0.5-0.9 of the n-gram's tokens): each
+    fixed arm (plain, n-gram at each of ``LENGTHS``) and each module's adaptive loop (``mods``: name -> (module,
+    ``flashspec.throughput.MAX_HOLD`` for the run or None)), in turn, ``repeats`` times after a warm-up; medians. ``exposed_ms``: wall
+    less device time per step, the host work the device waited for."""
+    accept = np.linspace(0.5, 0.9, batch)
+    arms = {"plain": (-1, 0), **{f"ngram:G{g}": (0, g) for g in LENGTHS}}
+    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, (ad, _) in mods.items()}
+    runs: dict[str, list] = {k: [] for k in [*arms, *mods]}
+    for _ in range(repeats + 1):  # the first: warm-up (the policies measure every arm)
+        for name, arm in arms.items():
+            device = PacedDevice(accept, step_ms)
+            runs[name].append(paced_run(adaptive, device, None, batch, tokens, arm))
+        for k, (ad, hold) in mods.items():
+            device = PacedDevice(accept, step_ms)
+            ad.use_free_scoring(device, policies[k])
+            saved = throughput.MAX_HOLD
+            throughput.MAX_HOLD = saved if hold is None else hold
+            try:
+                runs[k].append(paced_run(ad, device, policies[k], batch, tokens, None))
+            finally:
+                throughput.MAX_HOLD = saved
+    row = dict(batch=batch, tokens=tokens, step_ms=step_ms, **{k: median_parts(v[1:]) for k, v in runs.items()})
+    best = max(arms, key=lambda k: row[k]["tokens_per_s"])
+    row["best_fixed"] = best
+    for k in mods:
+        row[f"{k}_over_best_fixed"] = round(row[k]["tokens_per_s"] / row[best]["tokens_per_s"], 4)
+    return row
+
+
+def cpu_name() -> str:
+    try:
+        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,4,64")
@@ -234,12 +316,25 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--before", default=None, help="a git revision whose flashspec/adaptive.py runs beside this one")
+    ap.add_argument("--device-ms", default="1.0,0.025",
+                    help="the critical-path part's paced device: plain step ms, ms per drafted token ('': skip the part)")
+    ap.add_argument("--critical-only", action="store_true", help="only the critical-path part (no model runs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    m = model()
     before = load_adaptive(args.before) if args.before else None
-    rows = [run_batch(m, int(b), args.tokens, args.repeats, before) for b in args.batches.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    critical = []
+    if args.device_ms:
+        step_ms = tuple(float(x) for x in args.device_ms.split(","))
+        mods = {**({"before": (before, None)} if before else {}), "after": (adaptive, None), "after_no_hold": (adaptive, 1)}
+        critical = [critical_path(b, args.tokens, args.repeats, mods, step_ms) for b in batches]
+        for r in critical:
+            print(f"paced device, batch {r['batch']}: wall ms/step (exposed host ms/step) " + ", ".join(
+                f"{k} {r[k]['wall_ms']:.3f} ({r[k]['exposed_ms']:.3f})" for k in ["plain", *(f"ngram:G{g}" for g in LENGTHS), *mods])
+                + "; tokens/s over the best fixed arm " + ", ".join(f"{k} {r[f'{k}_over_best_fixed']:.3f}" for k in mods))
+    m = None if args.critical_only else model()
+    rows = [] if args.critical_only else [run_batch(m, b, args.tokens, args.repeats, before) for b in batches]
     for r in rows:
         for k in ("before", "after"):
             if f"{k}_ms" in r:
@@ -249,11 +344,15 @@ def main() -> None:
                       f"{ms['observe_free']:.3f}; launch {ms['launch']:.3f} vs {r['fixed_ms']['launch']:.3f}), policy "
                       f"alone {r[f'{k}_policy_only_ms']:.3f}, pulls {r[f'{k}_pulls']}")
     doc = dict(benchmark="adaptive_host", issue=35, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               hardware=dict(cpu=platform.processor() or platform.machine(), threads=args.threads),
+               hardware=dict(cpu=cpu_name(), cores=os.cpu_count(), load_average=os.getloadavg(), threads=args.threads),
                versions=dict(python=platform.python_version(), torch=torch.__version__, numpy=version("numpy")),
                model=TINY, args=vars(args), units="host ms per step (wall of the run / its steps, per part)",
                checks={f"batch{r['batch']}": dict(tokens_equal=all(r["tokens_equal"].values()),
-                                                   policy_only_same_choices=r["policy_only_same_choices"]) for r in rows}, rows=rows)
+                                                   policy_only_same_choices=r["policy_only_same_choices"]) for r in rows},
+               critical_path_note="PacedDevice (benchmarks/paced_device.py): a fake device step of device_ms after launch; "
+                                  "exposed_ms = wall - device ms per step: host work the device waited for; "
+                                  "*_over_best_fixed: tokens/s over the best fixed arm's on the same device",
+               critical_path=critical, rows=rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
 

@@ -53,6 +53,10 @@ The model (``AdaptivePolicy``):
   ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's first steps and on the best arm's;
   each wins afterwards.
 
+* held choices (the engine's loop, ``flashspec.throughput.held``): a choice made on value runs its arm for as many
+  steps as keep its host seconds within a share of a step's; the policy observes every step. Exactness: a held
+  arm was chosen from finished steps, as any choice.
+
 An arm's length holds for every row of the step; per-row lengths (``verify(draft_lengths=)``) come
 from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), not from this policy
 (docs/adaptive.md says why).
@@ -69,8 +73,8 @@ import numpy as np
 from .backend import Backend, FreeScoring, StepHandle, StepView
 from .config import SamplingConfig
 from .faults import check_finite
-from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_drafted
-from .throughput import emitted_moments, finish_steps
+from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_accepted, row_drafted
+from .throughput import emitted_moments, finish_steps, held
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
@@ -162,6 +166,7 @@ class AdaptivePolicy:
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
         self.in_flight: set[int] = set()  # arms chosen and not yet observed
+        self.on_value = False  # the last choice was made on the arms' values (not exploration, not a re-measurement)
         self.row_succ: np.ndarray | None = None  # [drafts, B]: per row of the batch (``new_batch``), as succ
         self.row_fail: np.ndarray | None = None  # [drafts, B]
         self.row_active: np.ndarray | None = None  # [B] bool: the rows active in the last finished step
@@ -186,8 +191,11 @@ class AdaptivePolicy:
             self.row_active[where] = True
         b = self.bucket_of(rows, size)
         unmeasured = self.cost_weight[b] == 0
+        self.on_value = False
+        mean = self.mean_alpha()
+        rate = self.log_rate(rows, mean)  # [arms]: on the posterior means, computed once a choice
         if unmeasured.any():
-            a = self.explore(rows, b, unmeasured)
+            a = self.explore(b, unmeasured, rate)
             if a is not None:
                 return self.launch(a)
         capped = self.capped_log_cost(b)
@@ -198,27 +206,27 @@ class AdaptivePolicy:
             a = int(np.argmax(stale))
             self.period[b, a] *= 2
             return self.launch(a)
-        mean = self.mean_alpha()
-        a = self.best(rows, b, mean, capped)
+        a = self.best(b, rate, capped)
         if not self.arms[a].plain:  # plain decoding, best on the posterior means, is taken at once; else Thompson
             draw = self.sample_alpha()
             if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
-                a = self.best(rows, b, draw, capped)
+                a = self.best(b, self.log_rate(rows, draw), capped)
         self.period[b, a] = self.remeasure
+        self.on_value = True
         return self.launch(a)
 
-    def explore(self, rows: int, b: int, unmeasured: np.ndarray) -> int | None:
+    def explore(self, b: int, unmeasured: np.ndarray, rate: np.ndarray) -> int | None:
         """The arm to run while some of bucket ``b``'s arms are unmeasured (``unmeasured`` [arms] bool), or None when
         every unmeasured arm is hopeless: each unmeasured arm once, the arms it includes first; while the rest are
-        in flight, the best measured arm."""
+        in flight, the best measured arm; ``rate`` [arms]: ``log_rate`` on the posterior means."""
         flying = np.zeros(len(self.arms), bool)
         flying[list(self.in_flight)] = True
-        hopeless = self.hopeless(rows, b)
+        hopeless = self.hopeless(b, rate)
         untried = unmeasured & ~flying & ~(self.dearer.T & unmeasured[None, :]).any(axis=1)  # an arm it includes first
         if (untried & ~hopeless).any():  # each unmeasured arm once (not twice because its first step is not read yet)
             return int(np.argmax(untried & ~hopeless))
         if (unmeasured & ~hopeless).any():  # the rest are in flight: the best measured arm meanwhile
-            return self.best(rows, b, self.mean_alpha())
+            return self.best(b, rate)
         return None
 
     def plain_scores(self) -> bool:
@@ -254,16 +262,16 @@ class AdaptivePolicy:
         a_k = (PROFILE_PRIOR * a + self.pos_succ) / (PROFILE_PRIOR + self.pos_succ + self.pos_fail)
         return a_k / a
 
-    def hopeless(self, rows: int, b: int) -> np.ndarray:  # [arms] bool
+    def hopeless(self, b: int, rate: np.ndarray) -> np.ndarray:  # [arms] bool
         """Unmeasured arms that cannot beat the best measured one even at the least they can cost (the dearest
         measured arm whose work they include: plain decoding's, or a shorter length's of the same draft), on the
-        posterior means: not explored (``choose`` measures the arms an arm includes before it)."""
+        posterior means (``rate`` [arms]: ``log_rate`` on them): not explored (``choose`` measures the arms an arm
+        includes before it)."""
         measured = self.cost_weight[b] > 0
         if measured.all() or not measured.any():  # nothing measured to compare with, or nothing unmeasured
             return np.zeros(len(self.arms), bool)
         own = np.where(measured, self.log_cost[b], -np.inf)
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
-        rate = self.log_rate(rows, self.mean_alpha())
         return ~measured & (rate - floor < np.where(measured, rate - self.capped_log_cost(b), -np.inf).max())
 
     def mean_alpha(self) -> np.ndarray:  # [drafts, R]
@@ -275,15 +283,22 @@ class AdaptivePolicy:
 
     def sample_alpha(self) -> np.ndarray:  # [drafts, R]
         """A Thompson draw of each draft's acceptance per active row; a draft scored for free (``free``) is seen on
-        every step whatever runs, so it needs no exploration: its posterior mean."""
+        every step whatever runs, so it needs no exploration: its posterior mean. With every draft scored for free
+        nothing is drawn (``free`` is for good: no later draw would have used the random stream either)."""
         succ, fail = self.counts()
+        if self.free.all():
+            return self.posterior_mean(succ, fail)
         draw = self.rng.beta(self.prior[0] + succ, self.prior[1] + fail)
         return np.where(self.free[:, None], self.posterior_mean(succ, fail), draw)
 
-    def value(self, rows: int, b: int, alpha: np.ndarray, capped: np.ndarray | None = None) -> np.ndarray:  # [arms]
+    def value(self, rows: int, b: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
         """log(tokens per second) of every arm in bucket ``b`` at its capped cost (never measured: -inf): ``log_rate``
-        less the log cost; ``alpha`` [drafts, R] per active row; ``capped``: ``capped_log_cost(b)`` if known."""
-        v = self.log_rate(rows, alpha) - (self.capped_log_cost(b) if capped is None else capped)
+        less the log cost; ``alpha`` [drafts, R] per active row."""
+        return self.priced(b, self.log_rate(rows, alpha))
+
+    def priced(self, b: int, rate: np.ndarray, capped: np.ndarray | None = None) -> np.ndarray:  # [arms]
+        """``value`` from ``rate`` [arms] (``log_rate``); ``capped``: ``capped_log_cost(b)`` if known."""
+        v = rate - (self.capped_log_cost(b) if capped is None else capped)
         return np.where(self.cost_weight[b] > 0, v, -np.inf)
 
     def log_rate(self, rows: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
@@ -300,8 +315,9 @@ class AdaptivePolicy:
         mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
-    def best(self, rows: int, b: int, alpha: np.ndarray, capped: np.ndarray | None = None) -> int:
-        return int(np.argmax(self.value(rows, b, alpha, capped)))
+    def best(self, b: int, rate: np.ndarray, capped: np.ndarray | None = None) -> int:
+        """The arm of the highest ``priced`` value."""
+        return int(np.argmax(self.priced(b, rate, capped)))
 
     def launch(self, a: int) -> int:
         self.in_flight.add(a)
@@ -315,12 +331,6 @@ class AdaptivePolicy:
         measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
         return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
-    def arm_cap(self, b: int, arm: int) -> float:
-        """``capped_log_cost(b)[arm]`` alone."""
-        own = self.log_cost[b, arm]
-        caps = self.log_cost[b, self.dearer[arm] & (self.cost_weight[b] > 0)]
-        return min(own, caps.min()) if caps.size else own
-
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
                 where: np.ndarray | None = None, size: int | None = None) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
@@ -333,7 +343,7 @@ class AdaptivePolicy:
         b = self.bucket_of(rows, size)
         self.cost_weight[b] *= self.cost_discount
         self.age[b] += 1
-        if self.log_cost[b, arm] > self.arm_cap(b, arm) + SPIKE:
+        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
             self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
         w = self.cost_weight[b, arm] + 1.0
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
@@ -433,14 +443,23 @@ def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingCon
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
                        first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
     """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
-    chooses; ``rows``: the batch's rows. Records carry the draft index (-1: plain) as ``StepRecord.arm``;
-    step seconds come from ``flashspec.loop.StepTimer`` (each step's own time, not its predecessor's)."""
+    chooses; ``rows``: the batch's rows. A choice made on value holds for ``held`` steps (the choice's host time
+    against the last step's), during which the policy observes every step but is not asked again. Records carry
+    the draft index (-1: plain) as ``StepRecord.arm``; step seconds come from ``flashspec.loop.StepTimer`` (each
+    step's own time, not its predecessor's)."""
     pending: tuple[int, StepHandle] | None = None
     timer = StepTimer()
     policy.in_flight.clear()  # a run cut short leaves none behind
     policy.new_batch(rows, spec.max_new_tokens)
+    a, hold = 0, 0
     for step in range(spec.max_steps or spec.max_new_tokens):
-        a = policy.choose(rows)
+        if hold > 0:  # the last choice still holds: the arm again, the policy's work saved
+            hold -= 1
+            policy.launch(a)
+        else:
+            t0 = timer.now()
+            a = policy.choose(rows)
+            hold = held(timer.now() - t0, records[-1].seconds if records else None) - 1 if policy.on_value else 0
         arm = policy.arms[a]
         if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
             backend.score_free(policy.scoring_gamma if not arm.plain or policy.plain_scores() else 0)
@@ -482,7 +501,7 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
         accepted = np.asarray(view.num_accepted)[view.active].astype(np.int64)
         lengths = drafted_per_row(view, arm.length)  # [rows]
         total = int(accepted.sum())
-        per_row = tuple(int(n) if act else -1 for n, act in zip(view.num_accepted, view.active))
+        per_row = row_accepted(view)
         record = StepRecord(-1 if arm.plain else arm.draft, int(lengths.sum()), total, total + rows, rows, seconds,
                             per_row, row_drafted(view, lengths))
         records.append(record)

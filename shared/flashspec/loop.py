@@ -156,7 +156,7 @@ def observe(policy: Policy, records: list[StepRecord], gamma: int, arm: int, han
     if rows:
         accepted = int(view.num_accepted[view.active].sum())
         lengths = drafted_per_row(view, gamma)  # [rows]
-        per_row = tuple(int(n) if a else -1 for n, a in zip(view.num_accepted, view.active))
+        per_row = row_accepted(view)
         record = StepRecord(arm, int(lengths.sum()), accepted, accepted + rows, rows, seconds, per_row,
                             row_drafted(view, lengths))
         records.append(record)
@@ -171,7 +171,12 @@ def row_drafted(view, lengths: np.ndarray) -> tuple[int, ...]:
     """``StepRecord.row_drafted``: ``lengths`` [active rows] placed at the active rows, -1 elsewhere."""
     out = np.full(len(view.active), -1, np.int64)
     out[np.asarray(view.active, bool)] = lengths
-    return tuple(int(n) for n in out)
+    return tuple(out.tolist())
+
+
+def row_accepted(view) -> tuple[int, ...]:
+    """``StepRecord.row_accepted``: each row's accepted tokens, -1 where it was not active."""
+    return tuple(np.where(np.asarray(view.active, bool), np.asarray(view.num_accepted, np.int64), -1).tolist())
 
 
 def drafted_per_row(view, gamma: int) -> np.ndarray:  # [active rows] int64

@@ -1,11 +1,14 @@
 """The adaptive policy's throughput arithmetic (``flashspec.adaptive``'s value of an arm): the tokens a step emits at
-a per-token acceptance, and the steps until the last row of a static batch is done."""
+a per-token acceptance, the steps until the last row of a static batch is done, and the steps a choice holds for."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-GRID_SIZE = 96  # finish_steps searches [arms, R] up to this size on a grid (fewer calls), larger by bisection
+HOST_SHARE = 0.25  # the share of a step's time a choice's host work may take, spread over the steps it holds (``held``)
+MAX_HOLD = 4  # the most steps one choice holds for
 
 
 def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None
@@ -13,7 +16,7 @@ def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray |
     """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at per-token acceptance
     ``alpha`` (broadcast) times ``profile`` [..., >= K] at draft position k (None: 1 everywhere, i.i.d.):
     P(accepted >= k) = prod_{j <= k} min(1, alpha profile_j) for k <= length."""
-    alpha, length = np.broadcast_arrays(np.asarray(alpha, np.float64), np.asarray(length, np.float64))
+    alpha, length = np.asarray(alpha, np.float64), np.asarray(length, np.float64)  # broadcast against each other
     k = np.arange(1, int(length.max(initial=0)) + 1)  # [K]
     per = alpha[..., None] * (np.ones(len(k)) if profile is None else np.asarray(profile)[..., : len(k)])  # [..., K]
     tail = np.where(k <= length[..., None], np.cumprod(np.minimum(1.0, per), axis=-1), 0.0)  # [..., K]: P(accepted >= k)
@@ -24,10 +27,9 @@ def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray |
 def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:  # [arms]
     """Expected steps until the last of R rows is done, per arm: row b, ``left`` [R] tokens to go at ``mean`` /
     ``var`` [arms, R] tokens a step, needs steps_b ~ normal(left / mean, left var / mean^3) (a renewal count); the
-    last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (bisection,
-    the normal tail by its logistic approximation), and never before the slowest row's expectation. The crossing is
-    found to (hi - lo) / 4096: by 12 halvings, or for [arms, R] of at most ``GRID_SIZE`` on a grid of 15 points a
-    round, 3 rounds (the same cell)."""
+    last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (the normal tail
+    by its logistic approximation), and never before the slowest row's expectation. The crossing is found to
+    (hi - lo) / 4096 on a grid of 15 interior points a round, 3 rounds."""
     m = left / mean  # [arms, R]
     if m.shape[1] == 1:
         return np.maximum(1.0, m[:, 0])
@@ -36,17 +38,21 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
     hi = lo + 5.0 * s.max(axis=1)
     scale = 1.702 / s  # [arms, R]
     shift = scale * m
-    if m.size <= GRID_SIZE:  # 3 rounds of 15 points: fewer numpy calls than 12 halvings, each on a small array
-        j = np.arange(1, 16)  # [15]: the interior points of a round's grid
-        for _ in range(3):  # 16 ** 3 = 4096 cells
-            w = (hi - lo) / 16  # [arms]
-            t = lo[:, None] + np.multiply.outer(w, j)  # [arms, 15]
-            z = np.minimum(50.0, scale[:, None, :] * t[:, :, None] - shift[:, None, :])  # [arms, 15, R]
-            k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing: its cell
-            lo, hi = lo + w * k, np.where(k == 15, hi, lo + w * (k + 1))
-        return np.maximum(1.0, 0.5 * (lo + hi))
-    for _ in range(12):  # (hi - lo) / 4096: well under a step
-        t = 0.5 * (lo + hi)
-        over = (1.0 / (1.0 + np.exp(np.minimum(50.0, scale * t[:, None] - shift)))).sum(axis=1) > 1.0
-        lo, hi = np.where(over, t, lo), np.where(over, hi, t)
+    j = np.arange(1, 16)  # [15]: the interior points of a round's grid
+    for _ in range(3):  # 16 ** 3 = 4096 cells
+        w = (hi - lo) / 16  # [arms]
+        t = lo[:, None] + np.multiply.outer(w, j)  # [arms, 15]
+        z = np.minimum(50.0, scale[:, None, :] * t[:, :, None] - shift[:, None, :])  # [arms, 15, R]
+        k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing: its cell
+        lo, hi = lo + w * k, np.where(k == 15, hi, lo + w * (k + 1))
     return np.maximum(1.0, 0.5 * (lo + hi))
+
+
+def held(choose_s: float, step_s: float | None) -> int:
+    """The steps a choice made on value runs its arm for: enough that the choice's host seconds ``choose_s``, spread
+    over them, stay within ``HOST_SHARE`` of a step (``step_s``: the last measured; None: unknown, 1), at most
+    ``MAX_HOLD``. Where a device step is short (about 1 ms) the policy's host work would otherwise hold the device
+    up (docs/adaptive.md); where steps are long, or on a simulated clock (``choose_s`` 0), every step chooses."""
+    if not step_s or choose_s <= 0.0:
+        return 1
+    return int(min(MAX_HOLD, max(1, math.ceil(choose_s / (HOST_SHARE * step_s)))))

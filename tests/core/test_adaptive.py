@@ -4,7 +4,7 @@ arms, and the throughput choice under a simulated clock (step costs that grow wi
 import numpy as np
 import pytest
 
-from flashspec import adaptive, loop
+from flashspec import adaptive, loop, throughput
 from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
 from flashspec.throughput import emitted_moments
 from flashspec.config import SamplingConfig
@@ -312,3 +312,35 @@ def test_a_batchs_cost_bucket_is_its_size_not_its_active_rows():
     p.new_batch(8)
     p.observe(0, 3, np.zeros(3, int), 1.0, where=np.arange(3))
     assert p.cost_weight[bucket(8), 0] > 0 and p.cost_weight[bucket(3), 0] == 0
+
+
+class SlowChoice(AdaptivePolicy):
+    """A policy whose choice takes ``host_s`` of the simulated clock's host time."""
+
+    def __init__(self, *args, clock, host_s, **kw):
+        super().__init__(*args, **kw)
+        self.clock, self.host_s, self.calls = clock, host_s, 0
+
+    def choose(self, rows, where=None, size=None):
+        self.clock.now += self.host_s
+        self.calls += 1
+        return super().choose(rows, where, size)
+
+
+def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
+    """A choice taking 0.6 s of host time against 1 s device steps holds its arm for ceil(0.6 / 0.25) = 3 steps
+    (``held``): about a third of the steps ask the policy (those after exploration); the held steps run the arm chosen, and greedy tokens equal
+    plain decoding's (each step keeps its own offset whatever arm runs). ``held`` itself: 1 without a measured
+    step or host time, at most ``MAX_HOLD``."""
+    assert throughput.held(0.0, 1.0) == 1 and throughput.held(0.1, None) == 1 and throughput.held(0.1, 1.0) == 1
+    assert throughput.held(0.3, 1.0) == 2 and throughput.held(5.0, 1.0) == throughput.MAX_HOLD
+    target, drafts = chain(1)
+    prompts = [[0], [1], [2], [3]]
+    backend = AsyncBackend(target, drafts, clock, {0: 1.0, 2: 1.0})
+    policy = SlowChoice(make_arms(2, (2,)), 2, rng=0, clock=clock, host_s=0.6)
+    outs, records = run(backend, policy, prompts, SamplingConfig(0.0), SpecConfig(gamma=2, max_new_tokens=40))
+    assert len(records) >= 12 and policy.calls <= 0.6 * len(records), (policy.calls, len(records))
+    arms = [r.arm for r in records]
+    assert any(a == b for a, b in zip(arms[3:], arms[4:]))
+    plain, _ = loop.decode(MarkovBackend(target, drafts), prompts, sampling=SamplingConfig(0.0), max_new_tokens=40)
+    assert outs == plain

@@ -1,5 +1,5 @@
 """The adaptive policy's cheaper host work (issue #35, benchmarks/adaptive_host.py): ``finish_steps``' grid search
-against plain bisection, ``arm_cap`` against ``capped_log_cost``, and the benchmark's own smoke run."""
+against plain bisection, and the benchmark's own smoke run."""
 
 import sys
 from pathlib import Path
@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashspec.adaptive import AdaptivePolicy, make_arms
 from flashspec.throughput import finish_steps
 
 
@@ -26,7 +25,7 @@ def finish_steps_bisection(left, mean, var):  # [arms]
     return np.maximum(1.0, 0.5 * (lo + hi))
 
 
-@pytest.mark.parametrize("rows", [2, 5, 32, 300])  # 32 or more x 3 arms: the bisection branch
+@pytest.mark.parametrize("rows", [2, 40])
 def test_finish_steps_finds_bisections_crossing(rows):
     r = np.random.default_rng(rows)
     for _ in range(20):
@@ -37,15 +36,6 @@ def test_finish_steps_finds_bisections_crossing(rows):
         assert np.all(np.abs(got - want) <= 1e-9 * want + 1e-3 * width)
 
 
-def test_arm_cap_is_capped_log_cost_of_that_arm():
-    r = np.random.default_rng(0)
-    p = AdaptivePolicy(make_arms(2, (1, 2, 4)), 2, rng=0)
-    for _ in range(10):
-        p.log_cost[1] = r.normal(size=len(p.arms))
-        p.cost_weight[1] = r.integers(0, 2, len(p.arms)).astype(float)
-        assert [p.arm_cap(1, a) for a in range(len(p.arms))] == list(p.capped_log_cost(1))
-
-
 def test_the_host_benchmark_runs_and_keeps_the_tokens():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import adaptive_host
@@ -53,3 +43,13 @@ def test_the_host_benchmark_runs_and_keeps_the_tokens():
     row = adaptive_host.run_batch(adaptive_host.model(), 2, 6, 1, None)
     assert row["tokens_equal"] == {"after": True} and row["policy_only_same_choices"]
     assert row["after_ms"]["policy"] > 0 and row["after_ms"]["choose"] > row["fixed_ms"]["choose"]
+
+
+def test_the_critical_path_part_runs_every_loop_on_the_paced_device():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import adaptive_host
+
+    row = adaptive_host.critical_path(2, 6, 1, {"after": (adaptive_host.adaptive, None)}, (0.2, 0.0))
+    assert row["best_fixed"] in ("plain", "ngram:G2", "ngram:G4") and row["after_over_best_fixed"] > 0
+    assert all(row[k]["tokens"] == 12 and row[k]["device_ms"] > 0 for k in ("plain", "ngram:G2", "after"))
+    assert row["plain"]["choices_per_step"] == 0 and 0 < row["after"]["choices_per_step"] <= 1.5

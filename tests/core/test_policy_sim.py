@@ -20,7 +20,7 @@ class BlindPolicy(AdaptivePolicy):
     """A mutant that explores blindly: every unmeasured arm is tried whatever its prices say, every draft is
     Thompson-sampled although scored for free, and every step is valued by the mean row (no batch tail)."""
 
-    def hopeless(self, rows, b):
+    def hopeless(self, b, rate):
         return np.zeros(len(self.arms), bool)
 
     def sample_alpha(self):
