@@ -3,14 +3,18 @@
 Prompts: the held-out groups of ``flashspec.head_corpus`` (files, topics, subjects the head never saw),
 the first ``--prompts`` per domain; chat through the chat template. For each domain and temperature
 (0 and 0.7): plain decoding; the head at every G of ``--gammas`` (tokens emitted per step, acceptance
-of each draft position = P(position k accepted | positions < k accepted), tok/s); ngram, layerskip at
-G = 4; transformers' assisted generation with prompt lookup (greedy only). Every method runs the same
+of each draft position = P(position k accepted | positions < k accepted), tok/s), and a second head
+(``--baseline``, e.g. the shipped one beside a new one) at the same G; ngram, layerskip at G = 4;
+transformers' assisted generation with prompt lookup (greedy only). Each draft's cost: the time its
+``propose`` took (the head: feeding the positions accepted since the last step, then G single-token
+passes), per step and per drafted token, and per drafted token over a plain decoding step of the
+same cell (plain seconds / tokens; on a GPU the clock would time launches, not work: CPU only). Every method runs the same
 prompts and token counts one after another in this process, so the machine's load weighs on all.
 At T = 0 each speculative run's tokens are checked against plain decoding's (``greedy_equal``).
 ``--clock process`` times with the process's CPU time instead of the wall clock: on a machine shared
 with other jobs it leaves out the time this process waited for a core (memory contention stays in).
 
-    python benchmarks/head_bench.py --head DIR [--prompts 4] [--new-tokens 64] [--out results/head_bench.json]
+    python benchmarks/head_bench.py --head head:DIR [--baseline head] [--prompts 4] [--new-tokens 64] [--out results/head_bench.json]
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 2,3,4,5   # the CPU table
 """
 
@@ -55,26 +59,56 @@ def per_position(accepted: list[int], gamma: int) -> list[float]:
     return out
 
 
+class ProposeClock:
+    """Wraps a draft's ``propose`` (an instance attribute shadowing the method) to add up its time."""
+
+    def __init__(self, draft):
+        self.draft, self.seconds, self.calls = draft, 0.0, 0
+        inner = draft.propose
+
+        def propose(*a, **k):
+            start = clock()
+            out = inner(*a, **k)
+            self.seconds += clock() - start
+            self.calls += 1
+            return out
+
+        draft.propose = propose
+
+    def close(self) -> None:
+        del self.draft.propose
+
+
 def run(engine, ids_list, *, temperature, gamma, new_tokens, speculation=True) -> tuple[dict, list]:
     """Each prompt (ids) in turn, after one short untimed warm-up (CUDA graphs are captured there)."""
     texts = [engine.tokenizer.decode(ids) for ids in ids_list]
     kw = dict(temperature=temperature, gamma=gamma, seed=0, speculation=speculation, chat=False)
     engine.generate(texts[0], max_new_tokens=4, **kw)
     steps, tokens, seconds = Steps(), [], 0.0
-    for text in texts:
-        start = clock()
-        tokens.append(engine.generate(text, max_new_tokens=new_tokens, on_step=steps, **kw)["tokens"])
-        seconds += clock() - start
-    return summary(steps, tokens, seconds, gamma, speculation), tokens
+    timer = ProposeClock(engine.drafts[0]) if speculation and engine.device.type == "cpu" else None
+    try:
+        for text in texts:
+            start = clock()
+            tokens.append(engine.generate(text, max_new_tokens=new_tokens, on_step=steps, **kw)["tokens"])
+            seconds += clock() - start
+    finally:
+        if timer:
+            timer.close()
+    return summary(steps, tokens, seconds, gamma, speculation, timer), tokens
 
 
-def summary(steps: Steps, tokens: list, seconds: float, gamma: int, speculation: bool) -> dict:
-    """One table cell: tokens, tok/s, steps; speculative: tokens per step, acceptance by draft position."""
+def summary(steps: Steps, tokens: list, seconds: float, gamma: int, speculation: bool,
+            timer: ProposeClock | None = None) -> dict:
+    """One table cell: tokens, tok/s, steps; speculative: tokens per step, acceptance by draft position,
+    the draft's ``propose`` time per step and per drafted token (ms)."""
     n = sum(len(t) for t in tokens)
     cell = {"tokens": n, "seconds": seconds, "tok_s": n / seconds, "steps": len(steps.accepted)}
     if speculation:
         cell.update(emitted_per_step=steps.emitted / max(1, len(steps.accepted)),
                     acceptance_by_position=per_position(steps.accepted, gamma))
+    if timer is not None:
+        cell.update(draft_ms_per_step=1e3 * timer.seconds / max(1, timer.calls),
+                    draft_ms_per_token=1e3 * timer.seconds / max(1, timer.calls * gamma))
     return cell
 
 
@@ -94,13 +128,15 @@ def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:
 
 
 def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int, ...], others=("ngram", "layerskip"),
-          temperatures=(0.0, 0.7), device=None, hf=True, log=print) -> dict:
+          temperatures=(0.0, 0.7), device=None, hf=True, baseline: str | None = None, log=print) -> dict:
+    """Every cell by "domain T=t"; ``baseline``: a second head's cells ("baseline G=g") beside ``head``'s."""
     from flashspec.engine import encode
     from flashspec.head_corpus import DOMAINS, corpus, split
     from flashspec_torch.engine import Engine
 
     held = split(corpus())[1]
-    engines = {name: Engine(loaded, (name,), policy="fixed", device=device) for name in (head, *others)}
+    heads = {"head": head, **({"baseline": baseline} if baseline else {})}
+    engines = {name: Engine(loaded, (name,), policy="fixed", device=device) for name in (*heads.values(), *others)}
     plain_engine = engines[head]
     hf_model = to_hf(loaded) if hf else None
     results = {}
@@ -109,19 +145,25 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
         for t in temperatures:
             cells = {}
             cells["plain"], plain = run(plain_engine, ids_list, temperature=t, gamma=1, new_tokens=new_tokens, speculation=False)
-            for g in gammas:
-                cells[f"head G={g}"], got = run(engines[head], ids_list, temperature=t, gamma=g, new_tokens=new_tokens)
-                cells[f"head G={g}"]["greedy_equal"] = got == plain if t == 0 else None
+            for label, spelling in heads.items():
+                for g in gammas:
+                    cells[f"{label} G={g}"], got = run(engines[spelling], ids_list, temperature=t, gamma=g,
+                                                       new_tokens=new_tokens)
+                    cells[f"{label} G={g}"]["greedy_equal"] = got == plain if t == 0 else None
             for name in others:
                 cells[f"{name} G=4"], got = run(engines[name], ids_list, temperature=t, gamma=4, new_tokens=new_tokens)
                 cells[f"{name} G=4"]["greedy_equal"] = got == plain if t == 0 else None
             if hf_model is not None and t == 0:
                 cells["transformers prompt lookup G=4"] = hf_prompt_lookup(hf_model, ids_list, new_tokens, 4,
                                                                            loaded.model.config.eos_token_ids)
+            plain_ms = 1e3 * cells["plain"]["seconds"] / cells["plain"]["tokens"]  # one token per plain step
             for c in cells.values():
                 c["speedup"] = c["tok_s"] / cells["plain"]["tok_s"]
-            best = max((k for k in cells if k.startswith("head")), key=lambda k: cells[k]["tok_s"])
-            results[f"{d} T={t}"] = {"cells": cells, "best_head": best}
+                if "draft_ms_per_token" in c:
+                    c["draft_per_token_over_plain_step"] = c["draft_ms_per_token"] / plain_ms
+            results[f"{d} T={t}"] = {"cells": cells, "plain_step_ms": plain_ms, **{
+                f"best_{label}": max((k for k in cells if k.startswith(f"{label} G=")), key=lambda k: cells[k]["tok_s"])
+                for label in heads}}
             log(f"{d} T={t}: " + ", ".join(f"{k} {c['tok_s']:.1f} tok/s ({c['speedup']:.2f}x"
                                            + (f", {c['emitted_per_step']:.2f}/step" if "emitted_per_step" in c else "")
                                            + ")" for k, c in cells.items()))
@@ -147,6 +189,7 @@ def machine(device) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", default="head", help="head (the shipped one) or head:DIR")
+    ap.add_argument("--baseline", default=None, help="a second head measured beside --head at the same G (e.g. head)")
     ap.add_argument("--target", default=None, help="a model directory or .gguf (default: the embedded model)")
     ap.add_argument("--prompts", type=int, default=4, help="held-out prompts per domain")
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -168,8 +211,9 @@ def main() -> None:
     temperatures = tuple(float(t) for t in args.temperatures.split(","))
     start = time.perf_counter()
     results = bench(loaded, args.head, prompts=args.prompts, new_tokens=args.new_tokens, gammas=gammas, device=str(dev),
-                    hf=not args.no_hf, temperatures=temperatures)
+                    hf=not args.no_hf, temperatures=temperatures, baseline=args.baseline)
     doc = {"command": "python benchmarks/head_bench.py " + " ".join(sys.argv[1:]), **machine(dev), "clock": args.clock,
+           "head": args.head, "baseline": args.baseline,
            "load_average_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - start, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))

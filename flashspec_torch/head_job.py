@@ -22,7 +22,7 @@ from flashspec.engine import encode
 from flashspec.head_corpus import DOMAINS, corpus, split
 
 from .head_train import (TrainConfig, acceptance_by_position, for_training, frequent_tokens, generate_sequences,
-                         init_file, init_vocabulary, token_counts, train_head)
+                         init_file, initial_head, token_counts, train_head)
 from .heads import fingerprint, load_head, save_head
 
 
@@ -54,15 +54,16 @@ def run_train_head(out: str | Path, cfg: TrainConfig, *, target=None, train_per_
         raise ValueError(f"target {loaded.name!r} has no tokenizer: training prompts must be encoded")
     model = loaded.model
     t_load = time.perf_counter()
-    init_ids = init_vocabulary(cfg, model)  # checked again, with the rest, by train_head
+    start = initial_head(model, cfg, None) if cfg.init else None  # loaded and checked once, before generating
     train, held = make_data(model, loaded.tokenizer, cfg, train_per_domain, eval_per_domain, log)
     t_gen = time.perf_counter()
     counts = token_counts(train, model.config.vocab_size)
-    ids = init_ids if init_ids is not None else frequent_tokens(train, cfg.vocab, model.config.vocab_size)
+    ids = start.token_ids if start is not None else frequent_tokens(train, cfg.vocab, model.config.vocab_size)
     generated = sum(len(s.tokens) - s.prompt_len for s in train + held)
     gen_rate = generated / max(t_gen - t_load, 1e-9)
     log(f"generated {generated} tokens in {t_gen - t_load:.1f} s ({gen_rate:.0f}/s); training from {cfg.init or 'scratch'}")
-    head, hist = train_head(model, train, cfg, ids, on_log=lambda s, l, per: log(f"step {s}: loss {l:.4f} {per}"))
+    head, hist = train_head(model, train, cfg, None if start is not None else ids, head=start,
+                            on_log=lambda s, l, per: log(f"step {s}: loss {l:.4f} {per}"))
     t_train = time.perf_counter()
     steps_done = hist.steps[-1] + 1 if hist.steps else 0
     out = Path(out)

@@ -225,13 +225,19 @@ class History:
 
 
 def train_head(target: Llama, seqs: list[Sequence], cfg: TrainConfig, token_ids: torch.Tensor | None = None,
-               log_every: int = 10, on_log=None) -> tuple[DraftHead, History]:
-    """Train a head on ``seqs`` (the training ones: ``held_out`` are refused); returns it in float32."""
+               log_every: int = 10, on_log=None, head: DraftHead | None = None) -> tuple[DraftHead, History]:
+    """Train a head on ``seqs`` (the training ones: ``held_out`` are refused); returns it in float32.
+    The head trained is ``head`` when given (what ``initial_head`` returned for this ``cfg``: a caller
+    that checked ``cfg.init`` before generating data passes it on, so the file is read once), else
+    ``initial_head(target, cfg, token_ids)``."""
     if any(s.held_out for s in seqs):
         raise ValueError("train_head was given held-out sequences: pass the training split only")
+    if head is not None and token_ids is not None:
+        raise ValueError("train_head was given both head and token_ids: the head keeps its own vocabulary, "
+                         "pass token_ids=None with it")
     dev = target.embed.weight.device
     torch.manual_seed(cfg.seed)
-    head = for_training(initial_head(target, cfg, token_ids), target)
+    head = for_training(initial_head(target, cfg, token_ids) if head is None else head, target)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -291,16 +297,9 @@ def initial_head(target: Llama, cfg: TrainConfig, token_ids: torch.Tensor | None
         raise ValueError(f"vocab={cfg.vocab} but the init head {path} has {len(head.token_ids)} tokens: pass "
                          f"vocab={len(head.token_ids)} (--vocab) to continue it, or drop init")
     if token_ids is not None and not torch.equal(torch.as_tensor(token_ids).sort().values, head.token_ids.cpu()):
-        raise ValueError(f"token_ids differ from the init head's vocabulary ({path}): pass init_vocabulary(cfg) "
-                         "or None when continuing a head")
+        raise ValueError(f"token_ids differ from the init head's vocabulary ({path}): pass None when "
+                         "continuing a head (it keeps its own)")
     return head
-
-
-def init_vocabulary(cfg: TrainConfig, target: Llama) -> torch.Tensor | None:  # [V_d] the init head's token ids, None without init
-    """The vocabulary a run continuing ``cfg.init`` keeps (None for a new head)."""
-    if cfg.init is None:
-        return None
-    return load_head(init_file(cfg.init), target.config)[0].token_ids
 
 
 def for_training(head: DraftHead, target: Llama) -> DraftHead:

@@ -42,15 +42,14 @@ def test_a_resumed_head_starts_where_the_saved_one_ended(trained):
     below a new head's first loss); the vocabulary and feature layers are the saved head's."""
     from dataclasses import replace
 
-    from flashspec_torch.head_train import init_vocabulary, train_head
+    from flashspec_torch.head_train import train_head
     from flashspec_torch.heads import load_head
 
     target, seqs, cfg, path, first = trained
     cont = replace(cfg, init=str(path.parent), steps=1, lr=1e-9)
-    ids = init_vocabulary(cont, target)
     saved, _ = load_head(path, target.config)
-    assert torch.equal(ids, saved.token_ids)
-    head, hist = train_head(target, seqs, cont, ids, log_every=1)
+    ids = saved.token_ids
+    head, hist = train_head(target, seqs, cont, log_every=1)
     _, fresh = train_head(target, seqs, replace(cfg, steps=1, lr=1e-9), ids, log_every=1)
     assert fresh.loss[0] == pytest.approx(first.loss[0])  # a new head: the same batch and weights as the first run's
     assert hist.loss[0] < fresh.loss[0] - 0.05
@@ -80,6 +79,38 @@ def test_resuming_a_head_that_does_not_fit_is_refused_with_the_fix(trained):
         train_head(target, seqs, replace(cont, init=str(path.parent / "missing")))
     with pytest.raises(ValueError, match="init=''"):
         TrainConfig(init="")
+    with pytest.raises(ValueError, match="both head and token_ids"):
+        train_head(target, seqs, cfg, torch.arange(48), head=random_head(target))
+
+
+def random_head(target):
+    from flashspec_torch.head_train import TrainConfig, initial_head
+
+    return initial_head(target, TrainConfig(vocab=48), torch.arange(48))
+
+
+def test_the_train_head_job_reads_the_init_head_once_and_refuses_a_misfit_before_generating(trained, monkeypatch, tmp_path):
+    """``run_train_head`` with ``init``: the head file is loaded once (checked before any data is
+    generated, then trained), and a head that does not fit is refused before ``make_data`` runs."""
+    from dataclasses import replace
+
+    from flashspec_torch import head_job, head_train
+    from flashspec_torch.weights import LoadedModel
+
+    target, seqs, cfg, path, _ = trained
+    loads, made = [], []
+    real = head_train.load_head
+    monkeypatch.setattr(head_train, "load_head", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    held = [replace(s, held_out=True) for s in seqs[:2]]
+    monkeypatch.setattr(head_job, "make_data", lambda *a: made.append(1) or (seqs, held))
+    loaded = LoadedModel(target, object(), "tiny")
+    cont = replace(cfg, init=str(path.parent), steps=1)
+    with pytest.raises(ValueError, match="pass vocab=48"):
+        head_job.run_train_head(tmp_path / "bad", replace(cont, vocab=64), target=loaded, device="cpu", log=lambda s: None)
+    assert made == [] and len(loads) == 1
+    loads.clear()
+    report = head_job.run_train_head(tmp_path / "ok", cont, target=loaded, device="cpu", log=lambda s: None)
+    assert made == [1] and len(loads) == 1 and report["init"] == str(path.parent) and report["head_vocab"] == 48
 
 
 def test_generation_stops_at_its_deadline():
