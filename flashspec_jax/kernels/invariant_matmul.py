@@ -112,17 +112,18 @@ def invariant_matmul(x: jax.Array, w: jax.Array, *, interpret: bool = False, blo
     return y.reshape(*lead, n)
 
 
-@jax.jit
-def invariant_matmul_reference(x: jax.Array, w: jax.Array) -> jax.Array:  # x [M, K], w [N, K] -> [M, N]
-    """The kernel's order in plain jnp: chunks of BLOCK_K (zero padded), each summed by ``tree_sum``,
-    added in chunk order from zero in float32, rounded to x's dtype. Jitted as the interpreted kernel
-    is (``interpreted_grid``: XLA's CPU code contracts multiply-adds, op-by-op execution does not)."""
+@functools.partial(jax.jit, static_argnames=("block_k",))
+def invariant_matmul_reference(x: jax.Array, w: jax.Array, block_k: int = BLOCK_K) -> jax.Array:  # [M, K], [N, K] -> [M, N]
+    """The kernel's order in plain jnp: chunks of ``block_k`` (the kernel's BLOCK_K; zero padded), each
+    summed by ``tree_sum``, added in chunk order from zero in float32, rounded to x's dtype. Jitted as
+    the interpreted kernel is (``interpreted_grid``: XLA's CPU code contracts multiply-adds,
+    op-by-op execution does not)."""
     m, k = x.shape
-    pad = -k % BLOCK_K
+    pad = -k % block_k
     xf = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, pad)))
     wf = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, pad)))
     acc = jnp.zeros((m, w.shape[0]), jnp.float32)
-    for c in range(xf.shape[1] // BLOCK_K):
-        part = slice(c * BLOCK_K, (c + 1) * BLOCK_K)
+    for c in range(xf.shape[1] // block_k):
+        part = slice(c * block_k, (c + 1) * block_k)
         acc = acc + tree_sum(xf[:, None, part] * wf[None, :, part])
     return acc.astype(x.dtype)
