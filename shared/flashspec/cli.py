@@ -320,6 +320,8 @@ def run_generate(args) -> int:
     check_generate_args(args)
     options = {}  # the backend's own options: keyword arguments of its engine class
     if args.batch_invariant:
+        if args.row_invariant:
+            raise UsageError("--batch-invariant already gives plain decoding speculation's tokens; drop --row-invariant")
         options["batch_invariant"] = True
     if args.row_invariant:
         if args.backend != "jax":
