@@ -11,7 +11,7 @@ element's sequence of additions.
 
 ``chunk_dot``: on a GPU the Triton dot (an MMA computes every element of its [block_m, block_n] tile
 the same way, whatever row it sits in; block_m is 16 whatever M, so the dot's shape never follows
-the batch); under the interpreter the float32 products of the chunk summed by a fixed pairwise
+the batch; Triton may fold the addition into the MMA's accumulator, an order still fixed by K); under the interpreter the float32 products of the chunk summed by a fixed pairwise
 tree (``tree_sum``), because the CPU's dot (XLA's, through Eigen) may round a row differently by
 its place in the tile.
 """
@@ -113,7 +113,8 @@ def invariant_matmul(x: jax.Array, w: jax.Array, *, interpret: bool = False, blo
 
 
 @functools.partial(jax.jit, static_argnames=("block_k",))
-def invariant_matmul_reference(x: jax.Array, w: jax.Array, block_k: int = BLOCK_K) -> jax.Array:  # [M, K], [N, K] -> [M, N]
+def invariant_matmul_reference(x: jax.Array, w: jax.Array,  # [M, K], [N, K] -> [M, N]
+                               block_k: int = BLOCK_K) -> jax.Array:
     """The kernel's order in plain jnp: chunks of ``block_k`` (the kernel's BLOCK_K; zero padded), each
     summed by ``tree_sum``, added in chunk order from zero in float32, rounded to x's dtype. Jitted as
     the interpreted kernel is (``interpreted_grid``: XLA's CPU code contracts multiply-adds,

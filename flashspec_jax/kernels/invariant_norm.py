@@ -33,7 +33,8 @@ def squares_kernel(x_ref, out_ref, *, width: int, use_tree: bool):
 def row_squares(x: jax.Array, interpret: bool) -> jax.Array:  # [M, C] -> [M, 1] float32
     m, c = x.shape
     kernel = functools.partial(squares_kernel, width=1 << (c - 1).bit_length(), use_tree=interpret)
-    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32), grid=interpreted_grid((m,), interpret),
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((m, 1), jnp.float32),
+                          grid=interpreted_grid((m,), interpret),
                           compiler_params=plt.CompilerParams(num_warps=4, num_stages=1), interpret=interpret,
                           name="flashspec_invariant_rms")(x)
 
