@@ -133,6 +133,26 @@ def test_greedy_tokens_alone_in_a_batch_and_with_ngram_speculation_are_identical
     assert sum(r.accepted for r in records) > 0  # scoring passes of G + 1 rows really ran
 
 
+def test_a_rows_logits_alone_are_its_bits_in_a_batch_of_17(model):
+    """The forward (prefill of 6 positions) of row 5 alone over a cache of 32 slots, and inside a
+    batch of 17 over 64 slots: the same logits bit for bit (the default mode on this CPU: row 5
+    alone differs in float32)."""
+    from flax import nnx
+
+    graph, state = nnx.split(model)
+
+    @jax.jit
+    def logits(state, tokens, slots):
+        m = nnx.merge(graph, state)
+        b, t = tokens.shape
+        z, _ = m(tokens, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), m.new_cache(b, slots.shape[0]))
+        return z  # [B, T, V]
+
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (17, 6)), jnp.int32)
+    batch = np.asarray(logits(state, tokens, jnp.zeros(64)))
+    np.testing.assert_array_equal(np.asarray(logits(state, tokens[5:6], jnp.zeros(32)))[0], batch[5])
+
+
 def test_what_the_mode_does_not_cover_is_refused(model):
     from flax import nnx
 
