@@ -16,7 +16,8 @@ GPU needs: there a static slice of the stack is read in place by the product, wh
 dynamic slice is first copied out (each weight read twice and written once; docs/jax.md has the
 H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
 nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. The
-products are XLA's. Weights use the fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up``
+products are XLA's (``Llama.batch_invariant``: every product, norm and attention by the
+batch-invariant Pallas kernels, ``kernels/invariant_*.py``). Weights use the fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up``
 concatenated, ``[out, in]``), so the one converted cache on disk loads into either backend.
 """
 
