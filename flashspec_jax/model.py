@@ -17,8 +17,9 @@ dynamic slice is first copied out (each weight read twice and written once; docs
 H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
 nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. The
 products are XLA's (``Llama.batch_invariant``: every product, norm and attention by the
-batch-invariant Pallas kernels, ``kernels/invariant_*.py``). Weights use the fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up``
-concatenated, ``[out, in]``), so the one converted cache on disk loads into either backend.
+batch-invariant Pallas kernels, ``kernels/invariant_*.py``). Weights use the fused layout of
+``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the one converted
+cache on disk loads into either backend.
 """
 
 from __future__ import annotations
