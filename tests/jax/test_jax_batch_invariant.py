@@ -97,6 +97,31 @@ def test_the_kernels_lower_to_triton_for_cuda(dtype):
                         spec((4, 5), jnp.int32)) == 1
 
 
+@pytest.mark.parametrize("scan", [True, False])
+def test_the_invariant_forward_lowers_to_triton_for_cuda(scan, monkeypatch):
+    """The whole forward in batch-invariant mode, as on a GPU (the kernels not interpreted), exported for
+    CUDA through the scan (the layer a traced index into the kernels) and the unrolled loop."""
+    from flax import nnx
+
+    import flashspec_jax.model as model_module
+    from flashspec_jax.model import Llama, LlamaConfig
+
+    monkeypatch.setattr(model_module, "on_gpu", lambda: True)
+    m = nnx.eval_shape(lambda: Llama(LlamaConfig(**TINY), dtype=jnp.bfloat16))  # shapes only
+    m.batch_invariant, m.scan_layers = True, scan
+    graph, state = nnx.split(m)
+
+    def forward(state, tokens, pos):
+        mm = nnx.merge(graph, state)
+        return mm(tokens, pos, mm.new_cache(tokens.shape[0], 128))[0]
+
+    ids = jax.ShapeDtypeStruct((4, 5), jnp.int32)
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
+    text = jax.export.export(jax.jit(forward), platforms=["cuda"], disabled_checks=checks)(state, ids, ids).mlir_module()
+    assert sum(text.count(name) for name in TRITON_CALLS) >= 3  # product, norm, attention (each jitted once per shape)
+    assert "stablehlo.dot_general" not in text  # no product left to XLA
+
+
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
             head_dim=16, max_position_embeddings=256)
 
