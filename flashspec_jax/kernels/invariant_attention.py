@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from .attention import MIN_ROWS, online_update, scores
+from .attention import MIN_ROWS, load_block, online_update, scores
 from .invariant_matmul import interpreted_grid
 
 BLOCK_S = 64  # cache slots per step of a program's loop
@@ -58,11 +58,7 @@ def invariant_kernel(q_ref, k_ref, v_ref, layer_ref, pos_ref, acc_ref, m_ref, l_
     q = plt.load(q_ref.at[bt, kh, rows[:, None], dims[None, :]])  # [R, D]
 
     def body(j, carry):
-        cols = j * BLOCK_S + jnp.arange(BLOCK_S, dtype=jnp.int32)  # [BS]
-        at = (layer, b, kh, cols[:, None], dims[None, :])
-        live = cols[:, None] < slots
-        k = plt.load(k_ref.at[at], mask=live, other=0)  # [BS, D]
-        v = plt.load(v_ref.at[at], mask=live, other=0)
+        cols, k, v = load_block(k_ref, v_ref, layer, b, kh, j, BLOCK_S)  # [BS], [BS, D] x2
         qk = (q.astype(jnp.float32), k.astype(jnp.float32)) if interpret else (q, k)  # bf16 products exact in f32
         s = scores(jnp.dot(qk[0], qk[1].T, preferred_element_type=jnp.float32), d, scale, 0.0)  # [R, BS]
         seen = jnp.broadcast_to(cols[None, :] <= pos, s.shape)
