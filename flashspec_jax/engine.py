@@ -6,7 +6,9 @@ of SPEC.md). ``loop="device"`` runs the whole generation in one ``lax.while_loop
 ``row_invariant``: plain decoding runs the target over the request's gamma + 1 positions per row
 (the last token and copies, ``Steps.decode_one``'s rows), the shape of a speculative step's
 scoring pass, so that a row's logits are rounded as in scoring and greedy speculation gives
-greedy decoding's tokens in bf16 too (docs/jax.md).
+greedy decoding's tokens in bf16 too (docs/jax.md). ``batch_invariant``: every reduction of the
+target's forward by the batch-invariant Pallas kernels (``Llama.batch_invariant``), so a request's
+tokens are the same alone, in any batch and with speculation (docs/batch_invariance.md, "JAX").
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Engine(EngineBase):
         verify_impl: str | None = None,
         loop: str = "host",
         row_invariant: bool = False,
+        batch_invariant: bool = False,
         tensor_parallel: int = 1,
     ):
         if policy not in engine_policies():
@@ -63,7 +66,12 @@ class Engine(EngineBase):
             raise ValueError(f"loop='device' runs the policies {sorted(whole.DEVICE_POLICIES)}, not {policy!r}")
         if not isinstance(row_invariant, bool):
             raise TypeError(f"row_invariant={row_invariant!r} must be True or False")
-        self.row_invariant = row_invariant
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"batch_invariant={batch_invariant!r} must be True or False")
+        if batch_invariant and row_invariant:
+            raise ValueError("batch_invariant=True already gives plain decoding speculation's tokens; "
+                             "leave row_invariant False")
+        self.row_invariant, self.batch_invariant = row_invariant, batch_invariant
         self.device = self.pick_device(device)
         with self.on_device():
             self.dtype = dtype or (jnp.float32 if self.device.platform == "cpu" else jnp.bfloat16)
@@ -74,7 +82,11 @@ class Engine(EngineBase):
             config = self.target.model.config
             self.tensor_parallel = tensor_parallel
             eos = sorted(set(config.eos_token_ids))
-            self.backend = JaxSlotBackend(self.split_target(tensor_parallel), eos, verify_impl)
+            self.target.model.batch_invariant = batch_invariant  # the model's own setting: shared with its engines
+            target = self.split_target(tensor_parallel)
+            if batch_invariant:
+                target.invariant_check()
+            self.backend = JaxSlotBackend(target, eos, verify_impl)
             self.backend.set_drafts([self.make_draft(d) for d in drafts])
             self.whole = whole.Whole(self.backend) if loop == "device" else None
 

@@ -16,8 +16,10 @@ GPU needs: there a static slice of the stack is read in place by the product, wh
 dynamic slice is first copied out (each weight read twice and written once; docs/jax.md has the
 H100 profile). A layer-skipping draft passes the skipped layers as a static set, so they cost
 nothing and no data-dependent branch (which XLA on a GPU evaluates on the host) is needed. The
-products are XLA's. Weights use the fused layout of ``flashspec.weights`` (``qkv`` and ``gate_up``
-concatenated, ``[out, in]``), so the one converted cache on disk loads into either backend.
+products are XLA's (``Llama.batch_invariant``: every product, norm and attention by the
+batch-invariant Pallas kernels, ``kernels/invariant_*.py``). Weights use the fused layout of
+``flashspec.weights`` (``qkv`` and ``gate_up`` concatenated, ``[out, in]``), so the one converted
+cache on disk loads into either backend.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ from flashspec.contract import check_vocab
 
 from .kernels import attention as kernel_attention
 from .kernels.attention import attention_reference
+from .kernels.invariant_attention import invariant_attention
+from .kernels.invariant_matmul import invariant_matmul
+from .kernels.invariant_norm import invariant_rms_norm
 from .verify import on_gpu
 
 __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 
-ATTENTION_IMPLS = ("xla", "pallas", "fused")
+ATTENTION_IMPLS = ("xla", "pallas", "fused")  # "invariant": batch_invariant's, never set by hand
 SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
 
 
@@ -147,13 +152,21 @@ def layer_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def dense(x: jax.Array, w: jax.Array, bias: jax.Array | None) -> jax.Array:  # [..., in] -> [..., out]
+def dense(x: jax.Array, w: jax.Array, bias: jax.Array | None, invariant: bool = False) -> jax.Array:  # [..., in] -> [..., out]
+    """x w^T (+ bias); ``invariant``: the batch-invariant product (``Llama.batch_invariant``: no biases)."""
+    if invariant:
+        return invariant_matmul(x, w, interpret=not on_gpu())
     y = linear(x, w)
     return y if bias is None else y + bias
 
 
-def norm(c: LlamaConfig, x: jax.Array, weight: jax.Array | None) -> jax.Array:
-    return x if weight is None else rms_norm(x, weight, c.rms_norm_eps, c.norm_offset)
+def norm(c: LlamaConfig, x: jax.Array, weight: jax.Array | None, invariant: bool = False) -> jax.Array:
+    """RMSNorm (None: none); ``invariant``: its row reduction by the per-row kernel (no norm offset)."""
+    if weight is None:
+        return x
+    if invariant:
+        return invariant_rms_norm(x, weight, c.rms_norm_eps, interpret=not on_gpu())
+    return rms_norm(x, weight, c.rms_norm_eps, c.norm_offset)
 
 
 def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, positions, mask, window, attn: str,
@@ -164,6 +177,8 @@ def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, posi
     ``shards`` > 1: qkv in the shard-major order of ``flashspec_jax.parallel`` (each shard's q, k, v heads
     side by side; ``Llama.attention_choice`` is then "xla"); 1: the fused layout."""
     b, t, _ = qkv.shape
+    if attn == "invariant":
+        return invariant_attend(c, qkv, cos, sin, cache, layer, positions)
     if attn == "fused" and not c.qk_norm and kernel_attention.supported(t, c.num_heads, c.num_kv_heads, c.head_dim):
         out, k, v = kernel_attention.fused_attention(
             qkv, cos[:, :, 0], sin[:, :, 0], cache.k, cache.v, layer, positions, window, heads=c.num_heads,
@@ -179,6 +194,19 @@ def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, posi
     return attention(c, q, cache, layer, positions, mask, window, "pallas" if attn == "fused" else attn), cache
 
 
+def invariant_attend(c: LlamaConfig, qkv, cos, sin, cache: KVCache, layer, positions):
+    """``attend`` in batch-invariant mode (no q/k norms, no windows, one device): RoPE, the cache write,
+    ``kernels.invariant_attention``."""
+    b, t, _ = qkv.shape
+    nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    q = apply_rope(qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), cos, sin)
+    k = apply_rope(qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
+    v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
+    cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
+    out = invariant_attention(q, cache.k, cache.v, layer, positions, scale=c.query_scale, interpret=not on_gpu())
+    return out, cache
+
+
 def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window=0, attn: str = "xla",
           shards: int = 1):
     """h [B, T, C]; cache [L, B, H_kv, S, D] (layer ``layer`` is read and written); positions [B, T]; mask [B, T, S]
@@ -186,13 +214,14 @@ def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positio
     ``shards`` > 1: qkv and gate_up in ``flashspec_jax.parallel``'s shard-major order (``attend``; each
     shard's gate and up columns side by side)."""
     b, t, _ = h.shape
-    qkv = dense(norm(c, h, w.attn_norm), w.qkv, w.qkv_bias)
+    inv = attn == "invariant"  # ``Llama.batch_invariant``: the products and norms by the invariant kernels too
+    qkv = dense(norm(c, h, w.attn_norm, inv), w.qkv, w.qkv_bias, inv)
     out, cache = attend(c, w, qkv, cos, sin, cache, layer, positions, mask, window, attn, shards)
-    h = h + norm(c, dense(out.reshape(b, t, -1), w.o, w.o_bias), w.post_attn_norm)
-    gate_up = dense(norm(c, h, w.mlp_norm), w.gate_up, w.gate_up_bias).reshape(b, t, shards, 2, -1)  # [B, T, N, 2, F / N]
+    h = h + norm(c, dense(out.reshape(b, t, -1), w.o, w.o_bias, inv), w.post_attn_norm)
+    gate_up = dense(norm(c, h, w.mlp_norm, inv), w.gate_up, w.gate_up_bias, inv).reshape(b, t, shards, 2, -1)  # [B, T, N, 2, F / N]
     gate, up = gate_up[..., 0, :].reshape(b, t, -1), gate_up[..., 1, :].reshape(b, t, -1)
     act = jax.nn.silu(gate) if c.activation == "silu" else jax.nn.gelu(gate, approximate=True)
-    return h + norm(c, dense(act * up, w.down, w.down_bias), w.post_mlp_norm), cache
+    return h + norm(c, dense(act * up, w.down, w.down_bias, inv), w.post_mlp_norm), cache
 
 
 class Llama(nnx.Module):
@@ -205,6 +234,8 @@ class Llama(nnx.Module):
         self.scan_layers = scan_layers  # the layer loop (module docstring); None: by platform at trace time
         self.attention_impl = attention_impl  # "xla", "pallas", "fused" (``attend``); None: ``attention_choice``
         self.mesh = None  # a jax.sharding.Mesh with a "tp" axis: the weights are split over it (flashspec_jax.parallel)
+        # every reduction of the forward by the batch-invariant kernels (``invariant_check``; docs/batch_invariance.md)
+        self.batch_invariant = False
         c, L = config, config.num_layers
         rngs = rngs or nnx.Rngs(0)
 
@@ -250,6 +281,9 @@ class Llama(nnx.Module):
     def attention_choice(self) -> str:
         """``attention_impl``, or by default: the einsum ("xla") on the CPU and for a target split over a
         mesh, "fused" on one GPU (faster at SmolLM2's, TinyLlama's and Llama-3-8B's shapes: docs/jax.md)."""
+        if self.batch_invariant:
+            self.invariant_check()
+            return "invariant"
         if self.attention_impl not in (None, *ATTENTION_IMPLS):
             raise ValueError(f"attention_impl={self.attention_impl!r}: choose one of {ATTENTION_IMPLS} or None (by platform)")
         if self.attention_impl is not None:
@@ -260,6 +294,22 @@ class Llama(nnx.Module):
         if self.mesh is not None:  # the Pallas kernels see one device's arrays: XLA partitions the einsum
             return "xla"
         return "fused" if on_gpu() else "xla"
+
+    def invariant_check(self) -> None:
+        """A ValueError naming what ``batch_invariant`` does not implement for this model: the families'
+        features the invariant kernels leave out, a head_dim the attention kernel does not take, a mesh,
+        an explicit ``attention_impl``."""
+        c, why = self.config, None
+        if c.kernel_blockers:
+            why = f"the invariant kernels do not implement {c.kernel_blockers} of this model"
+        elif c.head_dim < 16 or c.head_dim & (c.head_dim - 1):
+            why = f"head_dim {c.head_dim} is not a power of two >= 16 (the attention kernel's)"
+        elif self.mesh is not None:
+            why = "the target is split over a mesh (tensor_parallel > 1); the invariant kernels run on one device"
+        elif self.attention_impl is not None:
+            why = f"attention_impl={self.attention_impl!r} is set; the mode chooses its own attention (leave it None)"
+        if why:
+            raise ValueError(f"batch_invariant=True: {why}; use batch_invariant=False for this model")
 
     def layer_bytes(self) -> int:
         """One layer's weight bytes."""
@@ -298,7 +348,8 @@ class Llama(nnx.Module):
         if select is not None:
             h = jnp.take_along_axis(h, select[:, None, None], axis=1)
         head = self.embed.value if self.lm_head is None else self.lm_head.value
-        z = linear(norm(c, h, self.norm.value), head)
+        inv = self.batch_invariant
+        z = dense(norm(c, h, self.norm.value, inv), head, None, inv)
         if self.mesh is not None:  # each device's vocabulary shard, then gathered: verify and sampling read whole rows
             z = self.place(self.place(z, (None, None, "tp")), ())
         z = z.astype(jnp.float32)

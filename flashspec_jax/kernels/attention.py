@@ -78,11 +78,7 @@ def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, *out_refs, 
     lo, hi = plt.load(lo_ref.at[b, rows]), plt.load(hi_ref.at[b, rows])  # [R]
 
     def body(j, carry):
-        cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)  # [BS]
-        at = (layer, b, kh, cols[:, None], dims[None, :])
-        live = cols[:, None] < slots
-        k = plt.load(k_ref.at[at], mask=live, other=0)  # [BS, D]
-        v = plt.load(v_ref.at[at], mask=live, other=0)
+        cols, k, v = load_block(k_ref, v_ref, layer, b, kh, j, block_s)
         s = scores(jnp.dot(q, k.T, preferred_element_type=jnp.float32), d, scale, softcap)  # [R, BS]
         seen = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
         return online_update(carry, jnp.where(seen, s, -jnp.inf), v)
@@ -91,6 +87,15 @@ def attention_kernel(q_ref, k_ref, v_ref, layer_ref, lo_ref, hi_ref, *out_refs, 
             jnp.zeros((num_rows, d), jnp.float32))
     first, last = split_blocks(lo, hi, slots, block_s, part, splits)
     store_split(out_refs, b, kh, part, lax.fori_loop(first, last, body, init), splits)
+
+
+def load_block(k_ref, v_ref, layer, b, kh, j, block_s: int):  # -> (cols [BS], k [BS, D], v [BS, D])
+    """Block j of ``block_s`` cache slots of (layer, batch row b, KV head kh); slots past the cache read 0."""
+    cols = j * block_s + jnp.arange(block_s, dtype=jnp.int32)
+    dims = jnp.arange(k_ref.shape[4], dtype=jnp.int32)
+    at = (layer, b, kh, cols[:, None], dims[None, :])
+    live = cols[:, None] < k_ref.shape[3]
+    return cols, plt.load(k_ref.at[at], mask=live, other=0), plt.load(v_ref.at[at], mask=live, other=0)
 
 
 def split_blocks(lo, hi, slots: int, block_s: int, part, splits: int):  # lo, hi [R] -> (first, last) block indices

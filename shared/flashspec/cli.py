@@ -284,8 +284,8 @@ def add_generate(sub) -> None:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     p.add_argument("--batch-invariant", action="store_true",
-                   help="torch: a row's logits independent of the batch and of the tokens per pass, so a request's "
-                        "tokens are the same alone, in any batch and with speculation, in bf16 too")
+                   help="a row's logits independent of the batch and of the tokens per pass, so a request's "
+                        "tokens are the same alone, in any batch and with speculation, in bf16 too (torch, jax)")
     p.add_argument("--row-invariant", action="store_true",
                    help="jax: plain decoding computes gamma + 1 positions per step, the shape of a speculative "
                         "step's scoring pass, so greedy speculation gives greedy decoding's tokens in bf16 at batch 1 "
@@ -320,9 +320,8 @@ def run_generate(args) -> int:
     check_generate_args(args)
     options = {}  # the backend's own options: keyword arguments of its engine class
     if args.batch_invariant:
-        if args.backend != "torch":
-            raise UsageError(f"--batch-invariant is an option of the torch backend (its batch-invariant kernels), "
-                             f"not of --backend {args.backend}; use --backend torch")
+        if args.row_invariant:
+            raise UsageError("--batch-invariant already gives plain decoding speculation's tokens; drop --row-invariant")
         options["batch_invariant"] = True
     if args.row_invariant:
         if args.backend != "jax":

@@ -212,7 +212,7 @@ def engine_class(backend: str):
 
 def engine(backend: str = "torch", target=None, drafts=("ngram",), *, policy: str = "thompson-token", device=None):
     """An engine holding the loaded target and drafts (load once, generate many times). A
-    backend's own options (dtype, verify_impl, torch's batch_invariant, JAX's row_invariant, JAX's loop) are keyword
+    backend's own options (dtype, verify_impl, batch_invariant, JAX's row_invariant, JAX's loop) are keyword
     arguments of its engine class: ``flashspec_torch.engine.Engine``, ``flashspec_jax.engine.Engine``."""
     return engine_class(backend)(target, drafts, policy=policy, device=device)
 

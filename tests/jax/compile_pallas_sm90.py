@@ -5,8 +5,9 @@ shared-memory, register and spill problems before a GPU run). Run as a script, n
 
     PYTHONPATH=$PWD/shared:$PWD python tests/jax/compile_pallas_sm90.py [--slots 2112] [--warps 4]
 
-Prints, per kernel (fused_attention and decode_attention at Llama-3-8B's attention: 32 heads, 8 KV
-heads, head_dim 128, bf16, batch 1; T = 1 decoding and T = 5 scoring), the splits, shared memory,
+Prints, per kernel (fused_attention, decode_attention and the batch-invariant attention at Llama-3-8B's
+attention: 32 heads, 8 KV heads, head_dim 128, bf16, batch 1; T = 1 decoding and T = 5 scoring; the
+batch-invariant product at its gate_up and RMSNorm at its width, T rows), the splits, shared memory,
 registers (``cuobjdump`` from Triton's bundled tools, if present) and local-memory loads and stores
 in the PTX (spills). Exits non-zero on a compile error. Uses a private JAX hook
 (``pallas_call_registration.lowering.lower_jaxpr_to_triton_module``) to capture the IR.
@@ -32,6 +33,9 @@ jax.default_backend = lambda: "gpu"  # the kernels lowered for the GPU, not inte
 from jax._src.pallas.triton import pallas_call_registration as registration  # noqa: E402
 
 from flashspec_jax.kernels import attention  # noqa: E402
+from flashspec_jax.kernels.invariant_attention import invariant_attention  # noqa: E402
+from flashspec_jax.kernels.invariant_matmul import invariant_matmul  # noqa: E402
+from flashspec_jax.kernels.invariant_norm import invariant_rms_norm  # noqa: E402
 
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
 CAPTURED: list[str] = []
@@ -96,6 +100,12 @@ def main() -> int:
                                  spec((1, t, d), jnp.bfloat16), cache, cache, pos)),
             "decode_attention": (lambda q, k, v, p: attention.decode_attention(q, k, v, 3, p),
                                  (spec((1, t, heads, d), jnp.bfloat16), cache, cache, pos)),
+            "invariant_attention": (lambda q, k, v, p: invariant_attention(q, k, v, 3, p),
+                                    (spec((1, t, heads, d), jnp.bfloat16), cache, cache, pos)),
+            "invariant_matmul": (lambda x, w: invariant_matmul(x, w),  # gate_up: [2 F, C]
+                                 (spec((t, heads * d), jnp.bfloat16), spec((28672, heads * d), jnp.bfloat16))),
+            "invariant_rms_norm": (lambda x, w: invariant_rms_norm(x, w, 1e-5),
+                                   (spec((t, heads * d), jnp.bfloat16), spec((heads * d,), jnp.bfloat16))),
         }
         for name, (fn, fn_args) in kernels.items():
             try:

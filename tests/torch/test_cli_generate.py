@@ -37,7 +37,7 @@ def run(argv) -> int:
     (["generate", "hi", "--draft", "layerskip:99", "--device", "cpu"], "layerskip"),
     (["generate", "hi", "--target", "/no/such/model", "--device", "cpu"], "/no/such/model"),
     (["generate", "hi", "--backend", "jax", "--target", "/no/such/model", "--device", "cpu"], "/no/such/model"),
-    (["generate", "hi", "--backend", "jax", "--batch-invariant", "--device", "cpu"], "--batch-invariant"),
+    (["generate", "hi", "--backend", "jax", "--batch-invariant", "--row-invariant", "--device", "cpu"], "--row-invariant"),
     (["generate", "hi", "--row-invariant", "--device", "cpu"], "--row-invariant"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):

@@ -46,8 +46,6 @@ def add_serve(sub, positive_int) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    if args.backend != "torch" and args.batch_invariant:
-        raise ValueError("--batch-invariant is an option of --backend torch (its batch-invariant kernels)")
     if args.max_queue < 0 or not 0 <= args.port < 65536 or args.drain_timeout < 0:
         raise ValueError("--max-queue and --drain-timeout must be >= 0 and --port in [0, 65535]")
     try:
@@ -63,7 +61,7 @@ def run_serve(args: argparse.Namespace) -> int:
     make, drafts = engine_class(args.backend), tuple(args.draft or ("ngram",))
     if args.batch_invariant:
         eng = make(args.target, drafts, policy=args.policy, device=args.device, batch_invariant=True)
-    else:  # the JAX engine has no batch-invariant mode
+    else:
         eng = make(args.target, drafts, policy=args.policy, device=args.device)
     metrics = Metrics(eng.target.name, list(eng.backend.draft_names), args.max_batch)
     service = Service(eng, max_batch=args.max_batch, max_queue=args.max_queue, context=args.context,
