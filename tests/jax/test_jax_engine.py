@@ -1,6 +1,6 @@
 """The JAX engine on the embedded model (SmolLM2-135M-Instruct, fp32 on the CPU), against the
-torch backend: logits, greedy tokens, sampled tokens under the shared generator, the first-token
-law, and the whole-generation loop against the host loop."""
+torch backend: logits, greedy tokens, sampled tokens under the shared generator, the whole-generation loop
+against the host loop; the first-token law on a tiny random model."""
 
 import numpy as np
 import pytest
@@ -101,26 +101,40 @@ def test_sampled_tokens_agree_with_the_torch_backend(torch_engine, jax_engine, a
     assert same >= 0.8 and prefix >= 0.85
 
 
-def test_sampled_first_tokens_follow_the_target(jax_engine):
+def tiny_engine():
+    """The JAX engine on a tiny random 3-layer model (tests/char_tokenizer.py's vocabulary) with the n-gram
+    and layer-skip (layer 2) drafts: the embedded model's engine code, at a size the statistical test affords."""
+    from char_tokenizer import VOCAB, CharTokenizer
+
+    from flashspec_jax.engine import Engine
+    from flashspec_jax.model import LlamaConfig
+    from flashspec_jax.weights import LoadedModel, random_model
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=256, eos_token_ids=(1,))
+    tiny = LoadedModel(random_model(cfg, dtype=jnp.float32, seed=3, std=0.4), CharTokenizer(), "tiny")
+    return Engine(tiny, ("ngram", "layerskip:2"), policy="fixed", device="cpu")
+
+
+def test_sampled_first_tokens_follow_the_target():
     """With a draft in the loop, the first emitted token ~ the target's next-token distribution. One step
     (max_new_tokens=1): the first token is that step's accepted draft or its corrected draw, and a
-    second step (the loop issues it before reading the first) would not change it."""
+    second step (the loop issues it before reading the first) would not change it. On a tiny random
+    model (the embedded model's 300 rows took ~3.5 min of CI), 400 rows in one batch."""
     from flashspec_jax.kernels.verify import log_probs
 
-    prompt, n = "The capital of France is", 300
-    ids = jax_engine.encode(prompt, chat=False)
-    m = jax_engine.target.model
+    engine = tiny_engine()
+    prompt, n = "The capital of France is", 400
+    ids = engine.encode(prompt, chat=False)
+    m = engine.target.model
     z, _ = m(jnp.asarray([ids]), jnp.arange(len(ids))[None], m.new_cache(1, len(ids)))
     p = np.asarray(jnp.exp(log_probs(z[0, -1], 1.0, 8, 1.0)), np.float64)
-    outs, records = [], []
-    for lo in range(0, n, 100):  # batches of 100 rows (one compiled shape): a batch of 400 took 9.5 GB on the CPU
-        o, r = fixed_arm_run(jax_engine, 1, [prompt] * 100, SamplingConfig(1.0, top_k=8), list(range(lo, lo + 100)),
-                             gamma=2, max_new_tokens=1)  # layer-skip draft: q != p, often accepted
-        outs, records = outs + o, records + r
+    outs, records = fixed_arm_run(engine, 1, [prompt] * n, SamplingConfig(1.0, top_k=8), list(range(n)),
+                                  gamma=2, max_new_tokens=1)  # layer-skip draft: q != p, often accepted
     first = np.array([t[0] for t in outs])
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)
     assert p_value > 1e-3, note
-    assert sum(r.accepted for r in records) > 0  # the draft really took part
+    assert sum(r.accepted for r in records) > 0.1 * n  # the draft really took part
 
 
 @pytest.fixture(scope="module")
