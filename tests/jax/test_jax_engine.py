@@ -111,7 +111,7 @@ def tiny_engine():
     from flashspec_jax.weights import LoadedModel, random_model
 
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
-                      num_kv_heads=2, head_dim=8, max_position_embeddings=256, eos_token_ids=(1,))
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=256, eos_token_ids=())  # no EOS: every row emits 2 tokens
     tiny = LoadedModel(random_model(cfg, dtype=jnp.float32, seed=3, std=0.4), CharTokenizer(), "tiny")
     return Engine(tiny, ("ngram", "layerskip:2"), policy="fixed", device="cpu")
 
@@ -135,6 +135,38 @@ def test_sampled_first_tokens_follow_the_target():
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)
     assert p_value > 1e-3, note
     assert sum(r.accepted for r in records) > 0.1 * n  # the draft really took part
+
+
+def test_sampled_first_two_tokens_follow_the_target_with_a_head():
+    """A draft head in the loop (tests/jax/test_jax_serving.py's random head over the tiny model's layers 0
+    and 1, its final norm scaled by 0.1 for a flatter q), T = 1.5, top-p 0.9, G = 2 (a target flat enough for
+    ~20% of the head's drafts to be accepted): the first token's law and the first two tokens' joint law, chi-square
+    against the target's own p(t1) p(t2 | t1) by plain forward passes. On the tiny model, 400 rows (the
+    shipped head on the embedded model took ~2.5 min of CI for 100; its greedy tests stay in
+    tests/jax/test_jax_head_engine.py)."""
+    from flashspec_jax.kernels.verify import log_probs
+    from head_checks import check_first_two_tokens
+    from test_jax_serving import random_head
+
+    engine = tiny_engine()
+    m = engine.target.model
+    head = random_head(m)
+    head = head._replace(norm=0.1 * head.norm)  # a flatter q: its drafts land in the target's nucleus often
+    engine.backend.set_drafts([engine.backend.head_draft("head", head, (0, 1)), engine.backend.drafts[0]])
+    prompt, n = "My favourite colour is", 400
+    sampling = SamplingConfig(temperature=1.5, top_p=0.9)
+    ids = engine.encode(prompt, chat=False)
+    z1, _ = m(jnp.asarray([ids]), jnp.arange(len(ids))[None], m.new_cache(1, len(ids)))
+    p1 = np.asarray(jnp.exp(log_probs(z1[0, -1], 1.5, 0, 0.9)), np.float64)  # [V]
+    first = np.nonzero(p1 > 0)[0]  # the nucleus of the first token
+    k = len(ids) + 1
+    seqs = jnp.asarray([ids + [int(t)] for t in first])
+    z2, _ = m(seqs, jnp.broadcast_to(jnp.arange(k)[None], seqs.shape), m.new_cache(len(first), k))
+    p2 = np.asarray(jnp.exp(log_probs(z2[:, -1], 1.5, 0, 0.9)), np.float64)  # [F, V]
+    tokens, records = speculate(engine.backend, FixedArm(2, BanditConfig(fixed_arm=0)), [ids] * n, sampling=sampling,
+                                spec=SpecConfig(gamma=2, max_new_tokens=2), seed=np.arange(n, dtype=np.uint64))  # the head
+    check_first_two_tokens(tokens, first, p1, p2)
+    assert sum(r.accepted for r in records) > 0.1 * sum(r.drafted for r in records)  # the head's drafts mattered
 
 
 @pytest.fixture(scope="module")
