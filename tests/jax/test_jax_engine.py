@@ -1,6 +1,6 @@
 """The JAX engine on the embedded model (SmolLM2-135M-Instruct, fp32 on the CPU), against the
-torch backend: logits, greedy tokens, sampled tokens under the shared generator, the whole-generation loop
-against the host loop; the first-token law on a tiny random model."""
+torch backend: logits, greedy tokens, sampled tokens under the shared generator; on a tiny random model,
+the first-token laws and the whole-generation loop against the host loop."""
 
 import numpy as np
 import pytest
@@ -170,52 +170,59 @@ def test_sampled_first_two_tokens_follow_the_target_with_a_head():
 
 
 @pytest.fixture(scope="module")
-def whole_loop(jax_engine):
+def tiny():
+    """The whole-generation loop's tests run on the tiny model: the same loop code as the embedded model's,
+    compiled in seconds (they took ~2.5 min of CI on the embedded model)."""
+    return tiny_engine()
+
+
+@pytest.fixture(scope="module")
+def whole_loop(tiny):
     from flashspec_jax.whole import Whole
 
-    return Whole(jax_engine.backend)
+    return Whole(tiny.backend)
 
 
-def two_prompts(jax_engine):
-    return [jax_engine.encode(p, chat=False) for p in (PROMPTS[0], PROMPTS[16])]
+def two_prompts(tiny):
+    return [tiny.encode(p, chat=False) for p in (PROMPTS[0], PROMPTS[16])]
 
 
-def host_and_device(jax_engine, whole_loop, host_policy, device_policy, sampling, seeds):
-    prompts = two_prompts(jax_engine)
-    host, host_rec = speculate(jax_engine.backend, host_policy, prompts, sampling=sampling, spec=SpecConfig(4, 14), seed=seeds)
+def host_and_device(tiny, whole_loop, host_policy, device_policy, sampling, seeds):
+    prompts = two_prompts(tiny)
+    host, host_rec = speculate(tiny.backend, host_policy, prompts, sampling=sampling, spec=SpecConfig(4, 14), seed=seeds)
     dev, dev_rec = whole_loop.run(prompts, max_new_tokens=14, gamma=4, sampling=sampling, seed=seeds, policy=device_policy)
     return host, dev, host_rec, dev_rec
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_whole_generation_equals_the_host_loop_ucb1(jax_engine, whole_loop, temperature):
+def test_whole_generation_equals_the_host_loop_ucb1(tiny, whole_loop, temperature):
     """UCB1 is deterministic given its observations, and both loops observe one step late: same
     arms, same accepted counts, same tokens."""
     from flashspec_jax import whole
 
     seeds = np.array([3, 4], np.uint64)
     host, dev, host_rec, dev_rec = host_and_device(
-        jax_engine, whole_loop, UCB1(2, BanditConfig(objective="acceptance")), whole.UCB1(), SamplingConfig(temperature), seeds)
+        tiny, whole_loop, UCB1(2, BanditConfig(objective="acceptance")), whole.UCB1(), SamplingConfig(temperature), seeds)
     assert dev == host
     assert [(r.arm, r.accepted, r.rows) for r in dev_rec] == [(r.arm, r.accepted, r.rows) for r in host_rec]
     assert {r.arm for r in host_rec} == {0, 1}  # the policy really switched arms
 
 
-def test_whole_generation_equals_the_host_loop_fixed(jax_engine, whole_loop):
+def test_whole_generation_equals_the_host_loop_fixed(tiny, whole_loop):
     from flashspec_jax import whole
 
     seeds = np.array([7, 8], np.uint64)
     config = BanditConfig(fixed_arm=1)
-    host, dev, _, dev_rec = host_and_device(jax_engine, whole_loop, FixedArm(2, config), whole.Fixed(1), SamplingConfig(0.9, top_k=20), seeds)
+    host, dev, _, dev_rec = host_and_device(tiny, whole_loop, FixedArm(2, config), whole.Fixed(1), SamplingConfig(0.9, top_k=20), seeds)
     assert dev == host
     assert {r.arm for r in dev_rec} == {1}
 
 
-def test_whole_generation_vmaps_over_seeds(jax_engine, whole_loop):
+def test_whole_generation_vmaps_over_seeds(tiny, whole_loop):
     """One call, three runs: each equals its own single run; the statistics come per run."""
     from flashspec_jax import whole
 
-    prompts = two_prompts(jax_engine)
+    prompts = two_prompts(tiny)
     kw = dict(max_new_tokens=14, gamma=4, sampling=SamplingConfig(0.8), policy=whole.UCB1())
     seeds = np.array([[3, 4], [5, 6], [7, 8]], np.uint64)
     many = whole_loop.run_many(prompts, seeds, **kw)
