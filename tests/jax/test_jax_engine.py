@@ -120,13 +120,15 @@ def test_sampled_first_tokens_follow_the_target():
     """With a draft in the loop, the first emitted token ~ the target's next-token distribution. One step
     (max_new_tokens=1): the first token is that step's accepted draft or its corrected draw, and a
     second step (the loop issues it before reading the first) would not change it. On a tiny random
-    model (the embedded model's 300 rows took ~3.5 min of CI), 400 rows in one batch."""
+    model (the embedded model's 300 rows took ~3.5 min of CI), its final norm x3 for a peaked law, 1,000
+    rows in one batch: a law at T = 0.8 or 1.25 instead of 1 fails it (p < 1e-6), as on the embedded model."""
     from flashspec_jax.kernels.verify import log_probs
 
     engine = tiny_engine()
-    prompt, n = "The capital of France is", 400
-    ids = engine.encode(prompt, chat=False)
     m = engine.target.model
+    m.norm.value = 3 * m.norm.value
+    prompt, n = "The capital of France is", 1000
+    ids = engine.encode(prompt, chat=False)
     z, _ = m(jnp.asarray([ids]), jnp.arange(len(ids))[None], m.new_cache(1, len(ids)))
     p = np.asarray(jnp.exp(log_probs(z[0, -1], 1.0, 8, 1.0)), np.float64)
     outs, records = fixed_arm_run(engine, 1, [prompt] * n, SamplingConfig(1.0, top_k=8), list(range(n)),
@@ -134,7 +136,7 @@ def test_sampled_first_tokens_follow_the_target():
     first = np.array([t[0] for t in outs])
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)
     assert p_value > 1e-3, note
-    assert sum(r.accepted for r in records) > 0.1 * n  # the draft really took part
+    assert sum(r.accepted for r in records) > 0.04 * n  # the draft really took part (~0.09 a row)
 
 
 def test_sampled_first_two_tokens_follow_the_target_with_a_head():
