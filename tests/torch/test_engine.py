@@ -1,4 +1,5 @@
-"""The torch engine on the real embedded model (SmolLM2-135M-Instruct, fp32 on the CPU)."""
+"""The torch engine on the real embedded model (SmolLM2-135M-Instruct, fp32 on the CPU); the first-token law
+on a tiny random target."""
 
 import numpy as np
 import pytest
@@ -53,22 +54,30 @@ def test_adaptive_policy_greedy_equals_greedy_decoding(engine):
     assert 1 <= sum(spec["arm_pulls"].values()) <= spec["steps"]
 
 
-def test_sampled_first_tokens_follow_the_target(engine):
+@pytest.mark.parametrize("sharpen", [1.0, 3.0])
+def test_sampled_first_tokens_follow_the_target(sharpen):
     """With drafts in the loop, the first emitted token ~ the target's next-token distribution. One step
     (max_new_tokens=1): the first token is that step's accepted draft or its corrected draw, and a
-    second step (the loop issues it before reading the first) would not change it."""
-    prompt, n = "The capital of France is", 400
-    sampling = SamplingConfig(temperature=1.0, top_k=8)
-    ids = engine.encode(prompt, chat=False)
-    p = next_token_law(engine.target.model, ids, sampling)
+    second step (the loop issues it before reading the first) would not change it. On the tiny random
+    target (tests/torch/fault_helpers.py), the same engine, draft and verify code as the embedded model's
+    (400 rows there took ~3 min of CI), 4,000 rows: its flat law (the draft's own filters ignored fails it,
+    p ~ 1e-7 at 400 rows) and, final norm x3, a peaked one (a law at T = 0.8 or 1.25 instead of 1 fails it,
+    p < 1e-4, as on the embedded model's 400 rows). The greedy tests above keep the embedded model."""
+    from fault_helpers import tiny_target
+
     from flashspec_torch.engine import Engine
 
-    drafted = Engine(engine.target, ("layerskip:29",), policy="fixed", device="cpu")  # q != p, often accepted
+    prompt, n = "The capital of France is", 4000
+    sampling = SamplingConfig(temperature=1.0, top_k=8)
+    tiny = tiny_target(seed=3)
+    tiny.model.norm.data.mul_(sharpen)
+    drafted = Engine(tiny, ("layerskip:2",), policy="fixed", device="cpu")  # q != p, often accepted
+    p = next_token_law(tiny.model, drafted.encode(prompt, chat=False), sampling)
     out = drafted.generate([prompt] * n, seed=list(range(n)), temperature=1.0, top_k=8, max_new_tokens=1, gamma=2, chat=False)
     first = np.array([t[0] for t in out["tokens"]])
     _, p_value, note = chi_square_test(np.bincount(first, minlength=p.size), p)
     assert p_value > 1e-3, note
-    assert out["acceptance"] > 0  # the drafts really took part
+    assert out["acceptance"] > 0.1  # the drafts really took part
 
 
 def test_bad_input_is_a_clear_error(engine):

@@ -214,8 +214,8 @@ def test_pruned_sweep_matches_the_oracle(spread, onehot):
     slots = dict(sweep_slots=8)  # one vote per slot of 4 logits (kernels/slots.py)
     split_slots = dict(sweep_chunks=9, sweep_slots=4)
     for prune, chunks, block_b, more in (
-            (True, 1, 2, {}), (True, 3, 1, {}),  # block_b=1: the GPU's scalar path
-            (False, 3, 2, {}), (True, 3, 1, slots), (True, 1, 2, slots), (True, 2, 2, split_slots),
+            (True, 1, 2, {}), (True, 3, 1, {}),  # block_b=1: the GPU's scalar path (prune=False: every parity test)
+            (True, 3, 1, slots), (True, 1, 2, slots), (True, 2, 2, split_slots),
             (True, 2, 1, dict(sweep_chunks=15, sweep_slots=4))):  # 1-2 tiles a program
         kc = KernelConfig(block_b=block_b, block_v=256, sweep_v=32, num_chunks=chunks, prune=prune, **more)
         got = verify_triton(z, x, w, None, cfg, 7, 3, config=kc)
