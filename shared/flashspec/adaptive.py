@@ -209,10 +209,9 @@ class AdaptivePolicy:
             self.period[b, a] *= 2
             return self.launch(a)
         a = self.best(b, rate, capped)
-        if not self.arms[a].plain:  # plain decoding, best on the posterior means, is taken at once; else Thompson
-            draw = self.sample_alpha()
-            if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
-                a = self.best(b, self.log_rate(rows, draw), capped)
+        draw = self.sample_alpha()  # Thompson: a draft not scored for free is learnt only by running it
+        if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
+            a = self.best(b, self.log_rate(rows, draw), capped)
         self.period[b, a] = self.remeasure
         self.on_value = True
         return self.launch(a)
