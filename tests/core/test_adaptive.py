@@ -354,3 +354,33 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
     assert any(a == b for a, b in zip(arms[3:], arms[4:]))
     plain, _ = loop.decode(MarkovBackend(target, drafts), prompts, sampling=SamplingConfig(0.0), max_new_tokens=40)
     assert outs == plain
+
+
+def test_a_draft_not_scored_for_free_is_tried_again_after_unlucky_first_steps(clock):
+    """A draft equal to the target (every token accepted) that the policy cannot score for free (a model draft),
+    whose first steps were priced by four rejections: plain decoding leads on the posterior means (G = 2 at
+    mean acceptance 0.2 emits 1.24 tokens for 1.15x a plain step's cost). The Thompson draw still tries the
+    draft, which then wins on most steps; taking plain decoding at once whenever it led on the means (the
+    policy before s17) never ran the draft again."""
+    target, _ = chain(3)
+    same = ModelDraft("same", target.copy())
+    for plain_at_once in (False, True):
+        policy = (PlainAtOnce if plain_at_once else AdaptivePolicy)(make_arms(1, (2, 4)), 1, rng=0)
+        policy.warm = True
+        for arm, seconds in ((0, 1.1e-3), (1, 1.265e-3), (2, 1.43e-3)):  # TimedBackend's step costs at 2 rows
+            policy.observe(arm, 2, np.zeros(2, int), seconds)
+        assert np.argmax(policy.value(2, 1, policy.mean_alpha())) == 0
+        backend = TimedBackend(target, [same], clock, lambda rows: 0.3)
+        _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=120))
+        assert (plain_fraction(records) < 0.2) != plain_at_once, [r.arm for r in records]
+
+
+class PlainAtOnce(AdaptivePolicy):
+    """The choice before s17: plain decoding, best on the posterior means, is taken without a Thompson draw."""
+
+    def sample_alpha(self):
+        draw = super().sample_alpha()
+        mean = self.mean_alpha()
+        if np.argmax(self.value(int(self.row_active.sum()), self.bucket_of(2), mean)) == 0:
+            return mean
+        return draw
