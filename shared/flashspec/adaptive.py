@@ -33,9 +33,9 @@ The model (``AdaptivePolicy``):
   whole step until its last row is done, so its value is its remaining tokens over the time to its end if
   the arm ran to it (``finish_steps``: row b needs about left_b / mean_b steps with a renewal count's
   spread; the end is where the rows are expected to pass once between them), which charges speculation
-  for the slowest rows and for the spread of a large batch. Plain decoding is taken at once when best on
-  the posterior means, else alpha is drawn from the posteriors (Thompson sampling), but for a draft scored
-  for free (``observe_free``), which is seen on every step whatever runs: its posterior mean.
+  for the slowest rows and for the spread of a large batch. The choice draws alpha from the posteriors
+  (Thompson sampling), plain decoding among the arms, but for a draft scored for free (``observe_free``),
+  which is seen on every step whatever runs: its posterior mean (every draft free: no draw).
 * scoring: a plain step scores the drafts for free only on the first of every ``score_every`` plain steps
   in a row (``plain_scores``; the loop switches ``score_free`` around it): at a large batch the scoring
   costs a plain step a few per cent.
@@ -51,7 +51,9 @@ The model (``AdaptivePolicy``):
   whose own estimate exceeds its cap by more than 1.5x (impossible but for a spike) is re-measured
   after 1, 2, 4, ... steps instead, the measurement replacing that estimate.
   ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's first steps and on the best arm's;
-  each wins afterwards.
+  each wins afterwards. Where a step kind's first run may be cold (``warm`` False: nothing prepared before the
+  first timing, as on the CPU), an arm's first measurement in a bucket is provisional (``provisional``): the
+  arm runs once more if it could win at the least it can cost, and the second measurement replaces the first.
 
 * held choices (the engine's loop, ``flashspec.throughput.held``): a choice made on value runs its arm for as many
   steps as keep its host seconds within a share of a step's; the policy observes every step. Exactness: a held
