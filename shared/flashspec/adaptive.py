@@ -33,9 +33,9 @@ The model (``AdaptivePolicy``):
   whole step until its last row is done, so its value is its remaining tokens over the time to its end if
   the arm ran to it (``finish_steps``: row b needs about left_b / mean_b steps with a renewal count's
   spread; the end is where the rows are expected to pass once between them), which charges speculation
-  for the slowest rows and for the spread of a large batch. Plain decoding is taken at once when best on
-  the posterior means, else alpha is drawn from the posteriors (Thompson sampling), but for a draft scored
-  for free (``observe_free``), which is seen on every step whatever runs: its posterior mean.
+  for the slowest rows and for the spread of a large batch. The choice draws alpha from the posteriors
+  (Thompson sampling), plain decoding among the arms, but for a draft scored for free (``observe_free``),
+  which is seen on every step whatever runs: its posterior mean (every draft free: no draw).
 * scoring: a plain step scores the drafts for free only on the first of every ``score_every`` plain steps
   in a row (``plain_scores``; the loop switches ``score_free`` around it): at a large batch the scoring
   costs a plain step a few per cent.
@@ -51,7 +51,9 @@ The model (``AdaptivePolicy``):
   whose own estimate exceeds its cap by more than 1.5x (impossible but for a spike) is re-measured
   after 1, 2, 4, ... steps instead, the measurement replacing that estimate.
   ``tests/core/test_adaptive.py``: 20x spikes on plain decoding's first steps and on the best arm's;
-  each wins afterwards.
+  each wins afterwards. Where a step kind's first run may be cold (``warm`` False: nothing prepared before the
+  first timing, as on the CPU), an arm's first measurement in a bucket is provisional (``provisional``): the
+  arm runs once more if it could win at the least it can cost, and the second measurement replaces the first.
 
 * held choices (the engine's loop, ``flashspec.throughput.held``): a choice made on value runs its arm for as many
   steps as keep its host seconds within a share of a step's; the policy observes every step. Exactness: a held
@@ -164,6 +166,8 @@ class AdaptivePolicy:
         self.log_cost = np.zeros(shape)  # [buckets, arms]: discounted mean log seconds per step
         self.cost_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
+        self.samples = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: measurements taken (``provisional``)
+        self.warm = False  # every arm's step kind was made ready before it was first timed (``prepare_arms``)
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
         self.in_flight: set[int] = set()  # arms chosen and not yet observed
         self.on_value = False  # the last choice was made on the arms' values (not exploration, not a re-measurement)
@@ -194,7 +198,7 @@ class AdaptivePolicy:
         self.on_value = False
         mean = self.mean_alpha()
         rate = self.log_rate(rows, mean)  # [arms]: on the posterior means, computed once a choice
-        if unmeasured.any():
+        if unmeasured.any() or (self.provisional(b)).any():
             a = self.explore(b, unmeasured, rate)
             if a is not None:
                 return self.launch(a)
@@ -207,27 +211,37 @@ class AdaptivePolicy:
             self.period[b, a] *= 2
             return self.launch(a)
         a = self.best(b, rate, capped)
-        if not self.arms[a].plain:  # plain decoding, best on the posterior means, is taken at once; else Thompson
-            draw = self.sample_alpha()
-            if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
-                a = self.best(b, self.log_rate(rows, draw), capped)
+        draw = self.sample_alpha()  # Thompson: a draft not scored for free is learnt only by running it
+        if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
+            a = self.best(b, self.log_rate(rows, draw), capped)
         self.period[b, a] = self.remeasure
         self.on_value = True
         return self.launch(a)
 
     def explore(self, b: int, unmeasured: np.ndarray, rate: np.ndarray) -> int | None:
-        """The arm to run while some of bucket ``b``'s arms are unmeasured (``unmeasured`` [arms] bool), or None when
-        every unmeasured arm is hopeless: each unmeasured arm once, the arms it includes first; while the rest are
-        in flight, the best measured arm; ``rate`` [arms]: ``log_rate`` on the posterior means."""
+        """The arm to run while some of bucket ``b``'s arms are unmeasured (``unmeasured`` [arms] bool) or measured once,
+        or None when every such arm is hopeless: each unmeasured arm once, the arms it includes first; then each arm
+        measured once a second time (its first measurement is provisional, ``observe``); while the rest are in
+        flight, the best measured arm; ``rate`` [arms]: ``log_rate`` on the posterior means."""
         flying = np.zeros(len(self.arms), bool)
         flying[list(self.in_flight)] = True
         hopeless = self.hopeless(b, rate)
         untried = unmeasured & ~flying & ~(self.dearer.T & unmeasured[None, :]).any(axis=1)  # an arm it includes first
         if (untried & ~hopeless).any():  # each unmeasured arm once (not twice because its first step is not read yet)
             return int(np.argmax(untried & ~hopeless))
+        retry = self.provisional(b) & ~flying & ~hopeless
+        if retry.any():  # a provisional estimate that could win at the least its arm can cost: measured again
+            return int(np.argmax(retry))
         if (unmeasured & ~hopeless).any():  # the rest are in flight: the best measured arm meanwhile
             return self.best(b, rate)
         return None
+
+    def provisional(self, b: int) -> np.ndarray:  # [arms] bool
+        """Bucket ``b``'s arms measured once where the first run of a step kind may be cold (not ``warm``: no
+        captured steps, a jit that compiles on first call, a lazy draft's first catch-up): that measurement is
+        provisional, the arm is run once more where it could win at the least it can cost (``explore``), and the
+        second measurement replaces the first (``observe``)."""
+        return (self.samples[b] == 1) & (not self.warm)
 
     def plain_scores(self) -> bool:
         """Whether the plain step just chosen should score the drafts (full information): the first of every
@@ -263,16 +277,17 @@ class AdaptivePolicy:
         return a_k / a
 
     def hopeless(self, b: int, rate: np.ndarray) -> np.ndarray:  # [arms] bool
-        """Unmeasured arms that cannot beat the best measured one even at the least they can cost (the dearest
-        measured arm whose work they include: plain decoding's, or a shorter length's of the same draft), on the
-        posterior means (``rate`` [arms]: ``log_rate`` on them): not explored (``choose`` measures the arms an arm
-        includes before it)."""
+        """Arms unmeasured or measured once (a provisional estimate, ``observe``) that cannot beat the best measured
+        one even at the least they can cost (the dearest measured arm whose work they include: plain decoding's, or
+        a shorter length's of the same draft), on the posterior means (``rate`` [arms]: ``log_rate`` on them): not
+        explored (``choose`` measures the arms an arm includes before it)."""
         measured = self.cost_weight[b] > 0
-        if measured.all() or not measured.any():  # nothing measured to compare with, or nothing unmeasured
+        doubt = ~measured | self.provisional(b)  # [arms]: cost unknown or provisional
+        if not measured.any() or not doubt.any():  # nothing measured to compare with, or nothing to explore
             return np.zeros(len(self.arms), bool)
         own = np.where(measured, self.log_cost[b], -np.inf)
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
-        return ~measured & (rate - floor < np.where(measured, rate - self.capped_log_cost(b), -np.inf).max())
+        return doubt & (rate - floor < np.where(measured, rate - self.capped_log_cost(b), -np.inf).max())
 
     def mean_alpha(self) -> np.ndarray:  # [drafts, R]
         """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""
@@ -345,9 +360,12 @@ class AdaptivePolicy:
         self.age[b] += 1
         if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
             self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
+        if self.samples[b, arm] == 1 and not self.warm:  # a provisional first measurement: the second replaces it
+            self.cost_weight[b, arm] = 0.0
         w = self.cost_weight[b, arm] + 1.0
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
+        self.samples[b, arm] += 1
         self.succ *= self.discount  # every draft forgets at every step, scored or not
         self.fail *= self.discount
         self.pos_succ *= self.discount
@@ -429,15 +447,18 @@ def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
     return scored
 
 
-def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig) -> None:
+def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig, prepared: int = 0) -> None:
     """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps,
-    and plain decoding without scoring too where the policy scores (``AdaptivePolicy.plain_scores``)."""
+    and plain decoding without scoring too where the policy scores (``AdaptivePolicy.plain_scores``). Where the
+    backend made step kinds ready (these, or ``prepared`` by the caller's own ``prepare`` just before), the steps
+    are timed warm from their first run and the policy trusts first measurements (``AdaptivePolicy.warm``)."""
     for g in sorted({a.length for a in policy.arms if not a.plain}):
-        backend.prepare(g, sampling)
+        prepared += backend.prepare(g, sampling)
     if policy.scoring_gamma:
         backend.score_free(0)
-        backend.prepare(None, sampling)
+        prepared += backend.prepare(None, sampling)
         backend.score_free(policy.scoring_gamma)
+    policy.warm = policy.warm or prepared > 0
 
 
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,

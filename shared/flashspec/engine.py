@@ -83,9 +83,9 @@ class EngineBase:
         policy = self.adaptive_policy(r.spec.gamma, r.seeds[0]) if adapts else None
         if policy is not None:
             adaptive.use_free_scoring(backend, policy)
-        backend.prepare(r.spec.gamma if r.speculation else None, r.sampling)
+        prepared = backend.prepare(r.spec.gamma if r.speculation else None, r.sampling)
         if policy is not None:
-            adaptive.prepare_arms(backend, policy, r.sampling)
+            adaptive.prepare_arms(backend, policy, r.sampling, prepared)
             adaptive.speculate_adaptive(backend, policy, sampling=r.sampling, spec=r.spec, seed=seed, rows=len(r.ids),
                                         on_step=r.on_step, records=records)
         elif r.speculation:

@@ -242,6 +242,7 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None)
     ``start_rows`` for each admitted request) drives it."""
     rows = rows or Rows(sc)
     policy.in_flight.clear()
+    policy.warm = True  # the simulated steps have no cold first run, as the GPU's captured ones (``prepare_arms``)
     state = {"slot_req": None}
     if sc.mode == "static":
         policy.new_batch(sc.batch, tokens=sc.tokens)

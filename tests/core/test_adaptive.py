@@ -123,15 +123,16 @@ def test_an_asynchronous_devices_step_costs_go_to_the_arm_that_ran_them(clock):
     """Plain 1 s, G = 2 3 s, G = 4 5 s on a device that runs ahead of the host, a useless draft: each measured
     arm's estimated cost is its own (timing from one launch to the next gives step k - 1's cost to step k:
     G = 2 then looks as cheap as the plain step before it), G = 4 (at least G = 2's 3 s, emitting one token)
-    is never run, and plain decoding runs every step but G = 2's one."""
+    is never run, and plain decoding runs every step but G = 2's two (the fake backend prepares nothing, so a
+    first measurement is provisional and G = 2, which could win at plain decoding's cost, is measured again)."""
     target, _ = chain(2)
     wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)  # never the greedy token
     backend = AsyncBackend(target, [wrong], clock, {0: 1.0, 2: 3.0, 4: 5.0})
     policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
     _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=40))
     assert np.allclose(policy.cost[1, :2], [1.0, 3.0], rtol=1e-3) and np.isnan(policy.cost[1, 2]), policy.cost[1]
-    assert [r.arm for r in records[:4]] == [-1, -1, 0, -1] and all(r.arm == -1 for r in records[3:])
-    assert np.allclose([r.seconds for r in records[:4]], [1.0, 1.0, 3.0, 1.0], rtol=1e-3)
+    assert [r.arm for r in records[:5]] == [-1, -1, 0, -1, 0] and all(r.arm == -1 for r in records[5:])
+    assert np.allclose([r.seconds for r in records[:5]], [1.0, 1.0, 3.0, 1.0, 3.0], rtol=1e-3)
 
 
 def plain_fraction(records):
@@ -172,18 +173,27 @@ def test_a_load_spike_on_plain_decodings_first_steps_is_capped_by_the_speculativ
 
 
 def test_a_load_spike_on_the_best_arms_first_steps_is_re_measured(clock):
-    """A perfect draft at 2 rows (G = 4 best) whose first G = 4 step is timed 20x too slow: G = 2 wins
-    until G = 4's estimate is ``remeasure`` steps old, G = 4 is re-measured (the spike now counts 0.9^64) and
-    wins from then on; with a period longer than the run the spike shuts it out for good."""
+    """A perfect draft at 2 rows (G = 4 best) whose first G = 4 step is timed 20x too slow, on steps made ready
+    before their first timing (``warm``): G = 2 wins until G = 4's estimate is ``remeasure`` steps old, G = 4 is
+    re-measured (the spike now counts 0.9^64) and wins from then on; with a period longer than the run the spike
+    shuts it out for good. Where the first run of a step kind may be cold (not ``warm``, the default: the fake
+    backend prepares nothing, as the CPU), that first measurement is provisional: G = 4 is run again at once and
+    wins from then on, whatever the period."""
     target, _ = chain(3)
     same = ModelDraft("same", target.copy())
-    for remeasure, g4_wins in ((64, True), (100_000, False)):
+    for warm, remeasure, g4_wins in ((True, 64, True), (True, 100_000, False), (False, 100_000, True)):
         backend = TimedBackend(target, [same], clock, lambda rows: 0.3, spikes={4: [20.0]})
         policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0, remeasure=remeasure)
+        policy.warm = warm
         _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=600))
         g4 = np.array([r.drafted == 4 * r.rows for r in records])
         first = int(np.argmax(g4))
-        assert first < 6 and not g4[first + 1:60].any()  # plain, G = 2, G = 4 measured once each first
+        assert first < 6  # plain, G = 2, G = 4 measured once each first
+        if warm:
+            assert not g4[first + 1:60].any()
+        else:
+            assert g4[first + 1] or g4[first + 2]  # measured again as soon as its first step was read
+            assert g4[first + 4:60].all()  # and wins (G = 2's own second measurement between)
         assert (np.mean(g4[-40:]) > 0.9) == g4_wins
 
 
@@ -344,3 +354,33 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
     assert any(a == b for a, b in zip(arms[3:], arms[4:]))
     plain, _ = loop.decode(MarkovBackend(target, drafts), prompts, sampling=SamplingConfig(0.0), max_new_tokens=40)
     assert outs == plain
+
+
+def test_a_draft_not_scored_for_free_is_tried_again_after_unlucky_first_steps(clock):
+    """A draft equal to the target (every token accepted) that the policy cannot score for free (a model draft),
+    whose first steps were priced by four rejections: plain decoding leads on the posterior means (G = 2 at
+    mean acceptance 0.2 emits 1.24 tokens for 1.15x a plain step's cost). The Thompson draw still tries the
+    draft, which then wins on most steps; taking plain decoding at once whenever it led on the means (the
+    policy before s17) never ran the draft again."""
+    target, _ = chain(3)
+    same = ModelDraft("same", target.copy())
+    for plain_at_once in (False, True):
+        policy = (PlainAtOnce if plain_at_once else AdaptivePolicy)(make_arms(1, (2, 4)), 1, rng=0)
+        policy.warm = True
+        for arm, seconds in ((0, 1.1e-3), (1, 1.265e-3), (2, 1.43e-3)):  # TimedBackend's step costs at 2 rows
+            policy.observe(arm, 2, np.zeros(2, int), seconds)
+        assert np.argmax(policy.value(2, 1, policy.mean_alpha())) == 0
+        backend = TimedBackend(target, [same], clock, lambda rows: 0.3)
+        _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=120))
+        assert (plain_fraction(records) < 0.2) != plain_at_once, [r.arm for r in records]
+
+
+class PlainAtOnce(AdaptivePolicy):
+    """The choice before s17: plain decoding, best on the posterior means, is taken without a Thompson draw."""
+
+    def sample_alpha(self):
+        draw = super().sample_alpha()
+        mean = self.mean_alpha()
+        if np.argmax(self.value(int(self.row_active.sum()), self.bucket_of(2), mean)) == 0:
+            return mean
+        return draw
