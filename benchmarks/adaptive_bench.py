@@ -40,7 +40,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, whatever is installed
 
-from flashspec.adaptive import AdaptivePolicy, bucket, make_arms, speculate_adaptive, use_free_scoring  # noqa: E402
+from flashspec.adaptive import AdaptivePolicy, bucket, make_arms  # noqa: E402
+from flashspec.adaptive_loop import speculate_adaptive, use_free_scoring  # noqa: E402
 from flashspec.config import SamplingConfig
 from flashspec.loop import SpecConfig, decode_steps, speculate_steps
 from flashspec_torch.backend import TorchBackend

@@ -7,8 +7,8 @@ adaptive.md, "The H100 run of adapt15"); here the model's compute is small, so t
 
 Per batch, in turn: the fixed loop (n-gram at G = 2, ``speculate_steps``), and the adaptive loop (arms: plain,
 n-gram at G = 2 and 4, full-information scoring on; ``speculate_adaptive``) of revision ``--before`` (its
-``flashspec/adaptive.py`` loaded beside this checkout's) and of this checkout, after a warm-up run of each that
-measures every arm.
+``flashspec/adaptive.py``, and ``adaptive_loop.py`` where it has one, loaded beside this checkout's) and of this
+checkout, after a warm-up run of each that measures every arm.
 Each run's wall ms per step is split into host parts by wrapping the calls the loops make: ``choose`` and
 ``observe`` (the policy's), ``observe_free`` (the policy's full-information update), ``score_free`` (the
 backend switch), ``launch`` (``StepTimer.launch``: on the CPU the step's own compute, the free scoring's included),
@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]  # this checkout's flashspec, whatever is installed
 
 import flashspec.adaptive as adaptive  # noqa: E402
+import flashspec.adaptive_loop as adaptive_loop  # noqa: E402
 import flashspec.throughput as throughput  # noqa: E402
 from flashspec.config import SamplingConfig  # noqa: E402
 from flashspec.loop import SpecConfig, StepTimer, decode_steps, speculate_steps  # noqa: E402
@@ -67,6 +68,7 @@ TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, n
 GREEDY = SamplingConfig(0.0)
 LENGTHS = (2, 4)
 PARTS = ("choose", "observe", "observe_free", "score_free", "launch", "read")
+AFTER = (adaptive, adaptive_loop)  # this checkout's (policy module, loop module)
 
 
 class Clocks:
@@ -99,26 +101,33 @@ def prompts(batch: int, seed: int = 0) -> list[list[int]]:
     return [(r.integers(0, TINY["vocab_size"], 5).tolist() * 6) for _ in range(batch)]
 
 
-def load_adaptive(rev: str | None):
-    """``flashspec.adaptive`` as of git revision ``rev`` of this checkout (None: the current one), as a module of
-    its own (``flashspec.adaptive_<rev>``) beside the current one."""
-    if rev is None:
-        return adaptive
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:shared/flashspec/adaptive.py"], capture_output=True,
+def load_module(rev: str, name: str) -> types.ModuleType:
+    """``flashspec.<name>`` as of git revision ``rev`` of this checkout, as a module of its own
+    (``flashspec.<name>_<rev>``) beside the current one."""
+    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:shared/flashspec/{name}.py"], capture_output=True,
                          text=True, check=True).stdout
-    mod = types.ModuleType(f"flashspec.adaptive_{rev}")
-    mod.__package__, mod.__file__ = "flashspec", f"{rev}:shared/flashspec/adaptive.py"
+    mod = types.ModuleType(f"flashspec.{name}_{rev}")
+    mod.__package__, mod.__file__ = "flashspec", f"{rev}:shared/flashspec/{name}.py"
     sys.modules[mod.__name__] = mod  # dataclasses look their module up
     exec(compile(src, mod.__file__, "exec"), mod.__dict__)
     return mod
 
 
-def instrumented_run(ad, backend, policy, batch: int, tokens: int, adaptive_loop: bool) -> tuple[dict, list, list]:
-    """(ms per step of each part and of the whole, the outputs, the records) of one run after its prefill; ``ad``:
-    the adaptive module whose loop runs."""
+def load_adaptive(rev: str | None) -> tuple[types.ModuleType, types.ModuleType]:
+    """(policy module, loop module) as of git revision ``rev`` of this checkout (None: the current ones)."""
+    if rev is None:
+        return AFTER
+    ad = load_module(rev, "adaptive")
+    # the loop's module by what the revision's tree has: flashspec/adaptive.py before the split, adaptive_loop.py after
+    return ad, ad if hasattr(ad, "speculate_adaptive") else load_module(rev, "adaptive_loop")
+
+
+def instrumented_run(lp, backend, policy, batch: int, tokens: int, runs_adaptive: bool) -> tuple[dict, list, list]:
+    """(ms per step of each part and of the whole, the outputs, the records) of one run after its prefill; ``lp``:
+    the loop module whose ``speculate_adaptive`` runs (``runs_adaptive``) and whose ``observe_free`` is timed."""
     clocks = Clocks()
     backend.prefill(prompts(batch), tokens)
-    saved = (StepTimer.launch, ad.observe_free, backend.score_free, policy.choose, policy.observe)
+    saved = (StepTimer.launch, lp.observe_free, backend.score_free, policy.choose, policy.observe)
     orig_launch = StepTimer.launch
 
     def launch(self, start):
@@ -133,22 +142,22 @@ def instrumented_run(ad, backend, policy, batch: int, tokens: int, adaptive_loop
             clocks.s["launch"] += time.perf_counter() - t0
 
     StepTimer.launch = launch
-    ad.observe_free = clocks.wrap("observe_free", ad.observe_free)
+    lp.observe_free = clocks.wrap("observe_free", lp.observe_free)
     backend.score_free = clocks.wrap("score_free", backend.score_free)
     policy.choose = clocks.wrap("choose", policy.choose)
     policy.observe = clocks.wrap("observe", policy.observe)
     records: list = []
     t0 = time.perf_counter()
     try:
-        if adaptive_loop:
-            ad.speculate_adaptive(backend, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
-                               rows=batch, records=records)
+        if runs_adaptive:
+            lp.speculate_adaptive(backend, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
+                                  rows=batch, records=records)
         else:
             speculate_steps(backend, policy, sampling=GREEDY, spec=SpecConfig(LENGTHS[0], tokens), seed=0,
                             first_offset=0, on_step=None, records=records)
     finally:
         wall = time.perf_counter() - t0
-        StepTimer.launch, ad.observe_free = saved[0], saved[1]
+        StepTimer.launch, lp.observe_free = saved[0], saved[1]
         del backend.score_free, policy.choose, policy.observe  # the instance attributes: the methods show again
     steps = max(1, len(records))
     ms = {k: v * 1e3 / steps for k, v in clocks.s.items()}
@@ -162,12 +171,14 @@ def median_parts(runs: list[dict]) -> dict:
     return {k: round(float(np.median([r[k] for r in runs])), 4) for k in runs[0]}
 
 
-def policy_only(ad, batch: int, tokens: int, records: list, repeats: int) -> tuple[float, list[int], str]:
-    """(ms per step, its choices, a cProfile: top 12 functions by own time) of the policy of module ``ad`` alone
+def policy_only(mod, batch: int, tokens: int, records: list, repeats: int) -> tuple[float, list[int], str]:
+    """(ms per step, its choices, a cProfile: top 12 functions by own time) of the policy of ``mod`` (policy module,
+    loop module) alone
     (choose + observe + free updates) replaying ``records`` (an adaptive run's steps, their seconds and acceptance)
     on a fresh policy: the same inputs for every module, so the same choices where the modules agree."""
     from flashspec.backend import StepView
 
+    ad, lp = mod
     choices: list[int] = []
 
     def replay():
@@ -188,7 +199,7 @@ def policy_only(ad, batch: int, tokens: int, records: list, repeats: int) -> tup
             view = StepView(acc, active, ~active, np.zeros(batch, bool),
                             free_scored=[np.full(batch, max(LENGTHS))], free_accepted=[np.minimum(acc, max(LENGTHS))],
                             drafted=drafted)
-            ad.observe_free(p, view, skip=arm.draft, where=where)
+            lp.observe_free(p, view, skip=arm.draft, where=where)
         return len(records)
 
     times = []
@@ -210,17 +221,17 @@ def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
     """Fixed, adaptive (``before``'s module, then this checkout's) runs in turn, ``repeats`` times after a warm-up
     each; then the policies alone on the last adaptive run's steps."""
     backend = TorchBackend(m, [LookupDraft()], eos_ids=[])
-    mods = {"before": before, "after": adaptive} if before is not None else {"after": adaptive}
-    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, ad in mods.items()}
+    mods = {"before": before, "after": AFTER} if before is not None else {"after": AFTER}
+    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, (ad, _) in mods.items()}
     runs: dict[str, list] = {"fixed": [], **{k: [] for k in mods}}
     outs, records = {}, {}
     for _ in range(repeats + 1):  # the first: warm-up (the policies measure every arm)
         backend.score_free(0)
-        ms, outs["fixed"], _ = instrumented_run(adaptive, backend, Fixed(0), batch, tokens, adaptive_loop=False)
+        ms, outs["fixed"], _ = instrumented_run(adaptive_loop, backend, Fixed(0), batch, tokens, runs_adaptive=False)
         runs["fixed"].append(ms)
-        for k, ad in mods.items():
-            ad.use_free_scoring(backend, policies[k])
-            ms, outs[k], records[k] = instrumented_run(ad, backend, policies[k], batch, tokens, adaptive_loop=True)
+        for k, (_, lp) in mods.items():
+            lp.use_free_scoring(backend, policies[k])
+            ms, outs[k], records[k] = instrumented_run(lp, backend, policies[k], batch, tokens, runs_adaptive=True)
             runs[k].append(ms)
     backend.score_free(0)
     row = dict(batch=batch, tokens=tokens, tokens_equal={k: outs[k] == outs["fixed"] for k in mods})
@@ -234,15 +245,16 @@ def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
     trace = records["after"]
     row["policy_only_steps"] = len(trace)
     choices = {}
-    for k, ad in mods.items():
-        row[f"{k}_policy_only_ms"], choices[k], row[f"{k}_policy_profile"] = policy_only(ad, batch, tokens, trace, repeats)
+    for k, mod in mods.items():
+        row[f"{k}_policy_only_ms"], choices[k], row[f"{k}_policy_profile"] = policy_only(mod, batch, tokens, trace, repeats)
     row["policy_only_same_choices"] = len(set(map(tuple, choices.values()))) == 1
     return row
 
 
-def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: tuple[int, int] | None) -> dict:
-    """One run on the paced device: ``ad``'s adaptive loop (``fixed`` None) or the fixed loop of (arm, G) (arm -1:
-    plain decoding); wall and device ms per step, tokens, the policy's choices per step (held choices: fewer than 1)."""
+def paced_run(lp, device: PacedDevice, policy, batch: int, tokens: int, fixed: tuple[int, int] | None) -> dict:
+    """One run on the paced device: loop module ``lp``'s adaptive loop (``fixed`` None) or the fixed loop of (arm, G)
+    (arm -1: plain decoding); wall and device ms per step, tokens, the policy's choices per step (held choices: fewer
+    than 1)."""
     device.prefill([[0]] * batch, tokens)
     records: list = []
     choices = [0]
@@ -256,7 +268,7 @@ def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: t
 
         policy.choose = counted
         try:
-            ad.speculate_adaptive(device, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
+            lp.speculate_adaptive(device, policy, sampling=GREEDY, spec=SpecConfig(max(LENGTHS), tokens), seed=0,
                                   rows=batch, records=records)
         finally:
             del policy.choose  # the instance attribute: the method shows again
@@ -274,24 +286,24 @@ def paced_run(ad, device: PacedDevice, policy, batch: int, tokens: int, fixed: t
 
 def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tuple[float, float]) -> dict:
     """The loops on ``PacedDevice`` (a device step of ``step_ms``, rows accepting 0.5-0.9 of the n-gram's tokens): each
-    fixed arm (plain, n-gram at each of ``LENGTHS``) and each module's adaptive loop (``mods``: name -> (module,
-    ``flashspec.throughput.MAX_HOLD`` for the run or None)), in turn, ``repeats`` times after a warm-up; medians. ``exposed_ms``: wall
-    less device time per step, the host work the device waited for."""
+    fixed arm (plain, n-gram at each of ``LENGTHS``) and each version's adaptive loop (``mods``: name -> ((policy
+    module, loop module), ``flashspec.throughput.MAX_HOLD`` for the run or None)), in turn, ``repeats`` times after a
+    warm-up; medians. ``exposed_ms``: wall less device time per step, the host work the device waited for."""
     accept = np.linspace(0.5, 0.9, batch)
     arms = {"plain": (-1, 0), **{f"ngram:G{g}": (0, g) for g in LENGTHS}}
-    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, (ad, _) in mods.items()}
+    policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, ((ad, _), _) in mods.items()}
     runs: dict[str, list] = {k: [] for k in [*arms, *mods]}
     for _ in range(repeats + 1):  # the first: warm-up (the policies measure every arm)
         for name, arm in arms.items():
             device = PacedDevice(accept, step_ms)
-            runs[name].append(paced_run(adaptive, device, None, batch, tokens, arm))
-        for k, (ad, hold) in mods.items():
+            runs[name].append(paced_run(adaptive_loop, device, None, batch, tokens, arm))
+        for k, ((_, lp), hold) in mods.items():
             device = PacedDevice(accept, step_ms)
-            ad.use_free_scoring(device, policies[k])
+            lp.use_free_scoring(device, policies[k])
             saved = throughput.MAX_HOLD
             throughput.MAX_HOLD = saved if hold is None else hold
             try:
-                runs[k].append(paced_run(ad, device, policies[k], batch, tokens, None))
+                runs[k].append(paced_run(lp, device, policies[k], batch, tokens, None))
             finally:
                 throughput.MAX_HOLD = saved
     row = dict(batch=batch, tokens=tokens, step_ms=step_ms, **{k: median_parts(v[1:]) for k, v in runs.items()})
@@ -315,7 +327,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--before", default=None, help="a git revision whose flashspec/adaptive.py runs beside this one")
+    ap.add_argument("--before", default=None, 
+                    help="a git revision whose flashspec/adaptive.py (and adaptive_loop.py) runs beside this one")
     ap.add_argument("--device-ms", default="1.0,0.025",
                     help="the critical-path part's paced device: plain step ms, ms per drafted token ('': skip the part)")
     ap.add_argument("--critical-only", action="store_true", help="only the critical-path part (no model runs)")
@@ -327,7 +340,7 @@ def main() -> None:
     critical = []
     if args.device_ms:
         step_ms = tuple(float(x) for x in args.device_ms.split(","))
-        mods = {**({"before": (before, None)} if before else {}), "after": (adaptive, None), "after_no_hold": (adaptive, 1)}
+        mods = {**({"before": (before, None)} if before else {}), "after": (AFTER, None), "after_no_hold": (AFTER, 1)}
         critical = [critical_path(b, args.tokens, args.repeats, mods, step_ms) for b in batches]
         for r in critical:
             print(f"paced device, batch {r['batch']}: wall ms/step (exposed host ms/step) " + ", ".join(

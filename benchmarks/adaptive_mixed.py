@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]
 
 from adaptive_bench import GREEDY, LENGTHS, Fixed, ReplayDraft, load_model, rows_equal, timed  # noqa: E402
-from flashspec.adaptive import AdaptivePolicy, make_arms, speculate_adaptive, use_free_scoring  # noqa: E402
+from flashspec.adaptive import AdaptivePolicy, make_arms  # noqa: E402
+from flashspec.adaptive_loop import speculate_adaptive, use_free_scoring  # noqa: E402
 from flashspec.loop import SpecConfig, decode_steps, speculate_steps  # noqa: E402
 from flashspec_torch.backend import TorchBackend  # noqa: E402
 from flashspec_torch.drafts import LookupDraft  # noqa: E402

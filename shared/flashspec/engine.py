@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from . import adaptive
+from . import adaptive, adaptive_loop
 from .bandits import POLICIES, BanditConfig
 from .config import SamplingConfig
 from .faults import NonFiniteLogitsError
@@ -82,12 +82,12 @@ class EngineBase:
         adapts = r.speculation and self.policy_name == adaptive.NAME
         policy = self.adaptive_policy(r.spec.gamma, r.seeds[0]) if adapts else None
         if policy is not None:
-            adaptive.use_free_scoring(backend, policy)
+            adaptive_loop.use_free_scoring(backend, policy)
         prepared = backend.prepare(r.spec.gamma if r.speculation else None, r.sampling)
         if policy is not None:
-            adaptive.prepare_arms(backend, policy, r.sampling, prepared)
-            adaptive.speculate_adaptive(backend, policy, sampling=r.sampling, spec=r.spec, seed=seed, rows=len(r.ids),
-                                        on_step=r.on_step, records=records)
+            adaptive_loop.prepare_arms(backend, policy, r.sampling, prepared)
+            adaptive_loop.speculate_adaptive(backend, policy, sampling=r.sampling, spec=r.spec, seed=seed,
+                                             rows=len(r.ids), on_step=r.on_step, records=records)
         elif r.speculation:
             speculate_steps(backend, self.policy_for(r.spec.gamma, r.seeds[0]), sampling=r.sampling, spec=r.spec,
                             seed=seed, first_offset=0, on_step=r.on_step, records=records)

@@ -14,11 +14,11 @@ Two shapes of run:
 * ``stream``: ``batch`` slots for ``steps`` steps, a finished row replaced by a new request (a server's
   continuous batch), scored by the tokens emitted.
 
-The policy runs as the engine's loop runs it (``flashspec.adaptive.speculate_adaptive``): it chooses step
+The policy runs as the engine's loop runs it (``flashspec.adaptive_loop.speculate_adaptive``): it chooses step
 k + 1 before it observes step k, sees each step's per-row accepted tokens and seconds, and the recomputable
 drafts (``free``) are scored on the steps that did not run them (every speculative step, the plain steps
 ``AdaptivePolicy.plain_scores`` picks; every step of a stream) over the step's emitted window, min(G, n + 1)
-tokens (``flashspec.adaptive.observe_free``).
+tokens (``flashspec.adaptive_loop.observe_free``).
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None)
     ``start_rows`` for each admitted request) drives it."""
     rows = rows or Rows(sc)
     policy.in_flight.clear()
-    policy.warm = True  # the simulated steps have no cold first run, as the GPU's captured ones (``prepare_arms``)
+    policy.warm = True  # no cold first run, as the GPU's captured steps (``adaptive_loop.prepare_arms``)
     state = {"slot_req": None}
     if sc.mode == "static":
         policy.new_batch(sc.batch, tokens=sc.tokens)

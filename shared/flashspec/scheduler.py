@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .adaptive import AdaptivePolicy, observe_free
+from .adaptive import AdaptivePolicy
+from .adaptive_loop import observe_free
 from .backend import SlotBackend, StepHandle
 from .config import SamplingConfig
 from .loop import StepTimer

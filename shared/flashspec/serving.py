@@ -19,7 +19,7 @@ import queue
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from . import adaptive
+from . import adaptive, adaptive_loop
 from .config import SamplingConfig
 from .scheduler import Scheduler, Submission, Ticket
 
@@ -193,7 +193,7 @@ class Service:
         if speculation and engine.policy_name == adaptive.NAME:
             policy = engine.adaptive_policy(gamma, 0)
             with engine.running():
-                adaptive.use_free_scoring(backend, policy)  # before prepare: the steps made ready score
+                adaptive_loop.use_free_scoring(backend, policy)  # before prepare: the steps made ready score
         elif speculation:
             policy = engine.policy_for(gamma, 0)
         self.scheduler = Scheduler(backend, policy, slots=max_batch, context=self.context, gamma=gamma,

@@ -1,11 +1,13 @@
-"""flashspec.adaptive against the fake (Markov-chain) backend: exactness with plain decoding among the
-arms, and the throughput choice under a simulated clock (step costs that grow with the batch)."""
+"""flashspec.adaptive and its loop (flashspec.adaptive_loop) against the fake (Markov-chain) backend: exactness
+with plain decoding among the arms, and the throughput choice under a simulated clock (step costs that grow with
+the batch)."""
 
 import numpy as np
 import pytest
 
-from flashspec import adaptive, loop, throughput
-from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms, speculate_adaptive
+from flashspec import adaptive_loop, loop, throughput
+from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms
+from flashspec.adaptive_loop import speculate_adaptive
 from flashspec.throughput import emitted_moments
 from flashspec.config import SamplingConfig
 from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
@@ -254,7 +256,7 @@ def test_full_information_in_the_loop_scores_the_drafts_not_run(clock, free):
     backend = AsyncBackend(target, [wrong, right], clock, {0: 1.0, 2: 4.0, 4: 8.0})
     policy = AdaptivePolicy(make_arms(2, (2, 4)), 2, rng=0, discount=1.0)
     if free:  # the longest arm's G
-        assert adaptive.use_free_scoring(backend, policy) == 2 and backend.free_gamma == 4
+        assert adaptive_loop.use_free_scoring(backend, policy) == 2 and backend.free_gamma == 4
     _, records = run(backend, policy, [[0]] * 64, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=30))
     own = sum(r.accepted for r in records if r.arm == 1)
     if free:
@@ -276,7 +278,7 @@ def test_each_request_of_a_mixed_stream_adapts_to_its_own_domain(clock):
         good = i % 2
         drafts = [LookupDraft("a", right if good == 0 else wrong), LookupDraft("b", right if good == 1 else wrong)]
         backend = AsyncBackend(target, drafts, clock, {0: 1.0, 2: 1.2, 4: 1.4})
-        adaptive.use_free_scoring(backend, policy)
+        adaptive_loop.use_free_scoring(backend, policy)
         _, records = run(backend, policy, [[i % V]] * 16, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=80))
         on_good = np.mean([r.arm == good for r in records[2:]])
         assert i == 0 or on_good > 0.8, (i, [r.arm for r in records])
@@ -310,7 +312,7 @@ def test_arms_that_cannot_beat_plain_decoding_even_at_its_cost_are_never_run(clo
     wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)
     backend = AsyncBackend(target, [wrong], clock, {0: 1.0, 2: 1.5, 4: 1.6})
     policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
-    adaptive.use_free_scoring(backend, policy)
+    adaptive_loop.use_free_scoring(backend, policy)
     _, records = run(backend, policy, [[0]] * 64, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=40))
     assert [r.drafted // r.rows for r in records if r.arm == 0] in ([], [2]) and np.isnan(policy.cost[6, 2])
 

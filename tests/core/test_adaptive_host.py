@@ -49,7 +49,7 @@ def test_the_critical_path_part_runs_every_loop_on_the_paced_device():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import adaptive_host
 
-    row = adaptive_host.critical_path(2, 6, 1, {"after": (adaptive_host.adaptive, None)}, (0.2, 0.0))
+    row = adaptive_host.critical_path(2, 6, 1, {"after": (adaptive_host.AFTER, None)}, (0.2, 0.0))
     assert row["best_fixed"] in ("plain", "ngram:G2", "ngram:G4") and row["after_over_best_fixed"] > 0
     assert all(row[k]["tokens"] == 12 and row[k]["device_ms"] > 0 for k in ("plain", "ngram:G2", "after"))
     assert row["plain"]["choices_per_step"] == 0 and 0 < row["after"]["choices_per_step"] <= 1.5

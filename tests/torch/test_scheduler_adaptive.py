@@ -83,7 +83,7 @@ def test_speculates_alone_and_decodes_plainly_where_speculation_costs_more(tiny)
     free, observe_free = [], policy.observe_free
     policy.observe_free = lambda d, scored, accepted, where: (free.append((d, scored.copy(), accepted.copy(), where)),
                                                               observe_free(d, scored, accepted, where))
-    from flashspec.adaptive import use_free_scoring
+    from flashspec.adaptive_loop import use_free_scoring
 
     assert use_free_scoring(eng.backend, policy) == 1  # the n-gram, scored inside the slot steps it does not run
     sched = Scheduler(eng.backend, policy, slots=4, context=128, gamma=4, clock=clock)
