@@ -173,12 +173,11 @@ def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, posi
            shards: int = 1):
     """qkv [B, T, (H + 2 H_kv) D] -> (attention output [B, T, H, D], the cache with this layer's new K/V):
     q/k norms and RoPE, the cache write, ``attention``; with ``attn`` "fused" one kernel does all three
-    (``kernels.attention.fused_attention``) where it takes the config and shape, else as "pallas".
+    (``kernels.attention.fused_attention``) where it takes the config and shape, else as "pallas"; "invariant":
+    ``kernels.invariant_attention`` after the same RoPE and cache write.
     ``shards`` > 1: qkv in the shard-major order of ``flashspec_jax.parallel`` (each shard's q, k, v heads
     side by side; ``Llama.attention_choice`` is then "xla"); 1: the fused layout."""
     b, t, _ = qkv.shape
-    if attn == "invariant":
-        return invariant_attend(c, qkv, cos, sin, cache, layer, positions)
     if attn == "fused" and not c.qk_norm and kernel_attention.supported(t, c.num_heads, c.num_kv_heads, c.head_dim):
         out, k, v = kernel_attention.fused_attention(
             qkv, cos[:, :, 0], sin[:, :, 0], cache.k, cache.v, layer, positions, window, heads=c.num_heads,
@@ -191,20 +190,10 @@ def attend(c: LlamaConfig, w: Layers, qkv, cos, sin, cache: KVCache, layer, posi
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
     cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
+    if attn == "invariant":  # ``Llama.batch_invariant`` (no q/k norms, no windows, one device: ``invariant_check``)
+        return invariant_attention(q, cache.k, cache.v, layer, positions, scale=c.query_scale,
+                                   interpret=not on_gpu()), cache
     return attention(c, q, cache, layer, positions, mask, window, "pallas" if attn == "fused" else attn), cache
-
-
-def invariant_attend(c: LlamaConfig, qkv, cos, sin, cache: KVCache, layer, positions):
-    """``attend`` in batch-invariant mode (no q/k norms, no windows, one device): RoPE, the cache write,
-    ``kernels.invariant_attention``."""
-    b, t, _ = qkv.shape
-    nq, nk = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    q = apply_rope(qkv[..., :nq].reshape(b, t, c.num_heads, c.head_dim), cos, sin)
-    k = apply_rope(qkv[..., nq : nq + nk].reshape(b, t, c.num_kv_heads, c.head_dim), cos, sin)
-    v = qkv[..., nq + nk :].reshape(b, t, c.num_kv_heads, c.head_dim)
-    cache = KVCache(write_cache(cache.k, k, layer, positions), write_cache(cache.v, v, layer, positions))
-    out = invariant_attention(q, cache.k, cache.v, layer, positions, scale=c.query_scale, interpret=not on_gpu())
-    return out, cache
 
 
 def block(c: LlamaConfig, w: Layers, h, cos, sin, cache: KVCache, layer, positions, mask, window=0, attn: str = "xla",

@@ -283,7 +283,7 @@ class AdaptivePolicy:
             return np.zeros(len(self.arms), bool)
         own = np.where(measured, self.log_cost[b], -np.inf)
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
-        return doubt & (rate - floor < np.where(measured, rate - self.capped_log_cost(b), -np.inf).max())
+        return doubt & (rate - floor < self.priced(b, rate).max())
 
     def mean_alpha(self) -> np.ndarray:  # [drafts, R]
         """The posterior mean of each draft's per-token acceptance, per active row (``counts``)."""
