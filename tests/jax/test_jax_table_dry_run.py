@@ -33,7 +33,8 @@ def test_dry_run_writes_the_table(tmp_path, capsys):
     row = result["rows"][0]
     assert row["jax"]["spec_while"]["steps"] == row["jax"]["spec_host"]["steps"] > 0
     assert "tiny | " in capsys.readouterr().out  # the table
-    assert row["attention_paths"]["contexts"]["1000"]["splits"] == 2  # the combine ran
+    assert row["attention_paths"]["contexts"]["1000"]["splits"] == 16  # the combine ran (fused_alt: 2, the earlier threshold)
+    assert row["attention_paths"]["contexts"]["1000"]["alt_splits"] == 2
 
 
 def test_jax_takes_the_torch_models_weights():
