@@ -77,14 +77,12 @@ from flashspec_jax.weights import from_state, random_model  # noqa: E402
 import jax_parts  # noqa: E402  (benchmarks/ is on sys.path)
 import jax_profile_gpu  # noqa: E402
 import shape_children  # noqa: E402
-from shape_children import guarded  # noqa: E402
+from shape_children import CHILD_SOFT, TINY, guarded  # noqa: E402
 from jax_vs_torch_report import checks_of, merge, summarize, table  # noqa: E402
 
 SHAPES = jax_profile_gpu.SHAPES  # engine_gpu.py's, smallest first
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
 SHARES = {"llama3-8b": 0.55, "tinyllama-1.1b": 0.25, "smollm2-135m": 0.2}  # of --budget-s (others: equal)
 ORDER = ("llama3-8b", "tinyllama-1.1b", "smollm2-135m")  # the headline and least measured first
-CHILD_SOFT = 0.85  # a child starts no part past this fraction of its share (it is killed at the share)
 GREEDY = SamplingConfig(0.0)
 NOTES = ("step_ms: mean launch-to-launch step of flashspec.loop's records (steady-state decode ms/token at batch 1); "
          "ms_per_step_wall: wall (prefill included) / steps; tokens_per_s: new tokens of all rows / wall. JAX bytes: "
