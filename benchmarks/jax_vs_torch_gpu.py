@@ -6,17 +6,20 @@
 The shapes (``--shapes``: SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B, in that order) each run in a
 child process of their own (``shape_children``), killed when the shape's share of ``--budget-s``
 is up (``SHARES`` of what is left, by need, so a shape's unused time goes to the next): one long
-compile costs its own shape's remaining parts, never the next shape. Inside a child each part starts
-only before ``CHILD_SOFT`` of the share (a part not started is recorded as skipped; one that fails is
-recorded with its error and the others go on; a killed child keeps what it wrote). Per shape, issue
-#37's rows first:
+compile costs its own shape's remaining parts, never the next shape. Inside a child issue #37's
+parts (1 to 5 below) start until the share's end (the kill loses only the part it cuts), the others
+(6, 7) only before ``CHILD_SOFT`` of it; a part not started is recorded as skipped, one that fails
+with its error (the others go on), and a killed child keeps what it wrote. Per shape, the issue's
+rows first:
 
 1. ``torch`` batch 1: the torch engine (CUDA graphs, Triton verify), greedy, 128-token random
    prompts, ``--tokens`` new tokens: plain decoding and n-gram speculation (G = 4);
 2. ``jax_warm``: every JAX run of the parts below called once (its compile: XLA's GEMM autotuning
    per product shape is most of it, 75 s for Llama-3-8B's first), in ``warm_groups``' threads at
-   once, each group over a backend of its own; nothing is timed meanwhile (``--no-warm``: each run
-   compiles just before it is timed, one after another);
+   once, each group over a backend of its own; nothing is timed meanwhile. ``--warm auto`` (the
+   default) does this where the layers unroll (TinyLlama, Llama-3-8B: long compiles); the scan
+   (SmolLM2) compiles in seconds and runs as before, each run compiled just before it is timed, so
+   XLA's autotuning there profiles alone (``--warm on`` / ``off``: every shape / none);
 3. ``jax``: the JAX engine's default path at batch 1 (``Llama``'s choices on this GPU, recorded):
    plain decoding, n-gram speculation with the host loop and with the whole generation in one
    ``lax.while_loop`` (``flashspec_jax.whole``), and the compiled decode step's ``cost_analysis``
@@ -85,7 +88,7 @@ from shape_children import CHILD_SOFT, TINY, guarded  # noqa: E402
 from jax_vs_torch_report import checks_of, merge, summarize, table  # noqa: E402
 
 SHAPES = jax_profile_gpu.SHAPES  # engine_gpu.py's, smallest first
-SHARES = {"smollm2-135m": 0.15, "tinyllama-1.1b": 0.3, "llama3-8b": 0.55}  # of --budget-s, by need (others: equal)
+SHARES = {"smollm2-135m": 0.2, "tinyllama-1.1b": 0.28, "llama3-8b": 0.52}  # of --budget-s, by need (others: equal)
 ORDER = ("smollm2-135m", "tinyllama-1.1b", "llama3-8b")  # the quick shapes first: their unused time goes to 8B
 GREEDY = SamplingConfig(0.0)
 NOTES = ("step_ms: mean launch-to-launch step of flashspec.loop's records (steady-state decode ms/token at batch 1); "
@@ -122,22 +125,22 @@ class Loops:
 
     def first(self) -> dict:
         """Each run once, untimed but for its wall (``compile_and_first_s``)."""
-        for name, fn in self.runs.items():
-            t0 = time.perf_counter()
-            fn()
-            self.sync()
-            self.first_s[name] = time.perf_counter() - t0
+        for name in self.runs:
+            self.call_first(name)
         return dict(self.first_s)
+
+    def call_first(self, name: str) -> None:
+        t0 = time.perf_counter()
+        self.runs[name]()
+        self.sync()
+        self.first_s[name] = time.perf_counter() - t0
 
     def timed(self, save=None) -> dict:
         """Each run timed once (``save(so far)`` after each); the comparisons between them."""
         out = dict(batch=self.batch, new_tokens=self.tokens)
         for name, fn in self.runs.items():
             if name not in self.first_s:
-                t0 = time.perf_counter()
-                fn()
-                self.sync()
-                self.first_s[name] = time.perf_counter() - t0
+                self.call_first(name)
             t0 = time.perf_counter()
             res, rec = fn()
             self.sync()
@@ -322,8 +325,11 @@ def row_invariant(invariant: Loops, spec: Loops) -> dict:
                 ms_per_step_wall=r["plain"]["ms_per_step_wall"], compile_and_first_s=r["plain"]["compile_and_first_s"])
 
 
-def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, save) -> dict:
-    """One shape's parts in order (module docstring), each under ``deadline``; ``save(row)`` after each."""
+def run_shape(name: str, dims: dict, args, batches: list[int], deadlines: tuple[float, float], save) -> dict:
+    """One shape's parts in order (module docstring); ``save(row)`` after each. ``deadlines``: (the
+    share's end, the last start of the parts after the issue's: the other attention, the attention
+    alone). A part of the issue's starts until the end: if the kill cuts it, only it is lost."""
+    deadline, soft = deadlines
     row = dict(shape=name, config=dims, prompt_len=args.prompt_len, gamma=args.gamma)
     side = TorchSide(dims, args)
     if args.torch:
@@ -337,7 +343,7 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
                jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))
     other = "xla" if m.attention_choice() != "xla" else "fused"
     plan = jax_plan(m, args, batches)
-    if args.warm:
+    if args.warm == "on" or (args.warm == "auto" and not m.uses_scan()):  # the scan compiles in seconds
         row["jax_warm"] = warm(warm_groups(plan, batches), deadline)
         save(row)
         print(json.dumps({"jax_warm": row["jax_warm"]})[:1500], flush=True)
@@ -352,7 +358,8 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
              ("row_invariant", lambda: row_invariant(plan["row_invariant"], plan["b1_spec"])),
              ("jax_other_attention", lambda: with_attention(m, other, lambda: jax_b1(
                  m, args, jax_run(m, args, 1, args.tokens, ("plain",))))),
-             ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, deadline))]
+             ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, soft))]
+    extras = ("jax_other_attention", "attention_paths")
     for part, fn in parts:
         if part == "attention_paths" and name not in args.attention_shapes:
             continue
@@ -361,7 +368,7 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
                 row["torch"]["batches"] = guarded(fn, deadline)
                 side.free()
             continue
-        row[part] = guarded(fn, deadline)
+        row[part] = guarded(fn, soft if part in extras else deadline)
         save(row)
         print(json.dumps({part: {k: v for k, v in row[part].items() if k != "bytes_per_step"}})[:1500], flush=True)
     side.free()
@@ -391,8 +398,8 @@ def parse_args(argv):
     ap.add_argument("--attention-shapes", default="smollm2-135m,llama3-8b")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start past their shape's share are skipped")
     ap.add_argument("--no-torch", dest="torch", action="store_false")
-    ap.add_argument("--no-warm", dest="warm", action="store_false",
-                    help="compile each JAX run just before timing it (no overlapping first calls, jax_warm)")
+    ap.add_argument("--warm", choices=("auto", "on", "off"), default="auto",
+                    help="the JAX runs' first calls at once before timing (jax_warm): auto where the layers unroll")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
     ap.add_argument("--child", action="store_true", help="(internal) run --shapes in this process, the JSON to --out/"
                     + shape_children.RESULT)
@@ -420,7 +427,7 @@ def main(argv=None) -> None:
         return run_here(args, argv)
     start, script = time.perf_counter(), str(Path(__file__).resolve())
     command = lambda name, share, outdir: [sys.executable, script, *argv, "--shapes", name, "--out", str(outdir),  # noqa: E731
-                                           "--budget-s", f"{share * CHILD_SOFT:.1f}", "--child"]
+                                           "--budget-s", f"{share:.1f}", "--child"]
     with tempfile.TemporaryDirectory() as tmp:
         children = shape_children.run_children(args.shapes.split(","), SHARES, args.budget_s, command, Path(tmp))
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -434,8 +441,9 @@ def main(argv=None) -> None:
 
 
 def run_here(args, argv: list[str]) -> None:
-    """Every shape of ``args`` in this process, each part started only while its shape's share of
-    ``--budget-s`` lasts; the JSON rewritten after every part."""
+    """Every shape of ``args`` in this process, each of issue #37's parts started only while its shape's
+    share of ``--budget-s`` lasts, the others only before ``CHILD_SOFT`` of it; the JSON rewritten after
+    every part."""
     start = time.perf_counter()
     shapes = {"tiny": TINY} if args.dry_run else {n: SHAPES[n] for n in args.shapes.split(",")}
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -455,9 +463,10 @@ def run_here(args, argv: list[str]) -> None:
     rows, share = [], 0.0
     weights = {n: SHARES.get(n, 1.0 / len(shapes)) for n in shapes}
     for n, dims in shapes.items():
-        share += weights[n] / sum(weights.values())
+        begin, share = share, share + weights[n] / sum(weights.values())
+        deadlines = (start + args.budget_s * share, start + args.budget_s * (begin + (share - begin) * CHILD_SOFT))
         save = lambda row: shape_children.write_json(path, dict(head, partial=True, rows=[*rows, row]))  # noqa: E731
-        row = run_shape(n, dims, args, batches, start + args.budget_s * share, save)
+        row = run_shape(n, dims, args, batches, deadlines, save)
         row["summary"] = summarize(row, bw, batches)
         rows.append(row)
     checks, info = checks_of(rows)

@@ -16,7 +16,7 @@ from tests.benchmark_modules import load_benchmark  # noqa: E402
 
 def test_dry_run_writes_the_table(tmp_path, capsys):
     bench = load_benchmark("jax_vs_torch_gpu")
-    bench.main(["--dry-run", "--batches", "", "--out", str(tmp_path)])  # the batch runs reuse loops()
+    bench.main(["--dry-run", "--batches", "", "--warm", "on", "--out", str(tmp_path)])  # the batch runs reuse Loops
     result = json.loads((tmp_path / "jax_vs_torch_dry_run.json").read_text())
     failed = [name for name, ok in result["checks"].items() if not ok and "_within_" not in name]
     assert failed == [] and not result["info"].get("tiny_jax", "").startswith("error")  # timings vary on a shared CPU
