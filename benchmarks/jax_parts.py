@@ -5,7 +5,8 @@
   over the layers as the unrolled model runs them, the cache donated): ``attend`` with "xla" (RoPE,
   two cache scatters and the einsum over every cache slot) against "fused" (one Pallas kernel per
   layer, ``kernels.attention.fused_attention``, its slots split by ``choose_splits``) and against
-  "fused_alt" (the kernel with ``alt_splits``: 1 where ``choose_splits`` splits, else 4), per context length; the cache
+  "fused_alt" (the kernel with ``alt_splits``: ``choose_splits``' at the earlier ``SPLIT_MIN_SLOTS`` of
+  ``ALT_MIN_SLOTS`` where that differs, else 1 where it splits, else 4), per context length; the cache
   holds context + 64 slots and the token sits at the context's position, the end of a generation of
   that length. The outputs are compared with the einsum's.
 
@@ -29,7 +30,8 @@ from jax_profile_gpu import median_ms  # benchmarks/ is on sys.path
 
 
 ATTENTIONS = ("xla", "fused", "fused_alt")
-ALT_SPLITS = 4  # fused_alt's splits where choose_splits gives 1
+ALT_SPLITS = 4  # fused_alt's splits where choose_splits gives 1 at both thresholds
+ALT_MIN_SLOTS = 512  # the earlier SPLIT_MIN_SLOTS: fused_alt's splits where they differ from the default's
 
 
 def attention_step(c: LlamaConfig, impl: str, layers: int, splits: int = 0):
@@ -58,6 +60,13 @@ def attention_step(c: LlamaConfig, impl: str, layers: int, splits: int = 0):
     return jax.jit(step, donate_argnames=("cache",) if on_gpu() else ())
 
 
+def splits_at(batch: int, kv_heads: int, slots: int) -> dict:
+    """The default's splits (``choose_splits``) and fused_alt's (module docstring)."""
+    auto = kernel_attention.choose_splits(batch, kv_heads, slots, kernel_attention.BLOCK_S)
+    earlier = kernel_attention.choose_splits(batch, kv_heads, slots, kernel_attention.BLOCK_S, ALT_MIN_SLOTS)
+    return dict(splits=auto, alt_splits=earlier if earlier != auto else ALT_SPLITS if auto == 1 else 1)
+
+
 def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtype, deadline: float) -> dict:
     """Per context: ms of the attention of one token over all layers, each of ``ATTENTIONS``, the
     kernel's splits there, and each output's largest difference from the einsum's (relative)."""
@@ -72,8 +81,7 @@ def attention_paths(dims: dict, contexts: list[int], batch: int, reps: int, dtyp
         qkv = jax.random.normal(key, (batch, 1, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim), dtype)
         positions = jnp.full((batch, 1), ctx, jnp.int32)
         cos, sin = model_lib.rope_table(c, positions, dtype)
-        auto = kernel_attention.choose_splits(batch, c.num_kv_heads, slots, kernel_attention.BLOCK_S)
-        row = dict(slots=slots, splits=auto, alt_splits=ALT_SPLITS if auto == 1 else 1)
+        row = dict(slots=slots, **splits_at(batch, c.num_kv_heads, slots))
         results = {}
         shape = (c.num_layers, batch, c.num_kv_heads, slots, c.head_dim)
         made = KVCache(*(0.5 * jax.random.normal(jax.random.key(i), shape, dtype) for i in (1, 2)))

@@ -1,22 +1,23 @@
 """The JAX engine's plain decode step at small shapes against torch's, per variant (issue #37): which of
-the layer loop, XLA's command buffers (CUDA graphs), the attention kernel's slot splits and k decode
-steps per call closes the gap at SmolLM2-135M's shape.
+the layer loop, the attention kernel's slot splits and k decode steps per call closes the gap at
+SmolLM2-135M's shape.
 
     python benchmarks/jax_small_sweep.py --out DIR --budget-s 170    # on the H100 / H200 (random bf16 weights)
     python benchmarks/jax_small_sweep.py --dry-run --out DIR         # a tiny config on the CPU: the plumbing only
 
 Every entry of ``PLAN`` (a shape, a variant, its batch sizes) runs in a child process of its own
 (``shape_children.run_children``: killed at its share of ``--budget-s``; a share unused passes on),
-under its variant's ``XLA_FLAGS`` (XLA reads them once, when the backend starts) plus ``COMMON``
-(one per-fusion autotuning cache for every child). ``VARIANTS``:
+with ``shape_children.AUTOTUNE_CACHE`` in its ``XLA_FLAGS`` (one per-fusion autotuning cache for every
+child). ``VARIANTS``:
 
 * ``default``: the engine as it is (``Llama``'s choices on this GPU: the scan at SmolLM2, unrolled at
   TinyLlama, the fused attention kernel); ``scan`` / ``unrolled``: the layer loop forced;
-* ``split64``: the attention kernel's ``SPLIT_MIN_SLOTS`` at 64 slots, so short caches split too
-  (SmolLM2 at batch 1 has 3 KV heads: 3 programs unsplit, 18 with 6 splits of its 384 slots);
-* ``cb_off``: no command buffers; ``cb_while``: while loops and conditionals in command buffers and
-  graphs of any size; ``cb_while_unroll``: the same with loops of known trip count unrolled in the
-  graph; ``min_graph_1``: graphs of any size only; ``unrolled_cb_off``: the unrolled loop without graphs.
+* ``split512``: the attention kernel's ``SPLIT_MIN_SLOTS`` at its earlier 512 slots, so short caches
+  do not split (SmolLM2 at batch 1 has 3 KV heads: 3 programs unsplit, 18 with the default's 6 splits
+  of its 384 slots).
+
+The XLA flag variants that lost (command buffers off or extended, graphs of any size) are one line
+each in docs/jax.md; ``jax_xla_flags_gpu.py`` still sweeps flags around the while loop.
 
 A child (``flashspec_jax.weights.random_model``, seed 0: the same model in every child; greedy, a
 ``--prompt-len`` random prompt) runs per batch size, each part under its deadline:
@@ -57,31 +58,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flashspec.config import SamplingConfig  # noqa: E402
 
 import shape_children  # noqa: E402  (benchmarks/ is on sys.path; no GPU work, no torch)
-from shape_children import guarded  # noqa: E402
+from shape_children import TINY, guarded  # noqa: E402
 
-CB_WHILE = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
-VARIANTS = {  # name -> (XLA_FLAGS, layer loop (None: the model's choice), SPLIT_MIN_SLOTS (None: the kernel's))
-    "default": ("", None, None),
-    "split64": ("", None, 64),
-    "cb_off": ("--xla_gpu_enable_command_buffer=", None, None),
-    "cb_while": (CB_WHILE, None, None),
-    "unrolled": ("", "unrolled", None),
-    "cb_while_unroll": (CB_WHILE + " --xla_gpu_command_buffer_unroll_loops=true", None, None),
-    "min_graph_1": ("--xla_gpu_graph_min_graph_size=1", None, None),
-    "unrolled_cb_off": ("--xla_gpu_enable_command_buffer=", "unrolled", None),
-    "scan": ("", "scan", None),
+VARIANTS = {  # name -> (layer loop (None: the model's choice), SPLIT_MIN_SLOTS (None: the kernel's))
+    "default": (None, None),
+    "split512": (None, 512),
+    "unrolled": ("unrolled", None),
+    "scan": ("scan", None),
 }
-COMMON = "--xla_gpu_per_fusion_autotune_cache_dir={dir}"
 SMOL, TINYLLAMA = "smollm2-135m", "tinyllama-1.1b"
 PLAN = (  # (shape, variant or "torch" / "attn8b", batch sizes, weight of the budget), run in this order
     (SMOL, "torch", (1, 8, 64), 14.0), (TINYLLAMA, "torch", (1,), 10.0),
-    (SMOL, "default", (1, 8, 64), 28.0), (SMOL, "split64", (1, 8), 14.0), (SMOL, "cb_off", (1,), 9.0),
-    (SMOL, "cb_while", (1,), 9.0), (SMOL, "unrolled", (1,), 16.0), (TINYLLAMA, "default", (1,), 48.0),
-    (SMOL, "cb_while_unroll", (1,), 8.0), (SMOL, "min_graph_1", (1,), 8.0), ("llama3-8b", "attn8b", (1,), 10.0),
-    (SMOL, "unrolled_cb_off", (1,), 8.0), (TINYLLAMA, "split64", (1,), 6.0),  # last: reuses TinyLlama's autotuning
+    (SMOL, "default", (1, 8, 64), 28.0), (SMOL, "split512", (1, 8), 14.0), (SMOL, "unrolled", (1,), 16.0),
+    (TINYLLAMA, "default", (1,), 48.0), ("llama3-8b", "attn8b", (1,), 10.0),
+    (TINYLLAMA, "split512", (1,), 6.0),  # last: reuses TinyLlama's autotuning
 )
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
-CHILD_SOFT = 0.85  # a child starts no part past this fraction of its share (it is killed at the share)
 SPLITS_8B = (1, 2, 4, 5)  # the attn8b child's split counts at 256 slots of context
 GREEDY = SamplingConfig(0.0)
 BAR = 1.15  # issue #37: the JAX step within 1.15x of torch's
@@ -204,7 +195,7 @@ def jax_child(args, start: float, deadline: float) -> dict:
     from flashspec_jax.model import LlamaConfig
     from flashspec_jax.weights import random_model
 
-    _, loop, split_min = VARIANTS[args.variant]
+    loop, split_min = VARIANTS[args.variant]
     if split_min is not None:
         kernel_attention.SPLIT_MIN_SLOTS = split_min
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
@@ -314,7 +305,7 @@ def save(args, row: dict) -> None:
 
 def child(args) -> None:
     start = time.perf_counter()
-    deadline = start + args.budget_s * CHILD_SOFT
+    deadline = start + args.budget_s * shape_children.CHILD_SOFT
     run = {"torch": torch_child, "attn8b": attn8b_child}.get(args.variant, jax_child)
     save(args, run(args, start, deadline))
 
@@ -338,7 +329,6 @@ def plan_of(args) -> list[tuple[str, str, tuple[int, ...], float]]:
 def child_command(args, plan, dims: dict, common: str, script: str):
     """command(name, share, outdir) for ``run_children``: the child under its variant's XLA_FLAGS, its
     output also into outdir/child.log (its tail kept in the JSON when it fails)."""
-    base = os.environ.get("XLA_FLAGS", "")
     entries = {f"{s}@{v}": (s, v, b) for s, v, b, _ in plan}
     keep = ["--tokens", str(args.tokens), "--batch-tokens", str(args.batch_tokens), "--prompt-len", str(args.prompt_len),
             "--reps", str(args.reps), "--k", str(args.k), "--attn-context", str(args.attn_context),
@@ -346,10 +336,10 @@ def child_command(args, plan, dims: dict, common: str, script: str):
 
     def command(name: str, share: float, outdir: Path) -> list[str]:
         shape, variant, batches = entries[name]
-        xla = " ".join(f for f in (base, common, VARIANTS.get(variant, ("",))[0]) if f)
-        return ["bash", "-c", 'set -o pipefail; "$@" 2>&1 | tee "$0"', str(outdir / "child.log"), "env", f"XLA_FLAGS={xla}",
-                sys.executable, script, "--child", "--shape", shape, "--variant", variant, "--dims", json.dumps(dims[shape]),
-                "--batches", ",".join(map(str, batches)), "--out", str(outdir), "--budget-s", f"{share:.1f}", *keep]
+        return shape_children.flagged_command(
+            [common], outdir / "child.log",
+            [sys.executable, script, "--child", "--shape", shape, "--variant", variant, "--dims", json.dumps(dims[shape]),
+             "--batches", ",".join(map(str, batches)), "--out", str(outdir), "--budget-s", f"{share:.1f}", *keep])
     return command
 
 
@@ -360,9 +350,8 @@ def merge(children: list[dict]) -> dict:
     for c in children:
         shape, variant = c["shape"].split("@")
         row = dict(c["data"] or {}, rc=c["rc"], killed=c["killed"], share_s=c["share_s"], wall_s=c["wall_s"])
-        log = Path(c.get("log", ""))
-        if c["rc"] != 0 and log.is_file():
-            row["log_tail"] = log.read_text(errors="replace")[-1500:]
+        if tail := shape_children.log_tail(c, Path(c.get("log", "")), 1500):
+            row["log_tail"] = tail
         rows.setdefault(shape, {})[variant] = row
     for shape, variants in rows.items():
         torch_b = variants.get("torch", {}).get("batches", {})
@@ -448,7 +437,7 @@ def main(argv=None) -> None:
     start, plan = time.perf_counter(), plan_of(args)
     dims = {"tiny": TINY} if args.dry_run else dict(SHAPES)
     with tempfile.TemporaryDirectory() as tmp:
-        common = COMMON.format(dir=Path(tmp) / "autotune")
+        common = shape_children.AUTOTUNE_CACHE.format(dir=Path(tmp) / "autotune")
         command = child_command(args, plan, dims, common, str(Path(__file__).resolve()))
         names = [f"{s}@{v}" for s, v, _, _ in plan]
         children = shape_children.run_children(names, {f"{s}@{v}": w for s, v, _, w in plan}, args.budget_s, command, Path(tmp))
@@ -457,7 +446,7 @@ def main(argv=None) -> None:
         merged = merge(children)
     result = dict(script="benchmarks/jax_small_sweep.py", argv=sys.argv[1:] if argv is None else list(argv),
                   date=datetime.now(timezone.utc).isoformat(timespec="seconds"), dry_run=args.dry_run,
-                  base_xla_flags=os.environ.get("XLA_FLAGS", ""), common_flags=COMMON, variants=VARIANTS,
+                  base_xla_flags=os.environ.get("XLA_FLAGS", ""), common_flags=shape_children.AUTOTUNE_CACHE, variants=VARIANTS,
                   plan=[list(p) for p in plan], bar=BAR, wall_s=time.perf_counter() - start,
                   notes="step_ms: mean launch-to-launch step of flashspec.loop.decode's records (median of --reps "
                         "generations); wall: the whole generation (prefill included) per token; launch_us: host time "

@@ -1,39 +1,45 @@
 """The JAX engine and the torch engine side by side on one GPU: issue #37's table in one run.
 
-    python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 190   # on the H100 (random bf16 weights)
+    python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 330   # on the H200 (random bf16 weights)
     python benchmarks/jax_vs_torch_gpu.py --dry-run --out DIR        # a tiny config on the CPU, JAX only
 
-The shapes (``--shapes``: Llama-3-8B, TinyLlama-1.1B, SmolLM2-135M, in that order) each run in a
+The shapes (``--shapes``: SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B, in that order) each run in a
 child process of their own (``shape_children``), killed when the shape's share of ``--budget-s``
-is up (``SHARES`` of what is left, so a shape's unused time goes to the next): one long compile
-costs its own shape's remaining parts, never the next shape. Inside a child each part starts only
-before ``CHILD_SOFT`` of the share (a part not started is recorded as skipped; one that fails is
-recorded with its error and the others go on; a killed child keeps what it wrote). Per shape:
+is up (``SHARES`` of what is left, by need, so a shape's unused time goes to the next): one long
+compile costs its own shape's remaining parts, never the next shape. Inside a child issue #37's
+parts (1 to 5 below) start until the share's end (the kill loses only the part it cuts), the others
+(6, 7) only before ``CHILD_SOFT`` of it; a part not started is recorded as skipped, one that fails
+with its error (the others go on), and a killed child keeps what it wrote. Per shape, the issue's
+rows first:
 
 1. ``torch`` batch 1: the torch engine (CUDA graphs, Triton verify), greedy, 128-token random
    prompts, ``--tokens`` new tokens: plain decoding and n-gram speculation (G = 4);
-2. ``jax``: the JAX engine's default path at batch 1 (``Llama``'s choices on this GPU, recorded):
+2. ``jax_warm``: every JAX run of the parts below called once (its compile: XLA's GEMM autotuning
+   per product shape is most of it, 75 s for Llama-3-8B's first), in ``warm_groups``' threads at
+   once, each group over a backend of its own; nothing is timed meanwhile. ``--warm auto`` (the
+   default) does this where the layers unroll (TinyLlama, Llama-3-8B: long compiles); the scan
+   (SmolLM2) compiles in seconds and runs as before, each run compiled just before it is timed, so
+   XLA's autotuning there profiles alone (``--warm on`` / ``off``: every shape / none);
+3. ``jax``: the JAX engine's default path at batch 1 (``Llama``'s choices on this GPU, recorded):
    plain decoding, n-gram speculation with the host loop and with the whole generation in one
    ``lax.while_loop`` (``flashspec_jax.whole``), and the compiled decode step's ``cost_analysis``
    bytes accessed (XLA's ops only: a Pallas kernel counts as unknown, so its own cache reads are
    not in the figure) and memory analysis;
-3. ``jax_other_attention``: plain decoding at batch 1 with the other attention implementation than
-   the default ("fused" against the einsum "xla"), and its decode step's bytes: the default's choice
-   (``Llama.attention_choice``) measured against the alternative on the same model;
-4. ``attention_paths`` (``--attention-shapes``): the attention of one token over all layers, alone,
-   "xla" against "fused" (its slots split for long caches) and the kernel split otherwise (unsplit
-   where it splits, 4 splits where it does not), at each of ``--contexts`` (``jax_parts.attention_paths``;
-   at Llama-3-8B here, at the other ``--attention-shapes`` last);
-5. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed,
+4. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed,
    and ``jax_batches``: the JAX engine the same way (plain decoding and n-gram speculation with the
    host loop, as torch's; the while loop is compared with it at batch 1);
-6. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
-   (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token.
+5. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
+   (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token;
+6. ``jax_other_attention``: plain decoding at batch 1 with the other attention implementation than
+   the default ("fused" against the einsum "xla"), and its decode step's bytes;
+7. ``attention_paths`` (``--attention-shapes``): the attention of one token over all layers, alone,
+   "xla" against "fused" (``choose_splits``' splits) and the kernel split the other way
+   (``jax_parts.splits_at``), at each of ``--contexts`` (``jax_parts.attention_paths``).
 
 With torch, JAX takes the torch model's random weights (``jax_model``: each tensor handed over by
 DLPack, no host copy), so both engines decode the same model and the JAX model is not built anew.
-Every loop is ``flashspec.loop.decode`` / ``speculate`` over the engine's backend, run once to
-compile (or capture graphs) at the timed shapes, then timed once: ``step_ms`` is the mean
+Every loop is ``flashspec.loop.decode`` / ``speculate`` over the engine's backend (``Loops``), run
+once to compile (or capture graphs) at the timed shapes, then timed once: ``step_ms`` is the mean
 launch-to-launch step of the loop's records, ``wall_s`` the whole call (prefill included),
 tokens/s = new tokens of all rows / wall. The weights floor is the weights' bytes over the measured
 copy bandwidth (torch's 1 GiB device copy; JAX's x + 1 without torch). Each child rewrites its JSON
@@ -56,6 +62,7 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -77,14 +84,12 @@ from flashspec_jax.weights import from_state, random_model  # noqa: E402
 import jax_parts  # noqa: E402  (benchmarks/ is on sys.path)
 import jax_profile_gpu  # noqa: E402
 import shape_children  # noqa: E402
-from shape_children import guarded  # noqa: E402
+from shape_children import CHILD_SOFT, TINY, guarded  # noqa: E402
 from jax_vs_torch_report import checks_of, merge, summarize, table  # noqa: E402
 
 SHAPES = jax_profile_gpu.SHAPES  # engine_gpu.py's, smallest first
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
-SHARES = {"llama3-8b": 0.55, "tinyllama-1.1b": 0.25, "smollm2-135m": 0.2}  # of --budget-s (others: equal)
-ORDER = ("llama3-8b", "tinyllama-1.1b", "smollm2-135m")  # the issue's headline and least measured first
-CHILD_SOFT = 0.85  # a child starts no part past this fraction of its share (it is killed at the share)
+SHARES = {"smollm2-135m": 0.2, "tinyllama-1.1b": 0.28, "llama3-8b": 0.52}  # of --budget-s, by need (others: equal)
+ORDER = ("smollm2-135m", "tinyllama-1.1b", "llama3-8b")  # the quick shapes first: their unused time goes to 8B
 GREEDY = SamplingConfig(0.0)
 NOTES = ("step_ms: mean launch-to-launch step of flashspec.loop's records (steady-state decode ms/token at batch 1); "
          "ms_per_step_wall: wall (prefill included) / steps; tokens_per_s: new tokens of all rows / wall. JAX bytes: "
@@ -100,43 +105,86 @@ class Fixed:
         pass
 
 
-def loops(backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=None, plain_only=False, save=None) -> dict:
-    """Plain decoding, n-gram speculation (host loop) and, with ``device_loop`` (a ``whole.Whole``), the
-    while loop: each run once to compile, then timed; ``save(so far)`` after each. Tokens compared between the runs."""
-    spec = SpecConfig(gamma=gamma, max_new_tokens=tokens)
-    runs = {"plain": lambda: decode(backend, prompts, sampling=GREEDY, max_new_tokens=tokens, seed=seed)}
-    if not plain_only:
-        runs["spec_host"] = lambda: speculate(backend, Fixed(), prompts, sampling=GREEDY, spec=spec, seed=seed)
-    if device_loop is not None and not plain_only:
-        runs["spec_while"] = lambda: device_loop.run(prompts, max_new_tokens=tokens, gamma=gamma, sampling=GREEDY,
-                                                     seed=seed, policy=whole.Fixed(0))
-    out, outs = dict(batch=len(prompts), new_tokens=tokens), {}
-    for name, fn in runs.items():
+class Loops:
+    """Named generation runs over one backend: plain decoding, n-gram speculation (host loop) and, with
+    ``device_loop`` (a ``whole.Whole``), the while loop (``names``: which of them). ``first`` calls each
+    once (its compile, or graph capture); ``timed`` calls each again, timed (first calling any that
+    ``first`` did not), with the tokens compared between the runs."""
+
+    def __init__(self, backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=None,
+                 names=("plain", "spec_host", "spec_while")):
+        spec = SpecConfig(gamma=gamma, max_new_tokens=tokens)
+        runs = {"plain": lambda: decode(backend, prompts, sampling=GREEDY, max_new_tokens=tokens, seed=seed),
+                "spec_host": lambda: speculate(backend, Fixed(), prompts, sampling=GREEDY, spec=spec, seed=seed),
+                "spec_while": lambda: device_loop.run(prompts, max_new_tokens=tokens, gamma=gamma, sampling=GREEDY,
+                                                      seed=seed, policy=whole.Fixed(0))}
+        self.runs = {n: runs[n] for n in names if n != "spec_while" or device_loop is not None}
+        self.backend, self.sync, self.batch, self.tokens = backend, sync, len(prompts), tokens
+        self.first_s: dict[str, float] = {}
+        self.outs: dict[str, list] = {}  # each timed run's tokens
+
+    def first(self) -> dict:
+        """Each run once, untimed but for its wall (``compile_and_first_s``)."""
+        for name in self.runs:
+            self.call_first(name)
+        return dict(self.first_s)
+
+    def call_first(self, name: str) -> None:
         t0 = time.perf_counter()
-        fn()
-        sync()
-        first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        res, rec = fn()
-        sync()
-        s = time.perf_counter() - t0
-        outs[name] = res
-        r = dict(compile_and_first_s=first, wall_s=s, steps=len(rec), tokens_per_s=sum(map(len, res)) / s,
-                 ms_per_step_wall=s * 1e3 / max(1, len(rec)), tokens_sha1=hashlib.sha1(json.dumps(res).encode()).hexdigest())
-        if name != "spec_while":  # the while loop's records carry no times
-            r["step_ms"] = statistics.mean(x.seconds for x in rec) * 1e3
-        if name != "plain":
-            r["acceptance"] = sum(x.accepted for x in rec) / max(1, sum(x.drafted for x in rec))
-            r["tokens_per_step"] = sum(x.emitted for x in rec) / max(1, len(rec))
-        out[name] = r
-        if save is not None:
-            save(out)
-    if "spec_host" in outs:
+        self.runs[name]()
+        self.sync()
+        self.first_s[name] = time.perf_counter() - t0
+
+    def timed(self, save=None) -> dict:
+        """Each run timed once (``save(so far)`` after each); the comparisons between them."""
+        out = dict(batch=self.batch, new_tokens=self.tokens)
+        for name, fn in self.runs.items():
+            if name not in self.first_s:
+                self.call_first(name)
+            t0 = time.perf_counter()
+            res, rec = fn()
+            self.sync()
+            out[name] = figures(name, res, rec, time.perf_counter() - t0, self.first_s[name])
+            self.outs[name] = res
+            if save is not None:
+                save(out)
+        return compared(out, self.outs)
+
+
+def figures(name: str, res: list, rec: list, wall_s: float, first_s: float) -> dict:
+    """One timed run's figures from its tokens and the loop's records."""
+    r = dict(compile_and_first_s=first_s, wall_s=wall_s, steps=len(rec), tokens_per_s=sum(map(len, res)) / wall_s,
+             ms_per_step_wall=wall_s * 1e3 / max(1, len(rec)), tokens_sha1=hashlib.sha1(json.dumps(res).encode()).hexdigest())
+    if name != "spec_while":  # the while loop's records carry no times
+        r["step_ms"] = statistics.mean(x.seconds for x in rec) * 1e3
+    if name != "plain":
+        r["acceptance"] = sum(x.accepted for x in rec) / max(1, sum(x.drafted for x in rec))
+        r["tokens_per_step"] = sum(x.emitted for x in rec) / max(1, len(rec))
+    return r
+
+
+def compared(out: dict, outs: dict) -> dict:
+    """``out`` with the runs' tokens compared (those of ``outs`` that ran)."""
+    if "spec_host" in outs and "plain" in outs:
         out["spec_equals_plain"] = outs["spec_host"] == outs["plain"]
-    if "spec_while" in outs:
+    if "spec_while" in outs and "spec_host" in outs:
         out["while_equals_host"] = outs["spec_while"] == outs["spec_host"]
         out["while_over_host_step"] = out["spec_while"]["ms_per_step_wall"] / out["spec_host"]["ms_per_step_wall"]
     return out
+
+
+def warm(groups: dict[str, list[Loops]], deadline: float) -> dict:
+    """Every group's ``first`` calls in a thread of its own, the groups at once (their compiles, XLA's
+    GEMM autotuning above all, overlap; nothing is timed meanwhile): per group its runs' first walls
+    (or the error; ``Loops.timed`` then compiles what is left), and the phase's wall."""
+    t0 = time.perf_counter()
+
+    def one(loops: list[Loops]) -> dict:
+        return {f"{i}:{name}": s for i, lp in enumerate(loops) for name, s in lp.first().items()}
+
+    with ThreadPoolExecutor(len(groups)) as pool:
+        futures = {name: pool.submit(guarded, lambda lps=lps: one(lps), deadline) for name, lps in groups.items()}
+    return dict({name: f.result() for name, f in futures.items()}, wall_s=time.perf_counter() - t0)
 
 
 def prompts_for(vocab: int, batch: int, prompt_len: int) -> list[list[int]]:
@@ -159,8 +207,8 @@ class TorchSide:
         with torch.inference_mode():
             backend = TorchBackend(self.model, [TorchLookup()], eos_ids=[], verify_impl="triton", graphs=True)
             prompts = prompts_for(self.dims["vocab_size"], batch, self.args.prompt_len)
-            out.update(loops(backend, prompts, self.args.tokens if batch == 1 else self.args.batch_tokens, self.args.gamma,
-                             seed, torch.cuda.synchronize))
+            out.update(Loops(backend, prompts, self.args.tokens if batch == 1 else self.args.batch_tokens, self.args.gamma,
+                             seed, torch.cuda.synchronize, names=("plain", "spec_host")).timed())
         return out
 
     def build(self) -> dict:
@@ -214,16 +262,43 @@ def decode_bytes(backend, prompt_len: int, tokens: int) -> dict:
     return dict(**jax_profile_gpu.cost(compiled), mover_bytes_by_op=hlo["mover_bytes_by_op"])
 
 
-def jax_b1(m, args, device_loop: bool = True, save=None) -> dict:
-    """The engine with the model's current choices at batch 1: the loops (``save`` after each) and the
-    decode step's bytes."""
+def jax_run(m, args, batch: int, tokens: int, names: tuple[str, ...], rows: int = 1) -> Loops:
+    """``names`` of ``Loops``' runs over a backend of their own (``rows``: its ``decode_rows``), on
+    ``batch`` random prompts."""
     backend = jax_backend(m)
-    prompts = prompts_for(m.config.vocab_size, 1, args.prompt_len)
+    backend.decode_rows = rows
+    device_loop = whole.Whole(backend) if "spec_while" in names else None
+    return Loops(backend, prompts_for(m.config.vocab_size, batch, args.prompt_len), tokens, args.gamma,
+                 np.zeros(batch, np.uint64), lambda: None, device_loop, names)
+
+
+def jax_plan(m, args, batches: list[int]) -> dict[str, Loops]:
+    """A shape's JAX runs with the model's default choices, each group over a backend of its own (so
+    their compiles can overlap, ``warm``): batch 1 plain decoding; batch 1 speculation (host loop and
+    while loop); batch 1 plain decoding over G + 1 rows (``row_invariant``); plain decoding and
+    speculation at each of ``batches``."""
+    plan = {"b1_plain": jax_run(m, args, 1, args.tokens, ("plain",)),
+            "b1_spec": jax_run(m, args, 1, args.tokens, ("spec_host", "spec_while")),
+            "row_invariant": jax_run(m, args, 1, args.tokens, ("plain",), rows=args.gamma + 1)}
+    plan.update({f"batch_{b}": jax_run(m, args, b, args.batch_tokens, ("plain", "spec_host")) for b in batches})
+    return plan
+
+
+def warm_groups(plan: dict[str, Loops], batches: list[int]) -> dict[str, list[Loops]]:
+    """``warm``'s threads: batch 1 plain decoding alone (the longest compile), batch 1 speculation then
+    the row-invariant decoding (whose products speculation's scoring tuned), each batch size."""
+    return {"b1_plain": [plan["b1_plain"]], "b1_spec": [plan["b1_spec"], plan["row_invariant"]],
+            **{f"batch_{b}": [plan[f"batch_{b}"]] for b in batches}}
+
+
+def jax_b1(m, args, plain: Loops, spec: Loops | None = None, save=None) -> dict:
+    """Batch 1 with the model's current choices: ``plain``'s and ``spec``'s runs timed (``save`` after
+    each), and the decode step's bytes."""
     out = dict(choices=choices(m))
-    out.update(loops(backend, prompts, args.tokens, args.gamma, np.zeros(1, np.uint64), lambda: None,
-                     whole.Whole(backend) if device_loop else None, plain_only=not device_loop,
-                     save=None if save is None else lambda runs: save(dict(out, **runs))))
-    out["bytes_per_step"] = decode_bytes(backend, args.prompt_len, args.tokens)
+    for lp in (plain, spec) if spec is not None else (plain,):
+        out.update(lp.timed(None if save is None else lambda runs: save(dict(out, **runs))))
+    compared(out, {**plain.outs, **(spec.outs if spec is not None else {})})
+    out["bytes_per_step"] = decode_bytes(plain.backend, args.prompt_len, args.tokens)
     return out
 
 
@@ -236,32 +311,25 @@ def with_attention(m, impl: str, fn):
         m.attention_impl = None
 
 
-def jax_batches(m, args, batches: list[int], deadline: float) -> dict:
-    out = {}
-    for batch in batches:
-        backend = jax_backend(m)
-        run = lambda: loops(backend, prompts_for(m.config.vocab_size, batch, args.prompt_len), args.batch_tokens,  # noqa: E731
-                            args.gamma, np.zeros(batch, np.uint64), lambda: None)
-        out[f"batch_{batch}"] = guarded(run, deadline)
-    return out
+def jax_batches(plan: dict[str, Loops], batches: list[int], deadline: float) -> dict:
+    return {f"batch_{b}": guarded(lambda b=b: plan[f"batch_{b}"].timed(), deadline) for b in batches}
 
 
-def row_invariant(m, args) -> dict:
-    """Batch 1, greedy: plain decoding over G + 1 positions (``decode_rows``) against n-gram speculation."""
-    backend = jax_backend(m)
-    prompts = prompts_for(m.config.vocab_size, 1, args.prompt_len)
-    seed = np.zeros(1, np.uint64)
-    spec, _ = speculate(backend, Fixed(), prompts, sampling=GREEDY, spec=SpecConfig(gamma=args.gamma, max_new_tokens=args.tokens),
-                        seed=seed)
-    backend.decode_rows = args.gamma + 1
-    r = loops(backend, prompts, args.tokens, args.gamma, seed, lambda: None, plain_only=True)
-    invariant, _ = decode(backend, prompts, sampling=GREEDY, max_new_tokens=args.tokens, seed=seed)
-    return dict(row_invariant_equals_spec=invariant == spec, step_ms=r["plain"]["step_ms"],
-                ms_per_step_wall=r["plain"]["ms_per_step_wall"])
+def row_invariant(invariant: Loops, spec: Loops) -> dict:
+    """Batch 1, greedy: plain decoding over G + 1 positions (``decode_rows``) timed, its tokens against
+    n-gram speculation's (``spec``'s timed run, the same prompt)."""
+    if "spec_host" not in spec.outs:
+        raise RuntimeError("row_invariant compares with batch 1 speculation's tokens, and that run did not finish")
+    r = invariant.timed()
+    return dict(row_invariant_equals_spec=invariant.outs["plain"] == spec.outs["spec_host"], step_ms=r["plain"]["step_ms"],
+                ms_per_step_wall=r["plain"]["ms_per_step_wall"], compile_and_first_s=r["plain"]["compile_and_first_s"])
 
 
-def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, save) -> dict:
-    """One shape's parts in order (module docstring), each under ``deadline``; ``save(row)`` after each."""
+def run_shape(name: str, dims: dict, args, batches: list[int], deadlines: tuple[float, float], save) -> dict:
+    """One shape's parts in order (module docstring); ``save(row)`` after each. ``deadlines``: (the
+    share's end, the last start of the parts after the issue's: the other attention, the attention
+    alone). A part of the issue's starts until the end: if the kill cuts it, only it is lost."""
+    deadline, soft = deadlines
     row = dict(shape=name, config=dims, prompt_len=args.prompt_len, gamma=args.gamma)
     side = TorchSide(dims, args)
     if args.torch:
@@ -274,19 +342,24 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
     row.update(dtype=str(jnp.dtype(dtype)), jax_build_s=time.perf_counter() - t0, layer_bytes=m.layer_bytes(),
                jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))
     other = "xla" if m.attention_choice() != "xla" else "fused"
+    plan = jax_plan(m, args, batches)
+    if args.warm == "on" or (args.warm == "auto" and not m.uses_scan()):  # the scan compiles in seconds
+        row["jax_warm"] = warm(warm_groups(plan, batches), deadline)
+        save(row)
+        print(json.dumps({"jax_warm": row["jax_warm"]})[:1500], flush=True)
 
     def saving(partial: dict) -> None:  # the jax part's runs as they finish (a child killed mid-part keeps them)
         row["jax"] = dict(partial, unfinished=True)
         save(row)
 
-    parts = [("jax", lambda: jax_b1(m, args, save=saving)),
-             ("jax_other_attention", lambda: with_attention(m, other, lambda: jax_b1(m, args, device_loop=False))),
-             ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, deadline)),
+    parts = [("jax", lambda: jax_b1(m, args, plan["b1_plain"], plan["b1_spec"], save=saving)),
              ("torch_batches", lambda: {f"batch_{b}": guarded(lambda b=b: side.batch(b), deadline) for b in batches}),
-             ("jax_batches", lambda: jax_batches(m, args, batches, deadline)),
-             ("row_invariant", lambda: row_invariant(m, args))]
-    if name != "llama3-8b":  # the attention choice is the question at 8B; elsewhere the issue's table first
-        parts.append(parts.pop(next(i for i, (p, _) in enumerate(parts) if p == "attention_paths")))
+             ("jax_batches", lambda: jax_batches(plan, batches, deadline)),
+             ("row_invariant", lambda: row_invariant(plan["row_invariant"], plan["b1_spec"])),
+             ("jax_other_attention", lambda: with_attention(m, other, lambda: jax_b1(
+                 m, args, jax_run(m, args, 1, args.tokens, ("plain",))))),
+             ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, soft))]
+    extras = ("jax_other_attention", "attention_paths")
     for part, fn in parts:
         if part == "attention_paths" and name not in args.attention_shapes:
             continue
@@ -295,7 +368,7 @@ def run_shape(name: str, dims: dict, args, batches: list[int], deadline: float, 
                 row["torch"]["batches"] = guarded(fn, deadline)
                 side.free()
             continue
-        row[part] = guarded(fn, deadline)
+        row[part] = guarded(fn, soft if part in extras else deadline)
         save(row)
         print(json.dumps({part: {k: v for k, v in row[part].items() if k != "bytes_per_step"}})[:1500], flush=True)
     side.free()
@@ -325,6 +398,8 @@ def parse_args(argv):
     ap.add_argument("--attention-shapes", default="smollm2-135m,llama3-8b")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start past their shape's share are skipped")
     ap.add_argument("--no-torch", dest="torch", action="store_false")
+    ap.add_argument("--warm", choices=("auto", "on", "off"), default="auto",
+                    help="the JAX runs' first calls at once before timing (jax_warm): auto where the layers unroll")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
     ap.add_argument("--child", action="store_true", help="(internal) run --shapes in this process, the JSON to --out/"
                     + shape_children.RESULT)
@@ -352,7 +427,7 @@ def main(argv=None) -> None:
         return run_here(args, argv)
     start, script = time.perf_counter(), str(Path(__file__).resolve())
     command = lambda name, share, outdir: [sys.executable, script, *argv, "--shapes", name, "--out", str(outdir),  # noqa: E731
-                                           "--budget-s", f"{share * CHILD_SOFT:.1f}", "--child"]
+                                           "--budget-s", f"{share:.1f}", "--child"]
     with tempfile.TemporaryDirectory() as tmp:
         children = shape_children.run_children(args.shapes.split(","), SHARES, args.budget_s, command, Path(tmp))
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -362,11 +437,13 @@ def main(argv=None) -> None:
     shape_children.write_json(path, result)
     print(path)
     print(table(result["rows"], batches))
+    print("issue #37 figures missing:", ", ".join(result["issue37_missing"]) or "none")
 
 
 def run_here(args, argv: list[str]) -> None:
-    """Every shape of ``args`` in this process, each part started only while its shape's share of
-    ``--budget-s`` lasts; the JSON rewritten after every part."""
+    """Every shape of ``args`` in this process, each of issue #37's parts started only while its shape's
+    share of ``--budget-s`` lasts, the others only before ``CHILD_SOFT`` of it; the JSON rewritten after
+    every part."""
     start = time.perf_counter()
     shapes = {"tiny": TINY} if args.dry_run else {n: SHAPES[n] for n in args.shapes.split(",")}
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -386,9 +463,10 @@ def run_here(args, argv: list[str]) -> None:
     rows, share = [], 0.0
     weights = {n: SHARES.get(n, 1.0 / len(shapes)) for n in shapes}
     for n, dims in shapes.items():
-        share += weights[n] / sum(weights.values())
+        begin, share = share, share + weights[n] / sum(weights.values())
+        deadlines = (start + args.budget_s * share, start + args.budget_s * (begin + (share - begin) * CHILD_SOFT))
         save = lambda row: shape_children.write_json(path, dict(head, partial=True, rows=[*rows, row]))  # noqa: E731
-        row = run_shape(n, dims, args, batches, start + args.budget_s * share, save)
+        row = run_shape(n, dims, args, batches, deadlines, save)
         row["summary"] = summarize(row, bw, batches)
         rows.append(row)
     checks, info = checks_of(rows)

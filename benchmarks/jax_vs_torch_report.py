@@ -108,6 +108,18 @@ def table(rows: list[dict], batches: list[int]) -> str:
     return "\n".join(lines)
 
 
+def missing_of(rows: list[dict], batches: list[int], shapes: list[str]) -> list[str]:
+    """Issue #37's figures that did not come out ("shape: figure"; "shape: no row" for a shape whose
+    child wrote none): per shape torch's and JAX's batch-1 step, the while loop against the host loop,
+    the decode step's bytes, and both engines' plain and n-gram tokens/s at each of ``batches``."""
+    keys = ["torch_step_ms", "jax_step_ms", "while_over_host_step", "jax_bytes_accessed",
+            *(f"b{b}_{side}_{run}_tokens_per_s" for b in batches for side in ("torch", "jax") for run in ("plain", "spec_host"))]
+    summaries = {r["shape"]: r["summary"] for r in rows}
+    return [f"{n}: no row" if n not in summaries else f"{n}: {k}" for n in shapes
+            for k in (keys if n in summaries else [None])
+            if n not in summaries or summaries[n][k] != summaries[n][k]]  # NaN: not measured
+
+
 def merge(children: list[dict], batches: list[int], head: dict, wall_s: float) -> dict:
     """The children's rows (``run_children``'s results, one shape each) as one result: the head of the
     first child that wrote one, a summary for the rows of a killed child, the checks over all rows,
@@ -126,4 +138,4 @@ def merge(children: list[dict], batches: list[int], head: dict, wall_s: float) -
     checks, row_info = checks_of(rows)
     return dict(head, wall_s=wall_s, children=[{k: v for k, v in c.items() if k != "data"} for c in children], checks=checks,
                 passed=all(checks.values()), info={**row_info, **info}, summary={r["shape"]: r["summary"] for r in rows},
-                rows=rows)
+                issue37_missing=missing_of(rows, batches, [c["shape"] for c in children]), rows=rows)

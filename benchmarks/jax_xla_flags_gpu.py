@@ -12,11 +12,11 @@ took 2.30x, a gap that grows with the weights' bytes), its default before its va
 ``ds_fusion`` (GEMMs read slices of their operands in place: if the while body copies each
 layer's weights out of the stack every iteration, this removes it), ``cb_while`` (the while loop
 and conditionals in command buffers: if the body's kernels are launched one by one, this graphs
-them), then SmolLM2-135M, then a tail that gets what is left. Every child also gets ``COMMON``
+them), then SmolLM2-135M, then a tail that gets what is left. Every child also gets ``AUTOTUNE_CACHE``
 (XLA's per-fusion autotuning cache in one directory, so the GEMM choices the first child tuned are
 the later children's: less compile time, and the same products in every variant). Before the
 children, one CPU-only process parses every variant's flags (``preflight``): a flag this XLA does
-not know drops its variants (recorded), and if it is in ``COMMON``, ``COMMON`` is dropped.
+not know drops its variants (recorded), and if it is the cache's, the cache is dropped (``COMMON`` in the JSON).
 
 A child (one shape, one variant; ``flashspec_jax.weights.random_model``, seed 0, the same model in
 every child; batch 1, greedy, a ``--prompt-len`` random prompt, ``--tokens`` new tokens) times, in
@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flashspec.config import SamplingConfig  # noqa: E402
 
 import shape_children  # noqa: E402  (benchmarks/ is on sys.path)
-from shape_children import guarded  # noqa: E402
+from shape_children import AUTOTUNE_CACHE, CHILD_SOFT, TINY, guarded  # noqa: E402
 
 CB_WHILE = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1"
 VARIANTS = {
@@ -77,7 +77,6 @@ VARIANTS = {
     "double_buffer": "--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_DOUBLE_BUFFER",  # XLA unrolls loops x2
     "min_graph_1": "--xla_gpu_graph_min_graph_size=1",
 }
-COMMON = "--xla_gpu_per_fusion_autotune_cache_dir={dir}"
 PLAN = (  # (shape, variant, weight of the budget): run in this order; the tail gets what the head leaves
     ("tinyllama-1.1b", "default", 7.0), ("tinyllama-1.1b", "ds_fusion", 3.5), ("tinyllama-1.1b", "cb_while", 3.5),
     ("smollm2-135m", "default", 1.5), ("smollm2-135m", "cb_while", 1.5),
@@ -85,8 +84,6 @@ PLAN = (  # (shape, variant, weight of the budget): run in this order; the tail 
     ("tinyllama-1.1b", "double_buffer", 0.3), ("smollm2-135m", "min_graph_1", 0.3),
     ("llama3-8b", "default", 0.3), ("llama3-8b", "ds_fusion", 0.2),  # reached with --shapes llama3-8b (long compiles)
 )
-TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
-CHILD_SOFT = 0.85  # a child starts no run past this fraction of its share (it is killed at the share)
 WHILES = ("while", "while_stacked")  # the while loops timed: Whole's default, and the stacked weights where layers unroll
 HLO_FILES = {"while": "while_hlo.txt.gz", "score": "score_hlo.txt.gz"}  # the default variant's, per shape
 GREEDY = SamplingConfig(0.0)
@@ -313,17 +310,16 @@ def flag_names(flags: str) -> set[str]:
 def child_command(args, dims: dict, flags: dict, script: str):
     """command(name, share, outdir) for ``run_children``: the child under its variant's XLA_FLAGS, its
     output also into outdir/child.log (read back when it fails)."""
-    base = os.environ.get("XLA_FLAGS", "")
     keep = ["--tokens", str(args.tokens), "--prompt-len", str(args.prompt_len), "--gamma", str(args.gamma),
             "--reps", str(args.reps),
             *(["--dry-run"] if args.dry_run else [])]
 
     def command(name: str, share: float, outdir: Path) -> list[str]:
         shape, variant = name.split("@")
-        xla = " ".join(f for f in (base, flags["common"], VARIANTS[variant]) if f)
-        return ["bash", "-c", 'set -o pipefail; "$@" 2>&1 | tee "$0"', str(outdir / "child.log"), "env", f"XLA_FLAGS={xla}",
-                sys.executable, script, "--child", "--shape", shape, "--variant", variant, "--dims", json.dumps(dims[shape]),
-                "--out", str(outdir), "--budget-s", f"{share:.1f}", *keep]
+        return shape_children.flagged_command(
+            [flags["common"], VARIANTS[variant]], outdir / "child.log",
+            [sys.executable, script, "--child", "--shape", shape, "--variant", variant, "--dims", json.dumps(dims[shape]),
+             "--out", str(outdir), "--budget-s", f"{share:.1f}", *keep])
     return command
 
 
@@ -411,7 +407,7 @@ def parse_args(argv):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3, help="timed calls per run after the compiling one (median)")
-    ap.add_argument("--no-common", action="store_true", help="children without COMMON (the shared autotuning cache)")
+    ap.add_argument("--no-common", action="store_true", help="children without AUTOTUNE_CACHE (the shared autotuning cache)")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU (the flags do nothing there)")
     ap.add_argument("--child", action="store_true", help="(internal) one --shape under one --variant in this process")
     ap.add_argument("--shape", help="(internal)")
@@ -447,7 +443,7 @@ def main(argv=None) -> None:
         dims = SHAPES
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "autotune").mkdir()
-        common = "" if args.no_common else COMMON.format(dir=Path(tmp) / "autotune")
+        common = "" if args.no_common else AUTOTUNE_CACHE.format(dir=Path(tmp) / "autotune")
         kept, common, dropped = preflight(sorted({v for _, v, _ in plan}), common)
         plan = [p for p in plan if p[1] in kept]
         names = [f"{shape}@{variant}" for shape, variant, _ in plan]
@@ -456,9 +452,8 @@ def main(argv=None) -> None:
                                                args.budget_s - (time.perf_counter() - start), command, Path(tmp))
         args.out.mkdir(parents=True, exist_ok=True)
         for c in children:
-            log = Path(tmp) / c["shape"] / "child.log"
-            if c["rc"] != 0 and log.exists():
-                c["log_tail"] = log.read_text(errors="replace")[-2000:]
+            if tail := shape_children.log_tail(c, Path(tmp) / c["shape"] / "child.log", 2000):
+                c["log_tail"] = tail
             for hlo in (Path(tmp) / c["shape"] / f for f in HLO_FILES.values()):
                 if hlo.exists():  # the default variant's, two per shape
                     shutil.copy(hlo, args.out / f"{c['shape'].split('@')[0]}_{hlo.name}")

@@ -1,12 +1,14 @@
 """Each shape of a GPU benchmark in its own child process with a hard share of the time budget
-(used by ``jax_vs_torch_gpu.py``; no ``main``, no GPU work here).
+(used by ``jax_vs_torch_gpu.py``, ``jax_small_sweep.py`` and ``jax_xla_flags_gpu.py``; no ``main``, no GPU
+work here).
 
 ``run_children`` starts one child per shape, in the order given, and kills a child (its whole
 process group) when its share is up: the share is what is left of the budget split over the
 shapes not yet run by their weights, so time a shape leaves unused goes to the ones after it. A
 child writes its JSON after every part (``write_json``: atomically, so a kill never leaves half a
 file); a killed child's last file is kept. A killed child also frees its GPU memory. ``guarded``
-bounds one part inside a process by a deadline (used by ``jax_vs_torch_gpu.py`` and ``jax_small_gpu.py``).
+bounds one part inside a process by a deadline. ``flagged_command``: a child under its own
+``XLA_FLAGS``, its output also in a log file (``log_tail`` reads it back when the child failed).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from pathlib import Path
 from typing import Callable
 
 RESULT = "result.json"  # what a child writes into the directory it is given
+CHILD_SOFT = 0.85  # a child starts no part past this fraction of its share (it is killed at the share)
+AUTOTUNE_CACHE = "--xla_gpu_per_fusion_autotune_cache_dir={dir}"  # one GEMM autotuning cache for every child
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+            head_dim=16)  # every script's --dry-run model (the CPU)
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -75,3 +81,15 @@ def run_children(names: list[str], weights: dict[str, float], budget_s: float,
         if path.exists():
             row["data"] = json.loads(path.read_text())
     return out
+
+
+def flagged_command(flags: list[str], log: Path, argv: list[str]) -> list[str]:
+    """``argv`` under ``XLA_FLAGS`` = the environment's, then ``flags`` (empty ones left out; XLA reads
+    them once, when the backend starts), its output also into ``log``."""
+    xla = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), *flags) if f)
+    return ["bash", "-c", 'set -o pipefail; "$@" 2>&1 | tee "$0"', str(log), "env", f"XLA_FLAGS={xla}", *argv]
+
+
+def log_tail(row: dict, log: Path, chars: int) -> str | None:
+    """The last ``chars`` characters of a failed child's log (``run_children``'s row), else None."""
+    return log.read_text(errors="replace")[-chars:] if row["rc"] != 0 and log.is_file() else None

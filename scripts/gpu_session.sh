@@ -35,7 +35,7 @@ for step in $steps; do
     kernels) timeout ${KERNELS_TIMEOUT:-420} python3 benchmarks/verify_kernels.py --out "$OUT" --no-jax --drafts logprobs ${KERNELS_ARGS:-} \
              > "$OUT/verify_kernels.log" 2>&1; tail -${KERNELS_TAIL:-8} "$OUT/verify_kernels.log" ;;
     floor) timeout ${FLOOR_TIMEOUT:-200} python3 benchmarks/verify_floor.py ${FLOOR_ARGS:-} > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
-    jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/jax_vs_torch_gpu.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --budget-s ${JAX_BUDGET:-360} --out "$OUT" > "$OUT/jax_vs_torch.log" 2>&1; tail -12 "$OUT/jax_vs_torch.log" ;;
+    jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/jax_vs_torch_gpu.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --budget-s ${JAX_BUDGET:-360} --out "$OUT" > "$OUT/jax_vs_torch.log" 2>&1; tail -${JAX_TAIL:-12} "$OUT/jax_vs_torch.log" ;;
     checks) for b in ${CHECK_BACKENDS:-torch jax}; do timeout 240 python3 benchmarks/gpu_checks.py --backend $b > "$OUT/gpu_checks_$b.log" 2>&1; tail -3 "$OUT/gpu_checks_$b.log"; done ;;
     flashinfer) timeout ${FLASHINFER_TIMEOUT:-500} python3 benchmarks/verify_kernels_flashinfer.py --out "$OUT" ${FLASHINFER_ARGS:-} \
              > "$OUT/verify_kernels_flashinfer.log" 2>&1; tail -${FLASHINFER_TAIL:-45} "$OUT/verify_kernels_flashinfer.log" ;;

@@ -36,7 +36,7 @@ from jax.experimental.pallas import triton as plt
 BLOCK_S = 64  # cache slots per step of a program's loop (the kernels' default block_s)
 MAX_ROWS = 128  # T * G query rows per program at most (registers); more: the einsum
 MIN_ROWS = 16  # the Triton dot's smallest M
-SPLIT_MIN_SLOTS = 512  # cache slots per split at least (choose_splits)
+SPLIT_MIN_SLOTS = 64  # cache slots per split at least (choose_splits; docs/jax.md: 64 against 512)
 PROGRAMS = 132  # programs wanted when splitting (an H100's SMs; choose_splits)
 
 
@@ -259,12 +259,13 @@ def combine_splits(acc: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:  # 
     return jnp.sum(w[..., None] * acc, axis=-3) / jnp.where(den == 0, 1.0, den)[..., None]
 
 
-def choose_splits(batch: int, kv_heads: int, slots: int, block_s: int) -> int:
+def choose_splits(batch: int, kv_heads: int, slots: int, block_s: int, min_slots: int = 0) -> int:
     """Splits of the cache's slots for ``fused_attention``: one program per (row, KV head) streams the
-    whole context, so when those are few and the cache long, each split of at least SPLIT_MIN_SLOTS
-    slots gets its own program, up to about PROGRAMS programs (one per SM of an H100). 1 below."""
+    whole context, so when those are few, each split of at least ``min_slots`` slots (0:
+    SPLIT_MIN_SLOTS) gets its own program, up to about PROGRAMS programs (one per SM of an H100). 1
+    below."""
     blocks = -(-slots // block_s)
-    return max(1, min(slots // SPLIT_MIN_SLOTS, -(-PROGRAMS // (batch * kv_heads)), blocks))
+    return max(1, min(slots // (min_slots or SPLIT_MIN_SLOTS), -(-PROGRAMS // (batch * kv_heads)), blocks))
 
 
 def load_roped(qkv_ref, cos_ref, sin_ref, b, t, col0):  # t [N] indices into T, col0 [N] first columns -> [N, D] f32

@@ -49,11 +49,12 @@ def test_fused_kernel_equals_rope_write_and_reference(splits):
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
-def test_splits_only_where_programs_are_few_and_the_cache_long():
-    assert choose_splits(1, 8, 384, 64) == 1  # the measured short generations: one program per (row, KV head)
-    assert choose_splits(1, 8, 2112, 64) == 4 and choose_splits(1, 3, 8256, 64) == 16  # Llama-3-8B, SmolLM2
-    assert choose_splits(64, 8, 8256, 64) == 1  # enough programs already
-    assert choose_splits(1, 1, 1024, 256) == 2
+def test_splits_only_where_programs_are_few_and_the_cache_has_blocks_to_share():
+    assert choose_splits(1, 3, 384, 64) == 6 and choose_splits(8, 3, 320, 64) == 5  # SmolLM2's measured generations
+    assert choose_splits(1, 8, 2112, 64) == 17 and choose_splits(1, 3, 8256, 64) == 44  # about PROGRAMS programs
+    assert choose_splits(1, 8, 2112, 64, min_slots=512) == 4  # the earlier threshold
+    assert choose_splits(64, 8, 8256, 64) == 1 and choose_splits(1, 8, 127, 64) == 1  # enough programs; one split's slots
+    assert choose_splits(1, 1, 1024, 256) == 4  # no more splits than blocks
 
 
 @pytest.mark.parametrize("splits", [1, 4])
@@ -112,6 +113,37 @@ def test_model_with_the_kernels_computes_what_xla_computes(gemma3ish, config, im
     assert float(jnp.abs(outs[0][0]).max()) > 0.1  # not trivially zero
 
 
+def test_greedy_speculation_equals_plain_decoding_with_the_split_fused_kernel():
+    """fp32 on the CPU, the fused kernel (interpreted) at its default splits over a short cache (two
+    rows, 150 slots: 2 splits): greedy n-gram speculation's tokens == plain decoding's == the einsum's."""
+    from flax import nnx
+
+    from flashspec.bandits import FixedArm
+    from flashspec.config import SamplingConfig
+    from flashspec.loop import SpecConfig, decode, speculate
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+
+    def backend_of(impl: str) -> JaxBackend:
+        m = Llama(LlamaConfig(**PLAIN, max_position_embeddings=256), rngs=nnx.Rngs(7), std=0.3, attention_impl=impl)
+        backend = JaxBackend(m, eos_ids=[])
+        backend.set_drafts([LookupDraft()])
+        return backend
+
+    rs = np.random.default_rng(3)
+    prompts = [(rs.integers(0, 97, 5).tolist() * 30)[:n] for n in (120, 97)]
+    seed, greedy = np.zeros(2, np.uint64), SamplingConfig(0.0)
+    fused, xla = backend_of("fused"), backend_of("xla")
+    slots = fused.start_state(prompts, 24).cache.k.shape[3]
+    assert choose_splits(2, PLAIN["num_kv_heads"], slots, 64) > 1
+    plain, _ = decode(fused, prompts, sampling=greedy, max_new_tokens=24, seed=seed)
+    spec, records = speculate(fused, FixedArm(1), prompts, sampling=greedy, spec=SpecConfig(gamma=3, max_new_tokens=24),
+                              seed=seed)
+    einsum, _ = decode(xla, prompts, sampling=greedy, max_new_tokens=24, seed=seed)
+    assert spec == plain == einsum and all(len(r) == 24 for r in plain)
+    assert sum(r.accepted for r in records) > 0  # the draft really took part
+
+
 def test_kernel_choices_by_platform_and_checked(monkeypatch):
     """attention_impl None: the einsum on the CPU, the fused kernel on a GPU whatever the layer's size;
     a bad name is refused."""
@@ -155,11 +187,12 @@ def test_decode_step_with_the_kernel_exports_for_cuda(scan, impl, monkeypatch):
 
 def test_split_kernels_export_for_cuda_at_llama3_8b(monkeypatch):
     """Llama-3-8B's attention (32 heads, 8 KV heads, head_dim 128) over a 2112-slot cache: 4 splits,
-    one Triton call, the combine after it (its exp); a 384-slot cache: no combine. Both kernels."""
+    one Triton call, the combine after it (its exp); a 96-slot cache (under 2 ``SPLIT_MIN_SLOTS``): no
+    combine. Both kernels."""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     spec = jax.ShapeDtypeStruct
     checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS]
-    for slots, combined in ((2112, True), (384, False)):
+    for slots, combined in ((2112, True), (96, False)):
         cache = spec((32, 1, 8, slots, 128), jnp.bfloat16)
         f = jax.jit(lambda qkv, c, s, k, v, p: fused_attention(qkv, c, s, k, v, 3, p, heads=32))
         text = jax.export.export(f, platforms=["cuda"], disabled_checks=checks)(

@@ -16,11 +16,13 @@ from tests.benchmark_modules import load_benchmark  # noqa: E402
 
 def test_dry_run_writes_the_table(tmp_path, capsys):
     bench = load_benchmark("jax_vs_torch_gpu")
-    bench.main(["--dry-run", "--batches", "", "--out", str(tmp_path)])  # the batch runs reuse loops()
+    bench.main(["--dry-run", "--batches", "", "--warm", "on", "--out", str(tmp_path)])  # the batch runs reuse Loops
     result = json.loads((tmp_path / "jax_vs_torch_dry_run.json").read_text())
     failed = [name for name, ok in result["checks"].items() if not ok and "_within_" not in name]
     assert failed == [] and not result["info"].get("tiny_jax", "").startswith("error")  # timings vary on a shared CPU
     assert [(c["shape"], c["rc"], c["killed"]) for c in result["children"]] == [("tiny", 0, False)]
+    assert result["issue37_missing"] == ["tiny: torch_step_ms"]  # no torch on the CPU; every JAX figure came out
+    assert set(result["rows"][0]["jax_warm"]) == {"b1_plain", "b1_spec", "wall_s"}  # the first calls, in threads
     assert sorted(p.name for p in tmp_path.iterdir()) == ["jax_vs_torch_dry_run.json"]  # the child's file stayed in a temporary dir
     assert set(result["checks"]) == {"tiny_b1_while_within_1.05x_host_step", "tiny_b1_jax_while_tokens_equal_host",
                                      "tiny_row_invariant_equals_spec", "tiny_attention_fused_close_to_xla_ctx1000",
@@ -33,7 +35,18 @@ def test_dry_run_writes_the_table(tmp_path, capsys):
     row = result["rows"][0]
     assert row["jax"]["spec_while"]["steps"] == row["jax"]["spec_host"]["steps"] > 0
     assert "tiny | " in capsys.readouterr().out  # the table
-    assert row["attention_paths"]["contexts"]["1000"]["splits"] == 2  # the combine ran
+    assert row["attention_paths"]["contexts"]["1000"]["splits"] == 16  # the combine ran (fused_alt: 2, the earlier threshold)
+    assert row["attention_paths"]["contexts"]["1000"]["alt_splits"] == 2
+
+
+def test_missing_figures_name_the_shape_and_the_figure():
+    report = load_benchmark("jax_vs_torch_report")
+    nan = float("nan")
+    summary = dict(torch_step_ms=1.0, jax_step_ms=1.1, while_over_host_step=nan, jax_bytes_accessed=5.0,
+                   **{f"b8_{s}_{r}_tokens_per_s": 9.0 for s in ("torch", "jax") for r in ("plain", "spec_host")})
+    summary["b8_jax_spec_host_tokens_per_s"] = nan
+    rows = [dict(shape="a", summary=summary)]
+    assert report.missing_of(rows, [8], ["a", "b"]) == ["a: while_over_host_step", "a: b8_jax_spec_host_tokens_per_s", "b: no row"]
 
 
 def test_jax_takes_the_torch_models_weights():
