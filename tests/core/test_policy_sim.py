@@ -7,7 +7,8 @@ import pytest
 
 from flashspec.adaptive import AdaptivePolicy, make_arms
 from flashspec.throughput import emitted_moments
-from flashspec.policy_sim import DraftModel, Rows, Scenario, compare, position_acceptance, run_fixed, trace_bits
+from flashspec.policy_sim import (DraftModel, Rows, Scenario, compare, position_acceptance, run_adaptive, run_fixed,
+                                  trace_bits)
 
 ARMS = make_arms(2, (2, 4))  # plain, ngram:G2, ngram:G4, replay:G2, replay:G4
 # H100, Llama-3-8B's shape, batch 256 (benchmarks/results/h100_2026-12-06_s13_adaptive): seconds per step, the
@@ -93,3 +94,36 @@ def test_each_draft_position_is_priced_by_its_own_acceptance():
     assert out["best"] == 1 and out["vs_best"] >= 0.98 and out["steps"].get(2, 0) <= 2, out
     shared = compare(sc, lambda: SharedAlpha(ARMS, 2, rng=0))
     assert shared["vs_best"] < 0.97 and shared["steps"].get(2, 0) > 10, shared
+
+
+def test_the_gpu_runs_replay_keeps_the_chosen_arms_and_the_cold_start():
+    """``run_adaptive(chosen=)`` records each step's arm (the steps the run took), and ``warm=False`` makes the
+    first measurement of each arm provisional: a policy that starts cold runs every speculative arm twice, one
+    that starts warm once; ``benchmarks/adaptive_replay.py`` replays a GPU run's batches with one policy."""
+    sc = Scenario(ARMS, (1.0, 1.5, 1.8, 1.5, 1.8), (DraftModel(0.8, 0.8), DraftModel(0.3, 0.3)), batch=4, tokens=40,
+                  noise=0.0)
+    counts = {}
+    for warm in (True, False):
+        seq: list[int] = []
+        res = run_adaptive(sc, AdaptivePolicy(ARMS, 2, rng=0), warm=warm, chosen=seq)
+        assert len(seq) == sum(res.steps.values()) and all(seq.count(a) == n for a, n in res.steps.items())
+        counts[warm] = res.steps
+    assert counts[True] != counts[False]
+
+
+def test_the_replay_script_replays_each_batch_of_a_run():
+    """The replay of a two-batch run's record (traces and step times as ``adaptive_bench.py`` writes them): one
+    row per batch, the replayed arm sequence as many steps as it says, the best fixed arm's steps as recorded."""
+    from benchmark_modules import load_benchmark
+
+    replay = load_benchmark("adaptive_replay")
+    fixed = {f"{d}:G{g}": dict(step_ms=1.0 + g / 10, trace=[t * 6] * 2)
+             for d, t in (("ngram", "2"), ("replay", "1")) for g in (2, 4)}
+    row = dict(batch=2, plain_step_ms=1.0, fixed=fixed, adaptive_arms="ngram:G2*6",
+               adaptive_cost_ms={"plain": 1.0, "ngram:G2": 1.2, "ngram:G4": 1.4, "replay:G2": 1.2, "replay:G4": 1.4},
+               checks={"adaptive_vs_best_fixed_or_plain": 1.0})
+    out = replay.replay_model([row, dict(row, batch=2)], 18, lambda arms: AdaptivePolicy(arms, 2, rng=0), True, True)
+    assert [r["batch"] for r in out] == [2, 2]
+    for r in out:
+        assert sum(int(x.rsplit("*", 1)[1]) for x in r["replayed_arms"].split()) == r["replayed_steps"]
+        assert r["best_fixed_steps"] == 6 and r["replayed_vs_best"] <= 1.0 + 1e-9
