@@ -77,6 +77,7 @@ from .throughput import emitted_moments, finish_steps
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
+CHANGE_Z = 4.0  # a step's acceptance this many standard errors from a draft's posterior is a change (``changed``)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
@@ -257,6 +258,33 @@ class AdaptivePolicy:
         return (self.succ[:, None] * scale + self.row_succ[:, self.row_active],
                 self.fail[:, None] * scale + self.row_fail[:, self.row_active])
 
+    def changed(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> bool:
+        """Whether one step's evidence on ``draft`` (``drafted`` / ``accepted`` [rows]) contradicts its pooled
+        posterior: the step's per-token acceptance further than ``CHANGE_Z`` standard errors from the posterior mean,
+        the error counted per row (tokens of one row are not independent draws) plus the posterior's own spread. A
+        regime change (an n-gram lookup with nothing to match at a request's start, then rows falling into loops;
+        a new domain) is then seen in one step of a large batch, where the discount alone takes as many steps as
+        the old evidence has rows' worth."""
+        trials = int(accepted.sum() + np.count_nonzero(accepted < drafted))
+        if trials == 0:
+            return False
+        a, b = self.prior[0] + self.succ[draft], self.prior[1] + self.fail[draft]
+        m = a / (a + b)
+        spread = m * (1 - m) / len(accepted) + a * b / ((a + b) ** 2 * (a + b + 1))
+        return abs(accepted.sum() / trials - m) > CHANGE_Z * math.sqrt(spread)
+
+    def forget(self, draft: int) -> None:
+        """A change on ``draft`` (``changed``): its evidence, pooled, per position and per row, is weakened to at most
+        ``carry`` rejections' worth (the mean kept), as a new request's prior (``new_batch``)."""
+        scale = self.weakened()[draft]
+        self.succ[draft] *= scale
+        self.fail[draft] *= scale
+        self.pos_succ[draft] *= scale
+        self.pos_fail[draft] *= scale
+        if self.row_succ is not None:
+            self.row_succ[draft] *= scale
+            self.row_fail[draft] *= scale
+
     def weakened(self) -> np.ndarray:  # [drafts]
         """The factor that weakens each draft's pooled counts to at most ``carry`` rejections' worth."""
         return np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))
@@ -424,6 +452,8 @@ class AdaptivePolicy:
     def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):
             raise ValueError("accepted must be in [0, drafted] for every row")
+        if self.changed(draft, drafted, accepted):
+            self.forget(draft)
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
         k = np.arange(self.pos_succ.shape[1])  # [K]: draft positions 1 .. K, 0-based

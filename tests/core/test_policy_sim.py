@@ -127,3 +127,31 @@ def test_the_replay_script_replays_each_batch_of_a_run():
     for r in out:
         assert sum(int(x.rsplit("*", 1)[1]) for x in r["replayed_arms"].split()) == r["replayed_steps"]
         assert r["best_fixed_steps"] == 6 and r["replayed_vs_best"] <= 1.0 + 1e-9
+
+
+class NoChange(AdaptivePolicy):
+    """A mutant that never detects a change: a draft's evidence is forgotten only by the per-step discount."""
+
+    def changed(self, draft, drafted, accepted):
+        return False
+
+
+def test_a_batch_wide_change_of_acceptance_is_seen_in_a_step():
+    """A lookup draft with nothing to match for its rows' first tokens (acceptance 0), then right 90% of the time,
+    beside a draft right 55% of the time at every position, at batch 128: the policy leaves the second draft for the
+    first within a few steps of the change (a change of domain, ``AdaptivePolicy.changed``), where forgetting by the
+    discount alone holds the old evidence (the start's rejections, 128 rows' worth a step) for many steps more."""
+    arms = make_arms(2, (2,), plain=False)  # lookup:G2, steady:G2
+    sc = Scenario(arms, (1.0, 1.0), (DraftModel(0.0, 0.9, 3.0), DraftModel(0.55, 0.55)), batch=128, tokens=96,
+                  noise=0.0)
+    first = {}
+    for make in (AdaptivePolicy, NoChange):
+        policy = make(arms, 2, rng=0)
+        policy.new_batch(128)
+        policy.succ[:] = (8.0, 4.0)  # both drafts looked good on the last request (carry's worth of evidence)
+        policy.fail[:] = (2.0, 3.0)
+        seq: list[int] = []
+        run_adaptive(sc, policy, chosen=seq)
+        later = [i for i in range(3, len(seq)) if seq[i] == 0]
+        first[make.__name__] = later[0] if later else len(seq)
+    assert first["AdaptivePolicy"] <= 6 and first["NoChange"] >= first["AdaptivePolicy"] + 3, first
