@@ -21,7 +21,10 @@ it; a warm-up run of every configuration first captures the graphs and lets the 
 in the bucket). Checks, each pass/fail in the JSON: every configuration's tokens equal plain decoding's
 (``tokens_equal``: the fraction of rows equal per configuration); adaptive >= 0.98 x the best fixed
 configuration or plain; adaptive >= 1.0 x plain. Tokens/s = new tokens of the
-batch / wall time of the timed run (prefill excluded).
+batch / wall time of the timed run (prefill excluded). The policy trusts its first timings where this run captured
+the step kinds (``prepare_arms``, as the engine's loop). For the split of a shortfall (docs/adaptive.md): each run's
+per-step ms in order (``steps_ms``), the adaptive run's host ms per choice (``adaptive_choose_ms``) and the best
+fixed arm again with full-information scoring on (``best_fixed_scored``: the scoring's price per step).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, whatever is installed
 
 from flashspec.adaptive import AdaptivePolicy, bucket, make_arms  # noqa: E402
-from flashspec.adaptive_loop import speculate_adaptive, use_free_scoring  # noqa: E402
+from flashspec.adaptive_loop import prepare_arms, speculate_adaptive, use_free_scoring  # noqa: E402
 from flashspec.config import SamplingConfig
 from flashspec.loop import SpecConfig, decode_steps, speculate_steps
 from flashspec_torch.backend import TorchBackend
@@ -115,6 +118,40 @@ def step_ms(records) -> float:
     return round(times[len(times) // 2] * 1e3, 4) if times else float("nan")
 
 
+def steps_ms(records) -> list[float]:
+    """Each step's seconds (``StepRecord.seconds``) in order, in ms: the run's wall less their sum is host time
+    outside the timed steps (the first choice, the last read)."""
+    return [round(r.seconds * 1e3, 4) for r in records]
+
+
+def timing(choose, out: list[float]):
+    """``choose`` that appends each call's host seconds to ``out`` (the adaptive run's choices; a held step makes
+    none, ``flashspec.throughput.held``)."""
+
+    def timed_choose(*args, **kwargs):
+        t0 = time.perf_counter()
+        arm = choose(*args, **kwargs)
+        out.append(time.perf_counter() - t0)
+        return arm
+
+    return timed_choose
+
+
+def scored_run(backend, prompts, tokens: int, seed, drafts, fixed: dict) -> dict:
+    """The best fixed arm again with full-information scoring on (as the adaptive loop's speculative steps run):
+    its step ms against the unscored run's give the scoring's price per step on this device."""
+    key = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
+    name, g = key.rsplit(":G", 1)
+    d = [x.name for x in drafts].index(name)
+    backend.score_free(max(LENGTHS))
+    run = lambda rec: speculate_steps(backend, Fixed(d), sampling=GREEDY, spec=SpecConfig(int(g), tokens), seed=seed,
+                                      first_offset=0, on_step=None, records=rec)
+    timed(backend, prompts, tokens, run)  # warm-up
+    _, s, rec = timed(backend, prompts, tokens, run)
+    new = len(prompts) * tokens
+    return dict(arm=key, tokens_per_s=new / s, steps=len(rec), step_ms=step_ms(rec), steps_ms=steps_ms(rec))
+
+
 def policy_arm_name(record, drafts) -> str:
     return "plain" if record.arm < 0 else f"{drafts[record.arm].name}:G{record.drafted // max(record.rows, 1)}"
 
@@ -185,11 +222,12 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
             ref[i, : len(p) + len(o)] = torch.tensor(p + o)
         drafts.append(ReplayDraft(ref.to(device), keep, vocab))
     backend = TorchBackend(model, drafts, eos_ids=[])
+    captured = 0  # step kinds captured here: the policy trusts first timings (``prepare_arms``), as the engine's
     for free in (max(LENGTHS), 0):  # the adaptive loop's steps score the drafts not run; fixed ones do not
         backend.score_free(free)
         for g in LENGTHS:
             backend.prefill(prompts, tokens)
-            backend.prepare(g, GREEDY)
+            captured += backend.prepare(g, GREEDY)
     new = len(prompts) * tokens
     row = dict(batch=len(prompts), new_tokens=new, plain_tokens_per_s=new / plain_s, plain_step_ms=step_ms(plain_rec),
                fixed={}, tokens_equal={})
@@ -202,16 +240,24 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
             key = f"{draft.name}:G{g}"
             row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, sum(r.drafted for r in rec)),
                                      steps=len(rec), step_ms=step_ms(rec),  # steps: the tail included
+                                     steps_ms=steps_ms(rec),  # each step's, in order
                                      trace=traces(rec, len(prompts)))  # replayed by benchmarks/policy_sim.py
             row["tokens_equal"][key] = rows_equal(out, ref_out)
+    row["best_fixed_scored"] = scored_run(backend, prompts, tokens, seed, drafts, row["fixed"])
     if "policy" not in policy_box:
         policy_box["policy"] = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
     policy = policy_box["policy"]
     use_free_scoring(backend, policy)
+    prepare_arms(backend, policy, GREEDY, captured)
     run = lambda rec: speculate_adaptive(backend, policy, sampling=GREEDY, spec=spec, seed=seed, rows=len(prompts),
                                          records=rec)
     timed(backend, prompts, tokens, run)  # warm-up: the policy measures every arm in this bucket
-    out, s, rec = timed(backend, prompts, tokens, run)
+    choices: list[float] = []
+    policy.choose = timing(policy.choose, choices)
+    try:
+        out, s, rec = timed(backend, prompts, tokens, run)
+    finally:
+        del policy.choose  # the class's method again
     pulls: dict[str, int] = {}
     for r in rec:
         name = policy_arm_name(r, drafts)
@@ -223,6 +269,8 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
                adaptive_arms=arm_runs([policy_arm_name(r, drafts) for r in rec]),
                adaptive_trace=traces(rec, len(prompts)),  # a plain step's digit is 0 (nothing drafted)
                adaptive_step_ms={n: step_ms([r for r in rec if policy_arm_name(r, drafts) == n]) for n in pulls},
+               adaptive_steps_ms=steps_ms(rec), adaptive_choose_ms=[round(c * 1e3, 4) for c in choices],
+               policy_warm=policy.warm,
                adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
     row["tokens_equal"]["adaptive"] = rows_equal(out, ref_out)
     best_tps = max(best[1]["tokens_per_s"], row["plain_tokens_per_s"])

@@ -8,8 +8,10 @@ against a fake 1 ms device step (no GPU work). Writes adaptive_host.json, adapti
 their logs and summary.json (at most 6 files; a part whose limit is 0 is skipped) under ``--out``.
 
     export PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks TRITON_INTERPRET=0
-    timeout 150 python benchmarks/adaptive_gpu.py --out $OUT/ad --models smollm2-135m,llama3-8b --bench-s 110 \
-        --mixed-s 0 --sync-s 0 --host-s 25
+    timeout 150 python benchmarks/adaptive_gpu.py --out $OUT/ad --models smollm2-135m,llama3-8b --bench-s 125 \
+        --mixed-s 0 --sync-s 0 --host-s 20
+
+Then, here, ``benchmarks/adaptive_replay.py --run <adaptive_gpu.json>`` replays the adaptive runs' decisions.
 """
 
 from __future__ import annotations

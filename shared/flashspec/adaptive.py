@@ -16,7 +16,10 @@ The model (``AdaptivePolicy``):
   every length of that draft and discounted by ``discount`` at every step, so that a change of
   domain is forgotten in about 1 / (1 - discount) steps; a new batch (``new_batch``, each
   ``flashspec.adaptive_loop.speculate_adaptive`` call: a new request's rows) keeps at most ``carry``
-  rejections' worth of the old evidence as its prior, so each request adapts to its own domain within a few steps. Per draft position k
+  rejections' worth of the old evidence as its prior, so each request adapts to its own domain within a few steps;
+  a step whose first-position acceptance on a draft contradicts that draft's pooled posterior there (``changed``: more
+  than ``CHANGE_Z`` standard errors) weakens the draft's evidence the same way (``forget``), so a change inside a request (an n-gram
+  lookup with nothing to match for a request's first steps, then rows in loops) is seen in a step of a large batch. Per draft position k
   (pooled over rows, ``profile``) the acceptance there relative to the draft's over all positions scales a row's
   alpha at k, so a draft whose later tokens hold less often is not priced at G = 2 by G = 4's rejections (nor
   at G = 4 by G = 2's acceptance). Full information
@@ -77,6 +80,7 @@ from .throughput import emitted_moments, finish_steps
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
+CHANGE_Z = 4.0  # a step's first-position acceptance this many standard errors from the posterior's is a change (``changed``)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
@@ -257,6 +261,35 @@ class AdaptivePolicy:
         return (self.succ[:, None] * scale + self.row_succ[:, self.row_active],
                 self.fail[:, None] * scale + self.row_fail[:, self.row_active])
 
+    def changed(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> bool:
+        """Whether one step's evidence on ``draft`` (``drafted`` / ``accepted`` [rows]) contradicts its posterior at
+        the first draft position (pooled over rows, ``pos_succ`` / ``pos_fail``; every row that drafted tries it,
+        one Bernoulli trial a row, whatever its window, so a plain step's one-token window tests the same thing as a
+        G = 4 step): the rows' share that accepted it further than ``CHANGE_Z`` standard errors (per row, plus the
+        posterior's own spread) from the posterior mean. A regime change (an n-gram lookup with nothing to match at
+        a request's start, then rows falling into loops; a new domain) is then seen in one step of a large batch,
+        where the discount alone takes as many steps as the old evidence has rows' worth."""
+        tried = drafted > 0
+        n = int(np.count_nonzero(tried))
+        if n == 0:
+            return False
+        a, b = self.prior[0] + self.pos_succ[draft, 0], self.prior[1] + self.pos_fail[draft, 0]
+        m = a / (a + b)
+        spread = m * (1 - m) / n + a * b / ((a + b) ** 2 * (a + b + 1))
+        return abs(np.count_nonzero(accepted[tried] > 0) / n - m) > CHANGE_Z * math.sqrt(spread)
+
+    def forget(self, draft: int) -> None:
+        """A change on ``draft`` (``changed``): its evidence, pooled, per position and per row, is weakened to at most
+        ``carry`` rejections' worth (the mean kept), as a new request's prior (``new_batch``)."""
+        scale = self.weakened()[draft]
+        self.succ[draft] *= scale
+        self.fail[draft] *= scale
+        self.pos_succ[draft] *= scale
+        self.pos_fail[draft] *= scale
+        if self.row_succ is not None:
+            self.row_succ[draft] *= scale
+            self.row_fail[draft] *= scale
+
     def weakened(self) -> np.ndarray:  # [drafts]
         """The factor that weakens each draft's pooled counts to at most ``carry`` rejections' worth."""
         return np.minimum(1.0, self.carry / np.maximum(self.fail + self.succ / 4, 1e-12))
@@ -424,6 +457,8 @@ class AdaptivePolicy:
     def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):
             raise ValueError("accepted must be in [0, drafted] for every row")
+        if self.changed(draft, drafted, accepted):
+            self.forget(draft)
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
         k = np.arange(self.pos_succ.shape[1])  # [K]: draft positions 1 .. K, 0-based

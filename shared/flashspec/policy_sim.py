@@ -237,12 +237,15 @@ def run_fixed(sc: Scenario, arm: int, rows: Rows | None = None) -> Result:
     return run(sc, lambda: (arm, False), rows=rows)
 
 
-def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None) -> Result:
+def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None, warm: bool = True,
+                 chosen: list[int] | None = None) -> Result:
     """``policy`` over ``sc`` as the engine's loop (static: ``new_batch``) or the server (stream: ``open_rows``,
-    ``start_rows`` for each admitted request) drives it."""
+    ``start_rows`` for each admitted request) drives it. ``warm``: no cold first run, as the GPU's captured steps
+    (``adaptive_loop.prepare_arms``; False: first measurements provisional, ``AdaptivePolicy.warm``); ``chosen``:
+    a list that gets each step's arm index."""
     rows = rows or Rows(sc)
     policy.in_flight.clear()
-    policy.warm = True  # no cold first run, as the GPU's captured steps (``adaptive_loop.prepare_arms``)
+    policy.warm = warm
     state = {"slot_req": None}
     if sc.mode == "static":
         policy.new_batch(sc.batch, tokens=sc.tokens)
@@ -254,6 +257,8 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None)
     def choose() -> tuple[int, bool]:
         if sc.mode == "static":
             a = policy.choose(len(last["where"]))
+            if chosen is not None:
+                chosen.append(a)
         else:  # the server scores on every step
             return policy.choose(len(last["where"]), where=last["where"], size=sc.batch), True
         return a, not sc.arms[a].plain or policy.plain_scores()

@@ -23,3 +23,9 @@ def test_tiny_run_is_exact_and_the_replay_draft_is_accepted():
         assert all(sum(int(c) + 1 for c in t) >= 8 and all(int(c) <= g for c in t) for t in fixed["trace"]), key
     assert sum(int(run.rsplit("*", 1)[1]) for run in row["adaptive_arms"].split()) == sum(row["adaptive_steps"].values())
     assert len(row["adaptive_trace"]) == 2 and set(row["adaptive_step_ms"]) == set(row["adaptive_steps"])
+    steps = sum(row["adaptive_steps"].values())  # every step timed; a choice each, and one for the step launched
+    assert len(row["adaptive_steps_ms"]) == steps and 1 <= len(row["adaptive_choose_ms"]) <= steps + 1  # past the end
+    assert all(len(f["steps_ms"]) == f["steps"] for f in row["fixed"].values())
+    scored = row["best_fixed_scored"]
+    assert scored["arm"] == max(row["fixed"], key=lambda k: row["fixed"][k]["tokens_per_s"]) and scored["steps"] >= 1
+    assert row["policy_warm"] is False  # nothing captured on the CPU: first timings stay provisional

@@ -1,0 +1,107 @@
+"""Replay an ``adaptive_bench.py`` GPU run's adaptive decisions on the CPU (issue #35): per model one policy kept
+across batch sizes, as the benchmark keeps it, each batch a warm-up run then the timed run, over the fixed runs'
+recorded per-row traces (``flashspec.policy_sim.Rows.replay``) and each arm's measured median step seconds
+(the fixed runs' ``step_ms``, plain decoding's ``plain_step_ms``), first measurements trusted (``--cold``:
+provisional, as on the runs before ``adaptive_bench.py`` declared its captured steps warm). Prints, per (model,
+batch), the measured and the replayed arm sequences and adaptive / best fixed (or plain), measured and replayed.
+
+    python benchmarks/adaptive_replay.py --run benchmarks/results/h200_2026-12-07_s18/adaptive/adaptive_gpu.json \
+        --cold --out /tmp/adaptive_replay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]
+
+from flashspec.adaptive import AdaptivePolicy, make_arms  # noqa: E402
+from flashspec.policy_sim import DraftModel, Rows, Scenario, arm_names, run_adaptive, run_fixed, trace_bits  # noqa: E402
+
+DRAFTS = ("ngram", "replay")
+LENGTHS = (2, 4)
+
+
+def runs_of(steps: list[int], names: list[str]) -> str:
+    """An arm sequence as name*count runs ("ngram:G2*3 replay:G4*1 ...")."""
+    out: list[list] = []
+    for a in steps:
+        if out and out[-1][0] == names[a]:
+            out[-1][1] += 1
+        else:
+            out.append([names[a], 1])
+    return " ".join(f"{n}*{k}" for n, k in out)
+
+
+def scenario(row: dict, tokens: int, own: bool) -> tuple[Scenario, list[np.ndarray]]:
+    """A static scenario of one (model, batch) row: step seconds per arm, the fixed runs' traces. ``own``: the
+    adaptive run's own end-of-run estimates (``adaptive_cost_ms``, where measured; a plain step's scoring included
+    as ``score_cost``), else the fixed runs' median steps."""
+    arms = make_arms(len(DRAFTS), LENGTHS)
+    names = arm_names(arms, DRAFTS)
+    ms = {"plain": row["plain_step_ms"], **{n: row["fixed"][n]["step_ms"] for n in names if n != "plain"}}
+    score = 0.0
+    if own:
+        est = {n: v for n, v in row["adaptive_cost_ms"].items() if np.isfinite(v)}
+        score = max(0.0, est.pop("plain", ms["plain"]) - ms["plain"]) * len(names[:1]) / 1e3 * 4  # 1 step in 4 scores
+        ms.update(est)
+    sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in DRAFTS), row["batch"],
+                  tokens, noise=0.0, score_cost=score)
+    width = tokens + max(LENGTHS) + 2
+    return sc, [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in DRAFTS]
+
+
+def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bool) -> list[dict]:
+    """Every batch of one model with one policy, as ``adaptive_bench.py`` runs them (``own``: ``scenario``'s;
+    ``warm``: ``AdaptivePolicy.warm``, first measurements trusted)."""
+    policy, out = None, []
+    for row in rows:
+        sc, bits = scenario(row, tokens, own)
+        names = arm_names(sc.arms, DRAFTS)
+        policy = policy or make_policy(sc.arms)
+        data = Rows.replay(sc, bits)
+        fixed = {n: run_fixed(sc, a, data) for a, n in enumerate(names)}
+        tps = {n: r.tokens_per_s for n, r in fixed.items()}
+        run_adaptive(sc, policy, data, warm=warm)  # the benchmark's warm-up run
+        seq: list[int] = []
+        res = run_adaptive(sc, policy, data, warm=warm, chosen=seq)
+        best = max(tps.values())
+        out.append(dict(batch=row["batch"], measured_arms=row["adaptive_arms"], replayed_arms=runs_of(seq, names),
+                        measured_vs_best=round(row["checks"]["adaptive_vs_best_fixed_or_plain"], 4),
+                        replayed_vs_best=round(res.tokens_per_s / best, 4),
+                        replayed_vs_plain=round(res.tokens_per_s / tps["plain"], 4),
+                        replayed_steps=len(seq), best_fixed_steps=sum(fixed[max(tps, key=tps.get)].steps.values())))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", type=Path, required=True, help="an adaptive_bench.py JSON with the fixed runs' traces")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--costs", choices=("fixed", "own"), default="own",
+                    help="step seconds: the fixed runs' medians, or the adaptive run's own estimates (``scenario``)")
+    ap.add_argument("--cold", action="store_true", help="first measurements provisional (adaptive_bench.py before "
+                    "it declared its captured steps warm: the H200 run of 2026-12-07)")
+    args = ap.parse_args()
+    src = json.loads(args.run.read_text())
+    doc = dict(command="python " + " ".join(sys.argv), source=str(args.run), models={})
+    for model, rows in src["models"].items():
+        doc["models"][model] = replay_model(rows, src["tokens_per_row"],
+                                            lambda arms: AdaptivePolicy(arms, len(DRAFTS), rng=0),
+                                            args.costs == "own", not args.cold)
+        for r in doc["models"][model]:
+            print(model, json.dumps(r), flush=True)
+    ratios = [r["replayed_vs_best"] for rows in doc["models"].values() for r in rows]
+    doc["replayed_min_vs_best"] = min(ratios)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
