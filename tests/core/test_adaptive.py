@@ -358,6 +358,30 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
     assert outs == plain
 
 
+def test_a_held_choice_ends_where_the_steps_key_changes():
+    """``adaptive_loop.Choices``: a choice made on value taking 0.6 s against a 1 s step holds its arm for the next
+    2 steps under the same key without asking the policy (each still launched: in flight); a step under another key
+    (the server: another sampling group or cost bucket) asks again, and a choice not made on value holds nothing."""
+    policy = AdaptivePolicy(make_arms(1, (2,)), 1)
+    now, asked = [0.0], []
+
+    def choose(arm, on_value=True):
+        def run():
+            now[0] += 0.6
+            asked.append(arm)
+            policy.on_value = on_value
+            return arm
+        return run
+
+    choices = adaptive_loop.Choices(None, policy, lambda: now[0])
+    got = [choices.next(choose(1), 1.0, key="a") for _ in range(4)]
+    assert got == [1, 1, 1, 1] and asked == [1, 1] and policy.in_flight == {1}
+    assert choices.next(choose(0), 1.0, key="b") == 0 and asked == [1, 1, 0]
+    assert [choices.next(choose(1), 1.0, key="b") for _ in range(2)] == [0, 0] and asked == [1, 1, 0]  # held
+    assert [choices.next(choose(1, on_value=False), 1.0, key="c") for _ in range(2)] == [1, 1]
+    assert asked == [1, 1, 0, 1, 1]
+
+
 def test_a_draft_not_scored_for_free_is_tried_again_after_unlucky_first_steps(clock):
     """A draft equal to the target (every token accepted) that the policy cannot score for free (a model draft),
     whose first steps were priced by four rejections: plain decoding leads on the posterior means (G = 2 at
