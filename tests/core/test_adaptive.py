@@ -14,6 +14,7 @@ from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
 from flashspec.fake import chain_law as target_law
 from flashspec.loop import SpecConfig
 from flashspec.testing import chi_square_test
+from slow_choice import SlowChoice  # tests/slow_choice.py
 
 V = 4
 
@@ -324,19 +325,6 @@ def test_a_batchs_cost_bucket_is_its_size_not_its_active_rows():
     p.new_batch(8)
     p.observe(0, 3, np.zeros(3, int), 1.0, where=np.arange(3))
     assert p.cost_weight[bucket(8), 0] > 0 and p.cost_weight[bucket(3), 0] == 0
-
-
-class SlowChoice(AdaptivePolicy):
-    """A policy whose choice takes ``host_s`` of the simulated clock's host time."""
-
-    def __init__(self, *args, clock, host_s, **kw):
-        super().__init__(*args, **kw)
-        self.clock, self.host_s, self.calls = clock, host_s, 0
-
-    def choose(self, rows, where=None, size=None):
-        self.clock.now += self.host_s
-        self.calls += 1
-        return super().choose(rows, where, size)
 
 
 def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):

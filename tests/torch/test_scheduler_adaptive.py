@@ -15,6 +15,7 @@ from flashspec.adaptive import AdaptivePolicy
 from flashspec.config import SamplingConfig
 from flashspec.scheduler import Scheduler, Submission
 from flashspec.serving import Service
+from slow_choice import SlowChoice  # tests/slow_choice.py
 
 GREEDY = SamplingConfig(0.0, 0, 1.0)
 
@@ -190,19 +191,6 @@ def test_a_served_request_gets_the_engine_loops_choices(tiny, monkeypatch):
     far = int(np.argmax(left < 4 + 2)) if (left < 4 + 2).any() else len(records)
     assert far >= 10 and len(set(engine_arms[:far])) >= 2, engine_arms  # a mix of arms to agree on
     assert [g for g, _ in served.log[:far]] == engine_arms[:far]
-
-
-class SlowChoice(AdaptivePolicy):
-    """A policy whose choice takes ``host_s`` of the simulated clock's host time."""
-
-    def __init__(self, *args, clock, host_s, **kw):
-        super().__init__(*args, **kw)
-        self.clock, self.host_s, self.calls = clock, host_s, 0
-
-    def choose(self, rows, where=None, size=None):
-        self.clock.now += self.host_s
-        self.calls += 1
-        return super().choose(rows, where, size)
 
 
 def test_a_slow_choice_holds_its_arm_in_the_server_and_the_tokens_stay_plain_decodings(tiny):
