@@ -12,7 +12,8 @@ kinds made ready (captured CUDA graphs), 0: nothing made ready (the CPU).
         --repeats 5 --before afe54c1 --out benchmarks/results/serve_paced_cpu.json
 
 Per configuration: wall and device ms per step, exposed ms (wall less device: host work the device waited for),
-output tokens/s and per step (the choices' worth, apart from the host's pace), the policy's choices per step; medians over ``--repeats`` runs after a warm-up run (the policy kept
+output tokens/s and per step (the choices' worth, apart from the host's pace), the policy's choices per step and
+its host ms per step (``choose_ms``, ``observe_ms``); medians over ``--repeats`` runs after a warm-up run (the policy kept
 across runs, as a server's). ``*_over_best_fixed``: tokens/s over the best fixed configuration's.
 """
 
@@ -36,7 +37,7 @@ from flashspec.adaptive import AdaptivePolicy, engine_lengths, make_arms  # noqa
 from flashspec.config import SamplingConfig  # noqa: E402
 
 from adaptive_bench import Fixed  # noqa: E402
-from adaptive_host import cpu_name, load_module  # noqa: E402
+from adaptive_host import Clocks, cpu_name, load_module  # noqa: E402
 from paced_device import PacedSlots  # noqa: E402
 
 GREEDY = SamplingConfig(0.0)
@@ -53,10 +54,11 @@ def serve(mod, device: PacedSlots, policy, gamma: int, slots: int, requests: int
     sched = mod.Scheduler(device, policy, slots=slots, context=tokens + 8, gamma=gamma, speculation=policy is not None,
                           max_queue=requests)
     prepare(sched, device, adaptive)
-    choices = [0]
-    if adaptive:
-        choose = policy.choose
+    choices, clocks = [0], Clocks()
+    if adaptive:  # the policy's host work: its choices (counted) and observes, timed
+        choose = clocks.wrap("choose", policy.choose)
         policy.choose = lambda *a, **kw: choices.__setitem__(0, choices[0] + 1) or choose(*a, **kw)
+        policy.observe = clocks.wrap("observe", policy.observe)
     for i in range(requests):
         sched.submit(mod.Submission((1, 2, 3), tokens, GREEDY, seed=i), lambda t, new: None)
     t0 = time.perf_counter()
@@ -65,11 +67,12 @@ def serve(mod, device: PacedSlots, policy, gamma: int, slots: int, requests: int
             sched.iterate()
     finally:
         if adaptive:
-            del policy.choose  # the instance attribute: the method shows again
+            del policy.choose, policy.observe  # the instance attributes: the methods show again
     wall = time.perf_counter() - t0
     out, steps = int(device.emitted.sum()), device.launched
     return dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps, exposed_ms=(wall - device.busy) * 1e3 / steps,
                 steps=steps, tokens=out, tokens_per_s=out / wall, tokens_per_step=out / steps, choices_per_step=choices[0] / steps,
+                choose_ms=clocks.s["choose"] * 1e3 / steps, observe_ms=clocks.s["observe"] * 1e3 / steps,
                 warm=bool(getattr(policy, "warm", False)))
 
 
@@ -129,8 +132,9 @@ def main(argv=None) -> int:
     for slots in (int(s) for s in args.slots.split(",")):
         rows.append(one_slot_count(slots, args, mods))
         r = rows[-1]
-        print(f"slots {slots}: wall ms/step (exposed), choices/step: " + ", ".join(
-            f"{k} {r[k]['wall_ms']:.3f} ({r[k]['exposed_ms']:.3f}) {r[k]['choices_per_step']:.2f}"
+        print(f"slots {slots}: wall ms/step (exposed), choices/step, choose ms/step: " + ", ".join(
+            f"{k} {r[k]['wall_ms']:.3f} ({r[k]['exposed_ms']:.3f}) {r[k]['choices_per_step']:.2f} "
+            f"{r[k]['choose_ms']:.3f}"
             for k in ["plain", *(f"ngram:G{g}" for g in LENGTHS), *mods])
             + "; tokens/s over the best fixed: " + ", ".join(f"{k} {r[f'{k}_over_best_fixed']:.3f}" for k in mods),
             flush=True)
