@@ -70,9 +70,9 @@ def serve(mod, device: PacedSlots, policy, gamma: int, slots: int, requests: int
             del policy.choose, policy.observe  # the instance attributes: the methods show again
     wall = time.perf_counter() - t0
     out, steps = int(device.emitted.sum()), device.launched
-    return dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps, exposed_ms=(wall - device.busy) * 1e3 / steps,
-                steps=steps, tokens=out, tokens_per_s=out / wall, tokens_per_step=out / steps, choices_per_step=choices[0] / steps,
-                choose_ms=clocks.s["choose"] * 1e3 / steps, observe_ms=clocks.s["observe"] * 1e3 / steps,
+    return dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps,
+                exposed_ms=(wall - device.busy) * 1e3 / steps, steps=steps, tokens=out, tokens_per_s=out / wall,
+                tokens_per_step=out / steps, choices_per_step=choices[0] / steps, choose_ms=clocks.s["choose"] * 1e3 / steps, observe_ms=clocks.s["observe"] * 1e3 / steps,
                 warm=bool(getattr(policy, "warm", False)))
 
 

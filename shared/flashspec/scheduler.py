@@ -23,10 +23,10 @@ steps are short, while the steps serve the same sampling group at the same cost 
 scores the drafts only now and then), ``observe_step``, and ``prepare_arms`` before the first step of
 each sampling group (``prepare_sampling``; ``Service.prepare`` does it ahead for the warm-up settings),
 so that no step kind is captured or compiled inside a timed step and the policy trusts first
-measurements where the backend made step kinds ready (``AdaptivePolicy.warm``). With a draft bandit (``fixed``, ``thompson-token``, ...) each
-step drafts ``gamma`` tokens with the bandit's draft, as before. A step's seconds are its own
-(``flashspec.loop.StepTimer``: the step's own time, not its predecessor's; the prefill work between
-steps is charged to no step).
+measurements where the backend made step kinds ready (``AdaptivePolicy.warm``). With a draft bandit
+(``fixed``, ``thompson-token``, ...) each step drafts ``gamma`` tokens with the bandit's draft, as
+before. A step's seconds are its own (``flashspec.loop.StepTimer``: the step's own time, not its
+predecessor's; the prefill work between steps is charged to no step).
 
 Chunked prefill: between two steps the scheduler computes at most ``prefill_chunk`` prompt tokens
 (K/V) in all, so a long prompt does not stall the running requests. A prompt's K/V are computed in
@@ -466,6 +466,7 @@ class Scheduler:
         self.owner = [None] * self.slots
         if broken:
             self.backend.open_slots(self.slots, self.context)
+            self.prepared.clear()  # new rows: what was made ready for the old ones is prepared again at admission
 
 
 def prefill_lengths(limit: int) -> list[int]:
