@@ -3,7 +3,9 @@
 at four, it speculates alone and decodes plainly at four rows; a request entering a slot starts from
 the request prior, not the posterior of the request that held the slot; greedy requests served
 together equal plain greedy decoding of each alone; the per-request figures count what each row
-drafted."""
+drafted; each bucket's costs are its steps' own as the running set grows and shrinks. The policy runs through
+the engine loop's calls (``flashspec.adaptive_loop``): a request served alone gets the engine loop's arms, a slow
+choice holds its arm, ``Service.prepare`` and a new sampling group prepare every arm and set ``warm``."""
 
 import numpy as np
 import pytest
@@ -100,9 +102,15 @@ def test_speculates_alone_and_decodes_plainly_where_speculation_costs_more(tiny)
     assert any(len(where) == 4 for _, _, _, where in free)  # plain steps at four rows scored the n-gram for free
     assert all(((sc == 1) & (acc <= 1)).all() for _, sc, acc, _ in free)  # a plain step emits 1 token: 1 scored
     assert sum(acc.sum() for _, _, acc, _ in free) > 0
+    submit(eng, sched, ["abcabcab", "hello world"], 16)  # the running set shrinks to two slots: bucket 1
+    run_until_idle(sched)
     cost = policy.cost
     assert cost[0, 0] == pytest.approx(0.01) and cost[2, 0] == pytest.approx(0.04)  # each step's own time, per bucket
     assert np.nanmax(cost[2, 1:]) == pytest.approx(0.24)
+    measured = policy.cost_weight > 0  # [buckets, arms]: 1, 4, then 2 rows served, each step's own time in its bucket
+    k = 2.0 ** np.arange(cost.shape[0])[:, None]  # [buckets, 1]: the rows a step of the bucket computes
+    want = 0.01 * k * np.where(np.array([a.plain for a in policy.arms])[None] | (k == 1), 1.0, 6.0)
+    assert measured[1].any() and measured[:3].sum() >= 6 and np.allclose(cost[measured], np.broadcast_to(want, cost.shape)[measured])
 
 
 def test_a_request_entering_a_slot_starts_from_the_request_prior(tiny):
