@@ -1,7 +1,9 @@
 """The engine's adaptive loop around ``flashspec.adaptive.AdaptivePolicy``: turn on full-information scoring
 (``use_free_scoring``), make every arm's step kind ready (``prepare_arms``), run the steps, each the arm the policy
 chooses, reading each one step late (``speculate_adaptive``), and feed each finished step to the policy
-(``observe_adaptive``, ``observe_free``: the drafts the backend scored on steps that did not run them)."""
+(``observe_adaptive``, ``observe_step``, ``observe_free``: the drafts the backend scored on steps that did not run
+them). ``Choices`` (held choices, the scoring switch), ``prepare_arms`` and ``observe_step`` are the server's too
+(``flashspec.scheduler``): both loops run the policy through the same calls."""
 
 from __future__ import annotations
 
@@ -15,6 +17,35 @@ from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_accept
 from .throughput import held
 
 
+class Choices:
+    """The arm of each step, as both loops ask the policy: a choice made on value (``AdaptivePolicy.on_value``)
+    holds for ``held(its host seconds, the last step's seconds)`` steps, during which the policy is not asked (it
+    still observes every step) and the arm is launched again; ``now``: the loop's clock (``StepTimer.now``). A hold
+    lasts while the steps' ``key`` stays the one it was chosen under (the engine: None; the server: the sampling
+    group and cost bucket served). Where the policy scores the drafts for free, the backend's scoring is switched
+    for the step: on for a speculative step, on a plain one only now and then (``AdaptivePolicy.plain_scores``)."""
+
+    def __init__(self, backend: Backend, policy: AdaptivePolicy, now):
+        self.backend, self.policy, self.now = backend, policy, now
+        self.arm, self.hold, self.key = 0, 0, None
+
+    def next(self, choose, last_s: float | None, key=None) -> int:
+        """The next step's arm index: the held arm, or ``choose()`` (the policy's choice for the rows served), timed;
+        ``last_s``: the last finished step's seconds (None: none yet)."""
+        policy = self.policy
+        if self.hold > 0 and key == self.key:  # the last choice still holds: the arm again, the policy's work saved
+            self.hold -= 1
+            policy.launch(self.arm)
+        else:
+            t0 = self.now()
+            self.arm, self.key = choose(), key
+            self.hold = held(self.now() - t0, last_s) - 1 if policy.on_value else 0
+        if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
+            plain = policy.arms[self.arm].plain
+            self.backend.score_free(policy.scoring_gamma if not plain or policy.plain_scores() else 0)
+        return self.arm
+
+
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
     """Turn on full-information scoring at the arms' longest length where the backend offers it
     (``FreeScoring``; before ``prepare``, so the steps that score are the ones made ready). Returns the drafts scored."""
@@ -24,11 +55,12 @@ def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
     return scored
 
 
-def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig, prepared: int = 0) -> None:
+def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig, prepared: int = 0) -> int:
     """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps,
     and plain decoding without scoring too where the policy scores (``AdaptivePolicy.plain_scores``). Where the
     backend made step kinds ready (these, or ``prepared`` by the caller's own ``prepare`` just before), the steps
-    are timed warm from their first run and the policy trusts first measurements (``AdaptivePolicy.warm``)."""
+    are timed warm from their first run and the policy trusts first measurements (``AdaptivePolicy.warm``).
+    Returns the step kinds prepared, ``prepared`` included."""
     for g in sorted({a.length for a in policy.arms if not a.plain}):
         prepared += backend.prepare(g, sampling)
     if policy.scoring_gamma:
@@ -36,6 +68,7 @@ def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingCon
         prepared += backend.prepare(None, sampling)
         backend.score_free(policy.scoring_gamma)
     policy.warm = policy.warm or prepared > 0
+    return prepared
 
 
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
@@ -49,18 +82,10 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
     timer = StepTimer()
     policy.in_flight.clear()  # a run cut short leaves none behind
     policy.new_batch(rows, spec.max_new_tokens)
-    a, hold = 0, 0
+    choices = Choices(backend, policy, timer.now)
     for step in range(spec.max_steps or spec.max_new_tokens):
-        if hold > 0:  # the last choice still holds: the arm again, the policy's work saved
-            hold -= 1
-            policy.launch(a)
-        else:
-            t0 = timer.now()
-            a = policy.choose(rows)
-            hold = held(timer.now() - t0, records[-1].seconds if records else None) - 1 if policy.on_value else 0
+        a = choices.next(lambda: policy.choose(rows), records[-1].seconds if records else None)
         arm = policy.arms[a]
-        if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
-            backend.score_free(policy.scoring_gamma if not arm.plain or policy.plain_scores() else 0)
         if arm.plain:
             handle = timer.launch(lambda: backend.decode_one(sampling, seed, first_offset + step))
         else:
@@ -103,11 +128,19 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
         record = StepRecord(-1 if arm.plain else arm.draft, int(lengths.sum()), total, total + rows, rows, seconds,
                             per_row, row_drafted(view, lengths))
         records.append(record)
-        where = np.nonzero(view.active)[0]
-        policy.observe(a, rows, accepted, seconds, drafted=lengths, where=where)
-        observe_free(policy, view, skip=arm.draft, where=where)
+        observe_step(policy, view, a, accepted, seconds, lengths, np.nonzero(view.active)[0])
         if on_step:
             on_step(record)
     else:
         policy.in_flight.discard(a)
     return max(rows, 1), bool(view.done.all())
+
+
+def observe_step(policy: AdaptivePolicy, view: StepView, a: int, accepted: np.ndarray, seconds: float,
+                 drafted: np.ndarray | None, where: np.ndarray, size: int | None = None) -> None:
+    """Feed the policy a finished step of arm ``a`` over the rows ``where`` [rows] (indices of the rows served and
+    still running): their ``accepted`` [rows] and ``drafted`` [rows] tokens (None: the arm's length), the step's
+    own ``seconds``, the rows it computed (``size``: its cost bucket; None: the batch's), and the drafts the
+    backend scored for free on it."""
+    policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size)
+    observe_free(policy, view, skip=policy.arms[a].draft, where=where)

@@ -17,10 +17,16 @@ highest slot in use + 1: requests fill the lowest free slots) and by the accepta
 served (the policy's per-row counts, restarted at every admission, so a request starts from the
 request prior and never inherits the posterior of the request that held its slot before).
 Full-information scores (``StepView.free_scored``: drafts not run, scored for free by the torch
-backend) update the drafts not run. With a draft bandit (``fixed``, ``thompson-token``, ...) each
-step drafts ``gamma`` tokens with the bandit's draft, as before. A step's seconds are its own
-(``flashspec.loop.StepTimer``: the step's own time, not its predecessor's; the prefill work between
-steps is charged to no step).
+backend) update the drafts not run. The policy runs through the engine loop's own calls
+(``flashspec.adaptive_loop``): ``Choices`` (a choice made on value holds its arm for a few steps where
+steps are short, while the steps serve the same sampling group at the same cost bucket; a plain step
+scores the drafts only now and then), ``observe_step``, and ``prepare_arms`` before the first step of
+each sampling group (``prepare_sampling``; ``Service.prepare`` does it ahead for the warm-up settings),
+so that no step kind is captured or compiled inside a timed step and the policy trusts first
+measurements where the backend made step kinds ready (``AdaptivePolicy.warm``). With a draft bandit
+(``fixed``, ``thompson-token``, ...) each step drafts ``gamma`` tokens with the bandit's draft, as
+before. A step's seconds are its own (``flashspec.loop.StepTimer``: the step's own time, not its
+predecessor's; the prefill work between steps is charged to no step).
 
 Chunked prefill: between two steps the scheduler computes at most ``prefill_chunk`` prompt tokens
 (K/V) in all, so a long prompt does not stall the running requests. A prompt's K/V are computed in
@@ -41,8 +47,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .adaptive import AdaptivePolicy
-from .adaptive_loop import observe_free
+from .adaptive import AdaptivePolicy, bucket
+from .adaptive_loop import Choices, observe_step, prepare_arms
 from .backend import SlotBackend, StepHandle
 from .config import SamplingConfig
 from .loop import StepTimer
@@ -151,6 +157,9 @@ class Scheduler:
             policy.open_rows(slots)
             policy.in_flight.clear()
         self.clock, self.timer = clock, StepTimer(clock)
+        self.choices = Choices(backend, policy, self.timer.now) if self.adaptive else None
+        self.last_s: float | None = None  # the last read step's seconds (held choices)
+        self.prepared: set[SamplingConfig] = set()  # sampling groups whose arms were made ready (``prepare_sampling``)
         self.slots, self.context, self.max_queue, self.prefill_chunk = slots, context, max_queue, prefill_chunk
         self.observer, self.running = observer or Observer(), running
         self.owner: list[Ticket | None] = [None] * slots
@@ -303,6 +312,8 @@ class Scheduler:
         if not ready:
             return
         subs = [t.submission for t in ready]
+        for sampling in {s.sampling for s in subs}:
+            self.prepare_sampling(sampling)
         self.backend.admit([t.slot for t in ready], [list(s.prompt) for s in subs], [s.max_tokens for s in subs],
                            [s.seed for s in subs], [t.prefilled for t in ready])
         if self.adaptive:  # each new request starts from the request prior, not its slot's last posterior
@@ -312,6 +323,15 @@ class Scheduler:
             self.filling.remove(t)
             t.admitted = now
             self.owner[t.slot] = t
+
+    def prepare_sampling(self, sampling: SamplingConfig) -> int:
+        """Adaptive: make ready every arm's step kind for requests with these settings, once per setting, before
+        any of their steps is timed (``adaptive_loop.prepare_arms``: CUDA graphs captured, jitted steps compiled;
+        the policy ``warm`` where any was). Returns the step kinds prepared (0: already, or nothing to do)."""
+        if not self.adaptive or sampling in self.prepared:
+            return 0
+        self.prepared.add(sampling)
+        return prepare_arms(self.backend, self.policy, sampling)
 
     def piece(self, t: Ticket) -> int:
         """The prompt tokens of ``t``'s next prefill piece (at least 1: the budget's unit)."""
@@ -340,20 +360,21 @@ class Scheduler:
                 t.last_step = self.step_count
         self.step_count += 1
         size = 1 + max(i for i, t in enumerate(self.owner) if t is not None)
-        arm, draft, length = self.choose(rows, size)
+        arm, draft, length = self.choose(rows, size, sampling)
         if draft is None:
             handle = self.timer.launch(lambda: self.backend.decode_slots(sampling, rows))
         else:
             handle = self.timer.launch(lambda: self.backend.step_slots(draft, length, sampling, rows))
         return Launched(handle, list(self.owner), arm, draft, length, size)
 
-    def choose(self, rows: np.ndarray, size: int) -> tuple[int, int | None, int]:
+    def choose(self, rows: np.ndarray, size: int, sampling: SamplingConfig) -> tuple[int, int | None, int]:
         """(the policy's arm, the draft to run (None: plain decoding), tokens drafted per row) for a step
-        over the rows set in ``rows`` [slots] bool, computing ``size`` rows."""
+        over the rows set in ``rows`` [slots] bool, computing ``size`` rows, of requests with ``sampling``."""
         if not self.speculation:
             return -1, None, 0
         if self.adaptive:
-            a = self.policy.choose(int(rows.sum()), where=np.flatnonzero(rows), size=size)
+            a = self.choices.next(lambda: self.policy.choose(int(rows.sum()), where=np.flatnonzero(rows), size=size),
+                                  self.last_s, key=(sampling, bucket(size)))
             arm = self.policy.arms[a]
             return a, arm.draft, arm.length
         d = self.policy.choose()
@@ -400,11 +421,10 @@ class Scheduler:
         if not served:
             self.policy.in_flight.discard(launched.arm)
             return
-        where = np.array(served)
         n = np.array(accepted if accepted else [0] * len(served), np.int64)
         g = np.array(drafted, np.int64) if drafted else None
-        self.policy.observe(launched.arm, len(served), n, seconds, drafted=g, where=where, size=launched.size)
-        observe_free(self.policy, view, skip=launched.draft, where=where)
+        observe_step(self.policy, view, launched.arm, n, seconds, g, np.array(served), size=launched.size)
+        self.last_s = seconds
 
     def emit(self, t: Ticket, new: list[int]) -> None:
         if not new:
@@ -431,6 +451,7 @@ class Scheduler:
         self.timer = StepTimer(self.clock)
         if self.adaptive:
             self.policy.in_flight.clear()
+            self.choices, self.last_s = Choices(self.backend, self.policy, self.timer.now), None
         with self.lock:
             waiting, self.waiting = list(self.waiting), deque()
         waiting, self.filling = [*waiting, *self.filling], []
@@ -445,6 +466,7 @@ class Scheduler:
         self.owner = [None] * self.slots
         if broken:
             self.backend.open_slots(self.slots, self.context)
+            self.prepared.clear()  # new rows: what was made ready for the old ones is prepared again at admission
 
 
 def prefill_lengths(limit: int) -> list[int]:

@@ -206,17 +206,19 @@ class Service:
         """Make ready now the steps of requests with these settings, for every slot-count bucket
         (torch on a GPU: captures their CUDA graphs; JAX: compiles them), and run the prefill at
         every prompt-length class (``Scheduler.warm_prefill``), so that no request waits for a
-        capture or a compile; call before ``start``. Returns the step kinds made ready."""
+        capture or a compile; call before ``start``. Adaptive: every arm's step kinds
+        (``Scheduler.prepare_sampling``; the policy is then ``warm`` where any was made ready; other
+        settings are made ready before their first step). Returns the step kinds made ready."""
         if self.scheduler.thread is not None:
             raise RuntimeError("prepare before start: the scheduler's thread owns the backend once started")
         scheduler = self.scheduler
-        lengths = [None]  # plain decoding only
-        if scheduler.speculation:  # every length an arm can draft (adaptive: G and G // 2)
-            lengths = adaptive.engine_lengths(scheduler.gamma) if scheduler.adaptive else [scheduler.gamma]
         scheduler.warm_prefill()
+        settings = [SamplingConfig(t, top_k, top_p) for t in temperatures]
         with self.engine.running():
-            return sum(scheduler.backend.prepare(g, SamplingConfig(t, top_k, top_p))
-                       for t in temperatures for g in lengths)
+            if scheduler.adaptive:  # every arm's length, and the plain step without scoring (the engine loop's call)
+                return sum(scheduler.prepare_sampling(s) for s in settings)
+            g = scheduler.gamma if scheduler.speculation else None  # None: plain decoding only
+            return sum(scheduler.backend.prepare(g, s) for s in settings)
 
     def start(self) -> Service:
         self.scheduler.start()

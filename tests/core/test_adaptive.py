@@ -14,6 +14,7 @@ from flashspec.fake import LookupDraft, MarkovBackend, ModelDraft
 from flashspec.fake import chain_law as target_law
 from flashspec.loop import SpecConfig
 from flashspec.testing import chi_square_test
+from slow_choice import SlowChoice  # tests/slow_choice.py
 
 V = 4
 
@@ -326,19 +327,6 @@ def test_a_batchs_cost_bucket_is_its_size_not_its_active_rows():
     assert p.cost_weight[bucket(8), 0] > 0 and p.cost_weight[bucket(3), 0] == 0
 
 
-class SlowChoice(AdaptivePolicy):
-    """A policy whose choice takes ``host_s`` of the simulated clock's host time."""
-
-    def __init__(self, *args, clock, host_s, **kw):
-        super().__init__(*args, **kw)
-        self.clock, self.host_s, self.calls = clock, host_s, 0
-
-    def choose(self, rows, where=None, size=None):
-        self.clock.now += self.host_s
-        self.calls += 1
-        return super().choose(rows, where, size)
-
-
 def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
     """A choice taking 0.6 s of host time against 1 s device steps holds its arm for ceil(0.6 / 0.25) = 3 steps
     (``held``): about a third of the steps ask the policy (those after exploration); the held steps run the arm chosen, and greedy tokens equal
@@ -356,6 +344,30 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
     assert any(a == b for a, b in zip(arms[3:], arms[4:]))
     plain, _ = loop.decode(MarkovBackend(target, drafts), prompts, sampling=SamplingConfig(0.0), max_new_tokens=40)
     assert outs == plain
+
+
+def test_a_held_choice_ends_where_the_steps_key_changes():
+    """``adaptive_loop.Choices``: a choice made on value taking 0.6 s against a 1 s step holds its arm for the next
+    2 steps under the same key without asking the policy (each still launched: in flight); a step under another key
+    (the server: another sampling group or cost bucket) asks again, and a choice not made on value holds nothing."""
+    policy = AdaptivePolicy(make_arms(1, (2,)), 1)
+    now, asked = [0.0], []
+
+    def choose(arm, on_value=True):
+        def run():
+            now[0] += 0.6
+            asked.append(arm)
+            policy.on_value = on_value
+            return arm
+        return run
+
+    choices = adaptive_loop.Choices(None, policy, lambda: now[0])
+    got = [choices.next(choose(1), 1.0, key="a") for _ in range(4)]
+    assert got == [1, 1, 1, 1] and asked == [1, 1] and policy.in_flight == {1}
+    assert choices.next(choose(0), 1.0, key="b") == 0 and asked == [1, 1, 0]
+    assert [choices.next(choose(1), 1.0, key="b") for _ in range(2)] == [0, 0] and asked == [1, 1, 0]  # held
+    assert [choices.next(choose(1, on_value=False), 1.0, key="c") for _ in range(2)] == [1, 1]
+    assert asked == [1, 1, 0, 1, 1]
 
 
 def test_a_draft_not_scored_for_free_is_tried_again_after_unlucky_first_steps(clock):

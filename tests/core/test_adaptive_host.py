@@ -53,3 +53,19 @@ def test_the_critical_path_part_runs_every_loop_on_the_paced_device():
     assert row["best_fixed"] in ("plain", "ngram:G2", "ngram:G4") and row["after_over_best_fixed"] > 0
     assert all(row[k]["tokens"] == 12 and row[k]["device_ms"] > 0 for k in ("plain", "ngram:G2", "after"))
     assert row["plain"]["choices_per_step"] == 0 and 0 < row["after"]["choices_per_step"] <= 1.5
+
+
+def test_serve_paced_serves_every_request_on_the_paced_slots():
+    """``benchmarks/serve_paced.py`` at 2 slots, this checkout's scheduler with and without held choices: every
+    configuration emits every request's tokens, the fixed ones never ask a policy, the adaptive one is warm (the
+    device reports its kinds prepared) and asks on at most every step."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import serve_paced
+    from argparse import Namespace
+
+    args = Namespace(requests=5, tokens=7, repeats=1, step_ms=(0.2, 0.0), prepared=1)
+    row = serve_paced.one_slot_count(2, args, {"after": (serve_paced.scheduler, None), "one": (serve_paced.scheduler, 1)})
+    assert all(row[k]["tokens"] == 35 for k in ("plain", "ngram:G2", "ngram:G4", "after", "one"))
+    assert row["plain"]["choices_per_step"] == 0 and row["one"]["choices_per_step"] == 1.0
+    assert 0 < row["after"]["choices_per_step"] <= 1.0 and row["after"]["warm"] == 1.0
+    assert row["best_fixed"] in ("plain", "ngram:G2", "ngram:G4") and row["after_over_best_fixed"] > 0
