@@ -16,7 +16,8 @@ wrapped:
   from the batch's, the KV cache written by the batch, the attention bound its run alone has); the
   labels (layer, op) where the rows differ, the first one, and counts per op;
 * ``first_diverging``: the request run alone through the same passes; the first (layer, op) whose
-  output rows differ from the batch's (ops before it got the same inputs).
+  output rows differ from the batch's (ops before it got the same inputs);
+* ``repeat_diverging``: the same for the batch run a second time (not None: a race, not the batch).
 
 Both under two launch settings: ``engine`` (this revision's ``launch_tiling``) and ``m64`` (64-row tiles
 for the shape's products on this card as if its evidence had checked them: main before issue #40's
@@ -173,17 +174,25 @@ def first_diverging(alone: list[tuple[str, torch.Tensor]], batch: list[tuple[str
     return next((label for (label, a), (_, b) in zip(alone, batch) if not torch.equal(a, b)), None)
 
 
+def recorded(m: Llama, prompts, extra, probed: list[int], device) -> dict[tuple[str, int], list]:
+    """The passes over the batch ``prompts`` without isolation: (pass, request) -> the request's records."""
+    cache = m.new_cache(len(prompts), CACHE_SLOTS)
+    out = {}
+    for name, tokens, pos, attend, last, rows in batch_passes(prompts, extra, device):
+        probe = Probe(m, [(b, rows[b]) for b in probed], False, [None] * len(probed))
+        with probe.active():
+            m(tokens, pos, cache, attend, logits_last=last)
+        out.update({(name, r): probe.records[r] for r in range(len(probed))})
+    return out
+
+
 def probe_batch(m: Llama, prompts, extra, probed: list[int], device) -> list[dict]:
-    """Requests at rows ``probed`` of the batch ``prompts``: each pass's isolated differences and first
-    diverging op against the request run alone through the same passes."""
+    """Requests at rows ``probed`` of the batch ``prompts``: each pass's isolated differences, its first
+    diverging op against the request run alone through the same passes, and against the batch run again
+    (``repeat_diverging``: not None would be a race, not the batch)."""
     alone = {}
     for r, b in enumerate(probed):
-        cache = m.new_cache(1, CACHE_SLOTS)
-        for name, tokens, pos, attend, last, rows in batch_passes([prompts[b]], [extra[b]], device):
-            probe = Probe(m, [(0, rows[0])], False, [None])
-            with probe.active():
-                m(tokens, pos, cache, attend, logits_last=last)
-            alone[name, r] = probe.records[0]
+        alone.update({(name, r): rec for (name, _), rec in recorded(m, [prompts[b]], [extra[b]], [0], device).items()})
     cache = m.new_cache(len(prompts), CACHE_SLOTS)
     out = []
     for name, tokens, pos, attend, last, rows in batch_passes(prompts, extra, device):
@@ -195,10 +204,13 @@ def probe_batch(m: Llama, prompts, extra, probed: list[int], device) -> list[dic
             diff = probe.differing[r]
             by_op = {op: sum(label.endswith(" " + op) for label in diff) for op in (*OPS[:1], *OPS[2:])}
             by_op.update({p: sum(label.endswith(" " + p) for label in diff) for p in probe.names.values()})
-            out.append(dict(**{"pass": name}, rows=int(tokens.numel()), request=r,
-                            row=b, first_diverging=first_diverging(alone[name, r], probe.records[r]),
+            out.append(dict(**{"pass": name}, rows=int(tokens.numel()), request=r, row=b,
+                            first_diverging=first_diverging(alone[name, r], probe.records[r]),
                             isolated_first=diff[0] if diff else None, isolated_differing=len(diff),
-                            isolated_by_op={k: v for k, v in by_op.items() if v}))
+                            isolated_by_op={k: v for k, v in by_op.items() if v}, records=probe.records[r]))
+    again = recorded(m, prompts, extra, probed, device)
+    for row in out:
+        row["repeat_diverging"] = first_diverging(row.pop("records"), again[row["pass"], row["request"]])
     return out
 
 
@@ -235,10 +247,10 @@ def summarize(runs: list[dict]) -> dict:
     out = {}
     for r in runs:
         key = f"{r['launches']} batch {r['batch']} {r['pass']}"
-        row = out.setdefault(key, dict(requests_differing=0, isolated_first=[], first_diverging=[]))
+        row = out.setdefault(key, dict(requests_differing=0, isolated_first=[], first_diverging=[], repeat_diverging=[]))
         if r["isolated_differing"] or r["first_diverging"]:
             row["requests_differing"] += 1
-        for f in ("isolated_first", "first_diverging"):
+        for f in ("isolated_first", "first_diverging", "repeat_diverging"):
             if r[f] and r[f] not in row[f]:
                 row[f].append(r[f])
     return out

@@ -28,7 +28,7 @@ def probe(monkeypatch, product) -> list[dict]:
 def test_the_probe_finds_nothing_with_the_engines_product(monkeypatch):
     runs = probe(monkeypatch, I.invariant_matmul)
     assert [r["pass"] for r in runs] == ["prefill"] * 2 + ["decode"] * 2 + ["scoring"] * 2
-    assert [(r["isolated_first"], r["first_diverging"]) for r in runs] == [(None, None)] * 6
+    assert [(r["isolated_first"], r["first_diverging"], r["repeat_diverging"]) for r in runs] == [(None, None, None)] * 6
 
 
 def test_the_probe_names_a_product_that_splits_k_by_rows(monkeypatch):
@@ -43,4 +43,4 @@ def test_the_probe_names_a_product_that_splits_k_by_rows(monkeypatch):
     runs = probe(monkeypatch, split_k)
     decode = [r for r in runs if r["pass"] == "decode"]
     assert [(r["isolated_first"], r["first_diverging"]) for r in decode] == [("layer 0 down", "layer 0 down")] * 2
-    assert all(r["isolated_by_op"] == {"down": 1} for r in decode)
+    assert all(r["isolated_by_op"] == {"down": 1} and r["repeat_diverging"] is None for r in decode)
