@@ -4,8 +4,9 @@ inside a batch than alone, in a prefill, a decode step and a scoring pass?
     python benchmarks/batch_invariant_probe_gpu.py --out $OUT/batch_invariant_probe.json [--shape smollm2-135m]
 
 A random bf16 model of the shape (``batch_invariant_gpu.random_model``), batch-invariant mode, eager (the
-kernels of the graphed engine, PDL on). Requests 0-3 (prompts of 8-40 tokens) sit at rows 0-3 of a batch of
-16 and at rows 63-60 of a batch of 64 (reversed), as ``batch_invariant_gpu.py``'s checks place them. Per
+kernels of the graphed engine, PDL on). Requests 0-3 (``batch_invariant_gpu.py``'s prompts of 8-40 tokens, by
+default those of its default run) sit at rows 0-3 of a batch of 16 and at rows 63-60 of a batch of 64
+(reversed), as its checks place them. Per
 batch and pass, the way the engine runs it: the prefill of every prompt token but the last (the batch
 right-padded, attending its longest), one decode step of the last prompt token and a scoring pass of it
 and 4 random tokens (G + 1 = 5 rows per request, 80 or 320 in all; cache of 512 slots, attending all, as
@@ -44,7 +45,7 @@ from flashspec_torch import invariant_matmul as I
 from flashspec_torch import layers as L
 from flashspec_torch import model as M
 from flashspec_torch.model import Llama, LlamaConfig
-from batch_invariant_gpu import SHAPES, random_model  # benchmarks/ is on sys.path for scripts
+from batch_invariant_gpu import SHAPES, draw_requests, random_model  # benchmarks/ is on sys.path for scripts
 
 OPS = ("add_rms_norm", "invariant_matmul", "rope_kv", "attention", "silu_mul")
 REQUESTS = 4
@@ -262,6 +263,8 @@ def main() -> None:
     ap.add_argument("--shape", default="smollm2-135m", help="one of " + ", ".join(SHAPES))
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape, batches of 4 and 6 (a CPU test of the script)")
+    ap.add_argument("--draws-after", default="tinyllama-1.1b", help="as batch_invariant_gpu.py's: the default draws "
+                    "SmolLM2's requests of its default run (where requests 2 and 3 failed on the H200, main at d959329)")
     ap.add_argument("--budget-s", type=float, default=90.0, help="no (setting, batch) part starts after this many seconds")
     args = ap.parse_args()
     shape = "tiny" if args.tiny else args.shape
@@ -273,14 +276,15 @@ def main() -> None:
     m.batch_invariant = True
     batches = [4, 6] if args.tiny else [16, 64]
     rng = np.random.default_rng(0)
-    lo, hi = (8, 12) if args.tiny else (8, 41)
-    prompts = [rng.integers(0, cfg.vocab_size, int(rng.integers(lo, hi))).tolist() for _ in range(max(batches))]
+    for name in [s for s in args.draws_after.split(",") if s and not args.tiny]:
+        draw_requests(SHAPES[name]["vocab_size"], rng, False)
+    prompts = draw_requests(cfg.vocab_size, rng, args.tiny)  # batch_invariant_gpu.py's requests
     extra = [rng.integers(0, cfg.vocab_size, 4).tolist() for _ in prompts]
     result = dict(what=__doc__.split("\n\n")[0].replace("\n", " "), shape=shape, date=datetime.now(timezone.utc).isoformat(
                   timespec="seconds"), gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu (TRITON_INTERPRET)",
                   versions=dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
                                 cuda=torch.version.cuda),
-                  settings=dict(batches=batches, requests=REQUESTS, prompt_tokens=[lo, hi - 1], scored=5,
+                  settings=dict(batches=batches, requests=REQUESTS, draws_after=args.draws_after, scored=5,
                                 cache_slots=CACHE_SLOTS, dtype="bfloat16", pdl=args.device == "cuda"),
                   launch_table=launch_table(m, batches, prompts, args.device), runs=[], skipped=[])
     args.out.parent.mkdir(parents=True, exist_ok=True)
