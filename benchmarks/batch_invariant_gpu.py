@@ -2,6 +2,7 @@
 of 16 or 64 other requests, and through n-gram speculation, and what does the mode cost per token?
 
     python benchmarks/batch_invariant_gpu.py --out $OUT/batch_invariant_gpu.json [--gguf PATH] [--tiles-json PATH]
+        [--shapes smollm2-135m --draws-after tinyllama-1.1b]   # SmolLM2's requests of the default run, alone
 
 Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B's, Llama-3-8B's);
 ``--gguf PATH`` adds the embedded model's real weights on its 8 benchmark prompts. Per shape:
@@ -297,13 +298,17 @@ def attention_part(name: str, contexts, device: str) -> list[dict]:
     return out
 
 
+def draw_requests(vocab: int, rng, tiny: bool) -> list[list[int]]:
+    """64 random prompts of 8-40 tokens (8 of 8-11 with --tiny)."""
+    return [rng.integers(0, vocab, int(rng.integers(8, 41 if not tiny else 12))).tolist() for _ in range(64 if not tiny else 8)]
+
+
 def shape_setup(name: str, args, rng) -> tuple[Llama, list[list[int]], list[int]]:
     """A random model of the shape and its 64 requests (8 with --tiny) with their seeds."""
     cfg = LlamaConfig(**SHAPES[name], max_position_embeddings=4096)
     m = random_model(cfg, args.device)
-    n = 64 if not args.tiny else 8
-    requests = [rng.integers(0, cfg.vocab_size, int(rng.integers(8, 41 if not args.tiny else 12))).tolist() for _ in range(n)]
-    return m, requests, [1000 + i for i in range(n)]
+    requests = draw_requests(cfg.vocab_size, rng, args.tiny)
+    return m, requests, [1000 + i for i in range(len(requests))]
 
 
 def run_shape(name: str, args, rng, result: dict, save) -> None:
@@ -414,13 +419,16 @@ def main() -> None:
     ap.add_argument("--product-shapes", default="llama3-8b", help="shapes whose products are timed alone (comma-separated)")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start after this many seconds are skipped")
     ap.add_argument("--stop-s", type=float, default=1e9, help="no distinct-completion run starts after this many seconds")
+    ap.add_argument("--draws-after", default="", help="comma-separated shapes whose requests are drawn (and dropped) first: "
+                    "the shapes' requests as in a run that checked those shapes before them")
     ap.add_argument("--tiles-json", type=Path, help="a result of benchmarks/invariant_tiles_gpu.py on this GPU: adds the "
                     "invariant_best timing mode (its winners); skipped with a note when the file is missing")
     args = ap.parse_args()
     args.winners = tile_winners(args.tiles_json) if args.tiles_json and args.tiles_json.exists() else None
     args.shapes, args.product_shapes = args.shapes.split(","), args.product_shapes.split(",")
     args.start, args.skipped = time.perf_counter(), []
-    unknown = [s for s in args.shapes if s not in SHAPES]
+    args.draws_after = [s for s in args.draws_after.split(",") if s]
+    unknown = [s for s in args.shapes + args.draws_after if s not in SHAPES]
     if unknown:
         ap.error(f"--shapes {unknown} unknown; choose from {sorted(SHAPES)}")
     cuda = args.device == "cuda"
@@ -430,7 +438,7 @@ def main() -> None:
         versions=dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
                       cuda=torch.version.cuda),
         settings=dict(tokens=args.tokens, gamma=4, draft="ngram (fixed)", dtype="bfloat16", sampled_temperature=0.8,
-                      distinct_runs=args.distinct, distinct_tokens=args.distinct_tokens,
+                      distinct_runs=args.distinct, distinct_tokens=args.distinct_tokens, draws_after=args.draws_after,
                       tiles_json=str(args.tiles_json) if args.tiles_json else None,
                       invariant_best={f"{n}x{k}": {m: t for m, t in by_m.items()} for (n, k), by_m in (args.winners or {}).items()}),
         shapes={},
@@ -444,6 +452,8 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=1))
 
     rng = np.random.default_rng(0)
+    for name in args.draws_after:
+        draw_requests(SHAPES[name]["vocab_size"], rng, args.tiny)
     result["skipped"] = args.skipped
     for name in args.shapes:
         if over_budget(args, name):

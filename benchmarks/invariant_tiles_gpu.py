@@ -3,8 +3,8 @@ against cuBLAS (issue #40)?
 
     python benchmarks/invariant_tiles_gpu.py --out $OUT/invariant_tiles_gpu.json --budget-s 170
 
-Every projection (qkv, o, gate_up, down, LM head) of TinyLlama-1.1B's and Llama-3-8B's shapes, random
-bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks) with the candidates
+Every projection (qkv, o, gate_up, down, LM head) of TinyLlama-1.1B's and Llama-3-8B's shapes (and with
+``--shapes smollm2-135m`` SmolLM2-135M's), random bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks) with the candidates
 that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
 64-row tiles of 16-128 columns, 2-4 stages, 4-8 warps (a warpgroup MMA on sm_90 instead of ``mma.sync``:
 an empirical question of rounding);
@@ -51,6 +51,7 @@ from flashspec_torch import invariant_matmul as I
 SHAPES = {  # hidden, intermediate, heads, kv heads, head_dim, vocab (engine_gpu.py's)
     "tinyllama-1.1b": (2048, 5632, 32, 4, 64, 32000),
     "llama3-8b": (4096, 14336, 32, 8, 128, 128256),
+    "smollm2-135m": (576, 1536, 9, 3, 64, 49152),  # K 576 (4.5 chunks of 128) and 1536: issue #40 (--shapes smollm2-135m)
     "tiny": (256, 192, 4, 2, 32, 96),  # --tiny: the CPU test of this script (2-3 slices of K)
 }
 

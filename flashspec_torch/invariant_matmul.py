@@ -11,7 +11,7 @@ over programs (``launch_tiling``) does depend on M and never changes that order:
 of 16 rows per program (each weight chunk loaded once for all of them), one slice per program up to
 64 rows (partials added by the last program), every slice in one program above (no workspace), and
 64-row tiles only on the GPUs of ``MMA64_CARDS`` (another MMA instruction: admitted by measurement),
-each with only the launches its evidence covers.
+each with only the launches and for only the products (N, K) its evidence covers.
 """
 
 from __future__ import annotations
@@ -102,11 +102,13 @@ def invariant_tiling(n: int, k: int, dtype: torch.dtype) -> InvariantTiling:
 @dataclass(frozen=True)
 class Evidence:
     """Where a card's 64-row tiles were shown to give every row its bits alone: the result directory of
-    ``benchmarks/invariant_tiles_gpu.py`` on that card and the launches of ``MMA64_LAUNCHES`` it checked
-    (all passing there; ``test_every_admitted_card_has_its_evidence`` reads the JSON)."""
+    ``benchmarks/invariant_tiles_gpu.py`` on that card, the launches of ``MMA64_LAUNCHES`` it checked and
+    the products (N, K) it checked them on (all passing there; ``test_every_admitted_card_has_its_evidence``
+    reads the JSON). Any other product keeps 16-row tiles on that card."""
 
     results: str
     launches: frozenset[str]
+    products: frozenset[tuple[int, int]]
 
 
 # 64-row launches of an order's tiling ``t``, named as ``benchmarks/invariant_tiles_gpu.py``'s candidates:
@@ -119,13 +121,18 @@ MMA64_LAUNCHES: dict[str, dict[str, int]] = {
 }
 MMA64_BASIC = frozenset({"m64_serial", "m64_n64_serial"})  # the order's columns or 64, 2-3 stages
 MMA64_CUBLAS_LIKE = frozenset({"m64_n64_s4_serial", "m64_n128_w8_serial"})  # shaped like cuBLAS's tiles
+# (N, K) of the five products of TinyLlama-1.1B's and Llama-3-8B's shapes: what both cards' runs checked (SmolLM2-135M's,
+# K = 576 and 1536, never were: issue #40's SmolLM2 failure on the H200, docs/batch_invariance.md)
+MMA64_PRODUCTS = frozenset({(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (32000, 2048),
+                            (6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)})
 
 # GPUs (``torch.cuda.get_device_name``) on which ``benchmarks/invariant_tiles_gpu.py`` found the 64-row
 # tiles (on sm_90 a warpgroup MMA, not ``mma.sync``) bit-equal to the 16-row tiles in every check. Only on
 # these does the engine use 64-row tiles (from MMA64_ROWS rows), and only the launches their evidence covers.
 MMA64_CARDS: dict[str, Evidence] = {
-    "NVIDIA H200": Evidence("benchmarks/results/gpu_2026-12-06_s14_invtile", MMA64_BASIC),
-    "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/gpu_2026-12-06_s15_inv15", MMA64_BASIC | MMA64_CUBLAS_LIKE),
+    "NVIDIA H200": Evidence("benchmarks/results/gpu_2026-12-06_s14_invtile", MMA64_BASIC, MMA64_PRODUCTS),
+    "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/gpu_2026-12-06_s15_inv15", MMA64_BASIC | MMA64_CUBLAS_LIKE,
+                                      MMA64_PRODUCTS),
 }
 MMA64_ROWS = 64
 MMA64_DTYPES = (torch.bfloat16,)  # the dtype of every card's run (settings.dtype in its JSON): float32 and
@@ -177,14 +184,15 @@ def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = 
 
 def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) -> str | None:
     """The name (``MMA64_LAUNCHES``) of the engine's 64-row launch for M rows on ``gpu``, None for 16-row
-    tiles: none below ``MMA64_ROWS`` rows or on a card not in ``MMA64_CARDS``, and only a launch the card's
-    evidence covers. Where it covers ``MMA64_CUBLAS_LIKE`` and ``MMA64_BASIC``: 128 columns with 8 warps for
+    tiles: none below ``MMA64_ROWS`` rows, on a card not in ``MMA64_CARDS`` or for a product (N, K) its
+    evidence did not check, and only a launch the card's evidence covers. Where it covers ``MMA64_CUBLAS_LIKE`` and ``MMA64_BASIC``: 128 columns with 8 warps for
     ``WIDE_N`` columns or more, and above 64 rows for K > ``LONG_K`` too; otherwise at 64 rows 64 columns
     with 4 stages for K > ``LONG_K``, ``t``'s columns for shorter K, and above 64 rows 64 columns, 3 stages.
     Where it covers ``MMA64_BASIC`` only: at 64 rows ``t``'s columns where there are
     ``MMA64_SERIAL_PROGRAMS`` column tiles (16-row tiles below that), above 64 rows 64 columns (3 stages;
     the widest products keep their 2)."""
-    covered = MMA64_CARDS[gpu].launches if gpu in MMA64_CARDS else frozenset()
+    ev = MMA64_CARDS.get(gpu)
+    covered = ev.launches if ev is not None and (n, k) in ev.products else frozenset()
     if m < MMA64_ROWS or not covered:
         return None
     if MMA64_BASIC | MMA64_CUBLAS_LIKE <= covered:

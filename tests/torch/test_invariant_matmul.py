@@ -131,13 +131,13 @@ def test_64_row_tiles_only_on_an_admitted_card_with_the_same_bits(monkeypatch):
     t = I.invariant_tiling(N, K, torch.bfloat16)
     blocks = lambda: [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (1, 63, 64, 70)]  # noqa: E731
     assert blocks() == [16, 16, 16, 16]
-    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC)})
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC, frozenset({(N, K)}))})
     assert blocks() == [16, 16, 16, 64]
     monkeypatch.setattr(I, "MMA64_SERIAL_PROGRAMS", 1)
     assert blocks() == [16, 16, 64, 64]
-    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", frozenset({"m64_serial"}))})
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", frozenset({"m64_serial"}), frozenset({(N, K)}))})
     assert blocks() == [16, 16, 64, 16]  # above 64 rows it would take m64_n64_serial: not covered
-    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC | I.MMA64_CUBLAS_LIKE)})
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC | I.MMA64_CUBLAS_LIKE, frozenset({(N, K)}))})
     assert blocks() == [16, 16, 64, 64]
     assert [I.launch_tiling(t, m, N, K, "some GPU").block_n for m in (64, 70)] == [t.block_n, 64]
     monkeypatch.setattr(I, "card", lambda device: "some GPU")
@@ -171,6 +171,7 @@ def test_every_admitted_card_has_its_evidence():
         assert not [f for f in s["failed"] if "m64" in f], (ev.results, s["failed"])
         assert ev.launches and ev.launches <= set(I.MMA64_LAUNCHES), ev
         assert got["settings"]["dtype"] in [str(d).removeprefix("torch.") for d in I.MMA64_DTYPES], ev.results
+        assert ev.products == {(part["n"], part["k"]) for part in got["parts"]}, ev.results
         for part in got["parts"]:
             cands, checks = part["candidates"]["engine"], part["families"]["engine"]["checks"]
             t = I.invariant_tiling(part["n"], part["k"], torch.bfloat16)
@@ -186,6 +187,26 @@ def test_every_admitted_card_has_its_evidence():
 
 
 H100 = "NVIDIA H100 80GB HBM3"
+SMOLLM2_PRODUCTS = ((960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576))  # qkv, o, gate_up, down, LM head
+
+
+def test_a_product_no_evidence_checked_keeps_16_row_tiles_on_an_admitted_card(monkeypatch):
+    """SmolLM2-135M's products (K 576 and 1536, which no card's run checked; issue #40's failure at that
+    shape on the H200) launch on the admitted cards as on any card, at every M; a checked product on the
+    same card still takes its 64-row launch; and a card whose evidence names SmolLM2's LM head takes it there."""
+    for n, k in SMOLLM2_PRODUCTS:
+        t = I.invariant_tiling(n, k, torch.bfloat16)
+        for m in (1, 5, 16, 64, 80, 320, 2496):
+            assert I.launch_tiling(t, m, n, k, "NVIDIA H200") == I.launch_tiling(t, m, n, k, H100) == \
+                I.launch_tiling(t, m, n, k), (n, k, m)
+            assert I.launch_tiling(t, m, n, k).block_m == 16
+    head = I.invariant_tiling(32000, 2048, torch.bfloat16)
+    assert I.launch_tiling(head, 64, 32000, 2048, "NVIDIA H200").block_m == 64
+    t = I.invariant_tiling(49152, 576, torch.bfloat16)
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC, frozenset({(49152, 576)}))})
+    assert [I.launch_tiling(t, m, 49152, 576, "some GPU").block_m for m in (16, 64, 80)] == [16, 64, 64]
+
+
 
 
 def test_only_the_evidences_dtype_takes_64_row_tiles(monkeypatch):
