@@ -17,9 +17,10 @@ The model (``AdaptivePolicy``):
   domain is forgotten in about 1 / (1 - discount) steps; a new batch (``new_batch``, each
   ``flashspec.adaptive_loop.speculate_adaptive`` call: a new request's rows) keeps at most ``carry``
   rejections' worth of the old evidence as its prior, so each request adapts to its own domain within a few steps;
-  a step whose first-position acceptance on a draft contradicts that draft's pooled posterior there (``changed``: more
-  than ``CHANGE_Z`` standard errors) weakens the draft's evidence the same way (``forget``), so a change inside a request (an n-gram
-  lookup with nothing to match for a request's first steps, then rows in loops) is seen in a step of a large batch. Per draft position k
+  a step whose first-position acceptance on a draft contradicts both its rows' own posteriors there and the draft's last
+  ``CHANGE_WINDOW`` steps (``changed``: more than ``CHANGE_Z`` standard errors each) weakens the draft's evidence the same
+  way (``forget``), so a change inside a request (an n-gram lookup with nothing to match for a request's first steps,
+  then rows in loops) is seen in a step of a large batch, and a slow drift is left to the discount. Per draft position k
   (pooled over rows, ``profile``) the acceptance there relative to the draft's over all positions scales a row's
   alpha at k, so a draft whose later tokens hold less often is not priced at G = 2 by G = 4's rejections (nor
   at G = 4 by G = 2's acceptance). Full information
