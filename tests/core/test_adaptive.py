@@ -5,7 +5,7 @@ the batch)."""
 import numpy as np
 import pytest
 
-from flashspec import adaptive_loop, loop, throughput
+from flashspec import adaptive, adaptive_loop, loop, throughput
 from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms
 from flashspec.adaptive_loop import speculate_adaptive
 from flashspec.throughput import emitted_moments
@@ -398,3 +398,68 @@ class PlainAtOnce(AdaptivePolicy):
         if np.argmax(self.value(int(self.row_active.sum()), self.bucket_of(2), mean)) == 0:
             return mean
         return draw
+
+
+def drive_batch(policy, alpha, tokens, steps, seed):
+    """A static batch of G = 2 steps of arm 1 whose rows accept each drafted token with probability ``alpha(t)``
+    [rows] at step t, each row until it has ``tokens``; returns the policy."""
+    rng = np.random.default_rng(seed)
+    rows = len(alpha(0))
+    policy.new_batch(rows, tokens)
+    left = np.full(rows, tokens)
+    for t in range(steps):
+        where = np.flatnonzero(left > 0)
+        if where.size == 0:
+            break
+        ok = rng.random((where.size, 2)) < alpha(t)[where, None]  # [rows, 2]
+        acc = np.cumprod(ok, axis=1).sum(axis=1)
+        policy.observe(1, where.size, acc, 1.0, where=where)
+        left[where] -= acc + 1
+    return policy
+
+
+class CountingChanges(AdaptivePolicy):
+    """The policy, counting the steps it took for a change (``changed``)."""
+
+    def __init__(self, arms, num_drafts):
+        super().__init__(arms, num_drafts, rng=0)
+        self.changes = 0
+
+    def changed(self, draft, drafted, accepted, where=None):
+        seen = super().changed(draft, drafted, accepted, where)
+        self.changes += seen
+        return seen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_slow_drift_of_acceptance_is_not_a_change(monkeypatch, seed):
+    """256 rows fall one by one (uniformly over steps 3-40) from acceptance 0.5 into loops at 0.9: the first-position
+    share rises about 0.01 a step, which the discount follows; no step is a change (``changed``'s window test). The
+    mutant without the window (the rows' predictions alone, which lag such a drift) takes some step for a change."""
+    arms = make_arms(1, (2,))
+    switch = np.random.default_rng(seed).uniform(3, 40, 256)  # [rows]
+
+    def alpha(t):
+        return np.where(t >= switch, 0.9, 0.5)
+
+    assert drive_batch(CountingChanges(arms, 1), alpha, 400, 60, seed).changes == 0
+    monkeypatch.setattr(adaptive, "CHANGE_WINDOW", 0)
+    assert drive_batch(CountingChanges(arms, 1), alpha, 400, 60, seed).changes >= 1
+
+
+def test_a_step_of_slow_rows_is_judged_by_their_own_acceptance():
+    """After 30 steps of 256 rows, half accepting 0.95 a token and half 0.15, a step of the slow half alone (as a
+    static batch ends) is no surprise to the rows' own posteriors (``surprised`` with ``where``); to the pooled
+    posterior alone (``where`` None) it is."""
+    arms = make_arms(1, (2,))
+    fast = np.arange(256) < 128
+
+    def alpha(t):
+        return np.where(fast, 0.95, 0.15)
+
+    policy = drive_batch(AdaptivePolicy(arms, 1, rng=0), alpha, 10_000, 30, 0)
+    slow = np.flatnonzero(~fast)
+    accepted = (np.random.default_rng(5).random(slow.size) < 0.15).astype(np.int64)  # [128]: first tokens only
+    tried = np.ones(slow.size, bool)
+    assert not policy.surprised(0, tried, accepted, slow)
+    assert policy.surprised(0, tried, accepted, None)

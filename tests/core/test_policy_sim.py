@@ -132,7 +132,7 @@ def test_the_replay_script_replays_each_batch_of_a_run():
 class NoChange(AdaptivePolicy):
     """A mutant that never detects a change: a draft's evidence is forgotten only by the per-step discount."""
 
-    def changed(self, draft, drafted, accepted):
+    def changed(self, draft, drafted, accepted, where=None):
         return False
 
 
