@@ -5,7 +5,7 @@ the batch)."""
 import numpy as np
 import pytest
 
-from flashspec import adaptive, adaptive_loop, loop, throughput
+from flashspec import adaptive_loop, change, loop, throughput
 from flashspec.adaptive import AdaptivePolicy, Arm, bucket, make_arms
 from flashspec.adaptive_loop import speculate_adaptive
 from flashspec.throughput import emitted_moments
@@ -443,7 +443,7 @@ def test_a_slow_drift_of_acceptance_is_not_a_change(monkeypatch, seed):
         return np.where(t >= switch, 0.9, 0.5)
 
     assert drive_batch(CountingChanges(arms, 1), alpha, 400, 60, seed).changes == 0
-    monkeypatch.setattr(adaptive, "CHANGE_WINDOW", 0)
+    monkeypatch.setattr(change, "CHANGE_WINDOW", 0)
     assert drive_batch(CountingChanges(arms, 1), alpha, 400, 60, seed).changes >= 1
 
 

@@ -14,8 +14,28 @@ from flashspec.weights import convert_gguf, embedded_gguf  # noqa: E402
 from flashspec_torch.weights import fused  # noqa: E402
 
 
+@pytest.fixture
+def parse_once(monkeypatch):
+    """``gguf.GGUFReader`` parsing each file once: transformers' GGUF loading parses the file again for the config,
+    the weights, the tokenizer's config and the tokenizer (its 49k-token vocabulary: about 8 s a parse), and
+    ``convert_gguf`` once more; the parse is a read-only view of the same bytes each time, so one serves them all."""
+    import gguf
+
+    readers = {}
+    parse = gguf.GGUFReader
+
+    def cached(path, mode="r"):
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = parse(path, mode)
+        return readers[key]
+
+    monkeypatch.setattr(gguf, "GGUFReader", cached)
+    return readers
+
+
 @pytest.mark.slow  # about 40 s of CPU (two de-quantizations of 272 tensors)
-def test_numpy_conversion_equals_transformers_gguf_loading(tmp_path):
+def test_numpy_conversion_equals_transformers_gguf_loading(tmp_path, parse_once):
     from safetensors.numpy import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
