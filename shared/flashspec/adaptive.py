@@ -252,15 +252,16 @@ class AdaptivePolicy(ChangeTest):
         self.plain_streak += 1
         return scores
 
-    def counts(self) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
-        """(accepted, rejections) per draft and active row of the batch: the row's own counts plus the pooled
-        ones weakened to ``carry`` rejections' worth (R = 1: the pooled counts alone, before ``new_batch``
-        gave the policy rows). A row with no evidence of its own follows the pool; its own steps soon lead."""
-        if self.row_succ is None or not self.row_active.any():
+    def counts(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
+        """(accepted, rejections) per draft and active row of the batch (``rows`` [R]: these rows' indices
+        instead): the row's own counts plus the pooled ones weakened to ``carry`` rejections' worth (R = 1: the
+        pooled counts alone, before ``new_batch`` gave the policy rows). A row with no evidence of its own
+        follows the pool; its own steps soon lead."""
+        if self.row_succ is None or (rows is None and not self.row_active.any()):
             return self.succ[:, None], self.fail[:, None]
+        cols = self.row_active if rows is None else rows
         scale = self.weakened()[:, None]
-        return (self.succ[:, None] * scale + self.row_succ[:, self.row_active],
-                self.fail[:, None] * scale + self.row_fail[:, self.row_active])
+        return self.succ[:, None] * scale + self.row_succ[:, cols], self.fail[:, None] * scale + self.row_fail[:, cols]
 
     def weakened(self) -> np.ndarray:  # [drafts]
         """The factor that weakens each draft's pooled counts to at most ``carry`` rejections' worth."""

@@ -6,7 +6,7 @@ request's first steps, then rows in loops) is seen in a step of a large batch, a
 policy's per-step discount.
 
 ``ChangeTest`` is a mixin: it reads the policy's counts (``succ``, ``fail``, ``pos_succ``, ``pos_fail``,
-``row_succ``, ``row_fail``, ``prior``) and estimates (``weakened``, ``posterior_mean``, ``profile``), and keeps its
+``row_succ``, ``row_fail``, ``prior``) and estimates (``counts``, ``weakened``, ``posterior_mean``, ``profile``), and keeps its
 window in the policy's ``recent`` (per draft: a list of (rows that accepted, rows that drafted)).
 """
 
@@ -50,15 +50,13 @@ class ChangeTest:
     def surprised(self, draft: int, tried: np.ndarray, accepted: np.ndarray, where: np.ndarray | None) -> bool:
         """Whether the share of the rows ``tried`` [rows] that accepted ``draft``'s first token is further than
         ``CHANGE_Z`` standard errors from the mean of the rows' own predictions there, p_b = min(1, alpha_b r_1)
-        (alpha_b from ``counts``'s evidence for the rows ``where``, else the pooled one; r_1 the first position's
+        (alpha_b from ``counts`` for the rows ``where``, else the pooled counts; r_1 the first position's
         ``profile``), as ``log_rate`` prices a step: the rows' Bernoulli spread plus the first position's pooled
         posterior spread, which every row shares. Per row, so the slow rows a static batch ends with are not taken
         for a change of the pool's."""
         succ, fail = self.succ[draft], self.fail[draft]
         if self.row_succ is not None and where is not None:
-            rows = np.asarray(where)[tried]
-            scale = self.weakened()[draft]
-            succ, fail = succ * scale + self.row_succ[draft, rows], fail * scale + self.row_fail[draft, rows]
+            succ, fail = (c[draft] for c in self.counts(np.asarray(where)[tried]))
         p = np.minimum(1.0, self.posterior_mean(np.asarray(succ), np.asarray(fail)) * self.profile()[draft, 0])
         p = np.broadcast_to(p, (int(np.count_nonzero(tried)),))  # [n]
         a, b = self.prior[0] + self.pos_succ[draft, 0], self.prior[1] + self.pos_fail[draft, 0]
