@@ -1,4 +1,4 @@
-"""README's family table and guard list (issue #38): each supported family as a tiny random model
+"""The family table (README; in full with the guard list: docs/families.md) (issue #38): each supported family as a tiny random model
 saved by transformers (flashspec.family_cases) and written as a GGUF file as llama.cpp's converter
 writes it (flashspec.gguf_cases), run by FlashSpec's torch and JAX engines in float32 (on the CPU, or
 with --device cuda on a GPU) and compared with transformers (the original model) on the CPU; then
