@@ -76,13 +76,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .change import ChangeTest
-from .throughput import course_bin, course_moments, emitted_moments, finish_steps
+from .throughput import emitted_moments, finish_steps
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
-PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's (course bin's) own starts from
-COURSE_BINS = 12  # course bins over a row's progress (``course_bin``: 0, 1, 2-3, 4-7, ...; the last holds the rest)
+PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
 def engine_policies() -> list[str]:
@@ -182,12 +181,6 @@ class AdaptivePolicy(ChangeTest):
         self.pos_succ = np.zeros((num_drafts, width))  # [drafts, K]: accepted at draft position k + 1 (discounted)
         self.pos_fail = np.zeros((num_drafts, width))  # [drafts, K]: rejected at draft position k + 1
         self.recent: list[list[tuple[float, int]]] = [[] for _ in range(num_drafts)]  # per draft: ``remember``
-        self.course_succ = np.zeros((num_drafts, COURSE_BINS))  # [drafts, Q]: accepted in rows at course bin q
-        self.course_fail = np.zeros((num_drafts, COURSE_BINS))  # [drafts, Q]: rejections there (discounted)
-        self.pool_trials = np.zeros((num_drafts, COURSE_BINS))  # [drafts, Q]: the pooled counts' trials per bin
-        self.row_trials: np.ndarray | None = None  # [drafts, B, Q]: each row's own trials per course bin (``course``)
-        self.tokens = 0  # a static batch's new tokens a row (``new_batch``)
-        self.before: np.ndarray | None = None  # [B]: tokens each row had emitted before the last observed step
 
     @property
     def cost(self) -> np.ndarray:  # [buckets, arms]
@@ -285,37 +278,6 @@ class AdaptivePolicy(ChangeTest):
         a_k = (PROFILE_PRIOR * a + self.pos_succ) / (PROFILE_PRIOR + self.pos_succ + self.pos_fail)
         return a_k / a
 
-    def course(self) -> np.ndarray:  # [drafts, Q]
-        """Per draft, its acceptance in rows at each course bin (a row's progress, ``course_bin``) relative to its
-        acceptance over all bins (pooled over rows and batches, learnt from observed steps; shrunk toward 1 by
-        ``PROFILE_PRIOR`` trials): an n-gram lookup matches little in a request's first tokens and more once its
-        rows loop, a replayed draft holds less once its rows left the text it replays."""
-        total_s, total_f = self.course_succ.sum(axis=1, keepdims=True), self.course_fail.sum(axis=1, keepdims=True)
-        a = (1.0 + total_s) / (2.0 + total_s + total_f)  # [drafts, 1]
-        c = (PROFILE_PRIOR * a + self.course_succ) / (PROFILE_PRIOR + self.course_succ + self.course_fail)
-        return c / a
-
-    def course_level(self, cols: np.ndarray, r: np.ndarray) -> np.ndarray:  # [drafts, R]
-        """The mean ``course`` factor (``r`` [drafts, Q]) over the evidence of rows ``cols`` [R] (``counts``): their
-        own trials at the bins they passed, the pooled counts at 1; a row's acceptance at bin q is its posterior
-        mean x r_q / this, so a row's first rejections where every row's are rejected do not lower its future."""
-        own = self.row_trials[:, cols, : r.shape[1]]  # [drafts, R, Q]
-        scale = self.weakened()  # [drafts]: the pooled counts' share of a row's (``counts``)
-        binned = self.pool_trials[:, : r.shape[1]]  # [drafts, Q]
-        pool = scale * (self.succ + self.fail)  # [drafts]: trials without a known progress at 1
-        pool_level = scale * ((binned * r).sum(axis=1) - binned.sum(axis=1)) + pool
-        total = pool[:, None] + own.sum(axis=2)  # [drafts, R]
-        return np.where(total > 0, (pool_level[:, None] + (own * r[:, None, :]).sum(axis=2)) / np.maximum(total, 1e-12),
-                        1.0)
-
-    def course_now(self, draft: int, rows: np.ndarray) -> np.ndarray | float:  # [R]
-        """The ``course`` factor of ``draft`` at rows ``rows`` [R]' progress before the last observed step (1
-        where no static batch's progress is known)."""
-        if self.before is None or self.row_trials is None:
-            return 1.0
-        r = self.course()
-        return r[draft, np.minimum(course_bin(self.before[rows]), COURSE_BINS - 1)] / self.course_level(rows, r)[draft]
-
     def hopeless(self, b: int, rate: np.ndarray) -> np.ndarray:  # [arms] bool
         """Arms unmeasured or measured once (a provisional estimate, ``observe``) that cannot beat the best measured
         one even at the least they can cost (the dearest measured arm whose work they include: plain decoding's, or
@@ -366,12 +328,7 @@ class AdaptivePolicy(ChangeTest):
             mean, _ = emitted_moments(alpha[self.arm_draft], self.arm_length[:, None], self.profile()[self.arm_draft, None])
             return np.log(rows * np.where(self.arm_plain, 1.0, mean.mean(axis=1)))
         length = np.minimum(self.arm_length[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
-        cols = np.flatnonzero(self.row_active)
-        start = self.tokens - self.remaining[cols]  # [R]
-        r = self.course()[:, : int(course_bin(np.max(start + left))) + 1]  # [drafts, Q]: the bins the rows will pass
-        factor = r[:, None, :] / self.course_level(cols, r)[:, :, None]  # [drafts, R, Q]
-        mean, var = course_moments(alpha[self.arm_draft], length, self.profile()[self.arm_draft, None],
-                                   factor[self.arm_draft], start, left)  # [arms, R] each
+        mean, var = emitted_moments(alpha[self.arm_draft], length, self.profile()[self.arm_draft, None])  # [arms, R] each
         mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
@@ -411,11 +368,6 @@ class AdaptivePolicy(ChangeTest):
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
         self.samples[b, arm] += 1
-        if self.remaining is not None and where is not None:
-            self.before = self.tokens - self.remaining
-        self.course_succ *= self.discount
-        self.course_fail *= self.discount
-        self.pool_trials *= self.discount
         self.succ *= self.discount  # every draft forgets at every step, scored or not
         self.fail *= self.discount
         self.pos_succ *= self.discount
@@ -423,8 +375,6 @@ class AdaptivePolicy(ChangeTest):
         if self.row_succ is not None and where is not None:
             self.row_succ *= self.discount
             self.row_fail *= self.discount
-            if self.row_trials is not None:
-                self.row_trials *= self.discount
             self.row_active = np.zeros_like(self.row_active)
             self.row_active[where] = True
         if not a.plain:
@@ -447,19 +397,16 @@ class AdaptivePolicy(ChangeTest):
         scale = self.weakened()
         self.succ *= scale
         self.fail *= scale
-        self.pool_trials *= scale[:, None]
         self.batch = rows
         if rows is not None:
             self.row_succ = np.zeros((len(self.succ), rows))
             self.row_fail = np.zeros((len(self.succ), rows))
             self.row_active = np.ones(rows, bool)
         self.remaining = None if rows is None or tokens is None else np.full(rows, float(tokens))
-        self.tokens, self.before = tokens or 0, None
-        self.row_trials = None if self.remaining is None else np.zeros((len(self.succ), rows, COURSE_BINS))
 
     def open_rows(self, rows: int) -> None:
         """Serving: ``rows`` slots, each with its own counts (zero), the cost bucket given per step (``size``)."""
-        self.batch, self.remaining, self.row_trials, self.before = None, None, None, None
+        self.batch, self.remaining = None, None
         self.row_succ = np.zeros((len(self.succ), rows))
         self.row_fail = np.zeros((len(self.succ), rows))
         self.row_active = np.zeros(rows, bool)
@@ -494,9 +441,3 @@ class AdaptivePolicy(ChangeTest):
         if self.row_succ is not None and where is not None:
             self.row_succ[draft, where] += accepted
             self.row_fail[draft, where] += accepted < drafted
-        if self.before is not None and self.row_trials is not None and where is not None:
-            q = np.minimum(course_bin(self.before[where]), COURSE_BINS - 1)  # [rows]
-            np.add.at(self.course_succ[draft], q, accepted)
-            np.add.at(self.course_fail[draft], q, accepted < drafted)
-            np.add.at(self.pool_trials[draft], q, accepted + (accepted < drafted))
-            self.row_trials[draft, where, q] += accepted + (accepted < drafted)

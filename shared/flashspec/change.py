@@ -49,16 +49,15 @@ class ChangeTest:
 
     def surprised(self, draft: int, tried: np.ndarray, accepted: np.ndarray, where: np.ndarray | None) -> bool:
         """Whether the share of the rows ``tried`` [rows] that accepted ``draft``'s first token is further than
-        ``CHANGE_Z`` standard errors from the mean of the rows' own predictions there, p_b = min(1, alpha_b c_b r_1)
-        (alpha_b from ``counts`` for the rows ``where``, else the pooled counts; c_b the row's ``course_now``, its
-        progress's course factor; r_1 the first position's ``profile``), as ``log_rate`` prices a step: the rows' Bernoulli spread plus the first position's pooled
+        ``CHANGE_Z`` standard errors from the mean of the rows' own predictions there, p_b = min(1, alpha_b r_1)
+        (alpha_b from ``counts`` for the rows ``where``, else the pooled counts; r_1 the first position's
+        ``profile``), as ``log_rate`` prices a step: the rows' Bernoulli spread plus the first position's pooled
         posterior spread, which every row shares. Per row, so the slow rows a static batch ends with are not taken
         for a change of the pool's."""
-        succ, fail, course = self.succ[draft], self.fail[draft], 1.0
+        succ, fail = self.succ[draft], self.fail[draft]
         if self.row_succ is not None and where is not None:
             succ, fail = (c[draft] for c in self.counts(np.asarray(where)[tried]))
-            course = self.course_now(draft, np.asarray(where)[tried])
-        p = np.minimum(1.0, self.posterior_mean(np.asarray(succ), np.asarray(fail)) * course * self.profile()[draft, 0])
+        p = np.minimum(1.0, self.posterior_mean(np.asarray(succ), np.asarray(fail)) * self.profile()[draft, 0])
         p = np.broadcast_to(p, (int(np.count_nonzero(tried)),))  # [n]
         a, b = self.prior[0] + self.pos_succ[draft, 0], self.prior[1] + self.pos_fail[draft, 0]
         spread = np.sum(p * (1 - p)) / p.size ** 2 + a * b / ((a + b) ** 2 * (a + b + 1))
@@ -81,11 +80,8 @@ class ChangeTest:
         scale = self.weakened()[draft]
         self.succ[draft] *= scale
         self.fail[draft] *= scale
-        self.pool_trials[draft] *= scale
         self.pos_succ[draft] *= scale
         self.pos_fail[draft] *= scale
         if self.row_succ is not None:
             self.row_succ[draft] *= scale
             self.row_fail[draft] *= scale
-        if self.row_trials is not None:
-            self.row_trials[draft] *= scale

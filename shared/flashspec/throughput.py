@@ -24,31 +24,6 @@ def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray |
     return 1.0 + mean, np.maximum(0.0, ((2 * k - 1) * tail).sum(axis=-1) - mean ** 2)
 
 
-def course_bin(progress: np.ndarray) -> np.ndarray:  # [...] int
-    """The course bin of a row that has emitted ``progress`` tokens: floor(log2(progress + 1)) (0 -> 0, 1 -> 1,
-    2..3 -> 2, 4..7 -> 3, ...): fine where a draft's acceptance moves fastest (an n-gram's first tokens)."""
-    return np.floor(np.log2(np.asarray(progress, np.float64) + 1.0)).astype(np.int64)
-
-
-def course_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray, course: np.ndarray,
-                   start: np.ndarray, left: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # [arms, R] each
-    """Per arm and row, the (mean, var) of a row at one rate with the same expected steps to its end, and spread,
-    as a row whose acceptance follows a course: the row at ``start`` [R] tokens with ``left`` [R] to go emits n_q of
-    them in course bin q (``course_bin``) at acceptance ``alpha`` [arms, R] x ``course`` [arms, R, Q] there (the
-    draft positions' ``profile`` [arms, 1, K] too, ``length`` [arms, R] tokens drafted), so it needs sum_q n_q /
-    mean_q steps with variance sum_q n_q var_q / mean_q^3 (renewal counts per bin, ``finish_steps``)."""
-    q = np.arange(course.shape[-1])
-    lo, hi = 2.0 ** q - 1.0, 2.0 ** (q + 1) - 1.0  # [Q]: bin q holds progress lo .. hi - 1
-    end = start + left  # [R]
-    n = np.clip(np.minimum(end[:, None], hi) - np.maximum(start[:, None], lo), 0.0, None)  # [R, Q]
-    n[:, -1] += np.maximum(0.0, end - np.maximum(start, hi[-1]))  # the last bin holds the rest
-    mean, var = emitted_moments(alpha[..., None] * course, length[..., None], profile[:, :, None, :])  # [arms, R, Q]
-    steps = (n / mean).sum(axis=-1)  # [arms, R]
-    spread = (n * var / mean ** 3).sum(axis=-1)
-    rate = np.where(steps > 0, left / np.maximum(steps, 1e-12), 1.0)
-    return rate, spread * rate ** 3 / np.maximum(left, 1e-12)
-
-
 def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:  # [arms]
     """Expected steps until the last of R rows is done, per arm: row b, ``left`` [R] tokens to go at ``mean`` /
     ``var`` [arms, R] tokens a step, needs steps_b ~ normal(left / mean, left var / mean^3) (a renewal count); the
