@@ -287,7 +287,7 @@ class AdaptivePolicy(ChangeTest):
         doubt = ~measured | self.provisional(b)  # [arms]: cost unknown or provisional
         if not measured.any() or not doubt.any():  # nothing measured to compare with, or nothing to explore
             return np.zeros(len(self.arms), bool)
-        own = np.where(measured, self.log_cost[b], -np.inf)
+        own = np.where(measured, self.capped_log_cost(b), -np.inf)  # plain decoding's capped by its dearer arms
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
         return doubt & (rate - floor < self.priced(b, rate).max())
 
