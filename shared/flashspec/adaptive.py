@@ -39,10 +39,9 @@ The model (``AdaptivePolicy``):
   for the slowest rows and for the spread of a large batch. The choice draws alpha from the posteriors
   (Thompson sampling), plain decoding among the arms, but for a draft scored for free (``observe_free``),
   which is seen on every step whatever runs: its posterior mean (every draft free: no draw).
-* scoring: a plain step scores the drafts for free only on some plain steps of a run of them (``plain_scores``:
-  the 1st, then after ``score_every``, and after gaps that double with the run up to ``SCORE_GAP`` x
-  ``score_every``; the loop switches ``score_free`` around it): at a large batch the scoring costs a plain step a
-  few per cent.
+* scoring: a plain step scores the drafts for free only on the first of every ``score_every`` plain steps
+  in a row (``plain_scores``; the loop switches ``score_free`` around it): at a large batch the scoring
+  costs a plain step a few per cent.
 * monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
   does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
   of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
@@ -82,8 +81,6 @@ from .throughput import emitted_moments, finish_steps
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
-SCORE_GAP = 8  # the longest gap between a plain run's scoring steps, in ``score_every``s (``plain_scores``)
-SCORE_Z = 2.0  # a draft's acceptance this many pooled standard errors above its mean (``optimistic_alpha``)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
@@ -160,10 +157,7 @@ class AdaptivePolicy(ChangeTest):
         if isinstance(score_every, bool) or not isinstance(score_every, int) or score_every < 1:
             raise ValueError(f"score_every={score_every!r} must be an integer >= 1 (plain steps per scoring one)")
         self.score_every = score_every
-        self.since_score = math.inf  # plain steps since the last that scored (``plain_scores``; inf: a new run)
-        self.score_gap = score_every  # plain steps from one scoring plain step to the next (``plain_scores``)
-        self.scored_lead = 0.0  # ``lead`` at the last plain step that scored (``plain_scores``)
-        self.lead = 0.0  # the last choice's log value of plain decoding over the best draft arm's (``choose``)
+        self.plain_streak = 0  # plain steps chosen in a row (``plain_scores``)
         self.scoring_gamma = 0  # the backend's full-information G (``adaptive_loop.use_free_scoring``; 0: none)
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
         self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
@@ -202,7 +196,7 @@ class AdaptivePolicy(ChangeTest):
             self.row_active[where] = True
         b = self.bucket_of(rows, size)
         unmeasured = self.cost_weight[b] == 0
-        self.on_value, self.lead = False, 0.0
+        self.on_value = False
         mean = self.mean_alpha()
         rate = self.log_rate(rows, mean)  # [arms]: on the posterior means, computed once a choice
         if unmeasured.any() or (self.provisional(b)).any():
@@ -218,8 +212,6 @@ class AdaptivePolicy(ChangeTest):
             self.period[b, a] *= 2
             return self.launch(a)
         a = self.best(b, rate, capped)
-        if self.arms[a].plain:  # how far plain decoding leads even at the drafts' optimistic acceptance
-            self.lead = self.plain_lead(b, self.log_rate(rows, self.optimistic_alpha(mean)), capped)
         draw = self.sample_alpha()  # Thompson: a draft not scored for free is learnt only by running it
         if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
             a = self.best(b, self.log_rate(rows, draw), capped)
@@ -253,33 +245,12 @@ class AdaptivePolicy(ChangeTest):
         return (self.samples[b] == 1) & (not self.warm)
 
     def plain_scores(self) -> bool:
-        """Whether the plain step just chosen should score the drafts (full information): in a run of plain steps,
-        its steps 0, s, 2s, 4s, 8s, ... (s = ``score_every``; the gap doubles with the run, at most ``SCORE_GAP`` x
-        s): scoring costs a plain step a few per cent at a large batch (docs/adaptive.md), and a long run of plain
-        steps, where plain decoding wins by a margin, needs only enough of it to notice a draft that would now pay."""
-        scores = self.since_score >= self.score_gap
-        if scores:
-            wide = 0.0 < self.scored_lead <= self.lead  # plain leads, and by no less than at the last scoring step
-            self.scored_lead = self.lead
-            self.since_score, self.score_gap = 0, min(2 * self.score_gap, SCORE_GAP * self.score_every) if wide \
-                else self.score_every
-        self.since_score += 1
+        """Whether the plain step just chosen should score the drafts (full information): the first of every
+        ``score_every`` plain steps in a row: scoring costs a plain step a few per cent at a large batch
+        (docs/adaptive.md), and a run of plain steps needs only enough of it to notice a draft that would now pay."""
+        scores = self.plain_streak % self.score_every == 0
+        self.plain_streak += 1
         return scores
-
-    def optimistic_alpha(self, mean: np.ndarray) -> np.ndarray:  # [drafts, R]
-        """``mean`` [drafts, R] (``mean_alpha``) raised by ``SCORE_Z`` standard errors of each draft's pooled posterior
-        (few trials: wide, a batch of many rows: narrow), at most 1."""
-        a, b = self.prior[0] + self.succ, self.prior[1] + self.fail  # [drafts]
-        sd = np.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
-        return np.minimum(1.0, mean + SCORE_Z * sd[:, None])
-
-    def plain_lead(self, b: int, rate: np.ndarray, capped: np.ndarray) -> float:
-        """Plain decoding's log value over the best draft arm's in bucket ``b`` (``rate`` [arms]: on the posterior
-        means; -inf: nothing to compare)."""
-        v = self.priced(b, rate, capped)
-        if self.arm_plain.all() or not self.arm_plain.any():
-            return -math.inf
-        return float(v[self.arm_plain].max() - v[~self.arm_plain].max())
 
     def counts(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
         """(accepted, rejections) per draft and active row of the batch (``rows`` [R]: these rows' indices
@@ -368,7 +339,7 @@ class AdaptivePolicy(ChangeTest):
     def launch(self, a: int) -> int:
         self.in_flight.add(a)
         if not self.arms[a].plain:
-            self.since_score, self.score_gap, self.scored_lead = math.inf, self.score_every, 0.0
+            self.plain_streak = 0
         return a
 
     def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
