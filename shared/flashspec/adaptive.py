@@ -281,13 +281,14 @@ class AdaptivePolicy(ChangeTest):
     def hopeless(self, b: int, rate: np.ndarray) -> np.ndarray:  # [arms] bool
         """Arms unmeasured or measured once (a provisional estimate, ``observe``) that cannot beat the best measured
         one even at the least they can cost (the dearest measured arm whose work they include: plain decoding's, or
-        a shorter length's of the same draft), on the posterior means (``rate`` [arms]: ``log_rate`` on them): not
-        explored (``choose`` measures the arms an arm includes before it)."""
+        a shorter length's of the same draft, each at its ``capped_log_cost``: plain decoding's estimate holds its
+        scoring steps), on the posterior means (``rate`` [arms]: ``log_rate`` on them): not explored (``choose``
+        measures the arms an arm includes before it)."""
         measured = self.cost_weight[b] > 0
         doubt = ~measured | self.provisional(b)  # [arms]: cost unknown or provisional
         if not measured.any() or not doubt.any():  # nothing measured to compare with, or nothing to explore
             return np.zeros(len(self.arms), bool)
-        own = np.where(measured, self.log_cost[b], -np.inf)
+        own = np.where(measured, self.capped_log_cost(b), -np.inf)  # plain decoding's capped by its dearer arms
         floor = np.where(self.dearer.T, own[None, :], -np.inf).max(axis=1)  # [arms]: the dearest arm it includes
         return doubt & (rate - floor < self.priced(b, rate).max())
 

@@ -162,13 +162,16 @@ def test_a_load_spike_on_plain_decodings_first_steps_is_capped_by_the_speculativ
     """Useless drafts (speculative steps cost 1.15x / 1.3x and emit one token) and plain decoding's first two
     steps (the second chosen while the first was in flight: every speculative arm includes plain decoding's
     work, so it waits for plain decoding's cost) timed 20x too slow: plain decoding's estimate exceeds the
-    speculative arms' (impossible: a plain step does less work), so it is re-measured at once, and wins."""
+    speculative arms' (impossible: a plain step does less work), so it is re-measured at once, and wins; G = 4,
+    whose least cost is G = 2's (plain decoding's capped), runs at most twice (its first timing provisional), as
+    without the spike."""
     target, _ = chain(2)
     wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)  # never the greedy token
     backend = TimedBackend(target, [wrong], clock, lambda rows: 0.3, spikes={0: [20.0, 20.0]})
     policy = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
     _, records = run(backend, policy, [[0]] * 2, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=300))
-    assert [r.arm for r in records[:5]] == [-1, -1, 0, -1, -1] and plain_fraction(records) > 0.9
+    assert [r.arm for r in records[:4]] == [-1, -1, 0, -1] and plain_fraction(records) > 0.9
+    assert sum(r.drafted // r.rows == 4 for r in records if r.arm == 0) <= 2
     capped = AdaptivePolicy(make_arms(1, (2, 4)), 1)
     for arm, seconds in ((0, 20.0), (1, 1.15), (2, 1.3)):
         capped.observe(arm, 2, np.zeros(2, int), seconds)
@@ -316,6 +319,20 @@ def test_arms_that_cannot_beat_plain_decoding_even_at_its_cost_are_never_run(clo
     adaptive_loop.use_free_scoring(backend, policy)
     _, records = run(backend, policy, [[0]] * 64, SamplingConfig(0.0), SpecConfig(gamma=4, max_new_tokens=40))
     assert [r.drafted // r.rows for r in records if r.arm == 0] in ([], [2]) and np.isnan(policy.cost[6, 2])
+
+
+def test_a_longer_draft_is_explored_where_plain_decodings_estimate_includes_its_scoring():
+    """Plain decoding's estimate holds its steps that scored the drafts (dearer than G = 2's here), and G = 4, never
+    measured, would win at G = 2's cost: its least cost is G = 2's, not the scoring plain steps' (the mutant that
+    floors G = 4 by plain decoding's own estimate calls it hopeless and never runs it)."""
+    p = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    p.warm = True
+    p.succ[0], p.fail[0] = 90.0, 10.0  # alpha 0.9: G = 4 emits about 4.1 tokens a step, G = 2 about 2.7
+    b = p.bucket_of(1)
+    p.log_cost[b, :2], p.cost_weight[b, :2] = np.log([1.6, 1.0]), 1.0  # plain (scoring 1 step in 4), G = 2
+    rate = p.log_rate(1, p.mean_alpha())
+    assert rate[2] - rate[1] > 0.1 and not p.hopeless(b, rate)[2]
+    assert p.choose(1) == 2
 
 
 def test_a_batchs_cost_bucket_is_its_size_not_its_active_rows():
