@@ -68,15 +68,26 @@ def tiles_dot(x_ptr, w, m, k, M, acc0, acc1, acc2, acc3, K: tl.constexpr, BM: tl
 
 
 @triton.jit
-def tiles_add(a0, a1, a2, a3, b0, b1, b2, b3, ROW_TILES: tl.constexpr):
-    """(a0 + b0, ...) for the program's ROW_TILES row tiles, float32."""
-    a0 += b0
+def add_kept(a, b, USE_DOT: tl.constexpr):
+    """a + b, float32, rounded once. On a GPU an opaque ``add.rn.f32``: Triton's combine pass rewrites
+    ``a + tl.dot(x, w, 0)`` into ``tl.dot(x, w, a)`` (the products then accumulate onto ``a`` inside the MMA,
+    rounding otherwise), which would change a slice's sum from zero wherever a slice is one chunk."""
+    if USE_DOT:
+        return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    return a + b
+
+
+@triton.jit
+def tiles_add(a0, a1, a2, a3, b0, b1, b2, b3, ROW_TILES: tl.constexpr, USE_DOT: tl.constexpr):
+    """(a0 + b0, ...) for the program's ROW_TILES row tiles, float32, each add kept (``add_kept``)."""
+    a0 = add_kept(a0, b0, USE_DOT)
     if ROW_TILES > 1:
-        a1 += b1
+        a1 = add_kept(a1, b1, USE_DOT)
     if ROW_TILES > 2:
-        a2 += b2
+        a2 = add_kept(a2, b2, USE_DOT)
     if ROW_TILES > 3:
-        a3 += b3
+        a3 = add_kept(a3, b3, USE_DOT)
     return a0, a1, a2, a3
 
 
@@ -103,7 +114,7 @@ def slices_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, M, t0, t1, t2, t3, K: tl.conste
     for j in range(1, SPAN):
         a0, a1, a2, a3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, (s_lo + j) * (CHUNKS * BK), M, z, z, z, z, 0, K, BM,
                                     BN, BK, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
-        t0, t1, t2, t3 = tiles_add(t0, t1, t2, t3, a0, a1, a2, a3, ROW_TILES)
+        t0, t1, t2, t3 = tiles_add(t0, t1, t2, t3, a0, a1, a2, a3, ROW_TILES, USE_DOT)
     return t0, t1, t2, t3
 
 
@@ -175,7 +186,7 @@ def invariant_matmul_kernel(
     acc0, acc1, acc2, acc3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
                                         BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
     if SPAN > 1:  # the program's slices summed as the partials would be: from zero, in slice order
-        acc0, acc1, acc2, acc3 = tiles_add(z, z, z, z, acc0, acc1, acc2, acc3, ROW_TILES)
+        acc0, acc1, acc2, acc3 = tiles_add(z, z, z, z, acc0, acc1, acc2, acc3, ROW_TILES, USE_DOT)
         acc0, acc1, acc2, acc3 = slices_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, M, acc0, acc1, acc2, acc3, K, BLOCK_M,
                                             BLOCK_N, BLOCK_K, CHUNKS, SPAN, ROW_TILES, PRECISION, USE_DOT)
 
