@@ -38,7 +38,9 @@ DLPack, no host copy), so both engines decode the same model and the JAX model i
 Every loop is ``flashspec.loop.decode`` / ``speculate`` over the engine's backend (``Loops``), run
 once to compile (or capture graphs) at the timed shapes, then timed once: ``step_ms`` is the mean
 launch-to-launch step of the loop's records, ``wall_s`` the whole call (prefill included),
-tokens/s = new tokens of all rows / wall. The weights floor is the weights' bytes over the measured
+tokens/s = new tokens of all rows / wall. With ``--autotune-cache DIR`` (``gpu_session.sh``'s ``jax``
+steps: /tmp/fs_autotune) the children share XLA's GEMM autotuning cache in DIR, so a call after
+another on the same warm device recompiles the shapes it repeats without autotuning them again. The weights floor is the weights' bytes over the measured
 copy bandwidth (torch's 1 GiB device copy; JAX's x + 1 without torch). Each child rewrites its JSON
 after every timed run (a part cut by the kill is marked ``unfinished``); the parent merges them into
 ``jax_vs_torch.json`` (``jax_vs_torch_report.merge``: per child its share, wall time and whether it was
@@ -373,6 +375,8 @@ def parse_args(argv):
     ap.add_argument("--attention-shapes", default="smollm2-135m,llama3-8b")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start past their shape's share are skipped")
     ap.add_argument("--no-torch", dest="torch", action="store_false")
+    ap.add_argument("--autotune-cache", type=Path, help="XLA's per-fusion GEMM autotuning cache for every child "
+                    "(a later run with the same directory, e.g. a second call on a warm device, skips what this one tuned)")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
     ap.add_argument("--child", action="store_true", help="(internal) run --shapes in this process, the JSON to --out/"
                     + shape_children.RESULT)
@@ -399,8 +403,9 @@ def main(argv=None) -> None:
     if args.child:
         return run_here(args, argv)
     start, script = time.perf_counter(), str(Path(__file__).resolve())
-    command = lambda name, share, outdir: [sys.executable, script, *argv, "--shapes", name, "--out", str(outdir),  # noqa: E731
-                                           "--budget-s", f"{share:.1f}", "--child"]
+    flags = [shape_children.AUTOTUNE_CACHE.format(dir=args.autotune_cache)] if args.autotune_cache else []
+    command = lambda name, share, outdir: shape_children.flagged_command(flags, outdir / "child.log", [  # noqa: E731
+        sys.executable, script, *argv, "--shapes", name, "--out", str(outdir), "--budget-s", f"{share:.1f}", "--child"])
     with tempfile.TemporaryDirectory() as tmp:
         children = shape_children.run_children(args.shapes.split(","), SHARES, args.budget_s, command, Path(tmp))
     batches = [int(b) for b in args.batches.split(",") if b]

@@ -5,6 +5,7 @@
 #   Issue #37's table (benchmarks/jax_vs_torch_gpu.py) does not fit one call: two calls, `bash scripts/gpu_session.sh jax1`
 #   (SmolLM2-135M and TinyLlama-1.1B, $OUT/jax1/) then `jax2` (Llama-3-8B alone, $OUT/jax2/); docs/jax.md has the estimate
 #   per part. `jax` runs JAX_SHAPES (default all three) in one call: every shape's batch-1 figures, not the large shapes' batch 64.
+#   All three keep XLA's autotuning in JAX_AUTOTUNE_CACHE (/tmp/fs_autotune): a later call on the warm machine reuses it.
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB with the tree): `stash` keeps
 #   .carry_a/gguf.part_* in /tmp/fs on the device, once per call (back to back, while the machine is warm)
@@ -30,6 +31,7 @@ gguf_ready() {  # the stashed parts + .carry_b's last part -> /tmp/fs/model.gguf
 }
 jax_table() {  # SHAPES BUDGET_S TIMEOUT_S SUBDIR: benchmarks/jax_vs_torch_gpu.py, its JSON and log under $OUT/SUBDIR
   mkdir -p "$OUT/$4" && timeout "$3" python3 benchmarks/jax_vs_torch_gpu.py --shapes "$1" --budget-s "$2" --out "$OUT/$4" \
+    --autotune-cache "${JAX_AUTOTUNE_CACHE:-/tmp/fs_autotune}" \
     > "$OUT/$4/jax_vs_torch.log" 2>&1; tail -"${JAX_TAIL:-12}" "$OUT/$4/jax_vs_torch.log"
 }
 for step in $steps; do

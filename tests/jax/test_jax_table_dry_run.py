@@ -16,13 +16,14 @@ from tests.benchmark_modules import load_benchmark  # noqa: E402
 
 def test_dry_run_writes_the_table(tmp_path, capsys):
     bench = load_benchmark("jax_vs_torch_gpu")
-    bench.main(["--dry-run", "--batches", "", "--out", str(tmp_path)])
+    bench.main(["--dry-run", "--batches", "", "--out", str(tmp_path), "--autotune-cache", str(tmp_path / "tune")])
     result = json.loads((tmp_path / "jax_vs_torch_dry_run.json").read_text())
     failed = [name for name, ok in result["checks"].items() if not ok and "_within_" not in name]
     assert failed == [] and not result["info"].get("tiny_jax", "").startswith("error")  # timings vary on a shared CPU
     assert [(c["shape"], c["rc"], c["killed"]) for c in result["children"]] == [("tiny", 0, False)]
     assert result["issue37_missing"] == ["tiny: torch_step_ms"]  # no torch on the CPU; every JAX figure came out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["jax_vs_torch_dry_run.json"]  # the child's file stayed in a temporary dir
+    assert result["xla_flags"].endswith(f"--xla_gpu_per_fusion_autotune_cache_dir={tmp_path / 'tune'}")  # the child's XLA_FLAGS
     assert set(result["checks"]) == {"tiny_b1_while_within_1.05x_host_step", "tiny_b1_jax_while_tokens_equal_host",
                                      "tiny_row_invariant_equals_spec", "tiny_attention_fused_close_to_xla_ctx1000",
                                      "tiny_attention_fused_alt_close_to_xla_ctx1000"}
