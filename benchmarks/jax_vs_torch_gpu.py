@@ -1,33 +1,30 @@
 """The JAX engine and the torch engine side by side on one GPU: issue #37's table in one run.
 
-    python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 330   # on the H200 (random bf16 weights)
+    python benchmarks/jax_vs_torch_gpu.py --out DIR --budget-s 530   # on the GPU (random bf16 weights)
     python benchmarks/jax_vs_torch_gpu.py --dry-run --out DIR        # a tiny config on the CPU, JAX only
 
-The shapes (``--shapes``: SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B, in that order) each run in a
-child process of their own (``shape_children``), killed when the shape's share of ``--budget-s``
-is up (``SHARES`` of what is left, by need, so a shape's unused time goes to the next): one long
-compile costs its own shape's remaining parts, never the next shape. Inside a child issue #37's
-parts (1 to 5 below) start until the share's end (the kill loses only the part it cuts), the others
-(6, 7) only before ``CHILD_SOFT`` of it; a part not started is recorded as skipped, one that fails
-with its error (the others go on), and a killed child keeps what it wrote. Per shape, the issue's
-rows first:
+Everything does not fit one device call: ``bash scripts/gpu_session.sh jax1`` (SmolLM2-135M and
+TinyLlama-1.1B) and ``jax2`` (Llama-3-8B alone) are the table's two calls (docs/jax.md has the
+estimate per part). The shapes (``--shapes``: SmolLM2-135M, TinyLlama-1.1B, Llama-3-8B, in that
+order) each run in a child process of their own (``shape_children``), killed when the shape's share
+of ``--budget-s`` is up (``SHARES`` of what is left, by need, so a shape's unused time goes to the
+next): one long compile costs its own shape's remaining parts, never the next shape. Inside a child
+the parts run one after another in the order of issue #37's figures, each JAX run compiled just
+before it is timed (nothing compiles beside a timing or before the first figure) and written as soon
+as it finishes: a kill loses only the run it cuts. Parts 1 to 5 start until the share's end, 6 and 7
+only before ``CHILD_SOFT`` of it; a part not started is recorded as skipped, one that fails with its
+error (the others go on). Per shape:
 
 1. ``torch`` batch 1: the torch engine (CUDA graphs, Triton verify), greedy, 128-token random
    prompts, ``--tokens`` new tokens: plain decoding and n-gram speculation (G = 4);
-2. ``jax_warm``: every JAX run of the parts below called once (its compile: XLA's GEMM autotuning
-   per product shape is most of it, 75 s for Llama-3-8B's first), in ``warm_groups``' threads at
-   once, each group over a backend of its own; nothing is timed meanwhile. ``--warm auto`` (the
-   default) does this where the layers unroll (TinyLlama, Llama-3-8B: long compiles); the scan
-   (SmolLM2) compiles in seconds and runs as before, each run compiled just before it is timed, so
-   XLA's autotuning there profiles alone (``--warm on`` / ``off``: every shape / none);
-3. ``jax``: the JAX engine's default path at batch 1 (``Llama``'s choices on this GPU, recorded):
+2. ``jax``: the JAX engine's default path at batch 1 (``Llama``'s choices on this GPU, recorded):
    plain decoding, n-gram speculation with the host loop and with the whole generation in one
    ``lax.while_loop`` (``flashspec_jax.whole``), and the compiled decode step's ``cost_analysis``
    bytes accessed (XLA's ops only: a Pallas kernel counts as unknown, so its own cache reads are
    not in the figure) and memory analysis;
-4. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed,
-   and ``jax_batches``: the JAX engine the same way (plain decoding and n-gram speculation with the
-   host loop, as torch's; the while loop is compared with it at batch 1);
+3. ``torch`` at each of ``--batches`` (``--batch-tokens`` new tokens per row), then its model freed;
+4. ``jax_batches``: the JAX engine the same way, batch size by batch size (plain decoding, then
+   n-gram speculation with the host loop, as torch's; the while loop is compared with it at batch 1);
 5. ``row_invariant``: batch 1, plain decoding over G + 1 positions per step
    (``JaxBackend.decode_rows``): its tokens against speculation's (bf16) and its ms per token;
 6. ``jax_other_attention``: plain decoding at batch 1 with the other attention implementation than
@@ -41,9 +38,11 @@ DLPack, no host copy), so both engines decode the same model and the JAX model i
 Every loop is ``flashspec.loop.decode`` / ``speculate`` over the engine's backend (``Loops``), run
 once to compile (or capture graphs) at the timed shapes, then timed once: ``step_ms`` is the mean
 launch-to-launch step of the loop's records, ``wall_s`` the whole call (prefill included),
-tokens/s = new tokens of all rows / wall. The weights floor is the weights' bytes over the measured
+tokens/s = new tokens of all rows / wall. With ``--autotune-cache DIR`` (``gpu_session.sh``'s ``jax``
+steps: /tmp/fs_autotune) the children share XLA's GEMM autotuning cache in DIR, so a call after
+another on the same warm device recompiles the shapes it repeats without autotuning them again. The weights floor is the weights' bytes over the measured
 copy bandwidth (torch's 1 GiB device copy; JAX's x + 1 without torch). Each child rewrites its JSON
-after every part (the ``jax`` part after each of its runs); the parent merges them into
+after every timed run (a part cut by the kill is marked ``unfinished``); the parent merges them into
 ``jax_vs_torch.json`` (``jax_vs_torch_report.merge``: per child its share, wall time and whether it was
 killed) and prints the table.
 """
@@ -62,7 +61,6 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -107,9 +105,9 @@ class Fixed:
 
 class Loops:
     """Named generation runs over one backend: plain decoding, n-gram speculation (host loop) and, with
-    ``device_loop`` (a ``whole.Whole``), the while loop (``names``: which of them). ``first`` calls each
-    once (its compile, or graph capture); ``timed`` calls each again, timed (first calling any that
-    ``first`` did not), with the tokens compared between the runs."""
+    ``device_loop`` (a ``whole.Whole``), the while loop (``names``: which of them). ``timed`` calls
+    each once untimed (its compile, or graph capture: ``compile_and_first_s``), then again, timed,
+    one run after another, with the tokens compared between the runs."""
 
     def __init__(self, backend, prompts, tokens: int, gamma: int, seed, sync, device_loop=None,
                  names=("plain", "spec_host", "spec_while")):
@@ -122,12 +120,6 @@ class Loops:
         self.backend, self.sync, self.batch, self.tokens = backend, sync, len(prompts), tokens
         self.first_s: dict[str, float] = {}
         self.outs: dict[str, list] = {}  # each timed run's tokens
-
-    def first(self) -> dict:
-        """Each run once, untimed but for its wall (``compile_and_first_s``)."""
-        for name in self.runs:
-            self.call_first(name)
-        return dict(self.first_s)
 
     def call_first(self, name: str) -> None:
         t0 = time.perf_counter()
@@ -173,20 +165,6 @@ def compared(out: dict, outs: dict) -> dict:
     return out
 
 
-def warm(groups: dict[str, list[Loops]], deadline: float) -> dict:
-    """Every group's ``first`` calls in a thread of its own, the groups at once (their compiles, XLA's
-    GEMM autotuning above all, overlap; nothing is timed meanwhile): per group its runs' first walls
-    (or the error; ``Loops.timed`` then compiles what is left), and the phase's wall."""
-    t0 = time.perf_counter()
-
-    def one(loops: list[Loops]) -> dict:
-        return {f"{i}:{name}": s for i, lp in enumerate(loops) for name, s in lp.first().items()}
-
-    with ThreadPoolExecutor(len(groups)) as pool:
-        futures = {name: pool.submit(guarded, lambda lps=lps: one(lps), deadline) for name, lps in groups.items()}
-    return dict({name: f.result() for name, f in futures.items()}, wall_s=time.perf_counter() - t0)
-
-
 def prompts_for(vocab: int, batch: int, prompt_len: int) -> list[list[int]]:
     return np.random.default_rng(batch).integers(0, vocab, (batch, prompt_len)).tolist()
 
@@ -197,7 +175,8 @@ class TorchSide:
     def __init__(self, dims: dict, args):
         self.dims, self.args, self.model = dims, args, None
 
-    def batch(self, batch: int) -> dict:
+    def batch(self, batch: int, save=None) -> dict:
+        """Plain decoding and n-gram speculation at ``batch`` (``save(so far)`` after each run)."""
         import torch
         from flashspec_torch.backend import TorchBackend
         from flashspec_torch.drafts import LookupDraft as TorchLookup
@@ -208,7 +187,8 @@ class TorchSide:
             backend = TorchBackend(self.model, [TorchLookup()], eos_ids=[], verify_impl="triton", graphs=True)
             prompts = prompts_for(self.dims["vocab_size"], batch, self.args.prompt_len)
             out.update(Loops(backend, prompts, self.args.tokens if batch == 1 else self.args.batch_tokens, self.args.gamma,
-                             seed, torch.cuda.synchronize, names=("plain", "spec_host")).timed())
+                             seed, torch.cuda.synchronize, names=("plain", "spec_host")).timed(
+                None if save is None else lambda runs: save(dict(out, **runs))))
         return out
 
     def build(self) -> dict:
@@ -272,25 +252,6 @@ def jax_run(m, args, batch: int, tokens: int, names: tuple[str, ...], rows: int 
                  np.zeros(batch, np.uint64), lambda: None, device_loop, names)
 
 
-def jax_plan(m, args, batches: list[int]) -> dict[str, Loops]:
-    """A shape's JAX runs with the model's default choices, each group over a backend of its own (so
-    their compiles can overlap, ``warm``): batch 1 plain decoding; batch 1 speculation (host loop and
-    while loop); batch 1 plain decoding over G + 1 rows (``row_invariant``); plain decoding and
-    speculation at each of ``batches``."""
-    plan = {"b1_plain": jax_run(m, args, 1, args.tokens, ("plain",)),
-            "b1_spec": jax_run(m, args, 1, args.tokens, ("spec_host", "spec_while")),
-            "row_invariant": jax_run(m, args, 1, args.tokens, ("plain",), rows=args.gamma + 1)}
-    plan.update({f"batch_{b}": jax_run(m, args, b, args.batch_tokens, ("plain", "spec_host")) for b in batches})
-    return plan
-
-
-def warm_groups(plan: dict[str, Loops], batches: list[int]) -> dict[str, list[Loops]]:
-    """``warm``'s threads: batch 1 plain decoding alone (the longest compile), batch 1 speculation then
-    the row-invariant decoding (whose products speculation's scoring tuned), each batch size."""
-    return {"b1_plain": [plan["b1_plain"]], "b1_spec": [plan["b1_spec"], plan["row_invariant"]],
-            **{f"batch_{b}": [plan[f"batch_{b}"]] for b in batches}}
-
-
 def jax_b1(m, args, plain: Loops, spec: Loops | None = None, save=None) -> dict:
     """Batch 1 with the model's current choices: ``plain``'s and ``spec``'s runs timed (``save`` after
     each), and the decode step's bytes."""
@@ -311,10 +272,6 @@ def with_attention(m, impl: str, fn):
         m.attention_impl = None
 
 
-def jax_batches(plan: dict[str, Loops], batches: list[int], deadline: float) -> dict:
-    return {f"batch_{b}": guarded(lambda b=b: plan[f"batch_{b}"].timed(), deadline) for b in batches}
-
-
 def row_invariant(invariant: Loops, spec: Loops) -> dict:
     """Batch 1, greedy: plain decoding over G + 1 positions (``decode_rows``) timed, its tokens against
     n-gram speculation's (``spec``'s timed run, the same prompt)."""
@@ -325,52 +282,72 @@ def row_invariant(invariant: Loops, spec: Loops) -> dict:
                 ms_per_step_wall=r["plain"]["ms_per_step_wall"], compile_and_first_s=r["plain"]["compile_and_first_s"])
 
 
-def run_shape(name: str, dims: dict, args, batches: list[int], deadlines: tuple[float, float], save) -> dict:
-    """One shape's parts in order (module docstring); ``save(row)`` after each. ``deadlines``: (the
-    share's end, the last start of the parts after the issue's: the other attention, the attention
-    alone). A part of the issue's starts until the end: if the kill cuts it, only it is lost."""
-    deadline, soft = deadlines
-    row = dict(shape=name, config=dims, prompt_len=args.prompt_len, gamma=args.gamma)
-    side = TorchSide(dims, args)
-    if args.torch:
-        row["torch"] = {"batch_1": guarded(lambda: side.batch(1), deadline)}
-        save(row)
+def by_batch(batches: list[int], run, deadline: float, put) -> dict:
+    """``run(b, partial)`` at each of ``batches`` in order, each started only before ``deadline``;
+    ``put(so far)`` after each batch size and, through ``partial(runs)``, after each of its runs (the
+    unfinished batch size marked), so a kill loses only the run it cuts."""
+    out: dict = {}
+    for b in batches:
+        key = f"batch_{b}"
+        partial = lambda runs, key=key: put(dict(out, **{key: dict(runs, unfinished=True)}))  # noqa: E731
+        out[key] = guarded(lambda: run(b, partial), deadline)
+        put(out)
+    return out
+
+
+def build_jax(row: dict, dims: dict, torch_model):
+    """The shape's JAX model (``jax_model``; its weights on the device), its build figures into ``row``."""
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     t0 = time.perf_counter()
-    m, row["jax_weights"] = jax_model(dims, side.model, dtype)
+    m, row["jax_weights"] = jax_model(dims, torch_model, dtype)
     jax.block_until_ready(nnx.state(m))
     row.update(dtype=str(jnp.dtype(dtype)), jax_build_s=time.perf_counter() - t0, layer_bytes=m.layer_bytes(),
                jax_weight_bytes=int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(m)))))
+    return m, dtype
+
+
+def run_shape(name: str, dims: dict, args, batches: list[int], deadlines: tuple[float, float], save) -> dict:
+    """One shape's parts in the order of issue #37's figures (module docstring), each run compiled just
+    before it is timed and written (``save(row)``) as soon as it finishes. ``deadlines``: (the share's
+    end, the last start of the parts after the issue's: the other attention, the attention alone)."""
+    deadline, soft = deadlines
+    row = dict(shape=name, config=dims, prompt_len=args.prompt_len, gamma=args.gamma)
+    side = TorchSide(dims, args)
+
+    def into(*keys):  # save(row) with a part's figures so far at row[keys...]
+        def put(partial: dict) -> None:
+            at = row
+            for k in keys[:-1]:
+                at = at[k]
+            at[keys[-1]] = partial
+            save(row)
+        return put
+
+    if args.torch:
+        row["torch"] = {"batch_1": guarded(lambda: side.batch(1), deadline)}
+        save(row)
+    m, dtype = build_jax(row, dims, side.model)
     other = "xla" if m.attention_choice() != "xla" else "fused"
-    plan = jax_plan(m, args, batches)
-    if args.warm == "on" or (args.warm == "auto" and not m.uses_scan()):  # the scan compiles in seconds
-        row["jax_warm"] = warm(warm_groups(plan, batches), deadline)
-        save(row)
-        print(json.dumps({"jax_warm": row["jax_warm"]})[:1500], flush=True)
-
-    def saving(partial: dict) -> None:  # the jax part's runs as they finish (a child killed mid-part keeps them)
-        row["jax"] = dict(partial, unfinished=True)
-        save(row)
-
-    parts = [("jax", lambda: jax_b1(m, args, plan["b1_plain"], plan["b1_spec"], save=saving)),
-             ("torch_batches", lambda: {f"batch_{b}": guarded(lambda b=b: side.batch(b), deadline) for b in batches}),
-             ("jax_batches", lambda: jax_batches(plan, batches, deadline)),
-             ("row_invariant", lambda: row_invariant(plan["row_invariant"], plan["b1_spec"])),
+    b1_spec = jax_run(m, args, 1, args.tokens, ("spec_host", "spec_while"))
+    parts = [("jax", lambda: jax_b1(m, args, jax_run(m, args, 1, args.tokens, ("plain",)), b1_spec,
+                                    save=lambda partial: into("jax")(dict(partial, unfinished=True)))),
+             ("torch_batches", lambda: by_batch(batches, lambda b, partial: side.batch(b, partial), deadline,
+                                                into("torch", "batches"))),
+             ("jax_batches", lambda: by_batch(batches, lambda b, partial: jax_run(
+                 m, args, b, args.batch_tokens, ("plain", "spec_host")).timed(partial), deadline, into("jax_batches"))),
+             ("row_invariant", lambda: row_invariant(jax_run(m, args, 1, args.tokens, ("plain",), rows=args.gamma + 1),
+                                                     b1_spec)),
              ("jax_other_attention", lambda: with_attention(m, other, lambda: jax_b1(
                  m, args, jax_run(m, args, 1, args.tokens, ("plain",))))),
              ("attention_paths", lambda: jax_parts.attention_paths(dims, args.contexts, 1, args.reps, dtype, soft))]
-    extras = ("jax_other_attention", "attention_paths")
     for part, fn in parts:
-        if part == "attention_paths" and name not in args.attention_shapes:
+        if (part == "attention_paths" and name not in args.attention_shapes) or (part == "torch_batches" and not args.torch):
             continue
+        out = guarded(fn, soft if part in ("jax_other_attention", "attention_paths") else deadline)
+        into(*(("torch", "batches") if part == "torch_batches" else (part,)))(out)
         if part == "torch_batches":
-            if args.torch:
-                row["torch"]["batches"] = guarded(fn, deadline)
-                side.free()
-            continue
-        row[part] = guarded(fn, soft if part in extras else deadline)
-        save(row)
-        print(json.dumps({part: {k: v for k, v in row[part].items() if k != "bytes_per_step"}})[:1500], flush=True)
+            side.free()  # the torch model's memory back before JAX's batches
+        print(json.dumps({part: {k: v for k, v in out.items() if k != "bytes_per_step"}})[:1500], flush=True)
     side.free()
     return row
 
@@ -398,8 +375,8 @@ def parse_args(argv):
     ap.add_argument("--attention-shapes", default="smollm2-135m,llama3-8b")
     ap.add_argument("--budget-s", type=float, default=200.0, help="parts that would start past their shape's share are skipped")
     ap.add_argument("--no-torch", dest="torch", action="store_false")
-    ap.add_argument("--warm", choices=("auto", "on", "off"), default="auto",
-                    help="the JAX runs' first calls at once before timing (jax_warm): auto where the layers unroll")
+    ap.add_argument("--autotune-cache", type=Path, help="XLA's per-fusion GEMM autotuning cache for every child "
+                    "(a later run with the same directory, e.g. a second call on a warm device, skips what this one tuned)")
     ap.add_argument("--dry-run", action="store_true", help="a tiny config on the CPU, JAX only")
     ap.add_argument("--child", action="store_true", help="(internal) run --shapes in this process, the JSON to --out/"
                     + shape_children.RESULT)
@@ -426,8 +403,9 @@ def main(argv=None) -> None:
     if args.child:
         return run_here(args, argv)
     start, script = time.perf_counter(), str(Path(__file__).resolve())
-    command = lambda name, share, outdir: [sys.executable, script, *argv, "--shapes", name, "--out", str(outdir),  # noqa: E731
-                                           "--budget-s", f"{share:.1f}", "--child"]
+    flags = [shape_children.AUTOTUNE_CACHE.format(dir=args.autotune_cache)] if args.autotune_cache else []
+    command = lambda name, share, outdir: shape_children.flagged_command(flags, outdir / "child.log", [  # noqa: E731
+        sys.executable, script, *argv, "--shapes", name, "--out", str(outdir), "--budget-s", f"{share:.1f}", "--child"])
     with tempfile.TemporaryDirectory() as tmp:
         children = shape_children.run_children(args.shapes.split(","), SHARES, args.budget_s, command, Path(tmp))
     batches = [int(b) for b in args.batches.split(",") if b]

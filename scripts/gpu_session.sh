@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # One device-tool call's GPU work: checks first, then timings; JSON and logs under $OUT.
-#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax stash embedded head jaxhead serve flashinfer
+#   bash scripts/gpu_session.sh [STEP ...]    steps: tests engine profile kernels floor checks jax jax1 jax2 stash embedded head jaxhead serve flashinfer
 #   (default: tests engine profile kernels jax checks).
+#   Issue #37's table (benchmarks/jax_vs_torch_gpu.py) does not fit one call: two calls, `bash scripts/gpu_session.sh jax1`
+#   (SmolLM2-135M and TinyLlama-1.1B, $OUT/jax1/) then `jax2` (Llama-3-8B alone, $OUT/jax2/); docs/jax.md has the estimate
+#   per part. `jax` runs JAX_SHAPES (default all three) in one call: every shape's batch-1 figures, not the large shapes' batch 64.
+#   All three keep XLA's autotuning in JAX_AUTOTUNE_CACHE (/tmp/fs_autotune): a later call on the warm machine reuses it.
 #   flashinfer: carry .flashinfer/lib (bash scripts/flashinfer_build.sh builds it here, no GPU)
 #   The embedded model's GGUF (98 MB) is more than one call carries (64 MiB with the tree): `stash` keeps
 #   .carry_a/gguf.part_* in /tmp/fs on the device, once per call (back to back, while the machine is warm)
@@ -25,6 +29,11 @@ gguf_ready() {  # the stashed parts + .carry_b's last part -> /tmp/fs/model.gguf
     && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 .carry_b/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site2
 }
+jax_table() {  # SHAPES BUDGET_S TIMEOUT_S SUBDIR: benchmarks/jax_vs_torch_gpu.py, its JSON and log under $OUT/SUBDIR
+  mkdir -p "$OUT/$4" && timeout "$3" python3 benchmarks/jax_vs_torch_gpu.py --shapes "$1" --budget-s "$2" --out "$OUT/$4" \
+    --autotune-cache "${JAX_AUTOTUNE_CACHE:-/tmp/fs_autotune}" \
+    > "$OUT/$4/jax_vs_torch.log" 2>&1; tail -"${JAX_TAIL:-12}" "$OUT/$4/jax_vs_torch.log"
+}
 for step in $steps; do
   echo "== $step $(date +%T)"
   case $step in
@@ -35,7 +44,9 @@ for step in $steps; do
     kernels) timeout ${KERNELS_TIMEOUT:-420} python3 benchmarks/verify_kernels.py --out "$OUT" --no-jax --drafts logprobs ${KERNELS_ARGS:-} \
              > "$OUT/verify_kernels.log" 2>&1; tail -${KERNELS_TAIL:-8} "$OUT/verify_kernels.log" ;;
     floor) timeout ${FLOOR_TIMEOUT:-200} python3 benchmarks/verify_floor.py ${FLOOR_ARGS:-} > "$OUT/verify_floor.log" 2>&1; tail -14 "$OUT/verify_floor.log" ;;
-    jax) timeout ${JAX_TIMEOUT:-400} python3 benchmarks/jax_vs_torch_gpu.py --shapes ${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b} --budget-s ${JAX_BUDGET:-360} --out "$OUT" > "$OUT/jax_vs_torch.log" 2>&1; tail -${JAX_TAIL:-12} "$OUT/jax_vs_torch.log" ;;
+    jax) jax_table "${JAX_SHAPES:-smollm2-135m,tinyllama-1.1b,llama3-8b}" "${JAX_BUDGET:-530}" "${JAX_TIMEOUT:-560}" . ;;
+    jax1) jax_table smollm2-135m,tinyllama-1.1b "${JAX_BUDGET:-400}" "${JAX_TIMEOUT:-430}" jax1 ;;
+    jax2) jax_table llama3-8b "${JAX_BUDGET:-530}" "${JAX_TIMEOUT:-560}" jax2 ;;
     checks) for b in ${CHECK_BACKENDS:-torch jax}; do timeout 240 python3 benchmarks/gpu_checks.py --backend $b > "$OUT/gpu_checks_$b.log" 2>&1; tail -3 "$OUT/gpu_checks_$b.log"; done ;;
     flashinfer) timeout ${FLASHINFER_TIMEOUT:-500} python3 benchmarks/verify_kernels_flashinfer.py --out "$OUT" ${FLASHINFER_ARGS:-} \
              > "$OUT/verify_kernels_flashinfer.log" 2>&1; tail -${FLASHINFER_TAIL:-45} "$OUT/verify_kernels_flashinfer.log" ;;
