@@ -59,8 +59,10 @@ The model (``AdaptivePolicy``):
   arm runs once more if it could win at the least it can cost, and the second measurement replaces the first.
 
 * held choices (the engine's loop, ``flashspec.adaptive_loop``; ``flashspec.throughput.held``): a choice made on
-  value runs its arm for as many steps as keep its host seconds within a share of a step's; the policy observes
-  every step. Exactness: a held arm was chosen from finished steps, as any choice.
+  value runs its arm for as many steps as keep its host seconds within a share of a step's, doubled for each next
+  choice of the same arm on the posterior means clear of its rivals (``margin``), until a draft's acceptance moves or
+  a change of regime (``shifts``); the policy observes every step. Exactness: a held arm was chosen from finished
+  steps, as any choice.
 
 An arm's length holds for every row of the step; per-row lengths (``verify(draft_lengths=)``) come
 from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), not from this policy
