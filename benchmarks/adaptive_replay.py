@@ -39,10 +39,12 @@ def runs_of(steps: list[int], names: list[str]) -> str:
     return " ".join(f"{n}*{k}" for n, k in out)
 
 
-def scenario(row: dict, tokens: int, own: bool) -> tuple[Scenario, list[np.ndarray]]:
+def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0) -> tuple[Scenario, list[np.ndarray]]:
     """A static scenario of one (model, batch) row: step seconds per arm, the fixed runs' traces. ``own``: the
     adaptive run's own end-of-run estimates (``adaptive_cost_ms``, where measured; a plain step's scoring included
-    as ``score_cost``), else the fixed runs' median steps."""
+    as ``score_cost``), else the fixed runs' median steps. Where the run recorded its choices' host ms
+    (``adaptive_choose_ms``), a choice takes their median and a step lasts at least ``host_ms`` + that (the loop's
+    other host work a step, then the choice: ``Scenario.host_s``), held choices as the engine's loop."""
     arms = make_arms(len(DRAFTS), LENGTHS)
     names = arm_names(arms, DRAFTS)
     ms = {"plain": row["plain_step_ms"], **{n: row["fixed"][n]["step_ms"] for n in names if n != "plain"}}
@@ -51,32 +53,36 @@ def scenario(row: dict, tokens: int, own: bool) -> tuple[Scenario, list[np.ndarr
         est = {n: v for n, v in row["adaptive_cost_ms"].items() if np.isfinite(v)}
         score = max(0.0, est.pop("plain", ms["plain"]) - ms["plain"]) * len(names[:1]) / 1e3 * 4  # 1 step in 4 scores
         ms.update(est)
+    choose_ms = float(np.median(row["adaptive_choose_ms"])) if row.get("adaptive_choose_ms") else 0.0
     sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in DRAFTS), row["batch"],
-                  tokens, noise=0.0, score_cost=score)
+                  tokens, noise=0.0, score_cost=score, choose_s=choose_ms / 1e3, host_s=host_ms / 1e3 if choose_ms else 0.0)
     width = tokens + max(LENGTHS) + 2
     return sc, [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in DRAFTS]
 
 
-def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bool) -> list[dict]:
-    """Every batch of one model with one policy, as ``adaptive_bench.py`` runs them (``own``: ``scenario``'s;
-    ``warm``: ``AdaptivePolicy.warm``, first measurements trusted)."""
+def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bool, host_ms: float = 0.0,
+                 grow: bool = True) -> list[dict]:
+    """Every batch of one model with one policy, as ``adaptive_bench.py`` runs them (``own``, ``host_ms``:
+    ``scenario``'s; ``warm``: ``AdaptivePolicy.warm``, first measurements trusted; ``grow``: held choices' streak,
+    ``adaptive_loop.Choices``)."""
     policy, out = None, []
     for row in rows:
-        sc, bits = scenario(row, tokens, own)
+        sc, bits = scenario(row, tokens, own, host_ms)
         names = arm_names(sc.arms, DRAFTS)
         policy = policy or make_policy(sc.arms)
         data = Rows.replay(sc, bits)
         fixed = {n: run_fixed(sc, a, data) for a, n in enumerate(names)}
         tps = {n: r.tokens_per_s for n, r in fixed.items()}
-        run_adaptive(sc, policy, data, warm=warm)  # the benchmark's warm-up run
+        run_adaptive(sc, policy, data, warm=warm, grow=grow)  # the benchmark's warm-up run
         seq: list[int] = []
-        res = run_adaptive(sc, policy, data, warm=warm, chosen=seq)
+        res = run_adaptive(sc, policy, data, warm=warm, chosen=seq, grow=grow)
         best = max(tps.values())
         out.append(dict(batch=row["batch"], measured_arms=row["adaptive_arms"], replayed_arms=runs_of(seq, names),
                         measured_vs_best=round(row["checks"]["adaptive_vs_best_fixed_or_plain"], 4),
                         replayed_vs_best=round(res.tokens_per_s / best, 4),
                         replayed_vs_plain=round(res.tokens_per_s / tps["plain"], 4),
-                        replayed_steps=len(seq), best_fixed_steps=sum(fixed[max(tps, key=tps.get)].steps.values())))
+                        replayed_steps=len(seq), best_fixed_steps=sum(fixed[max(tps, key=tps.get)].steps.values()),
+                        choices=res.choices))
     return out
 
 
@@ -88,13 +94,18 @@ def main() -> None:
                     help="step seconds: the fixed runs' medians, or the adaptive run's own estimates (``scenario``)")
     ap.add_argument("--cold", action="store_true", help="first measurements provisional (adaptive_bench.py before "
                     "it declared its captured steps warm: the H200 run of 2026-12-07)")
+    ap.add_argument("--host-ms", type=float, default=0.9,
+                    help="the adaptive loop's host ms a step besides its choice, where the run recorded its choices' "
+                    "host ms (``scenario``): SmolLM2-135M's fixed steps on the H100 take ~1.0 ms at batch 1-16 whatever G")
+    ap.add_argument("--no-growth", action="store_true",
+                    help="held choices never grow (``adaptive_loop.Choices`` before s19's streak): the before row")
     args = ap.parse_args()
     src = json.loads(args.run.read_text())
     doc = dict(command="python " + " ".join(sys.argv), source=str(args.run), models={})
     for model, rows in src["models"].items():
         doc["models"][model] = replay_model(rows, src["tokens_per_row"],
                                             lambda arms: AdaptivePolicy(arms, len(DRAFTS), rng=0),
-                                            args.costs == "own", not args.cold)
+                                            args.costs == "own", not args.cold, args.host_ms, not args.no_growth)
         for r in doc["models"][model]:
             print(model, json.dumps(r), flush=True)
     ratios = [r["replayed_vs_best"] for rows in doc["models"].values() for r in rows]

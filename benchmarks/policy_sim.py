@@ -144,6 +144,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", type=Path, default=DEFAULT_RUN, help="an adaptive_bench.py JSON (H100)")
     ap.add_argument("--policy", choices=("new", "old", "both"), default="both")
+    ap.add_argument("--choose-ms", type=float, default=0.0,
+                    help="static scenarios: host ms of one choice (0: free, every step chooses; ``Scenario.choose_s``)")
+    ap.add_argument("--host-ms", type=float, default=0.0,
+                    help="static scenarios: the loop's other host ms a step (``Scenario.host_s``)")
+    ap.add_argument("--no-growth", action="store_true", help="held choices never grow (``adaptive_loop.Choices``)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     src = json.loads(args.run.read_text())
@@ -170,9 +175,10 @@ def main() -> None:
                                          for a, n in enumerate(names) if n != "plain"}
                 entry["position_acceptance"] = {n: position_acceptance(row["fixed"][n]["trace"], arm.length)
                                                 for n, arm in zip(names, arms) if not arm.plain}
+            host = dict(choose_s=args.choose_ms / 1e3, host_s=args.host_ms / 1e3)
             scenarios = {
-                "static": Scenario(arms, costs, drafts, b, tokens, score_cost=score_cost),
-                "static_long": Scenario(arms, costs, drafts, b, 4 * tokens, score_cost=score_cost),
+                "static": Scenario(arms, costs, drafts, b, tokens, score_cost=score_cost, **host),
+                "static_long": Scenario(arms, costs, drafts, b, 4 * tokens, score_cost=score_cost, **host),
                 "stream": Scenario(arms, costs, drafts, b, tokens, mode="stream", steps=3 * tokens, score_cost=score_cost),
             }
             for kind, sc in scenarios.items():
@@ -181,7 +187,8 @@ def main() -> None:
                     entry["runs"][key] = {}
                     for p in chosen:
                         out = compare(sc, lambda p=p: policies[p](arms, len(DRAFTS), rng=0), warm=begin == "warm",
-                                      repeats=max(1, 16 // b), priced=begin == "priced", bits=bits)
+                                      repeats=max(1, 16 // b), priced=begin == "priced", bits=bits,
+                                      grow=not args.no_growth)
                         entry["runs"][key][p] = dict(
                             vs_best=round(out["vs_best"], 4), vs_plain=round(out["vs_plain"], 4),
                             best=names[out["best"]], steps={names[a]: n for a, n in sorted(out["steps"].items())},

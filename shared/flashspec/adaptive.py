@@ -59,8 +59,10 @@ The model (``AdaptivePolicy``):
   arm runs once more if it could win at the least it can cost, and the second measurement replaces the first.
 
 * held choices (the engine's loop, ``flashspec.adaptive_loop``; ``flashspec.throughput.held``): a choice made on
-  value runs its arm for as many steps as keep its host seconds within a share of a step's; the policy observes
-  every step. Exactness: a held arm was chosen from finished steps, as any choice.
+  value runs its arm for as many steps as keep its host seconds within a share of a step's, doubled for each next
+  choice of the same arm on the posterior means clear of its rivals (``margin``), until a draft's acceptance moves or
+  a change of regime (``shifts``); the policy observes every step. Exactness: a held arm was chosen from finished
+  steps, as any choice.
 
 An arm's length holds for every row of the step; per-row lengths (``verify(draft_lengths=)``) come
 from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), not from this policy
@@ -171,6 +173,8 @@ class AdaptivePolicy(ChangeTest):
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
         self.in_flight: set[int] = set()  # arms chosen and not yet observed
         self.on_value = False  # the last choice was made on the arms' values (not exploration, not a re-measurement)
+        self.shifts = 0  # changes of regime seen (``changed``): a held choice ends at one (``adaptive_loop.Choices``)
+        self.margin = 0.0  # the last choice on value: its log value on the posterior means over its best rival's
         self.row_succ: np.ndarray | None = None  # [drafts, B]: per row of the batch (``new_batch``), as succ
         self.row_fail: np.ndarray | None = None  # [drafts, B]
         self.row_active: np.ndarray | None = None  # [B] bool: the rows active in the last finished step
@@ -211,10 +215,17 @@ class AdaptivePolicy(ChangeTest):
             a = int(np.argmax(stale))
             self.period[b, a] *= 2
             return self.launch(a)
-        a = self.best(b, rate, capped)
         draw = self.sample_alpha()  # Thompson: a draft not scored for free is learnt only by running it
-        if not np.array_equal(draw, mean):  # every draft scored for free: the draw is the means, the choice made
-            a = self.best(b, self.log_rate(rows, draw), capped)
+        drawn = ~self.arm_plain & ~self.free[self.arm_draft]  # [arms]: those the draw prices (the rest: the means)
+        value = self.priced(b, rate, capped)  # [arms]: on the posterior means
+        a = on_means = int(np.argmax(value))
+        if drawn.any():
+            rate = rate.copy()
+            rate[drawn] = self.log_rate(rows, draw, np.flatnonzero(drawn))
+            a = self.best(b, rate, capped)
+        rival = self.arm_plain != self.arm_plain[a] if self.arm_plain[a] else self.arm_draft != self.arm_draft[a]
+        rival |= self.arm_plain & ~self.arm_plain[a]
+        self.margin = float(value[a] - value[rival].max(initial=-np.inf)) if a == on_means else 0.0
         self.period[b, a] = self.remeasure
         self.on_value = True
         return self.launch(a)
@@ -299,6 +310,10 @@ class AdaptivePolicy(ChangeTest):
     def posterior_mean(self, succ: np.ndarray, fail: np.ndarray) -> np.ndarray:  # [drafts, R]
         return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
 
+    def pooled_mean(self) -> np.ndarray:  # [drafts]
+        """Each draft's pooled posterior mean acceptance: what a held choice watches (``adaptive_loop.Choices``)."""
+        return self.posterior_mean(self.succ, self.fail)
+
     def sample_alpha(self) -> np.ndarray:  # [drafts, R]
         """A Thompson draw of each draft's acceptance per active row; a draft scored for free (``free``) is seen on
         every step whatever runs, so it needs no exploration: its posterior mean. With every draft scored for free
@@ -319,18 +334,21 @@ class AdaptivePolicy(ChangeTest):
         v = rate - (self.capped_log_cost(b) if capped is None else capped)
         return np.where(self.cost_weight[b] > 0, v, -np.inf)
 
-    def log_rate(self, rows: int, alpha: np.ndarray) -> np.ndarray:  # [arms]
-        """log(tokens per step) each arm would give. A server (no ``remaining``): rows x the rows' mean expected
-        emitted tokens, a finished row being replaced. A static batch (``new_batch(tokens=)``): its remaining
-        tokens over the steps until its last row is done if the arm ran to the end (``finish_steps``): every step
-        costs the whole batch, so a batch that drains is as fast as its slowest rows, not its mean row."""
+    def log_rate(self, rows: int, alpha: np.ndarray, arms: np.ndarray | None = None) -> np.ndarray:  # [arms]
+        """log(tokens per step) each arm (``arms``: these indices' alone) would give. A server (no ``remaining``):
+        rows x the rows' mean expected emitted tokens, a finished row being replaced. A static batch
+        (``new_batch(tokens=)``): its remaining tokens over the steps until its last row is done if the arm ran to
+        the end (``finish_steps``): every step costs the whole batch, so a batch that drains is as fast as its
+        slowest rows, not its mean row."""
+        pick = slice(None) if arms is None else arms
+        draft, plain, width = self.arm_draft[pick], self.arm_plain[pick], self.arm_length[pick]  # [arms] each
         left = None if self.remaining is None or self.row_active is None else self.remaining[self.row_active]
         if left is None or left.shape[0] != alpha.shape[1] or not left.any():
-            mean, _ = emitted_moments(alpha[self.arm_draft], self.arm_length[:, None], self.profile()[self.arm_draft, None])
-            return np.log(rows * np.where(self.arm_plain, 1.0, mean.mean(axis=1)))
-        length = np.minimum(self.arm_length[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
-        mean, var = emitted_moments(alpha[self.arm_draft], length, self.profile()[self.arm_draft, None])  # [arms, R] each
-        mean, var = np.where(self.arm_plain[:, None], 1.0, mean), np.where(self.arm_plain[:, None], 0.0, var)
+            mean, _ = emitted_moments(alpha[draft], width[:, None], self.profile()[draft, None])
+            return np.log(rows * np.where(plain, 1.0, mean.mean(axis=1)))
+        length = np.minimum(width[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
+        mean, var = emitted_moments(alpha[draft], length, self.profile()[draft, None])  # [arms, R] each
+        mean, var = np.where(plain[:, None], 1.0, mean), np.where(plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
     def best(self, b: int, rate: np.ndarray, capped: np.ndarray | None = None) -> int:
@@ -433,6 +451,7 @@ class AdaptivePolicy(ChangeTest):
             raise ValueError("accepted must be in [0, drafted] for every row")
         if self.changed(draft, drafted, accepted, where):
             self.forget(draft)
+            self.shifts += 1
         self.remember(draft, drafted, accepted)
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)

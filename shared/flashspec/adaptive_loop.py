@@ -7,6 +7,8 @@ them). ``Choices`` (held choices, the scoring switch), ``prepare_arms`` and ``ob
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .adaptive import AdaptivePolicy
@@ -16,34 +18,53 @@ from .faults import check_finite
 from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_accepted, row_drafted
 from .throughput import held
 
+CLEAR = math.log(1.1)  # the margin (log value) over the best rival arm that lets a held choice grow (``Choices``)
+DRIFT = 0.05  # a held choice ends where a draft's pooled posterior acceptance moved this much since it (``Choices``)
+
 
 class Choices:
     """The arm of each step, as both loops ask the policy: a choice made on value (``AdaptivePolicy.on_value``)
-    holds for ``held(its host seconds, the last step's seconds)`` steps, during which the policy is not asked (it
-    still observes every step) and the arm is launched again; ``now``: the loop's clock (``StepTimer.now``). A hold
-    lasts while the steps' ``key`` stays the one it was chosen under (the engine: None; the server: the sampling
-    group and cost bucket served). Where the policy scores the drafts for free, the backend's scoring is switched
-    for the step: on for a speculative step, on a plain one only now and then (``AdaptivePolicy.plain_scores``)."""
+    holds for ``held(its host seconds, the last step's seconds, streak)`` steps, during which the policy is not asked
+    (it still observes every step) and the arm is launched again; ``now``: the loop's clock (``StepTimer.now``). The
+    streak counts the choices in a row that chose the same arm on value and on the posterior means (not by a Thompson
+    draw's luck: ``AdaptivePolicy.settled``): each doubles the hold (3 -> 6 -> 12 ... steps), so a run whose best arm
+    stays the best pays the choice's host time ever more rarely (``grow``: False never grows, as before s19). A hold,
+    and its streak, end where the steps' ``key`` changes (the engine: None; the server: the sampling group and cost
+    bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
+    moved by more than ``DRIFT`` since the choice (``pooled_mean``). Where the policy scores the drafts for free, the
+    backend's scoring is switched for the step: on for a speculative step, on a plain one only now and then
+    (``plain_scores``)."""
 
-    def __init__(self, backend: Backend, policy: AdaptivePolicy, now):
-        self.backend, self.policy, self.now = backend, policy, now
-        self.arm, self.hold, self.key = 0, 0, None
+    def __init__(self, backend: Backend, policy: AdaptivePolicy, now, grow: bool = True):
+        self.backend, self.policy, self.now, self.grow = backend, policy, now, grow
+        self.arm, self.hold, self.key, self.streak, self.shifts = 0, 0, None, 0, policy.shifts
+        self.seen = policy.pooled_mean()  # [drafts]: at the last choice
 
     def next(self, choose, last_s: float | None, key=None) -> int:
         """The next step's arm index: the held arm, or ``choose()`` (the policy's choice for the rows served), timed;
         ``last_s``: the last finished step's seconds (None: none yet)."""
         policy = self.policy
-        if self.hold > 0 and key == self.key:  # the last choice still holds: the arm again, the policy's work saved
+        if self.hold > 0 and (key != self.key or policy.shifts != self.shifts or self.drifted()):
+            self.hold = self.streak = 0  # another key, a change of regime, moved acceptance: choose afresh
+        if self.hold > 0:  # the last choice still holds: the arm again, the policy's work saved
             self.hold -= 1
             policy.launch(self.arm)
         else:
             t0 = self.now()
-            self.arm, self.key = choose(), key
-            self.hold = held(self.now() - t0, last_s) - 1 if policy.on_value else 0
+            arm = choose()
+            again = self.grow and policy.on_value and policy.margin >= CLEAR and arm == self.arm and key == self.key
+            self.key, self.shifts, self.seen = key, policy.shifts, policy.pooled_mean()
+            self.streak = self.streak + 1 if again else 0
+            self.arm = arm
+            self.hold = held(self.now() - t0, last_s, self.streak) - 1 if policy.on_value else 0
         if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
             plain = policy.arms[self.arm].plain
             self.backend.score_free(policy.scoring_gamma if not plain or policy.plain_scores() else 0)
         return self.arm
+
+    def drifted(self) -> bool:
+        """Whether a draft's pooled acceptance moved by more than ``DRIFT`` since the last choice."""
+        return bool(np.abs(self.policy.pooled_mean() - self.seen).max(initial=0.0) > DRIFT)
 
 
 def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .adaptive import AdaptivePolicy, Arm
+from .adaptive_loop import Choices
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class Scenario:
     noise: float = 0.03  # log-normal sigma of each step's seconds
     score_cost: float = 0.0  # seconds a plain step's full-information scoring adds (fixed runs never score)
     seed: int = 0
+    choose_s: float = 0.0  # static: host seconds of one adaptive choice (0: free, every step chooses: ``run_adaptive``)
+    host_s: float = 0.0  # static: the adaptive loop's other host seconds a step (a step lasts at least its host work)
 
     def __post_init__(self):
         if len(self.costs) != len(self.arms) or not all(c > 0 for c in self.costs):
@@ -181,16 +184,18 @@ class Result:
     tokens: int
     seconds: float
     steps: dict  # arm index -> steps run
+    choices: int = 0  # adaptive, static: the steps that asked the policy (the rest held its choice)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
 
 
-def run(sc: Scenario, choose: Callable[[], tuple[int, bool]], observe=None, rows: Rows | None = None) -> Result:
-    """One run of ``sc``: ``choose()`` gives each step's arm and whether the step scores the free drafts (a
+def run(sc: Scenario, choose: Callable[[], tuple[int, bool, float]], observe=None, rows: Rows | None = None) -> Result:
+    """One run of ``sc``: ``choose()`` gives each step's arm, whether the step scores the free drafts (a
     speculative step of the adaptive loop always does, its measured cost includes it; a plain one when the policy
-    says, at ``score_cost``); ``observe(arm, where, accepted, drafted, seconds, free)`` hears each step one step
+    says, at ``score_cost``) and the host seconds of the step's loop work (the step lasts at least that long: the
+    device waits for its launch); ``observe(arm, where, accepted, drafted, seconds, free)`` hears each step one step
     late (``free``: per draft, (scored, accepted) [rows] or None)."""
     rows = rows or Rows(sc)
     slot_req = np.arange(sc.batch)  # [batch]: the request each slot holds
@@ -202,7 +207,7 @@ def run(sc: Scenario, choose: Callable[[], tuple[int, bool]], observe=None, rows
         active = pos < sc.tokens
         if (sc.mode == "static" and not active.any()) or (sc.mode == "stream" and step >= sc.steps):
             break
-        a, scores = choose()
+        a, scores, host = choose()
         arm = sc.arms[a]
         where = np.flatnonzero(active)
         req, p = slot_req[where], pos[where]
@@ -218,6 +223,7 @@ def run(sc: Scenario, choose: Callable[[], tuple[int, bool]], observe=None, rows
         pos[where] += emitted
         tokens += int(emitted.sum())
         t = (sc.costs[a] + (sc.score_cost if scores and arm.plain else 0.0)) * rows.cost_noise[step % len(rows.cost_noise)]
+        t = max(t, host)
         seconds += t
         counts[a] = counts.get(a, 0) + 1
         if observe is not None:
@@ -234,15 +240,15 @@ def run(sc: Scenario, choose: Callable[[], tuple[int, bool]], observe=None, rows
 
 
 def run_fixed(sc: Scenario, arm: int, rows: Rows | None = None) -> Result:
-    return run(sc, lambda: (arm, False), rows=rows)
+    return run(sc, lambda: (arm, False, 0.0), rows=rows)
 
 
 def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None, warm: bool = True,
-                 chosen: list[int] | None = None) -> Result:
-    """``policy`` over ``sc`` as the engine's loop (static: ``new_batch``) or the server (stream: ``open_rows``,
-    ``start_rows`` for each admitted request) drives it. ``warm``: no cold first run, as the GPU's captured steps
-    (``adaptive_loop.prepare_arms``; False: first measurements provisional, ``AdaptivePolicy.warm``); ``chosen``:
-    a list that gets each step's arm index."""
+                 chosen: list[int] | None = None, grow: bool = True) -> Result:
+    """``policy`` over ``sc`` as the engine's loop (static: ``new_batch``, choices held as ``adaptive_loop.Choices``
+    holds them, ``grow`` its streak) or the server (stream: ``open_rows``, ``start_rows`` for each admitted request)
+    drives it. ``warm``: no cold first run, as the GPU's captured steps (``adaptive_loop.prepare_arms``; False: first
+    measurements provisional, ``AdaptivePolicy.warm``); ``chosen``: a list that gets each step's arm index."""
     rows = rows or Rows(sc)
     policy.in_flight.clear()
     policy.warm = warm
@@ -252,16 +258,23 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
     else:
         policy.open_rows(sc.batch)
         state["slot_req"] = np.arange(sc.batch)
-    last = {"where": np.arange(sc.batch)}
+    last = {"where": np.arange(sc.batch), "s": None}
+    clock, asked = [0.0], [0]  # the host's clock (a choice advances it by ``choose_s``), the choices asked
+    choices = Choices(None, policy, lambda: clock[0], grow)
 
-    def choose() -> tuple[int, bool]:
-        if sc.mode == "static":
-            a = policy.choose(len(last["where"]))
+    def ask() -> int:
+        clock[0] += sc.choose_s
+        asked[0] += 1
+        return policy.choose(len(last["where"]))
+
+    def choose() -> tuple[int, bool, float]:
+        if sc.mode == "static":  # as the engine's loop: a choice on value holds (``Choices``), timed on the host clock
+            start = clock[0]
+            a = choices.next(ask, last["s"])
             if chosen is not None:
                 chosen.append(a)
-        else:  # the server scores on every step
-            return policy.choose(len(last["where"]), where=last["where"], size=sc.batch), True
-        return a, not sc.arms[a].plain or policy.plain_scores()
+            return a, not sc.arms[a].plain or policy.plain_scores(), sc.host_s + clock[0] - start
+        return policy.choose(len(last["where"]), where=last["where"], size=sc.batch), True, 0.0  # the server scores always
 
     def observe(a, where, accepted, drafted, seconds, free) -> None:
         size = None if sc.mode == "static" else sc.batch
@@ -269,20 +282,23 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
         for d, f in enumerate(free):
             if f is not None and f[0].any():
                 policy.observe_free(d, f[0], f[1], where)
-        last["where"] = where
+        last["where"], last["s"] = where, seconds
 
-    return run(sc, choose, observe, rows=rows)
+    res = run(sc, choose, observe, rows=rows)
+    res.choices = asked[0]
+    return res
 
 
 def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1,
-            priced: bool = False, bits: Sequence[np.ndarray] | None = None) -> dict:
+            priced: bool = False, bits: Sequence[np.ndarray] | None = None, grow: bool = True) -> dict:
     """Every fixed arm and the adaptive policy over the same rows: tokens/s each, and adaptive / best fixed and
     adaptive / plain. ``warm``: the policy first runs the scenario once (the benchmark's warm-up run, which
     prices every arm at this batch size) before the run that counts; ``priced``: the policy starts knowing every
     arm's step seconds at this batch size (a plain step's at 1 scoring step in ``score_every``), nothing of the
     drafts' acceptance (as if each step kind were timed when captured); ``repeats``: scenarios of seeds seed,
     seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw); ``bits``:
-    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models."""
+    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models; ``grow``:
+    ``run_adaptive``'s."""
     totals = np.zeros((len(sc.arms) + 1, 2))  # [fixed arms + adaptive, (tokens, seconds)]
     steps: dict = {}
     for i in range(repeats):
@@ -298,8 +314,8 @@ def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool 
             policy.log_cost[b] = np.log(np.array(sc.costs) + plain * sc.score_cost / policy.score_every)
             policy.cost_weight[b] = 1.0
         if warm:
-            run_adaptive(s, policy, rows)
-        res = run_adaptive(s, policy, rows)
+            run_adaptive(s, policy, rows, grow=grow)
+        res = run_adaptive(s, policy, rows, grow=grow)
         totals[-1] += (res.tokens, res.seconds)
         for a, n in res.steps.items():
             steps[a] = steps.get(a, 0) + n

@@ -8,7 +8,9 @@ import math
 import numpy as np
 
 HOST_SHARE = 0.25  # the share of a step's time a choice's host work may take, spread over the steps it holds (``held``)
-MAX_HOLD = 4  # the most steps one choice holds for
+MAX_HOLD = 4  # the most steps one choice holds for on its host time alone
+MAX_GROWN = 32  # the most steps a choice holds for once its arm keeps winning clearly (``held``'s streak)
+NEWTON_STEPS = 40  # the most Newton steps ``finish_steps`` takes to its crossing
 
 
 def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None
@@ -28,8 +30,10 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
     """Expected steps until the last of R rows is done, per arm: row b, ``left`` [R] tokens to go at ``mean`` /
     ``var`` [arms, R] tokens a step, needs steps_b ~ normal(left / mean, left var / mean^3) (a renewal count); the
     last row is done at about the t that the rows pass once between them, sum_b P(steps_b > t) = 1 (the normal tail
-    by its logistic approximation), and never before the slowest row's expectation. The crossing is found to
-    (hi - lo) / 4096 on a grid of 15 interior points a round, 3 rounds."""
+    by its logistic approximation), and never before the slowest row's expectation, nor past it + 5 sigma. From the
+    slowest row's expectation every tail is convex and falling in t, so Newton's steps rise to the crossing without
+    passing it: at most ``NEWTON_STEPS``, stopping when every arm's step is below 1 / 8192 of its bracket (the
+    precision of a 4096-cell grid's midpoint)."""
     m = left / mean  # [arms, R]
     if m.shape[1] == 1:
         return np.maximum(1.0, m[:, 0])
@@ -38,21 +42,28 @@ def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndar
     hi = lo + 5.0 * s.max(axis=1)
     scale = 1.702 / s  # [arms, R]
     shift = scale * m
-    j = np.arange(1, 16)  # [15]: the interior points of a round's grid
-    for _ in range(3):  # 16 ** 3 = 4096 cells
-        w = (hi - lo) / 16  # [arms]
-        t = lo[:, None] + np.multiply.outer(w, j)  # [arms, 15]
-        z = np.minimum(50.0, scale[:, None, :] * t[:, :, None] - shift[:, None, :])  # [arms, 15, R]
-        k = ((1.0 / (1.0 + np.exp(z))).sum(axis=2) > 1.0).sum(axis=1)  # [arms]: true up to the crossing: its cell
-        lo, hi = lo + w * k, np.where(k == 15, hi, lo + w * (k + 1))
-    return np.maximum(1.0, 0.5 * (lo + hi))
+    t, tol = lo.copy(), (hi - lo) / 8192
+    moving = np.ones(len(t), bool)  # [arms]: an arm stops at its own first small step (its answer is its own alone)
+    for _ in range(NEWTON_STEPS):
+        p = 1.0 / (1.0 + np.exp(np.minimum(50.0, scale * t[:, None] - shift)))  # [arms, R]: P(steps_b > t)
+        excess = p.sum(axis=1) - 1.0  # [arms]: > 0 left of the crossing, falling in t
+        slope = (scale * p * (1.0 - p)).sum(axis=1)  # [arms]: -d excess / dt
+        step = np.where(moving & (excess > 0), excess / np.maximum(slope, 1e-300), 0.0)
+        t = np.minimum(hi, t + step)
+        moving &= step > tol
+        if not moving.any():
+            break
+    return np.maximum(1.0, t)
 
 
-def held(choose_s: float, step_s: float | None) -> int:
+def held(choose_s: float, step_s: float | None, streak: int = 0) -> int:
     """The steps a choice made on value runs its arm for: enough that the choice's host seconds ``choose_s``, spread
     over them, stay within ``HOST_SHARE`` of a step (``step_s``: the last measured; None: unknown, 1), at most
-    ``MAX_HOLD``. Where a device step is short (about 1 ms) the policy's host work would otherwise hold the device
-    up (docs/adaptive.md); where steps are long, or on a simulated clock (``choose_s`` 0), every step chooses."""
+    ``MAX_HOLD``; where that is more than one step, doubled for each of the ``streak`` choices in a row that chose
+    the same arm (``adaptive_loop.Choices``), at most ``MAX_GROWN``. Where a device step is short
+    (about 1 ms) the policy's host work would otherwise hold the device up (docs/adaptive.md); where steps are long,
+    or on a simulated clock (``choose_s`` 0), every step chooses."""
     if not step_s or choose_s <= 0.0:
         return 1
-    return int(min(MAX_HOLD, max(1, math.ceil(choose_s / (HOST_SHARE * step_s)))))
+    steps = int(min(MAX_HOLD, max(1, math.ceil(choose_s / (HOST_SHARE * step_s)))))
+    return steps if steps == 1 else min(MAX_GROWN, steps << min(streak, 16))

@@ -480,3 +480,4 @@ def test_a_step_of_slow_rows_is_judged_by_their_own_acceptance():
     tried = np.ones(slow.size, bool)
     assert not policy.surprised(0, tried, accepted, slow)
     assert policy.surprised(0, tried, accepted, None)
+

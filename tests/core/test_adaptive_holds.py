@@ -1,0 +1,55 @@
+"""Held choices that grow while their arm keeps winning (``adaptive_loop.Choices``, ``throughput.held``) and the
+drawn arms' own pricing (``AdaptivePolicy.log_rate(arms=)``): issue #35, ad20."""
+
+import numpy as np
+
+from flashspec import adaptive_loop, throughput
+from flashspec.adaptive import AdaptivePolicy, make_arms
+
+
+def test_a_held_choice_grows_while_its_arm_keeps_winning_and_restarts_on_moved_acceptance():
+    """``adaptive_loop.Choices``: a choice on value taking 0.6 s against 1 s steps holds 3 steps; each next choice of
+    the same arm on the posterior means, clear of its rivals (``CLEAR``), doubles it (3, 6, 12, 24, then
+    ``MAX_GROWN``), so the policy is asked at
+    steps 0, 3, 9, 21, 45, 77; a choice made by a Thompson draw alone (``margin`` 0) holds its 3 steps and starts
+    the streak again; a draft's pooled acceptance moving by more than ``DRIFT`` ends a hold at once; ``grow=False``
+    holds 3 steps every time (before s19)."""
+    policy = AdaptivePolicy(make_arms(1, (2,)), 1)
+    now, asked, settled = [0.0], [], []
+
+    def choose():
+        now[0] += 0.6
+        asked.append(step)
+        policy.on_value, policy.margin = True, (1.0 if settled.pop(0) else 0.0) if settled else 1.0
+        return 1
+
+    choices = adaptive_loop.Choices(None, policy, lambda: now[0])
+    for step in range(80):
+        assert choices.next(choose, 1.0) == 1
+    assert asked == [0, 3, 9, 21, 45, 45 + throughput.MAX_GROWN]
+    choices, asked[:], settled[:] = adaptive_loop.Choices(None, policy, lambda: now[0]), [], [True, False, True, True]
+    for step in range(9):
+        if step == 8:
+            policy.succ[0] += 10.0  # the n-gram's pooled acceptance moves: the hold of 6 from step 6 ends
+        choices.next(choose, 1.0)
+    assert asked == [0, 3, 6, 8]
+    plain_hold, asked[:] = adaptive_loop.Choices(None, policy, lambda: now[0], grow=False), []
+    for step in range(12):
+        plain_hold.next(choose, 1.0)
+    assert asked == [0, 3, 6, 9]
+
+
+def test_the_drawn_arms_rate_alone_is_the_full_rates_entry():
+    """``log_rate(rows, alpha, arms)`` (``choose`` prices only the arms a Thompson draw moves) equals the full
+    computation's entries, for a static batch (``finish_steps`` per arm) and a server."""
+    r = np.random.default_rng(3)
+    for tokens in (40, None):
+        p = AdaptivePolicy(make_arms(2, (2, 4)), 2)
+        p.new_batch(16, tokens)
+        for _ in range(5):
+            for a in range(1, 5):
+                p.observe(a, 16, r.integers(0, p.arms[a].length + 1, 16), 1.0, where=np.arange(16))
+        alpha = r.uniform(0.1, 0.95, (2, 16))
+        full = p.log_rate(16, alpha)
+        for pick in ([3, 4], [0], [1, 4]):
+            assert np.array_equal(p.log_rate(16, alpha, np.array(pick)), full[pick])
