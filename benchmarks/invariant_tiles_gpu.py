@@ -7,7 +7,8 @@ Every projection (qkv, o, gate_up, down, LM head) of TinyLlama-1.1B's and Llama-
 ``--shapes smollm2-135m`` SmolLM2-135M's), random bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks) with the candidates
 that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
 64-row tiles of 16-128 columns, 2-4 stages, 4-8 warps (a warpgroup MMA on sm_90 instead of ``mma.sync``:
-an empirical question of rounding);
+an empirical question of rounding); above 64 rows 128-row tiles of 64-256 columns, 8 warps (two 64-row
+warpgroup MMAs per dot);
 and K chunks of twice the length over the same slices (``r16_k2x``: the same sequence of 16-deep MMA
 steps if the compiler chains them alike; the interpreter's pairwise tree over 256 is the sum of the two
 trees over 128, the same bits).
@@ -25,7 +26,7 @@ Per projection and family:
 
 ``summary``: per shape, family and M, the sum over the projections of the best passing candidates' us
 against cuBLAS's and the engine's (``launch_tiling``); which candidates failed anywhere (they must never
-be mixed); ``mma64_equal``: no 64-row candidate failed and every mutant was caught (with nothing in
+be mixed); ``mma64_equal``: no 64- or 128-row candidate failed and every mutant was caught (with nothing in
 ``skipped``, the evidence ``flashspec_torch.invariant_matmul.MMA64_CARDS`` asks for this GPU). The JSON is rewritten after each part; a part that would start after ``--budget-s`` is
 skipped and named in ``skipped``. ``--device cpu --tiny`` (TRITON_INTERPRET=1) tests the script.
 """
@@ -68,7 +69,8 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
     One family, ``engine``: the engine's order (``invariant_tiling``), launched in every way below. The
     64-row tiles of 64-128 columns with 3-4 stages (8 warps at 128 columns) are shaped like cuBLAS's
     tiles at these sizes; one weight chunk is preloaded there (two [128, 128] chunks would sit in registers).
-    The engine's 64-row launches (``MMA64_LAUNCHES``) are candidates by their names."""
+    The engine's warpgroup-MMA launches (``MMA64_LAUNCHES``) are candidates by their names, the 128-row
+    ones above 64 rows only; and ``m128_n128_w8``, their 128-column tiling with one slice per program."""
     m64 = replace(t, block_m=64, row_tiles=1)
     wide = min(64, 2 * t.block_n)
     engine = {
@@ -81,7 +83,9 @@ def families(t: I.InvariantTiling, k: int) -> dict[str, dict[str, tuple[I.Invari
         "m64_n64": (replace(m64, block_n=64, num_stages=3, preload=1), ("64", "big")),
         "m64_n128_w8": (replace(m64, block_n=128, num_stages=3, num_warps=8, preload=1), ("64", "big")),
     }
-    engine.update({name: (replace(t, **fields), ("64", "big")) for name, fields in I.MMA64_LAUNCHES.items()})
+    engine["m128_n128_w8"] = (replace(t, **dict(I.MMA64_LAUNCHES["m128_n128_w8_serial"], span=1)), ("big",))
+    engine.update({name: (replace(t, **fields), ("64", "big") if fields["block_m"] == 64 else ("big",))
+                   for name, fields in I.MMA64_LAUNCHES.items()})
     if t.chunks % 2 == 0:  # the same slices in chunks of twice the K: on a GPU the same 16-deep MMA steps in the
         # same order, if Triton chains them alike (another order(); the interpreter's tree sums give the same bits)
         engine["r16_k2x"] = (replace(t, block_k=2 * t.block_k, chunks=t.chunks // 2, preload=min(t.preload, t.chunks // 2)),
@@ -209,7 +213,7 @@ def summarize(parts: list[dict]) -> dict:
                                             best_over_cublas=best_us / cublas, engine_over_cublas=engine / cublas,
                                             choice={p["projection"]: b["candidate"] for p, b in zip(mine, bests)})
         out["per_shape"][shape] = rows
-    out["mma64_equal"] = not [f for f in failed if "m64" in f] and out["mutants_caught"] == out["mutants"] > 0
+    out["mma64_equal"] = not [f for f in failed if "m64" in f or "m128" in f] and out["mutants_caught"] == out["mutants"] > 0
     return out
 
 
