@@ -7,7 +7,7 @@ Every projection (qkv, o, gate_up, down, LM head) of TinyLlama-1.1B's and Llama-
 ``--shapes smollm2-135m`` SmolLM2-135M's), random bf16. A *family* is one reduction order (``InvariantTiling.order()``: block_k, chunks) with the candidates
 that keep it (``families``): 16-row tiles varying warps, stages, column tile, slices per program;
 64-row tiles of 16-128 columns, 2-4 stages, 4-8 warps (a warpgroup MMA on sm_90 instead of ``mma.sync``:
-an empirical question of rounding); above 64 rows 128-row tiles of 64-256 columns, 8 warps (two 64-row
+an empirical question of rounding); above 64 rows 128-row tiles of 64-128 columns, 8 warps (two 64-row
 warpgroup MMAs per dot);
 and K chunks of twice the length over the same slices (``r16_k2x``: the same sequence of 16-deep MMA
 steps if the compiler chains them alike; the interpreter's pairwise tree over 256 is the sum of the two

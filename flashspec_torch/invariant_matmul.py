@@ -119,15 +119,14 @@ MMA64_LAUNCHES: dict[str, dict[str, int]] = {
     "m64_n64_s4_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=4, preload=1),
     "m64_n128_w8_serial": dict(block_m=64, row_tiles=1, span=0, block_n=128, num_stages=3, num_warps=8, preload=1),
     # 128-row tiles (two 64-row warpgroup MMAs per dot, 8 warps: the 64-row tiles' instruction, its rounding
-    # still checked on each card), for many rows: 64-256 columns, as many stages as shared memory holds
-    # ([128 + block_n, 128] bf16 a stage, of 227 KB)
-    "m128_n64_w8_s4_serial": dict(block_m=128, row_tiles=1, span=0, block_n=64, num_stages=4, num_warps=8, preload=1),
-    "m128_n128_w8_serial": dict(block_m=128, row_tiles=1, span=0, block_n=128, num_stages=3, num_warps=8, preload=1),
-    "m128_n256_w8_serial": dict(block_m=128, row_tiles=1, span=0, block_n=256, num_stages=2, num_warps=8, preload=1),
+    # still checked on each card), for many rows: 64 or 128 columns, as many stages as sm_90's 227 KB of shared
+    # memory holds (ptxas: 240 and 256 KB with one stage more; benchmarks/invariant_registers_sm90.py)
+    "m128_n64_w8_s3_serial": dict(block_m=128, row_tiles=1, span=0, block_n=64, num_stages=3, num_warps=8, preload=1),
+    "m128_n128_w8_serial": dict(block_m=128, row_tiles=1, span=0, block_n=128, num_stages=2, num_warps=8, preload=1),
 }
 MMA64_BASIC = frozenset({"m64_serial", "m64_n64_serial"})  # the order's columns or 64, 2-3 stages
 MMA64_CUBLAS_LIKE = frozenset({"m64_n64_s4_serial", "m64_n128_w8_serial"})  # shaped like cuBLAS's tiles
-MMA128 = frozenset({"m128_n64_w8_s4_serial", "m128_n128_w8_serial", "m128_n256_w8_serial"})  # from MMA128_ROWS rows
+MMA128 = frozenset({"m128_n64_w8_s3_serial", "m128_n128_w8_serial"})  # from MMA128_ROWS rows
 # (N, K) of the five products of TinyLlama-1.1B's and Llama-3-8B's shapes: what both cards' runs checked (SmolLM2-135M's,
 # K = 576 and 1536, never were: issue #40's SmolLM2 failure on the H200, docs/batch_invariance.md)
 MMA64_PRODUCTS = frozenset({(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (32000, 2048),
@@ -223,18 +222,16 @@ def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) ->
 
 def mma128_launch(m: int, n: int, covered: frozenset[str]) -> str | None:
     """The 128-row launch (``MMA128``) for M rows of an N-column product, if ``covered`` holds it: none below
-    ``MMA128_ROWS`` rows; 256 columns for ``WIDE_N`` columns or more, else 128 or else 64 columns, the
-    first that gives ``MMA128_PROGRAMS`` programs (None where neither does: the 64-row launch). A first
-    rule, to be replaced by what a card's run of ``benchmarks/invariant_tiles_gpu.py`` finds fastest."""
+    ``MMA128_ROWS`` rows; 128, else 64 columns, the first that gives ``MMA128_PROGRAMS`` programs (None where
+    neither does: the 64-row launch). A first rule, to be replaced by what a card's run of
+    ``benchmarks/invariant_tiles_gpu.py`` finds fastest."""
     if m < MMA128_ROWS:
         return None
     tiles = -(-m // MMA128_ROWS)  # row tiles of 128
-    if n >= WIDE_N:
-        name = "m128_n256_w8_serial"
-    elif tiles * -(-n // 128) >= MMA128_PROGRAMS:
+    if tiles * -(-n // 128) >= MMA128_PROGRAMS:
         name = "m128_n128_w8_serial"
     elif tiles * -(-n // 64) >= MMA128_PROGRAMS:
-        name = "m128_n64_w8_s4_serial"
+        name = "m128_n64_w8_s3_serial"
     else:
         return None
     return name if name in covered else None

@@ -151,14 +151,15 @@ def test_128_row_tiles_only_where_a_cards_evidence_lists_them(monkeypatch):
     card whose evidence lists them it takes one from ``MMA128_ROWS`` rows where it gives ``MMA128_PROGRAMS``
     programs (the 64-row launch elsewhere), only one its evidence lists; under the interpreter every row
     of a 200-row pass (two 128-row tiles over every slice, the second partial) has its bits alone, in the
-    engine and with each 128-row launch in float32 and bfloat16 (whose [128, 64-256, 128] products the
-    interpreter sums in halves of K: ``tree_dot``)."""
+    engine and with each 128-row launch in float32 and bfloat16, and with 256 columns in float32 (where a
+    tile's products pass the interpreter's 2^20 elements a tensor, it sums them in halves of K: ``tree_dot``;
+    float32 shows a changed order)."""
     assert not any(I.MMA128 & ev.launches for ev in I.MMA64_CARDS.values())
     for n, k in I.MMA64_PRODUCTS:
         t = I.invariant_tiling(n, k, torch.bfloat16)
         assert all(I.launch_tiling(t, m, n, k, gpu).block_m <= 64 for m in (128, 320, 2496) for gpu in (None, *I.MMA64_CARDS))
     assert [I.mma128_launch(m, n, I.MMA128) for m, n in ((127, 32000), (320, 32000), (320, 6144), (320, 4096), (320, 2048))] \
-        == [None, "m128_n256_w8_serial", "m128_n128_w8_serial", "m128_n64_w8_s4_serial", None]
+        == [None, "m128_n128_w8_serial", "m128_n128_w8_serial", "m128_n64_w8_s3_serial", None]
     assert I.mma128_launch(320, 6144, I.MMA128 - {"m128_n128_w8_serial"}) is None
     t = I.invariant_tiling(N, K, torch.bfloat16)
     blocks = lambda: [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (64, 127, 128, 200)]  # noqa: E731
@@ -176,8 +177,10 @@ def test_128_row_tiles_only_where_a_cards_evidence_lists_them(monkeypatch):
         x, w = rand(200, K, seed=9, dtype=dtype), rand(N, K, seed=10, dtype=dtype)
         t = I.invariant_tiling(N, K, dtype)
         alone = torch.cat([I.launch(x[i : i + 1], w, False, t) for i in rows])
-        for name in sorted(I.MMA128):
-            got = I.launch(x, w, False, replace(t, **I.MMA64_LAUNCHES[name]))[list(rows)]
+        tilings = {name: replace(t, **I.MMA64_LAUNCHES[name]) for name in sorted(I.MMA128)}
+        tilings["256 columns"] = replace(tilings["m128_n128_w8_serial"], block_n=256)
+        for name, tiling in tilings.items():
+            got = I.launch(x, w, False, tiling)[list(rows)]
             assert torch.equal(got, alone), (dtype, name, (got != alone).any(dim=1).nonzero().flatten().tolist())
 
 
