@@ -346,4 +346,4 @@ def test_one_chunk_slices_are_summed_from_zero_on_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    assert out.stdout.count("0 onto a non-zero") == 3, out.stdout
+    assert out.stdout.count("0 onto a non-zero") == 4, out.stdout  # 16-row tiles (partials, serial), 64- and 128-row serial
