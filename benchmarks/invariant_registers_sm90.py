@@ -6,7 +6,8 @@ projection of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16), at M = 1, 64 and 
 candidate runs (each distinct kernel once), and runs ``ptxas -v`` on its PTX. Run without
 TRITON_INTERPRET:
 
-    PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks python benchmarks/invariant_registers_sm90.py [--only m128] [tinyllama-1.1b llama3-8b]
+    PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks python benchmarks/invariant_registers_sm90.py \
+        [--only m128] [tinyllama-1.1b llama3-8b]
 
 (~1-2 s per compile on this project's CPU machine; ``--only TEXT``: only the variants whose name holds it).
 Prints one line per projection and variant: its tiling, shared memory, registers, spill bytes.
@@ -37,7 +38,8 @@ SHARED_MAX = 232448  # bytes of shared memory a block may have on sm_90 (227 KB)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("shapes", nargs="*", default=["tinyllama-1.1b", "llama3-8b"], help="shapes of invariant_tiles_gpu.py")
+    ap.add_argument("shapes", nargs="*", default=["tinyllama-1.1b", "llama3-8b"],
+                    help="shapes of invariant_tiles_gpu.py")
     ap.add_argument("--only", default="", help="compile only the variants whose name holds this text")
     args = ap.parse_args()
     backend = make_backend(TARGET)

@@ -218,7 +218,8 @@ def summarize(parts: list[dict]) -> dict:
                                             best_over_cublas=best_us / cublas, engine_over_cublas=engine / cublas,
                                             choice={p["projection"]: b["candidate"] for p, b in zip(mine, bests)})
         out["per_shape"][shape] = rows
-    out["mma64_equal"] = not [f for f in failed if "m64" in f or "m128" in f] and out["mutants_caught"] == out["mutants"] > 0
+    out["mma64_equal"] = (not [f for f in failed if "m64" in f or "m128" in f]
+                          and out["mutants_caught"] == out["mutants"] > 0)
     return out
 
 
@@ -282,7 +283,8 @@ def main() -> None:
                   versions=dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
                                 cuda=torch.version.cuda),
                   settings=dict(ms=args.ms, rows=args.rows, trials=args.trials, placements=3, dtype="bfloat16",
-                                budget_s=args.budget_s, timer="triton.testing.do_bench(warmup=5, rep=25, return_mode='median'), L2 flushed"),
+                                budget_s=args.budget_s,
+                                timer="triton.testing.do_bench(warmup=5, rep=25, return_mode='median'), L2 flushed"),
                   parts=[], skipped=[])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     jobs = [(n, k, tuple(args.ms), args.device) for shape in shapes for proj, n, k in projections(shape)

@@ -169,7 +169,8 @@ def evidence_card(x: torch.Tensor) -> str | None:
 def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = None) -> InvariantTiling:
     """The engine's tiling for M rows, always of ``t``'s order (``t``: ``invariant_tiling``; block_n < 64
     but for the widest products). From 64 rows on a ``gpu`` of ``MMA64_CARDS``, the 64-row (from 128 rows
-    128-row, where its evidence lists them) launch of ``mma64_launch``. Otherwise up to 64 rows, 16-row tiles (up to 4 per program), one slice per program,
+    128-row, where its evidence lists them) launch of ``mma64_launch``. Otherwise up to 64 rows, 16-row
+    tiles (up to 4 per program), one slice per program,
     with twice ``t``'s columns per tile, or, for the widest products, 4 stages where a slice has 16 chunks
     or more (at most 16 rows); above 64 rows 16-row tiles over every slice where that still gives
     ``SERIAL_PROGRAMS`` programs. These are the fastest checked candidates of

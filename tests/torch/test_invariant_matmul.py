@@ -157,13 +157,16 @@ def test_128_row_tiles_only_where_a_cards_evidence_lists_them(monkeypatch):
     assert not any(I.MMA128 & ev.launches for ev in I.MMA64_CARDS.values())
     for n, k in I.MMA64_PRODUCTS:
         t = I.invariant_tiling(n, k, torch.bfloat16)
-        assert all(I.launch_tiling(t, m, n, k, gpu).block_m <= 64 for m in (128, 320, 2496) for gpu in (None, *I.MMA64_CARDS))
-    assert [I.mma128_launch(m, n, I.MMA128) for m, n in ((127, 32000), (320, 32000), (320, 6144), (320, 4096), (320, 2048))] \
+        assert all(I.launch_tiling(t, m, n, k, gpu).block_m <= 64
+                   for m in (128, 320, 2496) for gpu in (None, *I.MMA64_CARDS))
+    cases = ((127, 32000), (320, 32000), (320, 6144), (320, 4096), (320, 2048))  # (M, N)
+    assert [I.mma128_launch(m, n, I.MMA128) for m, n in cases] \
         == [None, "m128_n128_w8_serial", "m128_n128_w8_serial", "m128_n64_w8_s3_serial", None]
     assert I.mma128_launch(320, 6144, I.MMA128 - {"m128_n128_w8_serial"}) is None
     t = I.invariant_tiling(N, K, torch.bfloat16)
     blocks = lambda: [I.launch_tiling(t, m, N, K, "some GPU").block_m for m in (64, 127, 128, 200)]  # noqa: E731
-    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": I.Evidence("its results", I.MMA64_BASIC | I.MMA128, frozenset({(N, K)}))})
+    ev = I.Evidence("its results", I.MMA64_BASIC | I.MMA128, frozenset({(N, K)}))
+    monkeypatch.setattr(I, "MMA64_CARDS", {"some GPU": ev})
     assert blocks() == [16, 64, 64, 64]  # 1 column tile: too few programs
     monkeypatch.setattr(I, "MMA128_PROGRAMS", 1)
     assert blocks() == [16, 64, 128, 128]
@@ -346,4 +349,4 @@ def test_one_chunk_slices_are_summed_from_zero_on_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    assert out.stdout.count("0 onto a non-zero") == 4, out.stdout  # 16-row tiles (partials, serial), 64- and 128-row serial
+    assert out.stdout.count("0 onto a non-zero") == 4, out.stdout  # 16 rows (partials, serial), 64, 128 (serial)
