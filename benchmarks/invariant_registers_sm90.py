@@ -6,15 +6,16 @@ projection of TinyLlama-1.1B's and Llama-3-8B's shapes (bf16), at M = 1, 64 and 
 candidate runs (each distinct kernel once), and runs ``ptxas -v`` on its PTX. Run without
 TRITON_INTERPRET:
 
-    PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks python benchmarks/invariant_registers_sm90.py [tinyllama-1.1b llama3-8b]
+    PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks python benchmarks/invariant_registers_sm90.py \
+        [--only m128] [tinyllama-1.1b llama3-8b]
 
-(~1-2 s per compile on this project's CPU machine). Prints one line per projection and variant: its tiling, shared
-memory, registers, spill bytes.
+(~1-2 s per compile on this project's CPU machine; ``--only TEXT``: only the variants whose name holds it).
+Prints one line per projection and variant: its tiling, shared memory, registers, spill bytes.
 """
 
+import argparse
 import os
 import subprocess
-import sys
 import tempfile
 from unittest import mock
 
@@ -32,7 +33,15 @@ from flashspec_torch import layers  # noqa: E402
 from invariant_tiles_gpu import families, m_class, projections  # noqa: E402  (benchmarks/ is on sys.path)
 
 TARGET = GPUTarget("cuda", 90, 64)
+SHARED_MAX = 232448  # bytes of shared memory a block may have on sm_90 (227 KB)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("shapes", nargs="*", default=["tinyllama-1.1b", "llama3-8b"],
+                    help="shapes of invariant_tiles_gpu.py")
+    ap.add_argument("--only", default="", help="compile only the variants whose name holds this text")
+    args = ap.parse_args()
     backend = make_backend(TARGET)
     label = []
 
@@ -45,14 +54,15 @@ def main() -> None:
             f.write(kernel.asm["ptx"])
         err = subprocess.run(["ptxas", "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True).stderr
         info = [line.split("info    : ")[-1] for line in err.splitlines() if "registers" in line or "spill" in line]
-        print(*label, f"shared {kernel.metadata.shared} B |", " | ".join(info), flush=True)
+        over = " (OVER sm_90's 232448: fails to launch)" if kernel.metadata.shared > SHARED_MAX else ""
+        print(*label, f"shared {kernel.metadata.shared} B{over} |", " | ".join(info), flush=True)
 
     real_ptr = torch.Tensor.data_ptr
     meta = torch.device("meta")
     with mock.patch.object(JITFunction, "run", run), \
             mock.patch.object(torch.Tensor, "data_ptr", lambda t: ((id(t) & 0xFFFFFFFFFF) << 8) if t.is_meta else real_ptr(t)), \
             mock.patch.object(layers, "pdl_possible", lambda d: True), mock.patch.object(I, "interpreting", lambda: False):
-        for shape in sys.argv[1:] or ["tinyllama-1.1b", "llama3-8b"]:
+        for shape in args.shapes:
             for proj, n, k in projections(shape):
                 t = I.invariant_tiling(n, k, torch.bfloat16)
                 e = lambda *s: torch.empty(*s, dtype=torch.bfloat16, device=meta)  # noqa: E731
@@ -63,7 +73,7 @@ def main() -> None:
                               for gpu in (None, *I.MMA64_CARDS)]
                     for name, tiling, classes in engine + cands:
                         key = (tiling, min(tiling.row_tiles, -(-m // tiling.block_m)))
-                        if m_class(m) not in classes or key in seen:
+                        if m_class(m) not in classes or key in seen or args.only not in name:
                             continue
                         seen.add(key)
                         label[:] = [shape, proj, n, k, f"M {m} {name} {tiling} slices {tiling.slices(k)}:"]

@@ -111,16 +111,22 @@ class Evidence:
     products: frozenset[tuple[int, int]]
 
 
-# 64-row launches of an order's tiling ``t``, named as ``benchmarks/invariant_tiles_gpu.py``'s candidates:
-# the fields replaced in ``t`` (one 64-row tile per program over every slice).
+# Warpgroup-MMA launches of an order's tiling ``t``, named as ``benchmarks/invariant_tiles_gpu.py``'s candidates:
+# the fields replaced in ``t`` (one 64- or 128-row tile per program over every slice).
 MMA64_LAUNCHES: dict[str, dict[str, int]] = {
     "m64_serial": dict(block_m=64, row_tiles=1, span=0),
     "m64_n64_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=3),
     "m64_n64_s4_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=4, preload=1),
     "m64_n128_w8_serial": dict(block_m=64, row_tiles=1, span=0, block_n=128, num_stages=3, num_warps=8, preload=1),
+    # 128-row tiles (two 64-row warpgroup MMAs per dot, 8 warps: the 64-row tiles' instruction, its rounding
+    # still checked on each card), for many rows: 64 or 128 columns, as many stages as sm_90's 227 KB of shared
+    # memory holds (ptxas: 240 and 256 KB with one stage more; benchmarks/invariant_registers_sm90.py)
+    "m128_n64_w8_s3_serial": dict(block_m=128, row_tiles=1, span=0, block_n=64, num_stages=3, num_warps=8, preload=1),
+    "m128_n128_w8_serial": dict(block_m=128, row_tiles=1, span=0, block_n=128, num_stages=2, num_warps=8, preload=1),
 }
 MMA64_BASIC = frozenset({"m64_serial", "m64_n64_serial"})  # the order's columns or 64, 2-3 stages
 MMA64_CUBLAS_LIKE = frozenset({"m64_n64_s4_serial", "m64_n128_w8_serial"})  # shaped like cuBLAS's tiles
+MMA128 = frozenset({"m128_n64_w8_s3_serial", "m128_n128_w8_serial"})  # from MMA128_ROWS rows
 # (N, K) of the five products of TinyLlama-1.1B's and Llama-3-8B's shapes: what both cards' runs checked (SmolLM2-135M's,
 # K = 576 and 1536, never were: issue #40's SmolLM2 failure on the H200, docs/batch_invariance.md)
 MMA64_PRODUCTS = frozenset({(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (32000, 2048),
@@ -135,6 +141,8 @@ MMA64_CARDS: dict[str, Evidence] = {
                                       MMA64_PRODUCTS),
 }
 MMA64_ROWS = 64
+MMA128_ROWS = 128  # where covered, 128-row tiles from this many rows
+MMA128_PROGRAMS = 132  # ... where they still give one program per SM of an H100 (else the 64-row launch)
 MMA64_DTYPES = (torch.bfloat16,)  # the dtype of every card's run (settings.dtype in its JSON): float32 and
 # float16 keep 16-row tiles everywhere until a run checks them
 WIDE_N = 8192  # from this many columns (gate_up, LM heads) 64-row tiles of 128 columns where covered
@@ -160,8 +168,9 @@ def evidence_card(x: torch.Tensor) -> str | None:
 
 def launch_tiling(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None = None) -> InvariantTiling:
     """The engine's tiling for M rows, always of ``t``'s order (``t``: ``invariant_tiling``; block_n < 64
-    but for the widest products). From 64 rows on a ``gpu`` of ``MMA64_CARDS``, the 64-row launch of
-    ``mma64_launch``. Otherwise up to 64 rows, 16-row tiles (up to 4 per program), one slice per program,
+    but for the widest products). From 64 rows on a ``gpu`` of ``MMA64_CARDS``, the 64-row (from 128 rows
+    128-row, where its evidence lists them) launch of ``mma64_launch``. Otherwise up to 64 rows, 16-row
+    tiles (up to 4 per program), one slice per program,
     with twice ``t``'s columns per tile, or, for the widest products, 4 stages where a slice has 16 chunks
     or more (at most 16 rows); above 64 rows 16-row tiles over every slice where that still gives
     ``SERIAL_PROGRAMS`` programs. These are the fastest checked candidates of
@@ -190,11 +199,14 @@ def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) ->
     with 4 stages for K > ``LONG_K``, ``t``'s columns for shorter K, and above 64 rows 64 columns, 3 stages.
     Where it covers ``MMA64_BASIC`` only: at 64 rows ``t``'s columns where there are
     ``MMA64_SERIAL_PROGRAMS`` column tiles (16-row tiles below that), above 64 rows 64 columns (3 stages;
-    the widest products keep their 2)."""
+    the widest products keep their 2). From ``MMA128_ROWS`` rows ``mma128_launch`` first, where covered."""
     ev = MMA64_CARDS.get(gpu)
     covered = ev.launches if ev is not None and (n, k) in ev.products else frozenset()
     if m < MMA64_ROWS or not covered:
         return None
+    wide = mma128_launch(m, n, covered)
+    if wide is not None:
+        return wide
     if MMA64_BASIC | MMA64_CUBLAS_LIKE <= covered:
         if n >= WIDE_N or (m > MMA64_ROWS and k > LONG_K):
             name = "m64_n128_w8_serial"
@@ -206,6 +218,23 @@ def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) ->
         name = "m64_serial" if -(-n // t.block_n) >= MMA64_SERIAL_PROGRAMS else None
     else:
         name = "m64_serial" if t.block_n >= 64 else "m64_n64_serial"
+    return name if name in covered else None
+
+
+def mma128_launch(m: int, n: int, covered: frozenset[str]) -> str | None:
+    """The 128-row launch (``MMA128``) for M rows of an N-column product, if ``covered`` holds it: none below
+    ``MMA128_ROWS`` rows; 128, else 64 columns, the first that gives ``MMA128_PROGRAMS`` programs (None where
+    neither does: the 64-row launch). A first rule, to be replaced by what a card's run of
+    ``benchmarks/invariant_tiles_gpu.py`` finds fastest."""
+    if m < MMA128_ROWS:
+        return None
+    tiles = -(-m // MMA128_ROWS)  # row tiles of 128
+    if tiles * -(-n // 128) >= MMA128_PROGRAMS:
+        name = "m128_n128_w8_serial"
+    elif tiles * -(-n // 64) >= MMA128_PROGRAMS:
+        name = "m128_n64_w8_s3_serial"
+    else:
+        return None
     return name if name in covered else None
 
 

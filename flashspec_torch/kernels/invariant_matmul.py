@@ -41,8 +41,21 @@ def dot_nt(a, b, acc, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC
     if USE_DOT:
         acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
     else:
-        acc += tree_sum(a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :], BM, BN, BK)
+        acc += tree_dot(a.to(tl.float32), b.to(tl.float32), BM, BN, BK)
     return acc
+
+
+@triton.jit
+def tree_dot(a, b, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """The interpreter's a b^T: a [BM, BK], b [BN, BK] float32 -> [BM, BN], each element's BK products
+    summed by ``tree_sum``. Where [BM, BN, BK] would pass the interpreter's 2^20 elements a tensor (128-row
+    tiles), the trees of K's two halves added: the same tree (its last step adds those two)."""
+    if BM * BN * BK <= 1 << 20:
+        return tree_sum(a[:, None, :] * b[None, :, :], BM, BN, BK)
+    else:
+        a_lo, a_hi = tl.split(tl.permute(tl.reshape(a, [BM, 2, BK // 2]), (0, 2, 1)))  # [BM, BK / 2] each
+        b_lo, b_hi = tl.split(tl.permute(tl.reshape(b, [BN, 2, BK // 2]), (0, 2, 1)))
+        return tree_dot(a_lo, b_lo, BM, BN, BK // 2) + tree_dot(a_hi, b_hi, BM, BN, BK // 2)
 
 
 @triton.jit

@@ -37,7 +37,7 @@ def dot_accumulators(ir: str) -> tuple[list[str], set[str]]:
 
 def main() -> int:
     k, block_k, slices = 576, 128, 5  # SmolLM2-135M's hidden size: five one-chunk slices, the last half masked
-    for block_m, row_tiles, span in ((16, 4, 1), (16, 4, slices), (64, 1, slices)):
+    for block_m, row_tiles, span in ((16, 4, 1), (16, 4, slices), (64, 1, slices), (128, 1, slices)):
         constexprs = dict(K=k, BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=block_k, CHUNKS=1, SLICES=slices, SPAN=span,
                           PARTIALS=slices // span, PRELOAD=1, ROW_TILES=row_tiles, PRECISION="tf32", USE_DOT=True,
                           USE_PDL=False)
