@@ -170,17 +170,43 @@ def dynamic_counts(values: torch.Tensor, on_path: torch.Tensor, depths: torch.Te
     return hit.max(1).values
 
 
+def walk(counts: torch.Tensor) -> list[int]:
+    """The drafts accepted at each step of a greedy engine run over consecutive roots with ``counts``
+    accepted per root: a step emits count + 1 tokens and the next step's root is that many positions on."""
+    i, steps, c = 0, [], counts.tolist()
+    while i < len(c):
+        steps.append(c[i])
+        i += c[i] + 1
+    return steps
+
+
+def repeated_share(tokens: list[int], start: int, n: int = 4) -> float:
+    """The share of positions t >= start whose n-gram ending at t occurred earlier in the sequence."""
+    seen, hits = set(), 0
+    for t in range(n - 1, len(tokens)):
+        gram = tuple(tokens[t - n + 1 : t + 1])
+        hits += t >= start and gram in seen
+        seen.add(gram)
+    return hits / max(1, len(tokens) - start)
+
+
+def rates(counts: list[torch.Tensor]) -> dict:
+    """Tokens per step of per-root accepted counts (one tensor per sequence): averaged over every root
+    (``per_position``) and over the steps of a greedy engine run (``engine_walk``, ``walk``)."""
+    steps = [n for c in counts for n in walk(c)]
+    return {"per_position": float(1 + torch.cat(counts).float().mean()),
+            "engine_walk": 1 + sum(steps) / max(1, len(steps)), "walk_steps": len(steps)}
+
+
 def chain_rows(rr: torch.Tensor, gammas) -> dict:
-    """The chain at each G: tokens per step counted, and 1 + a1 + a1 a2 + ... from the per-position rates."""
+    """The chain at each G: acceptance per draft position (given the earlier ones were accepted) and
+    1 + a1 + a1 a2 + ... from the marginal per-position rates (how the model card's table computes it)."""
     ok = (rr == 0).float()  # [R, D]
     out = {}
     for g in gammas:
-        counted = 1 + ok[:, :g].cumprod(1).sum(1).mean()
         reached = torch.cat([torch.ones(len(rr), 1), ok[:, : g - 1].cumprod(1)], 1)  # the earlier ones accepted
         cond = (ok[:, :g] * reached).sum(0) / reached.sum(0).clamp(min=1)
-        marginal = ok[:, :g].mean(0)
-        out[g] = {"tokens_per_step": float(counted), "nodes": g,
-                  "product_of_rates": float(1 + marginal.cumprod(0).sum()),
+        out[g] = {"nodes": g, "product_of_rates": float(1 + ok[:, :g].mean(0).cumprod(0).sum()),
                   "acceptance_by_position": [round(float(a), 4) for a in cond]}
     return out
 
@@ -210,6 +236,7 @@ def measure_sequence(head, target, seq, args) -> dict:
     rr = root_ranks(chain_ranks(head, target, tokens, feats, truth, depth), roots)
     out = {"ranks": rr, "p_top1": p_top1, "roots": roots,
            "greedy_flips": int((truth[seq.prompt_len - 1 : -1] != tokens[0, seq.prompt_len :]).sum()),
+           "repeated": repeated_share(seq.tokens, seq.prompt_len),
            "static": {w: static_counts(rr, w) for w in args.trees}, "dynamic": {n: [] for n in args.sizes}}
     if args.sizes and len(roots):
         base = head_base(head, target, tokens, feats, args.depth + 1)
@@ -225,15 +252,16 @@ def summarise(parts: list[dict], args) -> dict:
     """A domain's table rows from its sequences' ``measure_sequence`` results."""
     rr = torch.cat([p["ranks"] for p in parts])
     row = {"roots": len(rr), "greedy_flips": sum(p["greedy_flips"] for p in parts),
-           "chain": chain_rows(rr, range(1, max(args.gammas) + 1)),
-           "static": {",".join(map(str, w)): {"tokens_per_step": float(1 + torch.cat([p["static"][w] for p in parts]).float().mean()),
-                                              "nodes": tree_nodes(w)} for w in args.trees}}
+           "repeated_4gram_share": sum(p["repeated"] for p in parts) / len(parts),
+           "chain": chain_rows(rr, range(1, max(args.gammas) + 1))}
+    for g, c in row["chain"].items():
+        c.update(rates([static_counts(p["ranks"], (1,) * g) for p in parts]))
+    row["static"] = {",".join(map(str, w)): {"nodes": tree_nodes(w), **rates([p["static"][w] for p in parts])}
+                     for w in args.trees}
     if args.sizes:
-        row["dynamic"] = {f"top{n} (K={args.top_k}, depth {args.depth})": {
-            "tokens_per_step": float(1 + torch.cat([p["dynamic"][n] for p in parts]).float().mean()), "nodes": n}
-            for n in args.sizes}
-    p_top1 = torch.cat([p["p_top1"][p["roots"]] for p in parts])
-    row["limits"] = limits(rr, p_top1)
+        row["dynamic"] = {f"top{n} (K={args.top_k}, depth {args.depth})": {"nodes": n, **rates([p["dynamic"][n] for p in parts])}
+                          for n in args.sizes}
+    row["limits"] = limits(rr, torch.cat([p["p_top1"][p["roots"]] for p in parts]))
     return row
 
 
@@ -305,9 +333,15 @@ def main(argv=None) -> None:
     doc["generate_s"], doc["results"] = time.perf_counter() - start, {}
     for d in sorted({s.domain for s in seqs}, key=[s.domain for s in seqs].index):
         doc["results"][d] = summarise([measure_sequence(head, loaded.model, s, args) for s in seqs if s.domain == d], args)
-        print(d, json.dumps({k: v for k, v in doc["results"][d].items() if k != "limits"}))
+        print(d, table_line(doc["results"][d]))
     doc["wall_s"], doc["load_average_at_end"] = time.perf_counter() - start, list(os.getloadavg())
     write(args.out, doc)
+
+
+def table_line(row: dict) -> str:
+    """Tokens per step (per position / engine walk) of each chain, tree and dynamic tree, one line."""
+    cells = [(f"G={g}", c) for g, c in row["chain"].items()] + list(row["static"].items()) + list(row.get("dynamic", {}).items())
+    return "; ".join(f"{k} [{c['nodes']}] {c['per_position']:.2f}/{c['engine_walk']:.2f}" for k, c in cells)
 
 
 def write(out: str, doc: dict) -> None:

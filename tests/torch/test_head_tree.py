@@ -5,7 +5,7 @@ cache; the chain against the head's own drafting (``HeadDraft.propose``) and ``a
 import pytest
 import torch
 
-from benchmark_modules import load_benchmark
+from benchmark_modules import load_benchmark  # tests/benchmark_modules.py
 from flashspec.config import LlamaConfig, SamplingConfig
 
 V = 8  # a small vocabulary, so that trees hit the target's tokens several deep
@@ -161,3 +161,33 @@ def test_the_chain_is_what_the_head_drafts_and_what_acceptance_by_position_count
         for k in range(4):
             at = torch.arange(max(seq.prompt_len - 1, k + 1), t - 1)
             assert rates[k] == pytest.approx(float((ranks[k, at] == 0).float().mean()), abs=1e-6), k
+
+
+def test_the_walk_over_chain_counts_takes_the_engines_steps(setup):
+    """Greedy speculation with the head at G = 4 (``flashspec.loop.speculate``) accepts, step by step,
+    what ``walk`` reads off the teacher-forced chain counts (the steps whose root has all 4 positions)."""
+    from flashspec.loop import SpecConfig, speculate
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.heads import HeadDraft
+    from schedules import Cycle
+
+    bench = load_benchmark("head_tree_cpu")
+    target, head, seqs = setup
+    backend = TorchBackend(target, [HeadDraft("head", head, target)])
+    for seq in seqs:
+        tokens, feats, truth = views(bench, head, target, seq)
+        roots = torch.arange(seq.prompt_len - 1, len(seq.tokens) - 4 + 1)
+        counts = bench.static_counts(bench.root_ranks(bench.chain_ranks(head, target, tokens, feats, truth, 4), roots),
+                                     (1, 1, 1, 1))
+        steps = bench.walk(counts)
+        with torch.inference_mode():
+            out, records = speculate(backend, Cycle([0]), [seq.tokens[: seq.prompt_len]], sampling=SamplingConfig(0.0),
+                                     spec=SpecConfig(gamma=4, max_new_tokens=NEW))
+        assert out[0] == seq.tokens[seq.prompt_len :]
+        assert [r.accepted for r in records][: len(steps) - 1] == steps[:-1]  # the last may run past NEW
+        assert len(set(steps)) > 1
+
+
+def test_walk_steps_by_the_tokens_emitted():
+    bench = load_benchmark("head_tree_cpu")
+    assert bench.walk(torch.tensor([0, 2, 0, 0, 1, 0, 3])) == [0, 2, 1, 3]
