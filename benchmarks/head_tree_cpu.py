@@ -232,25 +232,25 @@ def measure_sequence(head, target, seq, args) -> dict:
     tokens = torch.tensor([seq.tokens])
     feats, truth, p_top1 = target_view(target, tokens, head.feature_layers)
     depth = max([max(args.gammas)] + [len(w) for w in args.trees])
-    roots = torch.arange(seq.prompt_len - 1, len(seq.tokens) - depth + 1)
+    roots = torch.arange(seq.prompt_len - 1, max(seq.prompt_len - 1, len(seq.tokens) - depth + 1))  # none: ended early
     rr = root_ranks(chain_ranks(head, target, tokens, feats, truth, depth), roots)
     out = {"ranks": rr, "p_top1": p_top1, "roots": roots,
            "greedy_flips": int((truth[seq.prompt_len - 1 : -1] != tokens[0, seq.prompt_len :]).sum()),
            "repeated": repeated_share(seq.tokens, seq.prompt_len),
-           "static": {w: static_counts(rr, w) for w in args.trees}, "dynamic": {n: [] for n in args.sizes}}
+           "static": {w: static_counts(rr, w) for w in args.trees}}
+    out["dynamic"] = {n: torch.zeros(0, dtype=torch.int64) for n in args.sizes}
     if args.sizes and len(roots):
         base = head_base(head, target, tokens, feats, args.depth + 1)
-        for chunk in roots.split(args.root_chunk):
-            cands = dynamic_candidates(head, target, base, chunk, truth, args.top_k, args.depth)
-            for n in args.sizes:
-                out["dynamic"][n].append(dynamic_counts(*cands[:3], n))
-        out["dynamic"] = {n: torch.cat(c) for n, c in out["dynamic"].items()}
+        cands = [dynamic_candidates(head, target, base, c, truth, args.top_k, args.depth)[:3] for c in roots.split(args.root_chunk)]
+        out["dynamic"] = {n: torch.cat([dynamic_counts(*c, n) for c in cands]) for n in args.sizes}
     return out
 
 
 def summarise(parts: list[dict], args) -> dict:
     """A domain's table rows from its sequences' ``measure_sequence`` results."""
     rr = torch.cat([p["ranks"] for p in parts])
+    if not len(rr):
+        return {"roots": 0, "note": "every continuation ended before the deepest tree's depth: use more --new-tokens"}
     row = {"roots": len(rr), "greedy_flips": sum(p["greedy_flips"] for p in parts),
            "repeated_4gram_share": sum(p["repeated"] for p in parts) / len(parts),
            "chain": chain_rows(rr, range(1, max(args.gammas) + 1))}
@@ -333,7 +333,7 @@ def main(argv=None) -> None:
     doc["generate_s"], doc["results"] = time.perf_counter() - start, {}
     for d in sorted({s.domain for s in seqs}, key=[s.domain for s in seqs].index):
         doc["results"][d] = summarise([measure_sequence(head, loaded.model, s, args) for s in seqs if s.domain == d], args)
-        print(d, table_line(doc["results"][d]))
+        print(d, table_line(doc["results"][d]) if doc["results"][d]["roots"] else doc["results"][d])
     doc["wall_s"], doc["load_average_at_end"] = time.perf_counter() - start, list(os.getloadavg())
     write(args.out, doc)
 
