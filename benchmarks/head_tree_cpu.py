@@ -20,10 +20,15 @@ a greedy tree verify emits the longest path whose tokens are the target's greedy
   (``dynamic_candidates``, ``dynamic_counts``). Each branch's K/V are its own (the head's cache rows
   gathered from the parent's row), as ``HeadDraft.propose`` builds them for one chain.
 
-Also per domain: the target's own top-1 probability along the continuation (how often it is unsure,
-p_top1 < 0.5) and the head's top-1/2/4/8 recall of the target's token per draft position.
+Tokens per step are reported over the steps a greedy engine run takes (``walk``: each step's root
+where the previous one ended; ``engine_walk``) and averaged over every root (``per_position``, which
+overweights long-accepting stretches). Also per domain: the target's own top-1 probability along the
+continuation (how often it is unsure, p_top1 < 0.5), the head's top-1/2/4/8 recall of the target's
+token per draft position, and the share of continuation tokens closing a 4-gram seen before.
+The roots stop at the deepest tree's depth before each continuation's end.
 
-    OMP_NUM_THREADS=1 python benchmarks/head_tree_cpu.py --prompts 4 --new-tokens 64 --out benchmarks/results/cpu_head_tree.json
+    OMP_NUM_THREADS=1 python benchmarks/head_tree_cpu.py --prompts 12 --new-tokens 56 --out OUT.json   # the first 48 tokens
+    OMP_NUM_THREADS=1 python benchmarks/head_tree_cpu.py --prompts 24 --new-tokens 192 --continuation sampled --sizes '' --out OUT.json
 """
 
 from __future__ import annotations
