@@ -98,7 +98,7 @@ def main() -> None:
                     help="the adaptive loop's host ms a step besides its choice, where the run recorded its choices' "
                     "host ms (``scenario``): SmolLM2-135M's fixed steps on the H100 take ~1.0 ms at batch 1-16 whatever G")
     ap.add_argument("--no-growth", action="store_true",
-                    help="held choices never grow (``adaptive_loop.Choices`` before s19's streak): the before row")
+                    help="held choices never grow (``adaptive_loop.Choices(grow=False)``: the holds of the host time alone): the before row")
     args = ap.parse_args()
     src = json.loads(args.run.read_text())
     doc = dict(command="python " + " ".join(sys.argv), source=str(args.run), models={})

@@ -223,8 +223,8 @@ class AdaptivePolicy(ChangeTest):
             rate = rate.copy()
             rate[drawn] = self.log_rate(rows, draw, np.flatnonzero(drawn))
             a = self.best(b, rate, capped)
-        rival = self.arm_plain != self.arm_plain[a] if self.arm_plain[a] else self.arm_draft != self.arm_draft[a]
-        rival |= self.arm_plain & ~self.arm_plain[a]
+        # [arms]: a's rivals, plain decoding and the other drafts' arms (a's own other lengths are not)
+        rival = (self.arm_plain != self.arm_plain[a]) | ~self.arm_plain & (self.arm_draft != self.arm_draft[a])
         self.margin = float(value[a] - value[rival].max(initial=-np.inf)) if a == on_means else 0.0
         self.period[b, a] = self.remeasure
         self.on_value = True

@@ -26,9 +26,10 @@ class Choices:
     """The arm of each step, as both loops ask the policy: a choice made on value (``AdaptivePolicy.on_value``)
     holds for ``held(its host seconds, the last step's seconds, streak)`` steps, during which the policy is not asked
     (it still observes every step) and the arm is launched again; ``now``: the loop's clock (``StepTimer.now``). The
-    streak counts the choices in a row that chose the same arm on value and on the posterior means (not by a Thompson
-    draw's luck: ``AdaptivePolicy.settled``): each doubles the hold (3 -> 6 -> 12 ... steps), so a run whose best arm
-    stays the best pays the choice's host time ever more rarely (``grow``: False never grows, as before s19). A hold,
+    streak counts the choices in a row that chose the same arm on value, on the posterior means (not by a Thompson
+    draw's luck) and ``CLEAR`` ahead of its best rival (``AdaptivePolicy.margin``): each doubles the hold (3 -> 6 -> 12
+    ... steps), so a run whose best arm stays the best pays the choice's host time ever more rarely (``grow``: False,
+    the holds of the host time alone). A hold,
     and its streak, end where the steps' ``key`` changes (the engine: None; the server: the sampling group and cost
     bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
     moved by more than ``DRIFT`` since the choice (``pooled_mean``). Where the policy scores the drafts for free, the
