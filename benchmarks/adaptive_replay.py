@@ -39,12 +39,14 @@ def runs_of(steps: list[int], names: list[str]) -> str:
     return " ".join(f"{n}*{k}" for n, k in out)
 
 
-def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0) -> tuple[Scenario, list[np.ndarray]]:
+def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: float = 0.0,
+             seed: int = 0) -> tuple[Scenario, list[np.ndarray]]:
     """A static scenario of one (model, batch) row: step seconds per arm, the fixed runs' traces. ``own``: the
     adaptive run's own end-of-run estimates (``adaptive_cost_ms``, where measured; a plain step's scoring included
     as ``score_cost``), else the fixed runs' median steps. Where the run recorded its choices' host ms
     (``adaptive_choose_ms``), a choice takes their median and a step lasts at least ``host_ms`` + that (the loop's
-    other host work a step, then the choice: ``Scenario.host_s``), held choices as the engine's loop."""
+    other host work a step, then the choice: ``Scenario.host_s``), held choices as the engine's loop; ``jitter``: the
+    log-normal sigma of each step's seconds (``Scenario.noise``, seeded by ``seed``)."""
     arms = make_arms(len(DRAFTS), LENGTHS)
     names = arm_names(arms, DRAFTS)
     ms = {"plain": row["plain_step_ms"], **{n: row["fixed"][n]["step_ms"] for n in names if n != "plain"}}
@@ -55,19 +57,19 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0) -> tuple[S
         ms.update(est)
     choose_ms = float(np.median(row["adaptive_choose_ms"])) if row.get("adaptive_choose_ms") else 0.0
     sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in DRAFTS), row["batch"],
-                  tokens, noise=0.0, score_cost=score, choose_s=choose_ms / 1e3, host_s=host_ms / 1e3 if choose_ms else 0.0)
+                  tokens, noise=jitter, seed=seed, score_cost=score, choose_s=choose_ms / 1e3, host_s=host_ms / 1e3 if choose_ms else 0.0)
     width = tokens + max(LENGTHS) + 2
     return sc, [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in DRAFTS]
 
 
 def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bool, host_ms: float = 0.0,
-                 grow: bool = True) -> list[dict]:
+                 grow: bool = True, jitter: float = 0.0, seed: int = 0) -> list[dict]:
     """Every batch of one model with one policy, as ``adaptive_bench.py`` runs them (``own``, ``host_ms``:
     ``scenario``'s; ``warm``: ``AdaptivePolicy.warm``, first measurements trusted; ``grow``: held choices' streak,
     ``adaptive_loop.Choices``)."""
     policy, out = None, []
     for row in rows:
-        sc, bits = scenario(row, tokens, own, host_ms)
+        sc, bits = scenario(row, tokens, own, host_ms, jitter, seed)
         names = arm_names(sc.arms, DRAFTS)
         policy = policy or make_policy(sc.arms)
         data = Rows.replay(sc, bits)
@@ -99,16 +101,21 @@ def main() -> None:
                     "host ms (``scenario``): SmolLM2-135M's fixed steps on the H100 take ~1.0 ms at batch 1-16 whatever G")
     ap.add_argument("--no-growth", action="store_true",
                     help="held choices never grow (``adaptive_loop.Choices(grow=False)``: the holds of the host time alone): the before row")
+    ap.add_argument("--jitter", type=float, default=0.0, help="log-normal sigma of each replayed step's seconds")
+    ap.add_argument("--seeds", type=int, default=1, help="replays of seeds 0 .. N - 1 (jitter and policy); each "
+                    "(model, batch) reports the mean of replayed_vs_best over them as replayed_vs_best_mean")
     args = ap.parse_args()
     src = json.loads(args.run.read_text())
     doc = dict(command="python " + " ".join(sys.argv), source=str(args.run), models={})
     for model, rows in src["models"].items():
-        doc["models"][model] = replay_model(rows, src["tokens_per_row"],
-                                            lambda arms: AdaptivePolicy(arms, len(DRAFTS), rng=0),
-                                            args.costs == "own", not args.cold, args.host_ms, not args.no_growth)
-        for r in doc["models"][model]:
+        runs = [replay_model(rows, src["tokens_per_row"], lambda arms, s=s: AdaptivePolicy(arms, len(DRAFTS), rng=s),
+                             args.costs == "own", not args.cold, args.host_ms, not args.no_growth, args.jitter, s)
+                for s in range(args.seeds)]
+        doc["models"][model] = runs[0]
+        for i, r in enumerate(runs[0]):
+            r["replayed_vs_best_mean"] = round(float(np.mean([run[i]["replayed_vs_best"] for run in runs])), 4)
             print(model, json.dumps(r), flush=True)
-    ratios = [r["replayed_vs_best"] for rows in doc["models"].values() for r in rows]
+    ratios = [r["replayed_vs_best_mean"] for rows in doc["models"].values() for r in rows]
     doc["replayed_min_vs_best"] = min(ratios)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")

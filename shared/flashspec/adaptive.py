@@ -184,6 +184,7 @@ class AdaptivePolicy(ChangeTest):
         width = max(1, int(self.arm_length.max()))
         self.pos_succ = np.zeros((num_drafts, width))  # [drafts, K]: accepted at draft position k + 1 (discounted)
         self.pos_fail = np.zeros((num_drafts, width))  # [drafts, K]: rejected at draft position k + 1
+        self.row_spread = np.zeros(num_drafts)  # [drafts]: between-row variance of acceptance (``measure_spread``)
         self.recent: list[list[tuple[float, int]]] = [[] for _ in range(num_drafts)]  # per draft: ``remember``
 
     @property
@@ -347,9 +348,44 @@ class AdaptivePolicy(ChangeTest):
             mean, _ = emitted_moments(alpha[draft], width[:, None], self.profile()[draft, None])
             return np.log(rows * np.where(plain, 1.0, mean.mean(axis=1)))
         length = np.minimum(width[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
-        mean, var = emitted_moments(alpha[draft], length, self.profile()[draft, None])  # [arms, R] each
+        profile = self.profile()[draft, None]
+        mean, var = emitted_moments(alpha[draft], length, profile)  # [arms, R] each
+        var = var + self.rate_spread(alpha, length, profile, draft, mean, left)
         mean, var = np.where(plain[:, None], 1.0, mean), np.where(plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
+
+    def rate_spread(self, alpha: np.ndarray, length: np.ndarray, profile: np.ndarray, draft: np.ndarray,
+                    mean: np.ndarray, left: np.ndarray) -> np.ndarray:  # [arms, R]
+        """The per-step variance that adds, to ``finish_steps``' renewal count (left var / mean^3), the spread of a
+        row's steps that comes from not knowing its own rate: (left / mean^2)^2 (d mean / d alpha)^2 v_b, with v_b
+        the uncertainty of row b's acceptance: the last batch's between-row variance (``row_spread``) narrowed by the
+        row's own trials, 1 / (1 / tau^2 + n_b / (alpha_b (1 - alpha_b))). Without it a fresh static batch is priced
+        as if every row ran at the pool's mean, while its slowest rows (H100, Llama-3-8B's shape, b256, n-gram G = 2:
+        47.8 steps a row on average, 63 for the last) set its end."""
+        tau2 = self.row_spread[draft][:, None]  # [arms, 1]
+        if not tau2.any():
+            return np.zeros_like(mean)
+        trials = (self.row_succ + self.row_fail)[:, self.row_active][draft]  # [arms, R]
+        a = np.clip(alpha[draft], 0.02, 0.98)
+        v = np.where(tau2 > 0, 1.0 / (1.0 / np.maximum(tau2, 1e-12) + trials / (a * (1.0 - a))), 0.0)
+        h = 1e-3
+        up, _ = emitted_moments(np.minimum(1.0, alpha[draft] + h), length, profile)
+        down, _ = emitted_moments(np.maximum(0.0, alpha[draft] - h), length, profile)
+        return left * ((up - down) / (2 * h)) ** 2 * v / mean
+
+    def measure_spread(self) -> None:
+        """Each draft's between-row variance of per-token acceptance over the batch just ended (``row_spread``):
+        the variance of its rows' own acceptance less its sampling part (method of moments, rows with at least two
+        trials of their own; a draft with fewer than two such rows keeps its last)."""
+        if self.row_succ is None:
+            return
+        n = self.row_succ + self.row_fail  # [drafts, B]
+        for d in range(len(self.succ)):
+            seen = n[d] >= 2.0
+            if np.count_nonzero(seen) < 2:
+                continue
+            p = (self.row_succ[d, seen] + 0.5) / (n[d, seen] + 1.0)
+            self.row_spread[d] = max(0.0, float(p.var() - np.mean(p * (1.0 - p) / (n[d, seen] + 1.0))))
 
     def best(self, b: int, rate: np.ndarray, capped: np.ndarray | None = None) -> int:
         """The arm of the highest ``priced`` value."""
@@ -413,6 +449,7 @@ class AdaptivePolicy(ChangeTest):
         """A new batch (request) of ``rows`` rows starts: each draft's pooled acceptance evidence is weakened to at
         most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero; ``tokens``: the
         new tokens each row will emit at most (a static batch: the value prices the batch's finish, ``log_rate``)."""
+        self.measure_spread()
         scale = self.weakened()
         self.succ *= scale
         self.fail *= scale

@@ -53,3 +53,31 @@ def test_the_drawn_arms_rate_alone_is_the_full_rates_entry():
         full = p.log_rate(16, alpha)
         for pick in ([3, 4], [0], [1, 4]):
             assert np.array_equal(p.log_rate(16, alpha, np.array(pick)), full[pick])
+
+
+def test_a_static_batch_is_priced_by_the_spread_of_its_rows_rates():
+    """``AdaptivePolicy.measure_spread``: rows drawn at acceptance 0.95 and 0.75 (between-row variance 0.01), 400 trials
+    each, give tau^2 near 0.01; one rate for all rows gives 0. ``rate_spread``: a fresh static batch of 256 rows is
+    then priced slower on the draft (its slowest rows unknown yet), never faster, and plain decoding is unchanged."""
+    rng = np.random.default_rng(5)
+    rows = 256
+    arms = make_arms(1, (2, 4))
+    spread = {}
+    for name, rates in (("mixed", np.where(np.arange(rows) % 2 == 0, 0.95, 0.75)), ("one", np.full(rows, 0.85))):
+        p = AdaptivePolicy(arms, 1)
+        p.new_batch(rows, tokens=128)
+        trials = 400
+        succ = rng.binomial(trials, rates)
+        p.row_succ[0], p.row_fail[0] = succ, trials - succ
+        p.measure_spread()
+        spread[name] = p.row_spread[0]
+        p.new_batch(rows, tokens=128)
+        p.succ[:], p.fail[:] = 85.0, 15.0
+        priced = p.log_rate(rows, p.mean_alpha())
+        p.row_spread[:] = 0.0
+        pooled = p.log_rate(rows, p.mean_alpha())  # every row at the pool's mean
+        assert priced[0] == pooled[0]  # plain decoding: one token a step whatever the rows
+        assert (priced[1:] <= pooled[1:]).all()
+        if name == "mixed":
+            assert (priced[1:] < pooled[1:] - 0.02).all()
+    assert abs(spread["mixed"] - 0.01) < 0.003 and spread["one"] < 0.001
