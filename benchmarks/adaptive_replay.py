@@ -63,10 +63,9 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
 
 
 def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bool, host_ms: float = 0.0,
-                 grow: bool = True, jitter: float = 0.0, seed: int = 0) -> list[dict]:
+                 jitter: float = 0.0, seed: int = 0) -> list[dict]:
     """Every batch of one model with one policy, as ``adaptive_bench.py`` runs them (``own``, ``host_ms``:
-    ``scenario``'s; ``warm``: ``AdaptivePolicy.warm``, first measurements trusted; ``grow``: held choices' streak,
-    ``adaptive_loop.Choices``)."""
+    ``scenario``'s; ``warm``: ``AdaptivePolicy.warm``, first measurements trusted)."""
     policy, out = None, []
     for row in rows:
         sc, bits = scenario(row, tokens, own, host_ms, jitter, seed)
@@ -75,9 +74,9 @@ def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bo
         data = Rows.replay(sc, bits)
         fixed = {n: run_fixed(sc, a, data) for a, n in enumerate(names)}
         tps = {n: r.tokens_per_s for n, r in fixed.items()}
-        run_adaptive(sc, policy, data, warm=warm, grow=grow)  # the benchmark's warm-up run
+        run_adaptive(sc, policy, data, warm=warm)  # the benchmark's warm-up run
         seq: list[int] = []
-        res = run_adaptive(sc, policy, data, warm=warm, chosen=seq, grow=grow)
+        res = run_adaptive(sc, policy, data, warm=warm, chosen=seq)
         best = max(tps.values())
         out.append(dict(batch=row["batch"], measured_arms=row["adaptive_arms"], replayed_arms=runs_of(seq, names),
                         measured_vs_best=round(row["checks"]["adaptive_vs_best_fixed_or_plain"], 4),
@@ -99,8 +98,6 @@ def main() -> None:
     ap.add_argument("--host-ms", type=float, default=0.9,
                     help="the adaptive loop's host ms a step besides its choice, where the run recorded its choices' "
                     "host ms (``scenario``): SmolLM2-135M's fixed steps on the H100 take ~1.0 ms at batch 1-16 whatever G")
-    ap.add_argument("--no-growth", action="store_true",
-                    help="held choices never grow (``adaptive_loop.Choices(grow=False)``: the holds of the host time alone): the before row")
     ap.add_argument("--jitter", type=float, default=0.0, help="log-normal sigma of each replayed step's seconds")
     ap.add_argument("--seeds", type=int, default=1, help="replays of seeds 0 .. N - 1 (jitter and policy); each "
                     "(model, batch) reports the mean of replayed_vs_best over them as replayed_vs_best_mean")
@@ -109,7 +106,7 @@ def main() -> None:
     doc = dict(command="python " + " ".join(sys.argv), source=str(args.run), models={})
     for model, rows in src["models"].items():
         runs = [replay_model(rows, src["tokens_per_row"], lambda arms, s=s: AdaptivePolicy(arms, len(DRAFTS), rng=s),
-                             args.costs == "own", not args.cold, args.host_ms, not args.no_growth, args.jitter, s)
+                             args.costs == "own", not args.cold, args.host_ms, args.jitter, s)
                 for s in range(args.seeds)]
         doc["models"][model] = runs[0]
         for i, r in enumerate(runs[0]):

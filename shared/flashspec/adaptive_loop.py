@@ -28,16 +28,15 @@ class Choices:
     (it still observes every step) and the arm is launched again; ``now``: the loop's clock (``StepTimer.now``). The
     streak counts the choices in a row that chose the same arm on value, on the posterior means (not by a Thompson
     draw's luck) and ``CLEAR`` ahead of its best rival (``AdaptivePolicy.margin``): each doubles the hold (3 -> 6 -> 12
-    ... steps), so a run whose best arm stays the best pays the choice's host time ever more rarely (``grow``: False,
-    the holds of the host time alone). A hold,
+    ... steps), so a run whose best arm stays the best pays the choice's host time ever more rarely. A hold,
     and its streak, end where the steps' ``key`` changes (the engine: None; the server: the sampling group and cost
     bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
     moved by more than ``DRIFT`` since the choice (``pooled_mean``). Where the policy scores the drafts for free, the
     backend's scoring is switched for the step: on for a speculative step, on a plain one only now and then
     (``plain_scores``)."""
 
-    def __init__(self, backend: Backend, policy: AdaptivePolicy, now, grow: bool = True):
-        self.backend, self.policy, self.now, self.grow = backend, policy, now, grow
+    def __init__(self, backend: Backend, policy: AdaptivePolicy, now):
+        self.backend, self.policy, self.now = backend, policy, now
         self.arm, self.hold, self.key, self.streak, self.shifts = 0, 0, None, 0, policy.shifts
         self.seen = policy.pooled_mean()  # [drafts]: at the last choice
 
@@ -53,7 +52,7 @@ class Choices:
         else:
             t0 = self.now()
             arm = choose()
-            again = self.grow and policy.on_value and policy.margin >= CLEAR and arm == self.arm and key == self.key
+            again = policy.on_value and policy.margin >= CLEAR and arm == self.arm and key == self.key
             self.key, self.shifts, self.seen = key, policy.shifts, policy.pooled_mean()
             self.streak = self.streak + 1 if again else 0
             self.arm = arm

@@ -244,9 +244,9 @@ def run_fixed(sc: Scenario, arm: int, rows: Rows | None = None) -> Result:
 
 
 def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None, warm: bool = True,
-                 chosen: list[int] | None = None, grow: bool = True) -> Result:
+                 chosen: list[int] | None = None) -> Result:
     """``policy`` over ``sc`` as the engine's loop (static: ``new_batch``, choices held as ``adaptive_loop.Choices``
-    holds them, ``grow`` its streak) or the server (stream: ``open_rows``, ``start_rows`` for each admitted request)
+    holds them) or the server (stream: ``open_rows``, ``start_rows`` for each admitted request)
     drives it. ``warm``: no cold first run, as the GPU's captured steps (``adaptive_loop.prepare_arms``; False: first
     measurements provisional, ``AdaptivePolicy.warm``); ``chosen``: a list that gets each step's arm index."""
     rows = rows or Rows(sc)
@@ -260,7 +260,7 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
         state["slot_req"] = np.arange(sc.batch)
     last = {"where": np.arange(sc.batch), "s": None}
     clock, asked = [0.0], [0]  # the host's clock (a choice advances it by ``choose_s``), the choices asked
-    choices = Choices(None, policy, lambda: clock[0], grow)
+    choices = Choices(None, policy, lambda: clock[0])
 
     def ask() -> int:
         clock[0] += sc.choose_s
@@ -290,15 +290,14 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
 
 
 def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1,
-            priced: bool = False, bits: Sequence[np.ndarray] | None = None, grow: bool = True) -> dict:
+            priced: bool = False, bits: Sequence[np.ndarray] | None = None) -> dict:
     """Every fixed arm and the adaptive policy over the same rows: tokens/s each, and adaptive / best fixed and
     adaptive / plain. ``warm``: the policy first runs the scenario once (the benchmark's warm-up run, which
     prices every arm at this batch size) before the run that counts; ``priced``: the policy starts knowing every
     arm's step seconds at this batch size (a plain step's at 1 scoring step in ``score_every``), nothing of the
     drafts' acceptance (as if each step kind were timed when captured); ``repeats``: scenarios of seeds seed,
     seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw); ``bits``:
-    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models; ``grow``:
-    ``run_adaptive``'s."""
+    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models."""
     totals = np.zeros((len(sc.arms) + 1, 2))  # [fixed arms + adaptive, (tokens, seconds)]
     steps: dict = {}
     for i in range(repeats):
@@ -314,8 +313,8 @@ def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool 
             policy.log_cost[b] = np.log(np.array(sc.costs) + plain * sc.score_cost / policy.score_every)
             policy.cost_weight[b] = 1.0
         if warm:
-            run_adaptive(s, policy, rows, grow=grow)
-        res = run_adaptive(s, policy, rows, grow=grow)
+            run_adaptive(s, policy, rows)
+        res = run_adaptive(s, policy, rows)
         totals[-1] += (res.tokens, res.seconds)
         for a, n in res.steps.items():
             steps[a] = steps.get(a, 0) + n

@@ -12,8 +12,7 @@ def test_a_held_choice_grows_while_its_arm_keeps_winning_and_restarts_on_moved_a
     the same arm on the posterior means, clear of its rivals (``CLEAR``), doubles it (3, 6, 12, 24, then
     ``MAX_GROWN``), so the policy is asked at
     steps 0, 3, 9, 21, 45, 77; a choice made by a Thompson draw alone (``margin`` 0) holds its 3 steps and starts
-    the streak again; a draft's pooled acceptance moving by more than ``DRIFT`` ends a hold at once; ``grow=False``
-    holds 3 steps every time (before s19)."""
+    the streak again; a draft's pooled acceptance moving by more than ``DRIFT`` ends a hold at once."""
     policy = AdaptivePolicy(make_arms(1, (2,)), 1)
     now, asked, settled = [0.0], [], []
 
@@ -33,10 +32,6 @@ def test_a_held_choice_grows_while_its_arm_keeps_winning_and_restarts_on_moved_a
             policy.succ[0] += 10.0  # the n-gram's pooled acceptance moves: the hold of 6 from step 6 ends
         choices.next(choose, 1.0)
     assert asked == [0, 3, 6, 8]
-    plain_hold, asked[:] = adaptive_loop.Choices(None, policy, lambda: now[0], grow=False), []
-    for step in range(12):
-        plain_hold.next(choose, 1.0)
-    assert asked == [0, 3, 6, 9]
 
 
 def test_the_drawn_arms_rate_alone_is_the_full_rates_entry():
