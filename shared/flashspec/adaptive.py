@@ -78,7 +78,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .change import ChangeTest
-from .throughput import emitted_moments, finish_steps
+from .throughput import emitted_moments, emitted_slope, finish_steps
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
@@ -368,10 +368,7 @@ class AdaptivePolicy(ChangeTest):
         trials = (self.row_succ + self.row_fail)[:, self.row_active][draft]  # [arms, R]
         a = np.clip(alpha[draft], 0.02, 0.98)
         v = np.where(tau2 > 0, 1.0 / (1.0 / np.maximum(tau2, 1e-12) + trials / (a * (1.0 - a))), 0.0)
-        h = 1e-3
-        up, _ = emitted_moments(np.minimum(1.0, alpha[draft] + h), length, profile)
-        down, _ = emitted_moments(np.maximum(0.0, alpha[draft] - h), length, profile)
-        return left * ((up - down) / (2 * h)) ** 2 * v / mean
+        return left * emitted_slope(alpha[draft], length, profile) ** 2 * v / mean
 
     def measure_spread(self) -> None:
         """Each draft's between-row variance of per-token acceptance over the batch just ended (``row_spread``):

@@ -76,3 +76,19 @@ def test_a_static_batch_is_priced_by_the_spread_of_its_rows_rates():
         if name == "mixed":
             assert (priced[1:] < pooled[1:] - 0.02).all()
     assert abs(spread["mixed"] - 0.01) < 0.003 and spread["one"] < 0.001
+
+
+def test_the_emitted_slope_is_the_derivative_of_the_emitted_mean():
+    """``throughput.emitted_slope`` against a central difference of ``emitted_moments``' mean, on random acceptance,
+    lengths and position profiles (some factors capped at 1)."""
+    r = np.random.default_rng(11)
+    alpha = r.uniform(0.05, 0.95, (3, 40))
+    length = r.integers(0, 6, (3, 40)).astype(float)
+    profile = r.uniform(0.5, 1.6, (3, 1, 6))
+    h = 1e-6
+    up, _ = throughput.emitted_moments(alpha + h, length, profile)
+    down, _ = throughput.emitted_moments(alpha - h, length, profile)
+    capped = np.abs(alpha[..., None] * profile - 1.0).min(axis=-1) < 1e-4  # a kink within the difference's reach
+    slope = throughput.emitted_slope(alpha, length, profile)
+    assert np.allclose(slope[~capped], ((up - down) / (2 * h))[~capped], rtol=1e-5, atol=1e-7)
+    assert (slope[length == 0] == 0).all() and (slope[length > 0] > 0).any()
