@@ -43,7 +43,9 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
              seed: int = 0) -> tuple[Scenario, list[np.ndarray]]:
     """A static scenario of one (model, batch) row: step seconds per arm, the fixed runs' traces. ``own``: the
     adaptive run's own end-of-run estimates (``adaptive_cost_ms``, where measured; a plain step's scoring included
-    as ``score_cost``), else the fixed runs' median steps. Where the run recorded its choices' host ms
+    as ``score_cost``), else the fixed runs' median steps; a speculative step's scoring costs what it cost the best
+    fixed arm's steps (``best_fixed_scored``, ``Scenario.spec_score_cost``; taken off the own estimates, which hold
+    it). Where the run recorded its choices' host ms
     (``adaptive_choose_ms``), a choice takes their median and a step lasts at least ``host_ms`` + that (the loop's
     other host work a step, then the choice: ``Scenario.host_s``), held choices as the engine's loop; ``jitter``: the
     log-normal sigma of each step's seconds (``Scenario.noise``, seeded by ``seed``)."""
@@ -51,13 +53,15 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
     names = arm_names(arms, DRAFTS)
     ms = {"plain": row["plain_step_ms"], **{n: row["fixed"][n]["step_ms"] for n in names if n != "plain"}}
     score = 0.0
+    scored = row.get("best_fixed_scored")
+    spec = max(0.0, scored["step_ms"] - row["fixed"][scored["arm"]]["step_ms"]) if scored else 0.0
     if own:
         est = {n: v for n, v in row["adaptive_cost_ms"].items() if np.isfinite(v)}
         score = max(0.0, est.pop("plain", ms["plain"]) - ms["plain"]) * len(names[:1]) / 1e3 * 4  # 1 step in 4 scores
-        ms.update(est)
+        ms.update({n: max(v - spec, 0.8 * v) for n, v in est.items()})
     choose_ms = float(np.median(row["adaptive_choose_ms"])) if row.get("adaptive_choose_ms") else 0.0
     sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in DRAFTS), row["batch"],
-                  tokens, noise=jitter, seed=seed, score_cost=score, choose_s=choose_ms / 1e3, host_s=host_ms / 1e3 if choose_ms else 0.0)
+                  tokens, noise=jitter, seed=seed, score_cost=score, spec_score_cost=spec / 1e3, choose_s=choose_ms / 1e3, host_s=host_ms / 1e3 if choose_ms else 0.0)
     width = tokens + max(LENGTHS) + 2
     return sc, [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in DRAFTS]
 

@@ -136,7 +136,7 @@ class OldPolicy(AdaptivePolicy):
     def observe_free(self, draft, scored, accepted, where=None):
         self._add(draft, np.asarray(scored), np.asarray(accepted), where)
 
-    def plain_scores(self):
+    def scores(self, arm):
         return True
 
 

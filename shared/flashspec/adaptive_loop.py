@@ -32,8 +32,8 @@ class Choices:
     and its streak, end where the steps' ``key`` changes (the engine: None; the server: the sampling group and cost
     bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
     moved by more than ``DRIFT`` since the choice (``pooled_mean``). Where the policy scores the drafts for free, the
-    backend's scoring is switched for the step: on for a speculative step, on a plain one only now and then
-    (``plain_scores``)."""
+    backend's scoring is switched for the step: on for the first of every ``score_every`` steps in a row of its arm
+    (``AdaptivePolicy.scores``)."""
 
     def __init__(self, backend: Backend, policy: AdaptivePolicy, now):
         self.backend, self.policy, self.now = backend, policy, now
@@ -57,9 +57,8 @@ class Choices:
             self.streak = self.streak + 1 if again else 0
             self.arm = arm
             self.hold = held(self.now() - t0, last_s, self.streak) - 1 if policy.on_value else 0
-        if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
-            plain = policy.arms[self.arm].plain
-            self.backend.score_free(policy.scoring_gamma if not plain or policy.plain_scores() else 0)
+        if policy.scoring_gamma:  # a step scores the drafts only now and then (``AdaptivePolicy.scores``)
+            self.backend.score_free(policy.scoring_gamma if policy.scores(self.arm) else 0)
         return self.arm
 
     def drifted(self) -> bool:
@@ -77,16 +76,18 @@ def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
 
 
 def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig, prepared: int = 0) -> int:
-    """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps,
-    and plain decoding without scoring too where the policy scores (``AdaptivePolicy.plain_scores``). Where the
+    """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps and
+    plain decoding, with and without scoring where the policy scores (``AdaptivePolicy.scores``). Where the
     backend made step kinds ready (these, or ``prepared`` by the caller's own ``prepare`` just before), the steps
     are timed warm from their first run and the policy trusts first measurements (``AdaptivePolicy.warm``).
     Returns the step kinds prepared, ``prepared`` included."""
-    for g in sorted({a.length for a in policy.arms if not a.plain}):
-        prepared += backend.prepare(g, sampling)
+    lengths = sorted({a.length for a in policy.arms if not a.plain}) or [None]  # a length's prepare: plain's too
+    for free in [policy.scoring_gamma, 0] if policy.scoring_gamma else [None]:
+        if free is not None:
+            backend.score_free(free)
+        for g in lengths:
+            prepared += backend.prepare(g, sampling)
     if policy.scoring_gamma:
-        backend.score_free(0)
-        prepared += backend.prepare(None, sampling)
         backend.score_free(policy.scoring_gamma)
     policy.warm = policy.warm or prepared > 0
     return prepared

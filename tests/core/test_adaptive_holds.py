@@ -92,3 +92,13 @@ def test_the_emitted_slope_is_the_derivative_of_the_emitted_mean():
     slope = throughput.emitted_slope(alpha, length, profile)
     assert np.allclose(slope[~capped], ((up - down) / (2 * h))[~capped], rtol=1e-5, atol=1e-7)
     assert (slope[length == 0] == 0).all() and (slope[length > 0] > 0).any()
+
+
+def test_a_step_scores_the_drafts_on_the_first_of_every_score_every_steps_of_its_arm():
+    """``AdaptivePolicy.scores``: a run of one arm, plain or speculative, scores on its steps 0, k, 2k, ... (k =
+    ``score_every``); another arm starts its own count."""
+    p = AdaptivePolicy(make_arms(1, (2, 4)), 1, score_every=3)
+    seq = [0] * 7 + [1] * 4 + [2] * 2 + [1] * 4
+    got = [p.scores(a) for a in seq]
+    want = [i % 3 == 0 for i in range(7)] + [i % 3 == 0 for i in range(4)] + [True, False] + [i % 3 == 0 for i in range(4)]
+    assert got == want
