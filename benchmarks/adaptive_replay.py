@@ -43,7 +43,8 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
              seed: int = 0) -> tuple[Scenario, list[np.ndarray]]:
     """A static scenario of one (model, batch) row: step seconds per arm, the fixed runs' traces. ``own``: the
     adaptive run's own end-of-run estimates (``adaptive_cost_ms``, where measured; a plain step's scoring included
-    as ``score_cost``), else the fixed runs' median steps; a speculative step's scoring costs what it cost the best
+    as ``score_cost``: what the plain estimate exceeds the fixed plain median by, four times, at most a speculative
+    step's scoring: the estimate follows the run's last, longest steps), else the fixed runs' median steps; a speculative step's scoring costs what it cost the best
     fixed arm's steps (``best_fixed_scored``, ``Scenario.spec_score_cost``; taken off the own estimates, which hold
     it). Where the run recorded its choices' host ms
     (``adaptive_choose_ms``), a choice takes their median and a step lasts at least ``host_ms`` + that (the loop's
@@ -57,7 +58,8 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
     spec = max(0.0, scored["step_ms"] - row["fixed"][scored["arm"]]["step_ms"]) if scored else 0.0
     if own:
         est = {n: v for n, v in row["adaptive_cost_ms"].items() if np.isfinite(v)}
-        score = max(0.0, est.pop("plain", ms["plain"]) - ms["plain"]) * len(names[:1]) / 1e3 * 4  # 1 step in 4 scores
+        score = max(0.0, est.pop("plain", ms["plain"]) - ms["plain"]) * 4  # 1 step in 4 scores
+        score = min(score, spec) / 1e3 if scored else score / 1e3  # at most a speculative step's scoring
         ms.update({n: max(v - spec, 0.8 * v) for n, v in est.items()})
     choose_ms = float(np.median(row["adaptive_choose_ms"])) if row.get("adaptive_choose_ms") else 0.0
     sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in DRAFTS), row["batch"],
