@@ -39,6 +39,11 @@ The model (``AdaptivePolicy``):
   for the slowest rows and for the spread of a large batch. The choice draws alpha from the posteriors
   (Thompson sampling), plain decoding among the arms, but for a draft scored for free (``observe_free``),
   which is seen on every step whatever runs: its posterior mean (every draft free: no draw).
+* bias: per draft, the tokens its rows accepted over those the posterior predicted for the same rows and windows
+  just before (``bias``; each row's step weighted by its own evidence, so a prior-only guess counts little) scales
+  the accepted part of its value: the per-token model misses an n-gram's runs of misses then hits on a row, and
+  prices it low where it is not (replay of the H100 run: predicted / accepted 0.85-0.95 on its steps).
+* spread: a static batch's finish also carries each row's unknown rate (``rate_spread``, ``measure_spread``).
 * scoring: a step scores the drafts for free only on the first of every ``score_every`` steps in a row of
   its arm (``scores``; the loop switches ``score_free`` around it): the scoring costs a plain step a few per
   cent at a large batch and a speculative one 2-5% at a small one (SmolLM2-135M's shape on an H100, b1-b16).
@@ -83,6 +88,8 @@ from .throughput import emitted_moments, emitted_slope, finish_steps
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
+BIAS_PRIOR = 16.0  # tokens' worth of an unbiased model each draft's ``bias`` starts from
+BIAS_EVIDENCE = 8.0  # a row's own trials at which its step counts half in ``bias`` (a prior-only guess: nothing)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
@@ -184,6 +191,8 @@ class AdaptivePolicy(ChangeTest):
         width = max(1, int(self.arm_length.max()))
         self.pos_succ = np.zeros((num_drafts, width))  # [drafts, K]: accepted at draft position k + 1 (discounted)
         self.pos_fail = np.zeros((num_drafts, width))  # [drafts, K]: rejected at draft position k + 1
+        self.real = np.zeros(num_drafts)  # [drafts]: accepted tokens (discounted; ``bias``)
+        self.predicted = np.zeros(num_drafts)  # [drafts]: the posterior's prediction of them
         self.row_spread = np.zeros(num_drafts)  # [drafts]: between-row variance of acceptance (``measure_spread``)
         self.recent: list[list[tuple[float, int]]] = [[] for _ in range(num_drafts)]  # per draft: ``remember``
 
@@ -346,15 +355,24 @@ class AdaptivePolicy(ChangeTest):
         pick = slice(None) if arms is None else arms
         draft, plain, width = self.arm_draft[pick], self.arm_plain[pick], self.arm_length[pick]  # [arms] each
         left = None if self.remaining is None or self.row_active is None else self.remaining[self.row_active]
+        bias = self.bias()[draft, None]  # [arms, 1]
         if left is None or left.shape[0] != alpha.shape[1] or not left.any():
             mean, _ = emitted_moments(alpha[draft], width[:, None], self.profile()[draft, None])
+            mean = np.minimum(1.0 + width[:, None], 1.0 + bias * (mean - 1.0))
             return np.log(rows * np.where(plain, 1.0, mean.mean(axis=1)))
         length = np.minimum(width[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
         profile = self.profile()[draft, None]
         mean, var = emitted_moments(alpha[draft], length, profile)  # [arms, R] each
+        mean = np.minimum(1.0 + length, 1.0 + bias * (mean - 1.0))
         var = var + self.rate_spread(alpha, length, profile, draft, mean, left)
         mean, var = np.where(plain[:, None], 1.0, mean), np.where(plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
+
+    def bias(self) -> np.ndarray:  # [drafts]
+        """Per draft, its accepted tokens over those its posterior predicted for the same rows and windows before
+        each step (``_add``; discounted as the counts, ``BIAS_PRIOR`` tokens of 1 to start): the rate's correction
+        for what the per-token model misses (an n-gram's runs of misses, then of hits, on each row)."""
+        return (self.real + BIAS_PRIOR) / (self.predicted + BIAS_PRIOR)
 
     def rate_spread(self, alpha: np.ndarray, length: np.ndarray, profile: np.ndarray, draft: np.ndarray,
                     mean: np.ndarray, left: np.ndarray) -> np.ndarray:  # [arms, R]
@@ -420,6 +438,8 @@ class AdaptivePolicy(ChangeTest):
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
         self.samples[b, arm] += 1
+        self.real *= self.discount
+        self.predicted *= self.discount
         self.succ *= self.discount  # every draft forgets at every step, scored or not
         self.fail *= self.discount
         self.pos_succ *= self.discount
@@ -480,6 +500,17 @@ class AdaptivePolicy(ChangeTest):
         self.free[draft] = True
         self._add(draft, np.asarray(scored), np.asarray(accepted), where)
 
+    def note_bias(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None) -> None:
+        """Add a step's accepted tokens on ``draft`` and what the posterior predicted for them (``bias``)."""
+        rows = None if where is None or self.row_succ is None else np.asarray(where)
+        succ, fail = self.counts(rows)
+        alpha = np.broadcast_to(self.posterior_mean(succ[draft], fail[draft]), drafted.shape)
+        mean, _ = emitted_moments(alpha, drafted.astype(np.float64), self.profile()[draft])
+        own = self.succ[draft] + self.fail[draft] if rows is None else self.row_succ[draft, rows] + self.row_fail[draft, rows]
+        weight = np.broadcast_to(own / (own + BIAS_EVIDENCE), drafted.shape)  # a row's prior-only guess counts little
+        self.predicted[draft] += float((weight * (mean - 1.0)).sum())
+        self.real[draft] += float((weight * accepted).sum())
+
     def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):
             raise ValueError("accepted must be in [0, drafted] for every row")
@@ -487,6 +518,7 @@ class AdaptivePolicy(ChangeTest):
             self.forget(draft)
             self.shifts += 1
         self.remember(draft, drafted, accepted)
+        self.note_bias(draft, drafted, accepted, where)
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
         k = np.arange(self.pos_succ.shape[1])  # [K]: draft positions 1 .. K, 0-based

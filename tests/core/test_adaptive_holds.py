@@ -102,3 +102,22 @@ def test_a_step_scores_the_drafts_on_the_first_of_every_score_every_steps_of_its
     got = [p.scores(a) for a in seq]
     want = [i % 3 == 0 for i in range(7)] + [i % 3 == 0 for i in range(4)] + [True, False] + [i % 3 == 0 for i in range(4)]
     assert got == want
+
+
+def test_a_draft_that_accepts_more_than_its_posterior_predicts_is_priced_up():
+    """``AdaptivePolicy.bias``: rows that accept every token of G = 4 while the posterior says 0.5 a token give the
+    draft a bias > 1 (accepted over predicted, from the posterior before each step, weighted by its evidence),
+    which raises its rate; rows that accept nothing give < 1; no steps leave 1; plain decoding's rate never moves."""
+    arms = make_arms(1, (4,))
+    rates = {}
+    for accepted in (4, 0, None):
+        p = AdaptivePolicy(arms, 1, discount=1.0)
+        p.new_batch(8, tokens=64)
+        p.succ[:], p.fail[:] = 50.0, 50.0
+        for _ in range(5 if accepted is not None else 0):
+            p.observe(1, 8, np.full(8, accepted), 0.01)  # pooled: 100 trials of evidence, a step's weight 100 / 108
+            p.succ[:], p.fail[:] = 50.0, 50.0  # the posterior held at 0.5: only the bias moves
+        rates[accepted] = (p.bias()[0], p.log_rate(8, p.mean_alpha()))
+    assert rates[4][0] > 1.5 and rates[0][0] < 0.7 and rates[None][0] == 1.0
+    assert rates[4][1][1] > rates[None][1][1] > rates[0][1][1]
+    assert rates[4][1][0] == rates[None][1][0] == rates[0][1][0]
