@@ -3,10 +3,11 @@ across batch sizes, as the benchmark keeps it, each batch a warm-up run then the
 recorded per-row traces (``flashspec.policy_sim.Rows.replay``) and each arm's measured median step seconds
 (the fixed runs' ``step_ms``, plain decoding's ``plain_step_ms``), first measurements trusted (``--cold``:
 provisional, as on the runs before ``adaptive_bench.py`` declared its captured steps warm). Prints, per (model,
-batch), the measured and the replayed arm sequences and adaptive / best fixed (or plain), measured and replayed.
+batch), the measured and the replayed arm sequences and adaptive / best fixed (or plain), measured and replayed
+(``--seeds``: the mean over seeds; ``--before REV``: that revision's policy replayed too, ``before_vs_best_mean``).
 
-    python benchmarks/adaptive_replay.py --run benchmarks/results/h200_2026-12-07_s18/adaptive/adaptive_gpu.json \
-        --cold --out /tmp/adaptive_replay.json
+    python benchmarks/adaptive_replay.py --run benchmarks/results/h100_2026-12-07_s20/adaptive/adaptive_gpu.json \
+        --costs own --jitter 0.02 --seeds 4 --before d380f55 --out /tmp/adaptive_replay.json
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +28,27 @@ from flashspec.policy_sim import DraftModel, Rows, Scenario, arm_names, run_adap
 
 DRAFTS = ("ngram", "replay")
 LENGTHS = (2, 4)
+
+
+def revision_policy(rev: str, into: Path):
+    """``AdaptivePolicy`` as of git revision ``rev`` (``adaptive_choose.import_revision``: its whole package beside this
+    checkout's), driven by this checkout's loop and simulator: where it predates ``scores`` (the scoring switch of any
+    arm), a speculative step always scores and a plain one on its ``plain_scores``, as its loop did."""
+    from adaptive_choose import import_revision
+
+    base = import_revision(rev, into).AdaptivePolicy
+    if hasattr(base, "scores"):
+        return base
+
+    class Before(base):
+        def scores(self, arm: int) -> bool:
+            return not self.arms[arm].plain or self.plain_scores()
+
+    return Before
+
+
+def geometric_mean(values) -> float:
+    return round(float(np.exp(np.mean(np.log(list(values))))), 4)
 
 
 def runs_of(steps: list[int], names: list[str]) -> str:
@@ -107,19 +130,28 @@ def main() -> None:
     ap.add_argument("--jitter", type=float, default=0.0, help="log-normal sigma of each replayed step's seconds")
     ap.add_argument("--seeds", type=int, default=1, help="replays of seeds 0 .. N - 1 (jitter and policy); each "
                     "(model, batch) reports the mean of replayed_vs_best over them as replayed_vs_best_mean")
+    ap.add_argument("--before", default=None, help="a git revision whose policy is replayed too (``revision_policy``): "
+                    "each (model, batch) gains before_vs_best_mean")
     args = ap.parse_args()
     src = json.loads(args.run.read_text())
     doc = dict(command="python " + " ".join(sys.argv), source=str(args.run), models={})
-    for model, rows in src["models"].items():
-        runs = [replay_model(rows, src["tokens_per_row"], lambda arms, s=s: AdaptivePolicy(arms, len(DRAFTS), rng=s),
-                             args.costs == "own", not args.cold, args.host_ms, args.jitter, s)
-                for s in range(args.seeds)]
-        doc["models"][model] = runs[0]
-        for i, r in enumerate(runs[0]):
-            r["replayed_vs_best_mean"] = round(float(np.mean([run[i]["replayed_vs_best"] for run in runs])), 4)
-            print(model, json.dumps(r), flush=True)
-    ratios = [r["replayed_vs_best_mean"] for rows in doc["models"].values() for r in rows]
-    doc["replayed_min_vs_best"] = min(ratios)
+    with tempfile.TemporaryDirectory() as tmp:
+        policies = {"replayed": AdaptivePolicy, **({"before": revision_policy(args.before, Path(tmp))} if args.before else {})}
+        for model, rows in src["models"].items():
+            means = {}
+            for key, cls in policies.items():
+                runs = [replay_model(rows, src["tokens_per_row"], lambda arms, s=s: cls(arms, len(DRAFTS), rng=s),
+                                     args.costs == "own", not args.cold, args.host_ms, args.jitter, s)
+                        for s in range(args.seeds)]
+                means[key] = [round(float(np.mean([run[i]["replayed_vs_best"] for run in runs])), 4) for i in range(len(rows))]
+                doc["models"][model] = runs[0] if key == "replayed" else doc["models"][model]
+            for i, r in enumerate(doc["models"][model]):
+                r.update({f"{k}_vs_best_mean": v[i] for k, v in means.items()})
+                print(model, json.dumps(r), flush=True)
+    for key in ("replayed", "before") if args.before else ("replayed",):
+        ratios = [r[f"{key}_vs_best_mean"] for rows in doc["models"].values() for r in rows]
+        doc[f"{key}_min_vs_best"], doc[f"{key}_geometric_mean"] = min(ratios), geometric_mean(ratios)
+        print(key, "geometric mean", doc[f"{key}_geometric_mean"], "lowest", doc[f"{key}_min_vs_best"], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
 
