@@ -67,12 +67,12 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
     """A static scenario of one (model, batch) row: step seconds per arm, the fixed runs' traces. ``own``: the
     adaptive run's own end-of-run estimates (``adaptive_cost_ms``, where measured; a plain step's scoring included
     as ``score_cost``: what the plain estimate exceeds the fixed plain median by, four times, at most a speculative
-    step's scoring: the estimate follows the run's last, longest steps), else the fixed runs' median steps; a speculative step's scoring costs what it cost the best
-    fixed arm's steps (``best_fixed_scored``, ``Scenario.spec_score_cost``; taken off the own estimates, which hold
-    it). Where the run recorded its choices' host ms
-    (``adaptive_choose_ms``), a choice takes their median and a step lasts at least ``host_ms`` + that (the loop's
-    other host work a step, then the choice: ``Scenario.host_s``), held choices as the engine's loop; ``jitter``: the
-    log-normal sigma of each step's seconds (``Scenario.noise``, seeded by ``seed``)."""
+    step's scoring: the estimate follows the run's last, longest steps), else the fixed runs' median steps; a
+    speculative step's scoring costs what it cost the best fixed arm's steps (``best_fixed_scored``,
+    ``Scenario.spec_score_cost``; taken off the own estimates, which hold it). Where the run recorded its choices'
+    host ms (``adaptive_choose_ms``), a choice takes their median and a step lasts at least ``host_ms`` + that (the
+    loop's other host work a step, then the choice: ``Scenario.host_s``), held choices as the engine's loop;
+    ``jitter``: the log-normal sigma of each step's seconds (``Scenario.noise``, seeded by ``seed``)."""
     arms = make_arms(len(DRAFTS), LENGTHS)
     names = arm_names(arms, DRAFTS)
     ms = {"plain": row["plain_step_ms"], **{n: row["fixed"][n]["step_ms"] for n in names if n != "plain"}}
@@ -86,7 +86,8 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
         ms.update({n: max(v - spec, 0.8 * v) for n, v in est.items()})
     choose_ms = float(np.median(row["adaptive_choose_ms"])) if row.get("adaptive_choose_ms") else 0.0
     sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in DRAFTS), row["batch"],
-                  tokens, noise=jitter, seed=seed, score_cost=score, spec_score_cost=spec / 1e3, choose_s=choose_ms / 1e3, host_s=host_ms / 1e3 if choose_ms else 0.0)
+                  tokens, noise=jitter, seed=seed, score_cost=score, spec_score_cost=spec / 1e3, choose_s=choose_ms / 1e3,
+                  host_s=host_ms / 1e3 if choose_ms else 0.0)
     width = tokens + max(LENGTHS) + 2
     return sc, [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in DRAFTS]
 
@@ -136,14 +137,17 @@ def main() -> None:
     src = json.loads(args.run.read_text())
     doc = dict(command="python " + " ".join(sys.argv), source=str(args.run), models={})
     with tempfile.TemporaryDirectory() as tmp:
-        policies = {"replayed": AdaptivePolicy, **({"before": revision_policy(args.before, Path(tmp))} if args.before else {})}
+        policies = {"replayed": AdaptivePolicy}
+        if args.before:
+            policies["before"] = revision_policy(args.before, Path(tmp))
         for model, rows in src["models"].items():
             means = {}
             for key, cls in policies.items():
                 runs = [replay_model(rows, src["tokens_per_row"], lambda arms, s=s: cls(arms, len(DRAFTS), rng=s),
                                      args.costs == "own", not args.cold, args.host_ms, args.jitter, s)
                         for s in range(args.seeds)]
-                means[key] = [round(float(np.mean([run[i]["replayed_vs_best"] for run in runs])), 4) for i in range(len(rows))]
+                means[key] = [round(float(np.mean([run[i]["replayed_vs_best"] for run in runs])), 4)
+                              for i in range(len(rows))]
                 doc["models"][model] = runs[0] if key == "replayed" else doc["models"][model]
             for i, r in enumerate(doc["models"][model]):
                 r.update({f"{k}_vs_best_mean": v[i] for k, v in means.items()})

@@ -82,14 +82,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .calibration import Calibration
 from .change import ChangeTest
-from .throughput import emitted_moments, emitted_slope, finish_steps
+from .throughput import emitted_moments, finish_steps
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
-BIAS_PRIOR = 16.0  # tokens' worth of an unbiased model each draft's ``bias`` starts from
-BIAS_EVIDENCE = 8.0  # a row's own trials at which its step counts half in ``bias`` (a prior-only guess: nothing)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
 
@@ -133,7 +132,7 @@ def bucket(rows: int) -> int:
     return max(0, math.ceil(math.log2(max(1, rows))))
 
 
-class AdaptivePolicy(ChangeTest):
+class AdaptivePolicy(ChangeTest, Calibration):
     """Thompson sampling over ``arms`` with the throughput objective per batch bucket (module docstring)."""
 
     name = "adaptive"
@@ -368,42 +367,6 @@ class AdaptivePolicy(ChangeTest):
         mean, var = np.where(plain[:, None], 1.0, mean), np.where(plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
-    def bias(self) -> np.ndarray:  # [drafts]
-        """Per draft, its accepted tokens over those its posterior predicted for the same rows and windows before
-        each step (``_add``; discounted as the counts, ``BIAS_PRIOR`` tokens of 1 to start): the rate's correction
-        for what the per-token model misses (an n-gram's runs of misses, then of hits, on each row)."""
-        return (self.real + BIAS_PRIOR) / (self.predicted + BIAS_PRIOR)
-
-    def rate_spread(self, alpha: np.ndarray, length: np.ndarray, profile: np.ndarray, draft: np.ndarray,
-                    mean: np.ndarray, left: np.ndarray) -> np.ndarray:  # [arms, R]
-        """The per-step variance that adds, to ``finish_steps``' renewal count (left var / mean^3), the spread of a
-        row's steps that comes from not knowing its own rate: (left / mean^2)^2 (d mean / d alpha)^2 v_b, with v_b
-        the uncertainty of row b's acceptance: the last batch's between-row variance (``row_spread``) narrowed by the
-        row's own trials, 1 / (1 / tau^2 + n_b / (alpha_b (1 - alpha_b))). Without it a fresh static batch is priced
-        as if every row ran at the pool's mean, while its slowest rows (H100, Llama-3-8B's shape, b256, n-gram G = 2:
-        47.8 steps a row on average, 63 for the last) set its end."""
-        tau2 = self.row_spread[draft][:, None]  # [arms, 1]
-        if not tau2.any():
-            return np.zeros_like(mean)
-        trials = (self.row_succ + self.row_fail)[:, self.row_active][draft]  # [arms, R]
-        a = np.clip(alpha[draft], 0.02, 0.98)
-        v = np.where(tau2 > 0, 1.0 / (1.0 / np.maximum(tau2, 1e-12) + trials / (a * (1.0 - a))), 0.0)
-        return left * emitted_slope(alpha[draft], length, profile) ** 2 * v / mean
-
-    def measure_spread(self) -> None:
-        """Each draft's between-row variance of per-token acceptance over the batch just ended (``row_spread``):
-        the variance of its rows' own acceptance less its sampling part (method of moments, rows with at least two
-        trials of their own; a draft with fewer than two such rows keeps its last)."""
-        if self.row_succ is None:
-            return
-        n = self.row_succ + self.row_fail  # [drafts, B]
-        for d in range(len(self.succ)):
-            seen = n[d] >= 2.0
-            if np.count_nonzero(seen) < 2:
-                continue
-            p = (self.row_succ[d, seen] + 0.5) / (n[d, seen] + 1.0)
-            self.row_spread[d] = max(0.0, float(p.var() - np.mean(p * (1.0 - p) / (n[d, seen] + 1.0))))
-
     def best(self, b: int, rate: np.ndarray, capped: np.ndarray | None = None) -> int:
         """The arm of the highest ``priced`` value."""
         return int(np.argmax(self.priced(b, rate, capped)))
@@ -499,17 +462,6 @@ class AdaptivePolicy(ChangeTest):
         ``where`` as ``observe``'s. The draft is from now on chosen on its posterior mean (``sample_alpha``)."""
         self.free[draft] = True
         self._add(draft, np.asarray(scored), np.asarray(accepted), where)
-
-    def note_bias(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None) -> None:
-        """Add a step's accepted tokens on ``draft`` and what the posterior predicted for them (``bias``)."""
-        rows = None if where is None or self.row_succ is None else np.asarray(where)
-        succ, fail = self.counts(rows)
-        alpha = np.broadcast_to(self.posterior_mean(succ[draft], fail[draft]), drafted.shape)
-        mean, _ = emitted_moments(alpha, drafted.astype(np.float64), self.profile()[draft])
-        own = self.succ[draft] + self.fail[draft] if rows is None else self.row_succ[draft, rows] + self.row_fail[draft, rows]
-        weight = np.broadcast_to(own / (own + BIAS_EVIDENCE), drafted.shape)  # a row's prior-only guess counts little
-        self.predicted[draft] += float((weight * (mean - 1.0)).sum())
-        self.real[draft] += float((weight * accepted).sum())
 
     def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):

@@ -100,7 +100,8 @@ def test_a_step_scores_the_drafts_on_the_first_of_every_score_every_steps_of_its
     p = AdaptivePolicy(make_arms(1, (2, 4)), 1, score_every=3)
     seq = [0] * 7 + [1] * 4 + [2] * 2 + [1] * 4
     got = [p.scores(a) for a in seq]
-    want = [i % 3 == 0 for i in range(7)] + [i % 3 == 0 for i in range(4)] + [True, False] + [i % 3 == 0 for i in range(4)]
+    every = lambda n: [i % 3 == 0 for i in range(n)]  # noqa: E731
+    want = every(7) + every(4) + every(2) + every(4)
     assert got == want
 
 
