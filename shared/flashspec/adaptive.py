@@ -321,6 +321,14 @@ class AdaptivePolicy(ChangeTest, Calibration):
     def posterior_mean(self, succ: np.ndarray, fail: np.ndarray) -> np.ndarray:  # [drafts, R]
         return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
 
+    def row_alpha(self, draft: int, where: np.ndarray | None) -> np.ndarray:  # [rows], or [1]: pooled
+        """``draft``'s posterior mean acceptance for the rows ``where`` (``counts``), else its pooled one."""
+        if self.row_succ is not None and where is not None:
+            succ, fail = (c[draft] for c in self.counts(np.asarray(where)))
+        else:
+            succ, fail = self.succ[draft], self.fail[draft]
+        return np.atleast_1d(self.posterior_mean(np.asarray(succ), np.asarray(fail)))
+
     def pooled_mean(self) -> np.ndarray:  # [drafts]
         """Each draft's pooled posterior mean acceptance: what a held choice watches (``adaptive_loop.Choices``)."""
         return self.posterior_mean(self.succ, self.fail)
@@ -466,11 +474,12 @@ class AdaptivePolicy(ChangeTest, Calibration):
     def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):
             raise ValueError("accepted must be in [0, drafted] for every row")
-        if self.changed(draft, drafted, accepted, where):
+        alpha, profile = self.row_alpha(draft, where), self.profile()[draft]  # before this step: what it was priced on
+        if self.changed(draft, drafted, accepted, where, alpha, profile):
             self.forget(draft)
             self.shifts += 1
         self.remember(draft, drafted, accepted)
-        self.note_bias(draft, drafted, accepted, where)
+        self.note_bias(draft, drafted, accepted, where, alpha, profile)
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
         k = np.arange(self.pos_succ.shape[1])  # [K]: draft positions 1 .. K, 0-based

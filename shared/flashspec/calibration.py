@@ -33,17 +33,17 @@ class Calibration:
         for what the per-token model misses (an n-gram's runs of misses, then of hits, on each row)."""
         return (self.real + BIAS_PRIOR) / (self.predicted + BIAS_PRIOR)
 
-    def note_bias(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None) -> None:
-        """Add a step's accepted tokens on ``draft`` and what the posterior predicted for them (``bias``)."""
-        rows = None if where is None or self.row_succ is None else np.asarray(where)
-        succ, fail = self.counts(rows)
-        alpha = np.broadcast_to(self.posterior_mean(succ[draft], fail[draft]), drafted.shape)
-        mean, _ = emitted_moments(alpha, drafted.astype(np.float64), self.profile()[draft])
-        if rows is None:
-            own = self.succ[draft] + self.fail[draft]
+    def note_bias(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None,
+                  alpha: np.ndarray, profile: np.ndarray) -> None:
+        """Add a step's accepted tokens on ``draft`` and what the posterior predicted for them (``bias``): ``alpha``
+        [rows] (or [1]: pooled) the rows' posterior means before the step (``row_alpha``), ``profile`` [K] the
+        draft's; each row weighted by its own trials n / (n + ``BIAS_EVIDENCE``) (pooled: the pool's)."""
+        mean, _ = emitted_moments(np.broadcast_to(alpha, drafted.shape), drafted.astype(np.float64), profile)
+        if self.row_succ is not None and where is not None:
+            own = self.row_succ[draft, where] + self.row_fail[draft, where]
         else:
-            own = self.row_succ[draft, rows] + self.row_fail[draft, rows]
-        weight = np.broadcast_to(own / (own + BIAS_EVIDENCE), drafted.shape)  # a row's prior-only guess counts little
+            own = np.full(drafted.shape, self.succ[draft] + self.fail[draft])
+        weight = own / (own + BIAS_EVIDENCE)  # [rows]: a row's prior-only guess counts little
         self.predicted[draft] += float((weight * (mean - 1.0)).sum())
         self.real[draft] += float((weight * accepted).sum())
 

@@ -133,7 +133,7 @@ class NoChange(AdaptivePolicy):
     """A mutant that never detects a change: a draft's evidence is forgotten only by the per-step discount (and no
     ``bias`` correction, which sees a change too, as accepted tokens over predicted, over a few steps)."""
 
-    def changed(self, draft, drafted, accepted, where=None):
+    def changed(self, draft, drafted, accepted, where=None, alpha=None, profile=None):
         return False
 
     def bias(self):
