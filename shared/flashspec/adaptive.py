@@ -321,14 +321,6 @@ class AdaptivePolicy(ChangeTest, Calibration):
     def posterior_mean(self, succ: np.ndarray, fail: np.ndarray) -> np.ndarray:  # [drafts, R]
         return (self.prior[0] + succ) / (self.prior[0] + self.prior[1] + succ + fail)
 
-    def row_alpha(self, draft: int, where: np.ndarray | None) -> np.ndarray:  # [rows], or [1]: pooled
-        """``draft``'s posterior mean acceptance for the rows ``where`` (``counts``), else its pooled one."""
-        if self.row_succ is not None and where is not None:
-            succ, fail = (c[draft] for c in self.counts(np.asarray(where)))
-        else:
-            succ, fail = self.succ[draft], self.fail[draft]
-        return np.atleast_1d(self.posterior_mean(np.asarray(succ), np.asarray(fail)))
-
     def pooled_mean(self) -> np.ndarray:  # [drafts]
         """Each draft's pooled posterior mean acceptance: what a held choice watches (``adaptive_loop.Choices``)."""
         return self.posterior_mean(self.succ, self.fail)

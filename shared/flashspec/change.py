@@ -22,7 +22,7 @@ CHANGE_WINDOW = 3  # ... and from its last this many steps' (a change within a f
 
 
 class ChangeTest:
-    """``changed`` / ``surprised`` / ``remember`` / ``forget`` of ``AdaptivePolicy`` (module docstring)."""
+    """``changed`` / ``surprised`` / ``row_alpha`` / ``remember`` / ``forget`` of ``AdaptivePolicy`` (module docstring)."""
 
     def changed(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None,
                 alpha: np.ndarray | None = None, profile: np.ndarray | None = None) -> bool:
@@ -64,6 +64,14 @@ class ChangeTest:
         spread = np.sum(p * (1 - p)) / p.size ** 2 + a * b / ((a + b) ** 2 * (a + b + 1))
         share = np.count_nonzero(accepted[tried] > 0) / p.size
         return abs(share - p.mean()) > CHANGE_Z * math.sqrt(spread)
+
+    def row_alpha(self, draft: int, where: np.ndarray | None) -> np.ndarray:  # [rows], or [1]: pooled
+        """``draft``'s posterior mean acceptance for the rows ``where`` (``counts``), else its pooled one."""
+        if self.row_succ is not None and where is not None:
+            succ, fail = (c[draft] for c in self.counts(np.asarray(where)))
+        else:
+            succ, fail = self.succ[draft], self.fail[draft]
+        return np.atleast_1d(self.posterior_mean(np.asarray(succ), np.asarray(fail)))
 
     def remember(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """Keep the step's first-position trials on ``draft`` (rows that accepted, rows that drafted) in its window of
