@@ -42,7 +42,7 @@ The model (``AdaptivePolicy``):
 * bias: per draft, the tokens its rows accepted over those the posterior predicted for the same rows and windows
   just before (``bias``; each row's step weighted by its own evidence, so a prior-only guess counts little) scales
   the accepted part of its value: the per-token model misses an n-gram's runs of misses then hits on a row, and
-  prices it low where it is not (replay of the H100 run: predicted / accepted 0.85-0.95 on its steps).
+  prices it low where it is not (replay of the H100 run: accepted / predicted 1.03-1.19 on its steps).
 * spread: a static batch's finish also carries each row's unknown rate (``rate_spread``, ``measure_spread``).
 * scoring: a step scores the drafts for free only on the first of every ``score_every`` steps in a row of
   its arm (``scores``; the loop switches ``score_free`` around it): the scoring costs a plain step a few per

@@ -4,7 +4,7 @@ inherits ``Calibration``; issue #35, ad21), both from finished steps only:
 * ``bias``: per draft, the tokens its rows accepted over those the posterior predicted for the same rows and windows
   just before each step (``note_bias``), which scales the accepted part of the draft's value: one per-token rate
   misses an n-gram's runs of misses then hits on a row (replay of the H100 run of 2026-12-07: the n-gram accepted
-  1.05-1.19x its prediction, the replay draft 0.84-1.03x);
+  1.03-1.19x its prediction, the replay draft 0.84-1.05x);
 * ``rate_spread``: in a static batch's finish (``flashspec.throughput.finish_steps``), each row's unknown rate, from
   the last batch's between-row variance of acceptance (``measure_spread``), narrowed by the row's own trials: the
   batch ends with its slowest rows, which a fresh batch's rows, all at the pool's mean, do not show.
