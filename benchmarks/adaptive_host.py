@@ -1,6 +1,6 @@
 """The adaptive loop's host work per step against the fixed loop's, on the CPU with a tiny random model (issue #35):
 at SmolLM2-135M's shape on an H100 a GPU step takes ~1 ms and the adaptive loop's extra host work showed (docs/
-adaptive.md, "The H100 run of adapt15"); here the model's compute is small, so the host's parts are visible.
+adaptive.md, "Past experiments"); here the model's compute is small, so the host's parts are visible.
 
     PYTHONPATH=$PWD/shared:$PWD python benchmarks/adaptive_host.py --batches 1,4,16,64 --tokens 48 --repeats 7 \
         --before d6eb4da --out benchmarks/results/adaptive_host_cpu.json

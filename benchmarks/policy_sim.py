@@ -136,7 +136,7 @@ class OldPolicy(AdaptivePolicy):
     def observe_free(self, draft, scored, accepted, where=None):
         self._add(draft, np.asarray(scored), np.asarray(accepted), where)
 
-    def plain_scores(self):
+    def scores(self, arm):
         return True
 
 
@@ -148,7 +148,6 @@ def main() -> None:
                     help="static scenarios: host ms of one choice (0: free, every step chooses; ``Scenario.choose_s``)")
     ap.add_argument("--host-ms", type=float, default=0.0,
                     help="static scenarios: the loop's other host ms a step (``Scenario.host_s``)")
-    ap.add_argument("--no-growth", action="store_true", help="held choices never grow (``adaptive_loop.Choices``)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     src = json.loads(args.run.read_text())
@@ -187,8 +186,7 @@ def main() -> None:
                     entry["runs"][key] = {}
                     for p in chosen:
                         out = compare(sc, lambda p=p: policies[p](arms, len(DRAFTS), rng=0), warm=begin == "warm",
-                                      repeats=max(1, 16 // b), priced=begin == "priced", bits=bits,
-                                      grow=not args.no_growth)
+                                      repeats=max(1, 16 // b), priced=begin == "priced", bits=bits)
                         entry["runs"][key][p] = dict(
                             vs_best=round(out["vs_best"], 4), vs_plain=round(out["vs_plain"], 4),
                             best=names[out["best"]], steps={names[a]: n for a, n in sorted(out["steps"].items())},

@@ -263,7 +263,7 @@ class TorchBackend:
         if not self.graphed or not draft.capturable:  # e.g. a transformers model with growing inputs
             proposal = self.draft(arm, gamma, sampling, seed, offset)
             return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset),
-                               gamma if proposal.lengths is None else proposal.lengths)
+                               gamma if proposal.lengths is None else proposal.lengths, skip=arm)
         if draft.lagging(self.seqs):
             draft.catch_up(self.seqs, gamma)
         self.set_counters(seed, offset)
@@ -279,7 +279,7 @@ class TorchBackend:
         def run():
             p = draft.propose(self.seqs, gamma, sampling, self.seed, self.offset, graphed=True)
             r = self.verify(self.score(p), p, sampling, self.seed, self.offset)
-            self.commit_device(r, gamma if p.lengths is None else p.lengths)
+            self.commit_device(r, gamma if p.lengths is None else p.lengths, skip=arm)
             return r.num_accepted
 
         return run
@@ -370,8 +370,9 @@ class TorchBackend:
 
     # -- commit
 
-    def commit(self, result: VerifyResult, drafted: torch.Tensor | int | None = None) -> AsyncHandle:
-        self.commit_device(result, drafted)
+    def commit(self, result: VerifyResult, drafted: torch.Tensor | int | None = None,
+               skip: int | None = None) -> AsyncHandle:
+        self.commit_device(result, drafted, skip)
         return self.commit_host(result.num_accepted, result.tokens.shape[1])
 
     def score_free(self, gamma: int) -> int:
@@ -382,15 +383,17 @@ class TorchBackend:
         self.free_gamma = gamma
         return len(recomputable(self.drafts)) if gamma else 0
 
-    def commit_device(self, result: VerifyResult, drafted: torch.Tensor | int | None = None) -> None:
+    def commit_device(self, result: VerifyResult, drafted: torch.Tensor | int | None = None,
+                      skip: int | None = None) -> None:
         """Append num_accepted + 1 tokens per live row (cut at EOS and at max_new_tokens), in place;
-        ``drafted``: the tokens each row proposed ([B] or one for all; None: not recorded)."""
+        ``drafted``: the tokens each row proposed ([B] or one for all; None: not recorded); ``skip``: the draft the
+        step ran, not scored for free (its verification counted it: 0 tokens scored)."""
         seqs = self.seqs
         if isinstance(drafted, torch.Tensor):
             self.drafted.copy_(drafted)
         elif drafted is not None:
             self.drafted.fill_(drafted)
-        proposals = free_proposals(self.drafts, seqs, self.free_gamma) if self.free_gamma else []
+        proposals = free_proposals(self.drafts, seqs, self.free_gamma, skip) if self.free_gamma else []
         length_before = seqs.length.clone()
         args = (result.num_accepted, result.tokens, self.eos, seqs.tokens, seqs.length, self.prompt_len,
                 self.max_new, self.done, self.active)

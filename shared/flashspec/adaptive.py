@@ -39,9 +39,14 @@ The model (``AdaptivePolicy``):
   for the slowest rows and for the spread of a large batch. The choice draws alpha from the posteriors
   (Thompson sampling), plain decoding among the arms, but for a draft scored for free (``observe_free``),
   which is seen on every step whatever runs: its posterior mean (every draft free: no draw).
-* scoring: a plain step scores the drafts for free only on the first of every ``score_every`` plain steps
-  in a row (``plain_scores``; the loop switches ``score_free`` around it): at a large batch the scoring
-  costs a plain step a few per cent.
+* bias: per draft, the tokens its rows accepted over those the posterior predicted for the same rows and windows
+  just before (``bias``; each row's step weighted by its own evidence, so a prior-only guess counts little) scales
+  the accepted part of its value: the per-token model misses an n-gram's runs of misses then hits on a row, and
+  prices it low where it is not (replay of the H100 run: accepted / predicted 1.03-1.19 on its steps).
+* spread: a static batch's finish also carries each row's unknown rate (``rate_spread``, ``measure_spread``).
+* scoring: a step scores the drafts for free only on the first of every ``score_every`` steps in a row of
+  its arm (``scores``; the loop switches ``score_free`` around it): the scoring costs a plain step a few per
+  cent at a large batch and a speculative one 2-5% at a small one (SmolLM2-135M's shape on an H100, b1-b16).
 * monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
   does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
   of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
@@ -77,6 +82,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .calibration import Calibration
 from .change import ChangeTest
 from .throughput import emitted_moments, finish_steps
 
@@ -126,7 +132,7 @@ def bucket(rows: int) -> int:
     return max(0, math.ceil(math.log2(max(1, rows))))
 
 
-class AdaptivePolicy(ChangeTest):
+class AdaptivePolicy(ChangeTest, Calibration):
     """Thompson sampling over ``arms`` with the throughput objective per batch bucket (module docstring)."""
 
     name = "adaptive"
@@ -157,9 +163,9 @@ class AdaptivePolicy(ChangeTest):
             raise ValueError(f"carry={carry!r} must be a positive number (rejections' worth of evidence a new batch keeps)")
         self.carry = float(carry)
         if isinstance(score_every, bool) or not isinstance(score_every, int) or score_every < 1:
-            raise ValueError(f"score_every={score_every!r} must be an integer >= 1 (plain steps per scoring one)")
+            raise ValueError(f"score_every={score_every!r} must be an integer >= 1 (steps of an arm per scoring one)")
         self.score_every = score_every
-        self.plain_streak = 0  # plain steps chosen in a row (``plain_scores``)
+        self.score_arm, self.score_streak = -1, 0  # the arm of the last steps, and how many in a row (``scores``)
         self.scoring_gamma = 0  # the backend's full-information G (``adaptive_loop.use_free_scoring``; 0: none)
         self.rng = np.random.default_rng(rng) if isinstance(rng, (int, np.integer)) else rng
         self.succ = np.zeros(num_drafts)  # per draft: accepted tokens (discounted)
@@ -184,6 +190,9 @@ class AdaptivePolicy(ChangeTest):
         width = max(1, int(self.arm_length.max()))
         self.pos_succ = np.zeros((num_drafts, width))  # [drafts, K]: accepted at draft position k + 1 (discounted)
         self.pos_fail = np.zeros((num_drafts, width))  # [drafts, K]: rejected at draft position k + 1
+        self.real = np.zeros(num_drafts)  # [drafts]: accepted tokens (discounted; ``bias``)
+        self.predicted = np.zeros(num_drafts)  # [drafts]: the posterior's prediction of them
+        self.row_spread = np.zeros(num_drafts)  # [drafts]: between-row variance of acceptance (``measure_spread``)
         self.recent: list[list[tuple[float, int]]] = [[] for _ in range(num_drafts)]  # per draft: ``remember``
 
     @property
@@ -255,12 +264,14 @@ class AdaptivePolicy(ChangeTest):
         second measurement replaces the first (``observe``)."""
         return (self.samples[b] == 1) & (not self.warm)
 
-    def plain_scores(self) -> bool:
-        """Whether the plain step just chosen should score the drafts (full information): the first of every
-        ``score_every`` plain steps in a row: scoring costs a plain step a few per cent at a large batch
-        (docs/adaptive.md), and a run of plain steps needs only enough of it to notice a draft that would now pay."""
-        scores = self.plain_streak % self.score_every == 0
-        self.plain_streak += 1
+    def scores(self, arm: int) -> bool:
+        """Whether the step of ``arm`` about to launch should score the drafts (full information): the first of every
+        ``score_every`` steps in a row of that arm. The scoring costs a step a few per cent (docs/adaptive.md), and a
+        run of one arm needs only enough of it to notice another draft that would now pay."""
+        if arm != self.score_arm:
+            self.score_arm, self.score_streak = arm, 0
+        scores = self.score_streak % self.score_every == 0
+        self.score_streak += 1
         return scores
 
     def counts(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
@@ -343,11 +354,16 @@ class AdaptivePolicy(ChangeTest):
         pick = slice(None) if arms is None else arms
         draft, plain, width = self.arm_draft[pick], self.arm_plain[pick], self.arm_length[pick]  # [arms] each
         left = None if self.remaining is None or self.row_active is None else self.remaining[self.row_active]
+        bias = self.bias()[draft, None]  # [arms, 1]
         if left is None or left.shape[0] != alpha.shape[1] or not left.any():
             mean, _ = emitted_moments(alpha[draft], width[:, None], self.profile()[draft, None])
+            mean = np.minimum(1.0 + width[:, None], 1.0 + bias * (mean - 1.0))
             return np.log(rows * np.where(plain, 1.0, mean.mean(axis=1)))
         length = np.minimum(width[:, None], np.maximum(left - 1.0, 0.0))  # [arms, R]: no token past a row's end
-        mean, var = emitted_moments(alpha[draft], length, self.profile()[draft, None])  # [arms, R] each
+        profile = self.profile()[draft, None]
+        mean, var = emitted_moments(alpha[draft], length, profile)  # [arms, R] each
+        mean = np.minimum(1.0 + length, 1.0 + bias * (mean - 1.0))
+        var = var + self.rate_spread(alpha, length, profile, draft, mean, left)
         mean, var = np.where(plain[:, None], 1.0, mean), np.where(plain[:, None], 0.0, var)
         return np.log(left.sum()) - np.log(finish_steps(left, mean, var))
 
@@ -357,8 +373,6 @@ class AdaptivePolicy(ChangeTest):
 
     def launch(self, a: int) -> int:
         self.in_flight.add(a)
-        if not self.arms[a].plain:
-            self.plain_streak = 0
         return a
 
     def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
@@ -387,6 +401,8 @@ class AdaptivePolicy(ChangeTest):
         self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
         self.cost_weight[b, arm], self.age[b, arm] = w, 0
         self.samples[b, arm] += 1
+        self.real *= self.discount
+        self.predicted *= self.discount
         self.succ *= self.discount  # every draft forgets at every step, scored or not
         self.fail *= self.discount
         self.pos_succ *= self.discount
@@ -413,6 +429,7 @@ class AdaptivePolicy(ChangeTest):
         """A new batch (request) of ``rows`` rows starts: each draft's pooled acceptance evidence is weakened to at
         most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero; ``tokens``: the
         new tokens each row will emit at most (a static batch: the value prices the batch's finish, ``log_rate``)."""
+        self.measure_spread()
         scale = self.weakened()
         self.succ *= scale
         self.fail *= scale
@@ -449,10 +466,12 @@ class AdaptivePolicy(ChangeTest):
     def _add(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> None:
         if np.any((accepted < 0) | (accepted > drafted)):
             raise ValueError("accepted must be in [0, drafted] for every row")
-        if self.changed(draft, drafted, accepted, where):
+        alpha, profile = self.row_alpha(draft, where), self.profile()[draft]  # before this step: what it was priced on
+        if self.changed(draft, drafted, accepted, where, alpha, profile):
             self.forget(draft)
             self.shifts += 1
         self.remember(draft, drafted, accepted)
+        self.note_bias(draft, drafted, accepted, where, alpha, profile)
         self.succ[draft] += accepted.sum()
         self.fail[draft] += np.count_nonzero(accepted < drafted)
         k = np.arange(self.pos_succ.shape[1])  # [K]: draft positions 1 .. K, 0-based

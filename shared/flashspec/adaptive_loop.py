@@ -28,16 +28,15 @@ class Choices:
     (it still observes every step) and the arm is launched again; ``now``: the loop's clock (``StepTimer.now``). The
     streak counts the choices in a row that chose the same arm on value, on the posterior means (not by a Thompson
     draw's luck) and ``CLEAR`` ahead of its best rival (``AdaptivePolicy.margin``): each doubles the hold (3 -> 6 -> 12
-    ... steps), so a run whose best arm stays the best pays the choice's host time ever more rarely (``grow``: False,
-    the holds of the host time alone). A hold,
+    ... steps), so a run whose best arm stays the best pays the choice's host time ever more rarely. A hold,
     and its streak, end where the steps' ``key`` changes (the engine: None; the server: the sampling group and cost
     bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
     moved by more than ``DRIFT`` since the choice (``pooled_mean``). Where the policy scores the drafts for free, the
-    backend's scoring is switched for the step: on for a speculative step, on a plain one only now and then
-    (``plain_scores``)."""
+    backend's scoring is switched for the step: on for the first of every ``score_every`` steps in a row of its arm
+    (``AdaptivePolicy.scores``)."""
 
-    def __init__(self, backend: Backend, policy: AdaptivePolicy, now, grow: bool = True):
-        self.backend, self.policy, self.now, self.grow = backend, policy, now, grow
+    def __init__(self, backend: Backend, policy: AdaptivePolicy, now):
+        self.backend, self.policy, self.now = backend, policy, now
         self.arm, self.hold, self.key, self.streak, self.shifts = 0, 0, None, 0, policy.shifts
         self.seen = policy.pooled_mean()  # [drafts]: at the last choice
 
@@ -53,14 +52,13 @@ class Choices:
         else:
             t0 = self.now()
             arm = choose()
-            again = self.grow and policy.on_value and policy.margin >= CLEAR and arm == self.arm and key == self.key
+            again = policy.on_value and policy.margin >= CLEAR and arm == self.arm and key == self.key
             self.key, self.shifts, self.seen = key, policy.shifts, policy.pooled_mean()
             self.streak = self.streak + 1 if again else 0
             self.arm = arm
             self.hold = held(self.now() - t0, last_s, self.streak) - 1 if policy.on_value else 0
-        if policy.scoring_gamma:  # a plain step scores the drafts only now and then (``plain_scores``)
-            plain = policy.arms[self.arm].plain
-            self.backend.score_free(policy.scoring_gamma if not plain or policy.plain_scores() else 0)
+        if policy.scoring_gamma:  # a step scores the drafts only now and then (``AdaptivePolicy.scores``)
+            self.backend.score_free(policy.scoring_gamma if policy.scores(self.arm) else 0)
         return self.arm
 
     def drifted(self) -> bool:
@@ -78,16 +76,18 @@ def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
 
 
 def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig, prepared: int = 0) -> int:
-    """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps,
-    and plain decoding without scoring too where the policy scores (``AdaptivePolicy.plain_scores``). Where the
+    """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps and
+    plain decoding, with and without scoring where the policy scores (``AdaptivePolicy.scores``). Where the
     backend made step kinds ready (these, or ``prepared`` by the caller's own ``prepare`` just before), the steps
     are timed warm from their first run and the policy trusts first measurements (``AdaptivePolicy.warm``).
     Returns the step kinds prepared, ``prepared`` included."""
-    for g in sorted({a.length for a in policy.arms if not a.plain}):
-        prepared += backend.prepare(g, sampling)
+    lengths = sorted({a.length for a in policy.arms if not a.plain}) or [None]  # a length's prepare: plain's too
+    for free in [policy.scoring_gamma, 0] if policy.scoring_gamma else [None]:
+        if free is not None:
+            backend.score_free(free)
+        for g in lengths:
+            prepared += backend.prepare(g, sampling)
     if policy.scoring_gamma:
-        backend.score_free(0)
-        prepared += backend.prepare(None, sampling)
         backend.score_free(policy.scoring_gamma)
     policy.warm = policy.warm or prepared > 0
     return prepared

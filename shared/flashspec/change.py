@@ -22,9 +22,10 @@ CHANGE_WINDOW = 3  # ... and from its last this many steps' (a change within a f
 
 
 class ChangeTest:
-    """``changed`` / ``surprised`` / ``remember`` / ``forget`` of ``AdaptivePolicy`` (module docstring)."""
+    """``changed`` / ``surprised`` / ``row_alpha`` / ``remember`` / ``forget`` of ``AdaptivePolicy`` (module docstring)."""
 
-    def changed(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None) -> bool:
+    def changed(self, draft: int, drafted: np.ndarray, accepted: np.ndarray, where: np.ndarray | None = None,
+                alpha: np.ndarray | None = None, profile: np.ndarray | None = None) -> bool:
         """Whether one step's evidence on ``draft`` (``drafted`` / ``accepted`` [rows]; ``where`` [rows]: the rows'
         indices, None: pooled) is a change of regime at the first draft position, where every row that drafted makes
         one Bernoulli trial whatever its window (a plain step's one-token window tests what a G = 4 step does). Two
@@ -34,10 +35,10 @@ class ChangeTest:
         loops; a new domain) is seen in one step of a large batch, while a slow drift (rows falling into loops one by
         one over tens of steps) is left to the discount. Where the window is empty, or it and the step hold too few
         rows for the second test to pass at all (a 0 -> 1 flip is sqrt(n + n_window) standard errors), the first
-        decides."""
+        decides. ``alpha`` [rows] / ``profile`` [K]: ``row_alpha`` and the draft's ``profile`` where known."""
         tried = drafted > 0
         n = int(np.count_nonzero(tried))
-        if n == 0 or not self.surprised(draft, tried, accepted, where):
+        if n == 0 or not self.surprised(draft, tried, accepted, where, alpha, profile):
             return False
         share = np.count_nonzero(accepted[tried] > 0) / n
         prev_n = sum(k for _, k in self.recent[draft])
@@ -47,22 +48,30 @@ class ChangeTest:
         q = (share * n + prev * prev_n) / (n + prev_n)  # the share of the step and its window together
         return abs(share - prev) > CHANGE_Z * math.sqrt(max(q * (1 - q), 1e-12) * (1 / n + 1 / prev_n))
 
-    def surprised(self, draft: int, tried: np.ndarray, accepted: np.ndarray, where: np.ndarray | None) -> bool:
+    def surprised(self, draft: int, tried: np.ndarray, accepted: np.ndarray, where: np.ndarray | None,
+                  alpha: np.ndarray | None = None, profile: np.ndarray | None = None) -> bool:
         """Whether the share of the rows ``tried`` [rows] that accepted ``draft``'s first token is further than
         ``CHANGE_Z`` standard errors from the mean of the rows' own predictions there, p_b = min(1, alpha_b r_1)
         (alpha_b from ``counts`` for the rows ``where``, else the pooled counts; r_1 the first position's
         ``profile``), as ``log_rate`` prices a step: the rows' Bernoulli spread plus the first position's pooled
         posterior spread, which every row shares. Per row, so the slow rows a static batch ends with are not taken
-        for a change of the pool's."""
-        succ, fail = self.succ[draft], self.fail[draft]
-        if self.row_succ is not None and where is not None:
-            succ, fail = (c[draft] for c in self.counts(np.asarray(where)[tried]))
-        p = np.minimum(1.0, self.posterior_mean(np.asarray(succ), np.asarray(fail)) * self.profile()[draft, 0])
+        for a change of the pool's. ``alpha`` / ``profile``: as ``changed``'s."""
+        alpha = self.row_alpha(draft, where) if alpha is None else alpha  # [rows] or [1]
+        first = (self.profile()[draft] if profile is None else profile)[0]
+        p = np.minimum(1.0, (alpha[tried] if alpha.size > 1 else alpha) * first)
         p = np.broadcast_to(p, (int(np.count_nonzero(tried)),))  # [n]
         a, b = self.prior[0] + self.pos_succ[draft, 0], self.prior[1] + self.pos_fail[draft, 0]
         spread = np.sum(p * (1 - p)) / p.size ** 2 + a * b / ((a + b) ** 2 * (a + b + 1))
         share = np.count_nonzero(accepted[tried] > 0) / p.size
         return abs(share - p.mean()) > CHANGE_Z * math.sqrt(spread)
+
+    def row_alpha(self, draft: int, where: np.ndarray | None) -> np.ndarray:  # [rows], or [1]: pooled
+        """``draft``'s posterior mean acceptance for the rows ``where`` (``counts``), else its pooled one."""
+        if self.row_succ is not None and where is not None:
+            succ, fail = (c[draft] for c in self.counts(np.asarray(where)))
+        else:
+            succ, fail = self.succ[draft], self.fail[draft]
+        return np.atleast_1d(self.posterior_mean(np.asarray(succ), np.asarray(fail)))
 
     def remember(self, draft: int, drafted: np.ndarray, accepted: np.ndarray) -> None:
         """Keep the step's first-position trials on ``draft`` (rows that accepted, rows that drafted) in its window of

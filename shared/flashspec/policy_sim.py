@@ -17,7 +17,7 @@ Two shapes of run:
 The policy runs as the engine's loop runs it (``flashspec.adaptive_loop.speculate_adaptive``): it chooses step
 k + 1 before it observes step k, sees each step's per-row accepted tokens and seconds, and the recomputable
 drafts (``free``) are scored on the steps that did not run them (every speculative step, the plain steps
-``AdaptivePolicy.plain_scores`` picks; every step of a stream) over the step's emitted window, min(G, n + 1)
+``AdaptivePolicy.scores`` picks; every step of a stream) over the step's emitted window, min(G, n + 1)
 tokens (``flashspec.adaptive_loop.observe_free``).
 """
 
@@ -72,6 +72,7 @@ class Scenario:
     steps: int = 0  # stream: steps to run
     noise: float = 0.03  # log-normal sigma of each step's seconds
     score_cost: float = 0.0  # seconds a plain step's full-information scoring adds (fixed runs never score)
+    spec_score_cost: float = 0.0  # seconds a speculative step's scoring adds (0: ``costs`` hold it, scored or not)
     seed: int = 0
     choose_s: float = 0.0  # static: host seconds of one adaptive choice (0: free, every step chooses: ``run_adaptive``)
     host_s: float = 0.0  # static: the adaptive loop's other host seconds a step (a step lasts at least its host work)
@@ -192,9 +193,9 @@ class Result:
 
 
 def run(sc: Scenario, choose: Callable[[], tuple[int, bool, float]], observe=None, rows: Rows | None = None) -> Result:
-    """One run of ``sc``: ``choose()`` gives each step's arm, whether the step scores the free drafts (a
-    speculative step of the adaptive loop always does, its measured cost includes it; a plain one when the policy
-    says, at ``score_cost``) and the host seconds of the step's loop work (the step lasts at least that long: the
+    """One run of ``sc``: ``choose()`` gives each step's arm, whether the step scores the free drafts (the adaptive
+    loop's, when the policy says: ``AdaptivePolicy.scores``; at ``score_cost`` for a plain step, ``spec_score_cost``
+    for a speculative one) and the host seconds of the step's loop work (the step lasts at least that long: the
     device waits for its launch); ``observe(arm, where, accepted, drafted, seconds, free)`` hears each step one step
     late (``free``: per draft, (scored, accepted) [rows] or None)."""
     rows = rows or Rows(sc)
@@ -222,7 +223,8 @@ def run(sc: Scenario, choose: Callable[[], tuple[int, bool, float]], observe=Non
         emitted = np.minimum(accepted + 1, sc.tokens - p)
         pos[where] += emitted
         tokens += int(emitted.sum())
-        t = (sc.costs[a] + (sc.score_cost if scores and arm.plain else 0.0)) * rows.cost_noise[step % len(rows.cost_noise)]
+        extra = (sc.score_cost if arm.plain else sc.spec_score_cost) if scores else 0.0
+        t = (sc.costs[a] + extra) * rows.cost_noise[step % len(rows.cost_noise)]
         t = max(t, host)
         seconds += t
         counts[a] = counts.get(a, 0) + 1
@@ -244,9 +246,9 @@ def run_fixed(sc: Scenario, arm: int, rows: Rows | None = None) -> Result:
 
 
 def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None, warm: bool = True,
-                 chosen: list[int] | None = None, grow: bool = True) -> Result:
+                 chosen: list[int] | None = None) -> Result:
     """``policy`` over ``sc`` as the engine's loop (static: ``new_batch``, choices held as ``adaptive_loop.Choices``
-    holds them, ``grow`` its streak) or the server (stream: ``open_rows``, ``start_rows`` for each admitted request)
+    holds them) or the server (stream: ``open_rows``, ``start_rows`` for each admitted request)
     drives it. ``warm``: no cold first run, as the GPU's captured steps (``adaptive_loop.prepare_arms``; False: first
     measurements provisional, ``AdaptivePolicy.warm``); ``chosen``: a list that gets each step's arm index."""
     rows = rows or Rows(sc)
@@ -260,7 +262,7 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
         state["slot_req"] = np.arange(sc.batch)
     last = {"where": np.arange(sc.batch), "s": None}
     clock, asked = [0.0], [0]  # the host's clock (a choice advances it by ``choose_s``), the choices asked
-    choices = Choices(None, policy, lambda: clock[0], grow)
+    choices = Choices(None, policy, lambda: clock[0])
 
     def ask() -> int:
         clock[0] += sc.choose_s
@@ -273,7 +275,7 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
             a = choices.next(ask, last["s"])
             if chosen is not None:
                 chosen.append(a)
-            return a, not sc.arms[a].plain or policy.plain_scores(), sc.host_s + clock[0] - start
+            return a, policy.scores(a), sc.host_s + clock[0] - start
         return policy.choose(len(last["where"]), where=last["where"], size=sc.batch), True, 0.0  # the server scores always
 
     def observe(a, where, accepted, drafted, seconds, free) -> None:
@@ -290,15 +292,14 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
 
 
 def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool = True, repeats: int = 1,
-            priced: bool = False, bits: Sequence[np.ndarray] | None = None, grow: bool = True) -> dict:
+            priced: bool = False, bits: Sequence[np.ndarray] | None = None) -> dict:
     """Every fixed arm and the adaptive policy over the same rows: tokens/s each, and adaptive / best fixed and
     adaptive / plain. ``warm``: the policy first runs the scenario once (the benchmark's warm-up run, which
     prices every arm at this batch size) before the run that counts; ``priced``: the policy starts knowing every
     arm's step seconds at this batch size (a plain step's at 1 scoring step in ``score_every``), nothing of the
     drafts' acceptance (as if each step kind were timed when captured); ``repeats``: scenarios of seeds seed,
     seed + 1, ... (a fresh policy each), tokens and seconds summed (a batch of one row is a noisy draw); ``bits``:
-    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models; ``grow``:
-    ``run_adaptive``'s."""
+    replay these traces (``Rows.replay``) instead of drawing rows from the drafts' models."""
     totals = np.zeros((len(sc.arms) + 1, 2))  # [fixed arms + adaptive, (tokens, seconds)]
     steps: dict = {}
     for i in range(repeats):
@@ -314,8 +315,8 @@ def compare(sc: Scenario, make_policy: Callable[[], AdaptivePolicy], warm: bool 
             policy.log_cost[b] = np.log(np.array(sc.costs) + plain * sc.score_cost / policy.score_every)
             policy.cost_weight[b] = 1.0
         if warm:
-            run_adaptive(s, policy, rows, grow=grow)
-        res = run_adaptive(s, policy, rows, grow=grow)
+            run_adaptive(s, policy, rows)
+        res = run_adaptive(s, policy, rows)
         totals[-1] += (res.tokens, res.seconds)
         for a, n in res.steps.items():
             steps[a] = steps.get(a, 0) + n

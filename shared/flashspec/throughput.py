@@ -18,12 +18,28 @@ def emitted_moments(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray |
     """Mean and variance of the tokens a step emits (1 + leading accepted of ``length``) at per-token acceptance
     ``alpha`` (broadcast) times ``profile`` [..., >= K] at draft position k (None: 1 everywhere, i.i.d.):
     P(accepted >= k) = prod_{j <= k} min(1, alpha profile_j) for k <= length."""
+    k, _, tail = acceptance_tails(alpha, length, profile)
+    mean = tail.sum(axis=-1)
+    return 1.0 + mean, np.maximum(0.0, ((2 * k - 1) * tail).sum(axis=-1) - mean ** 2)
+
+
+def emitted_slope(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None) -> np.ndarray:  # [...]
+    """d/d alpha of ``emitted_moments``' mean: sum_k P(accepted >= k) c_k / alpha, c_k the factors alpha profile_j
+    (j <= k) below 1 (a factor capped at 1 does not move with alpha)."""
+    _, per, tail = acceptance_tails(alpha, length, profile)
+    moving = np.cumsum(per < 1.0, axis=-1)  # [..., K]: c_k
+    return (tail * moving).sum(axis=-1) / np.maximum(np.asarray(alpha, np.float64), 1e-12)
+
+
+def acceptance_tails(alpha: np.ndarray, length: np.ndarray, profile: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # [K], [..., K], [..., K]
+    """(positions k = 1 .. K, alpha profile_k, P(accepted >= k)) of a draft of ``length`` (broadcast with ``alpha``)
+    tokens at per-token acceptance ``alpha`` times ``profile`` [..., >= K] (None: 1 everywhere)."""
     alpha, length = np.asarray(alpha, np.float64), np.asarray(length, np.float64)  # broadcast against each other
     k = np.arange(1, int(length.max(initial=0)) + 1)  # [K]
     per = alpha[..., None] * (np.ones(len(k)) if profile is None else np.asarray(profile)[..., : len(k)])  # [..., K]
     tail = np.where(k <= length[..., None], np.cumprod(np.minimum(1.0, per), axis=-1), 0.0)  # [..., K]: P(accepted >= k)
-    mean = tail.sum(axis=-1)
-    return 1.0 + mean, np.maximum(0.0, ((2 * k - 1) * tail).sum(axis=-1) - mean ** 2)
+    return k, per, tail
 
 
 def finish_steps(left: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:  # [arms]

@@ -442,8 +442,8 @@ class CountingChanges(AdaptivePolicy):
         super().__init__(arms, num_drafts, rng=0)
         self.changes = 0
 
-    def changed(self, draft, drafted, accepted, where=None):
-        seen = super().changed(draft, drafted, accepted, where)
+    def changed(self, draft, drafted, accepted, where=None, alpha=None, profile=None):
+        seen = super().changed(draft, drafted, accepted, where, alpha, profile)
         self.changes += seen
         return seen
 

@@ -130,10 +130,14 @@ def test_the_replay_script_replays_each_batch_of_a_run():
 
 
 class NoChange(AdaptivePolicy):
-    """A mutant that never detects a change: a draft's evidence is forgotten only by the per-step discount."""
+    """A mutant that never detects a change: a draft's evidence is forgotten only by the per-step discount (and no
+    ``bias`` correction, which sees a change too, as accepted tokens over predicted, over a few steps)."""
 
-    def changed(self, draft, drafted, accepted, where=None):
+    def changed(self, draft, drafted, accepted, where=None, alpha=None, profile=None):
         return False
+
+    def bias(self):
+        return np.ones(len(self.succ))
 
 
 def test_a_batch_wide_change_of_acceptance_is_seen_in_a_step():

@@ -227,8 +227,8 @@ def test_a_slow_choice_holds_its_arm_in_the_server_and_the_tokens_stay_plain_dec
 
 
 def test_prepare_makes_every_arm_ready_and_marks_the_policy_warm(tiny):
-    """``Service.prepare`` makes ready each warm-up setting's arms (G and G // 2, plain decoding with and without
-    the free scoring) and the policy is ``warm``; a request with other settings has its arms made ready before its
+    """``Service.prepare`` makes ready each warm-up setting's arms (G and G // 2, each with plain decoding, with and
+    without the free scoring: ``AdaptivePolicy.scores``) and the policy is ``warm``; a request with other settings has its arms made ready before its
     first step, once. Where nothing was made ready (0 kinds: the CPU) the policy stays cold."""
     for kinds in (1, 0):
         eng = adaptive_engine(tiny)
@@ -237,8 +237,8 @@ def test_prepare_makes_every_arm_ready_and_marks_the_policy_warm(tiny):
             or prepare(g, s) + kinds
         clock = Steps(eng.backend, lambda g: 0.01)
         svc = Service(eng, max_batch=2, context=64, gamma=4)
-        assert svc.prepare(temperatures=(0.0,)) == 3 * kinds
-        assert [e[1:] for e in events] == [(2, 0.0, 4), (4, 0.0, 4), (None, 0.0, 0)]
+        assert svc.prepare(temperatures=(0.0,)) == 4 * kinds
+        assert [e[1:] for e in events] == [(2, 0.0, 4), (4, 0.0, 4), (2, 0.0, 0), (4, 0.0, 0)]
         assert svc.scheduler.policy.warm == bool(kinds)
         events.clear()
         warm = SamplingConfig(0.5, 0, 1.0)
@@ -247,5 +247,5 @@ def test_prepare_makes_every_arm_ready_and_marks_the_policy_warm(tiny):
             with eng.running():
                 run_until_idle(svc.scheduler)
         first_step = next(i for i, (g, s) in enumerate(clock.log) if s == warm)
-        assert [e[1:3] for e in events] == [(2, 0.5), (4, 0.5), (None, 0.5)] and first_step == 0
+        assert [e[1:3] for e in events] == [(2, 0.5), (4, 0.5), (2, 0.5), (4, 0.5)] and first_step == 0
         assert svc.scheduler.policy.warm == bool(kinds)
