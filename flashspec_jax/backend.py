@@ -142,15 +142,19 @@ class JaxBackend:
     def jit_steps(self) -> None:
         """The jitted steps; those that read the weights take ``self.leaves`` (``on_leaves``)."""
         s, donate = self.steps, on_gpu()
-        self.sources, treedef = weight_sources(self.weights)
+        self.sources, self.treedef = weight_sources(self.weights)
         keep = lambda *names: dict(donate_argnames=names) if donate else {}  # noqa: E731
-        flat = lambda step, at=0: on_leaves(step, treedef, at)  # noqa: E731
+        flat = self.on_leaves
         self.prefill_jit = jax.jit(flat(s.prefill), static_argnames=("prefix",))
         self.draft_jit = jax.jit(flat(s.draft, 1), static_argnames=("arm", "gamma", "cfg"), **keep("state"))
         self.score_jit = jax.jit(flat(s.score), **keep("state"))
         self.verify_jit = jax.jit(s.verify, static_argnames=("cfg",))
         self.commit_jit = jax.jit(packed(s.commit), **keep("state"))
         self.decode_jit = jax.jit(flat(packed(s.decode_one)), static_argnames=("cfg", "rows"), **keep("state"))
+
+    def on_leaves(self, step, at: int = 0):
+        """``step`` taking ``self.leaves`` as its positional argument ``at`` (``on_leaves``)."""
+        return on_leaves(step, self.treedef, at)
 
     @property
     def leaves(self) -> tuple:
