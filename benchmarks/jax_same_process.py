@@ -13,7 +13,9 @@ turns on). Per JAX model, ``--reps`` rounds, each round ``gc.freeze()`` off then
 (``flashspec.loop.decode``, 128 tokens: the mean launch-to-launch step) and ``host`` (the same steps by
 hand: microseconds inside ``JaxBackend.decode_one``, ``launch_us``, and waiting for the step before,
 ``wait_us``; ``jax_small_sweep.host``). A launch well under the step with a wait > 0 says the step is the
-device's, not the host's.
+device's, not the host's. Last, with ``LAST_PART_S`` of the budget left, the DLPack model with the einsum
+attention (``attention_impl="xla"``: no Pallas custom call between the layers' fusions): whether the
+launch shrinks without them.
 
 CPU (``--cpu``): a 22-layer model at tiny widths, its layers unrolled (the GPU's TinyLlama choice), fp32;
 ``--with-torch`` builds a torch model of TinyLlama's vocabulary and depth first (the heap a torch process
@@ -45,6 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 TINYLLAMA = "tinyllama-1.1b"
 CPU_MODEL = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=22, num_heads=4, num_kv_heads=2,
                  head_dim=16)  # TinyLlama's depth at tiny widths
+
+
+PARTS = (  # (name, the JAX model's weights: the torch model's by DLPack or random_model's, attention_impl)
+    ("jax_dlpack", "torch", None), ("jax_random", "random", None), ("jax_dlpack_xla_attention", "torch", "xla"))
+LAST_PART_S = 60.0  # the last part (a compile of its own) starts only with this much of the budget left
 
 
 def frozen(on: bool, fn):
@@ -119,10 +126,15 @@ def gpu(args, deadline: float) -> dict:
                torch=guarded(lambda: side.batch(1), deadline))
     save(args, row)
     prompts = prompts_for(dims["vocab_size"], 1, args.prompt_len)
-    for name, source in (("jax_dlpack", side.model), ("jax_random", None)):
-        def one(source=source):
+    for name, source, attention in PARTS:
+        if name == PARTS[-1][0] and deadline - time.perf_counter() < LAST_PART_S:
+            row[name] = dict(skipped=f"under {LAST_PART_S} s of the budget left")
+            continue
+
+        def one(source=side.model if source == "torch" else None, attention=attention):
             t0 = time.perf_counter()
             m, where = jax_model(dims, source, jnp.bfloat16)
+            m.attention_impl = attention
             backend = JaxBackend(m, eos_ids=[])
             backend.set_drafts([LookupDraft()])
             first = plain(backend, prompts, args.tokens, 1)  # the compile
@@ -140,14 +152,14 @@ def gpu(args, deadline: float) -> dict:
 def gpu_summary(row: dict) -> dict:
     t = row.get("torch", {}).get("plain", {}).get("step_ms")
     out = dict(torch_step_ms=t)
-    for name in ("jax_dlpack", "jax_random"):
+    for name, _, _ in PARTS:
         for mode in ("gc", "gc_frozen"):
             med = row.get(name, {}).get(mode, {}).get("median", {})
             if med:
                 out[f"{name}_{mode}"] = dict(step_ms=med["step_ms"], launch_us=med["launch_us"], wait_us=med["wait_us"],
                                              over_torch=med["step_ms"] / t if t else None)
     out["tokens_equal_torch"] = {n: row.get(n, {}).get("first_tokens_sha1") == row.get("torch", {}).get("plain", {}).get("tokens_sha1")
-                                 for n in ("jax_dlpack", "jax_random") if n in row}
+                                 for n, _, _ in PARTS if n in row}
     return out
 
 
