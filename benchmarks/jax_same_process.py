@@ -17,7 +17,9 @@ device's, not the host's. Last, with ``LAST_PART_S`` of the budget left, the DLP
 attention (``attention_impl="xla"``: no Pallas custom call between the layers' fusions): whether the
 launch shrinks without them.
 
-CPU (``--cpu``): a 22-layer model at tiny widths, its layers unrolled (the GPU's TinyLlama choice), fp32;
+CPU (``--cpu``): a 22-layer model at tiny widths, its layers unrolled (the GPU's TinyLlama choice), fp32,
+the state donated as on the GPU (``JaxBackend`` donates it on a GPU only; undonated, each call copies the
+KV cache, which on this model's CPU step outweighs the rest of the host's work);
 ``--with-torch`` builds a torch model of TinyLlama's vocabulary and depth first (the heap a torch process
 holds). Rounds alternate the weights passed as flat leaves (``JaxBackend.leaves``, the engine's path) and
 as the nnx pytree (the path before: one jit of the same step, flattened per call), each with
@@ -186,8 +188,9 @@ def cpu(args, deadline: float) -> dict:
     backend.set_drafts([LookupDraft()])
     prompts = np.random.default_rng(1).integers(0, CPU_MODEL["vocab_size"], (1, args.prompt_len)).tolist()
     step = trivial_step if args.trivial else backend.steps.decode_one
-    flat_jit = jax.jit(on_leaves(packed(step), weight_sources(backend.weights)[1], 0), static_argnames=("cfg", "rows"))
-    nested_jit = jax.jit(packed(step), static_argnames=("cfg", "rows"))  # the path before: the pytree per call
+    jit = lambda fn: jax.jit(fn, static_argnames=("cfg", "rows"), donate_argnames=("state",))  # noqa: E731  (as on the GPU)
+    flat_jit = jit(on_leaves(packed(step), weight_sources(backend.weights)[1], 0))
+    nested_jit = jit(packed(step))  # the path before: the pytree per call
 
     def nested(weights, *rest, **kwargs):  # decode_one's call with the pytree, not the leaves
         return nested_jit(backend.weights, *rest, **kwargs)
