@@ -69,16 +69,19 @@ def on_leaves(step, treedef, at: int):
     return run
 
 
-def weight_sources(weights) -> tuple[tuple, jax.tree_util.PyTreeDef]:
+def weight_sources(weights) -> tuple[tuple | None, jax.tree_util.PyTreeDef]:
     """(what each leaf of ``weights`` is read from at a call: the ``nnx.Variable`` holding it, or the array
     itself; the treedef). ``JaxBackend.leaves`` reads them: the arrays a flatten of ``weights`` would give
-    at that moment (a Variable's value set since is seen), without the flatten."""
+    at that moment (a Variable's value set since is seen), without the flatten. None where reading them so
+    does not give exactly the flatten's arrays (a Variable holding more than one array, a Flax without
+    ``_raw_value``): ``leaves`` then flattens at each call."""
     nodes = jax.tree.leaves(weights, is_leaf=lambda x: isinstance(x, nnx.Variable))
     leaves, treedef = jax.tree.flatten(weights)
-    if len(nodes) != len(leaves) or any(read_leaf(n) is not a for n, a in zip(nodes, leaves)):
-        raise ValueError("the weights hold an nnx.Variable whose value is not one array; JaxBackend takes "
-                         "Variables of one array each (Llama's, HeadParams')")
-    return tuple(nodes), treedef
+    try:
+        same = len(nodes) == len(leaves) and all(read_leaf(n) is a for n, a in zip(nodes, leaves))
+    except AttributeError:
+        same = False
+    return (tuple(nodes) if same else None), treedef
 
 
 def read_leaf(node):
@@ -159,6 +162,8 @@ class JaxBackend:
     @property
     def leaves(self) -> tuple:
         """The weights' arrays now, in the order of ``jax.tree.leaves(self.weights)``: what the jitted steps take."""
+        if self.sources is None:
+            return tuple(jax.tree.leaves(self.weights))
         return tuple([read_leaf(n) for n in self.sources])
 
     # -- the batch

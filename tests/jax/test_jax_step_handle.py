@@ -51,3 +51,18 @@ def test_the_steps_read_the_weights_as_they_are_now():
     new_state = backend.decode_jit(backend.leaves, state, greedy, seeds, 0)[0]
     old_state = backend.decode_jit(before, state, greedy, seeds, 0)[0]
     assert not np.array_equal(np.asarray(new_state.seqs.tokens), np.asarray(old_state.seqs.tokens))
+
+
+def test_weights_read_by_a_flatten_where_variables_hold_more_than_one_array():
+    """``weight_sources`` gives None (``leaves`` then flattens per call) where reading each Variable's
+    one array would not give the flatten's leaves."""
+    import jax
+    from flax import nnx
+
+    from flashspec_jax.backend import weight_sources
+
+    one = nnx.State({"a": nnx.Param(jnp.ones(2)), "b": nnx.Param(jnp.zeros(3))})
+    two = nnx.State({"a": nnx.Param((jnp.ones(2), jnp.zeros(3)))})
+    sources, treedef = weight_sources([one])
+    assert sources is not None and treedef == jax.tree.structure([one])
+    assert weight_sources([two])[0] is None
