@@ -66,8 +66,8 @@ def draft_cost(engine, ids, gamma: int, reps: int) -> dict:
 
     backend.prefill([ids], 64)
     state = backend.state  # every call from the same state: the same work each time
-    draft = median_ms(lambda: backend.draft_jit(0, backend.weights, state, gamma, greedy, backend.seeds(0), 0)[0].tokens)
-    plain = median_ms(lambda: backend.decode_jit(backend.weights, state, greedy, backend.seeds(0), 0)[1].num_accepted)
+    draft = median_ms(lambda: backend.draft_jit(0, backend.leaves, state, gamma, greedy, backend.seeds(0), 0)[0].tokens)
+    plain = median_ms(lambda: backend.decode_jit(backend.leaves, state, greedy, backend.seeds(0), 0)[1].num_accepted)
     return {"gamma": gamma, "draft_ms": draft, "draft_ms_per_token": draft / gamma, "plain_step_ms": plain,
             "draft_per_token_over_plain_step": draft / gamma / plain}
 

@@ -187,7 +187,7 @@ def jax_variant(m, variant: str, prompts, tokens: int, trace_steps: int) -> dict
     row.update(ms_per_token=wall * 1e3 / len(rec), step_ms_launch_to_launch=statistics.mean(r.seconds for r in rec) * 1e3,
                tokens=outs)
     state = backend.start_state(prompts, tokens)
-    step = lambda st: backend.decode_jit(backend.weights, st, greedy, backend._seeds(0), np.uint32(0), rows=1)[0]  # noqa: E731
+    step = lambda st: backend.decode_jit(backend.leaves, st, greedy, backend._seeds(0), np.uint32(0), rows=1)[0]  # noqa: E731
     for _ in range(3):
         state = step(state)
     jax.block_until_ready(state)

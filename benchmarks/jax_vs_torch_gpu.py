@@ -237,7 +237,7 @@ def choices(m) -> dict:
 def decode_bytes(backend, prompt_len: int, tokens: int) -> dict:
     """The compiled decode step's cost_analysis and memory analysis, and the HLO's data movers (batch 1)."""
     state = backend.start_state([[1] * prompt_len], tokens)
-    compiled = backend.decode_jit.lower(backend.weights, state, GREEDY, backend._seeds(0), jnp.uint32(0)).compile()
+    compiled = backend.decode_jit.lower(backend.leaves, state, GREEDY, backend._seeds(0), jnp.uint32(0)).compile()
     hlo = jax_profile_gpu.parse_hlo(compiled.as_text())
     return dict(**jax_profile_gpu.cost(compiled), mover_bytes_by_op=hlo["mover_bytes_by_op"])
 

@@ -176,7 +176,7 @@ def score_hlo(backend, prompts, args, outdir: Path) -> dict:
     backend.prefill(prompts, args.tokens)
     proposal = backend.draft(0, args.gamma, GREEDY, seed, 0)
     t0 = time.perf_counter()
-    compiled = backend.score_jit.lower(backend.weights, backend.state, proposal).compile()
+    compiled = backend.score_jit.lower(backend.leaves, backend.state, proposal).compile()
     return dict(lower_and_compile_s=time.perf_counter() - t0, **report(compiled, outdir / HLO_FILES["score"]))
 
 

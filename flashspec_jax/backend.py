@@ -57,6 +57,38 @@ def packed(step):
     return run
 
 
+def on_leaves(step, treedef, at: int):
+    """``step`` taking, as its positional argument ``at``, the weights' flat leaves (a tuple) instead of
+    their pytree, rebuilt by ``treedef`` when traced; its signature kept for ``jax.jit``. A call then
+    flattens a tuple of arrays in C++, not the nnx ``State``s node by node in Python."""
+    @functools.wraps(step)
+    def run(*args, **kwargs):
+        args = (*args[:at], jax.tree.unflatten(treedef, args[at]), *args[at + 1 :])
+        return step(*args, **kwargs)
+
+    return run
+
+
+def weight_sources(weights) -> tuple[tuple | None, jax.tree_util.PyTreeDef]:
+    """(what each leaf of ``weights`` is read from at a call: the ``nnx.Variable`` holding it, or the array
+    itself; the treedef). ``JaxBackend.leaves`` reads them: the arrays a flatten of ``weights`` would give
+    at that moment (a Variable's value set since is seen), without the flatten. None where reading them so
+    does not give exactly the flatten's arrays (a Variable holding more than one array, a Flax without
+    ``_raw_value``): ``leaves`` then flattens at each call."""
+    nodes = jax.tree.leaves(weights, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    leaves, treedef = jax.tree.flatten(weights)
+    try:
+        same = len(nodes) == len(leaves) and all(read_leaf(n) is a for n, a in zip(nodes, leaves))
+    except AttributeError:
+        same = False
+    return (tuple(nodes) if same else None), treedef
+
+
+def read_leaf(node):
+    """A Variable's array as its pytree flatten reads it (``_raw_value``), or ``node`` itself (an array)."""
+    return node._raw_value if isinstance(node, nnx.Variable) else node
+
+
 def start_copy(packed_out: jax.Array) -> AsyncHandle:
     packed_out.copy_to_host_async()
     return AsyncHandle(packed_out)
@@ -111,14 +143,28 @@ class JaxBackend:
         self.jit_steps()
 
     def jit_steps(self) -> None:
+        """The jitted steps; those that read the weights take ``self.leaves`` (``on_leaves``)."""
         s, donate = self.steps, on_gpu()
+        self.sources, self.treedef = weight_sources(self.weights)
         keep = lambda *names: dict(donate_argnames=names) if donate else {}  # noqa: E731
-        self.prefill_jit = jax.jit(s.prefill, static_argnames=("prefix",))
-        self.draft_jit = jax.jit(s.draft, static_argnames=("arm", "gamma", "cfg"), **keep("state"))
-        self.score_jit = jax.jit(s.score, **keep("state"))
+        flat = self.on_leaves
+        self.prefill_jit = jax.jit(flat(s.prefill), static_argnames=("prefix",))
+        self.draft_jit = jax.jit(flat(s.draft, 1), static_argnames=("arm", "gamma", "cfg"), **keep("state"))
+        self.score_jit = jax.jit(flat(s.score), **keep("state"))
         self.verify_jit = jax.jit(s.verify, static_argnames=("cfg",))
         self.commit_jit = jax.jit(packed(s.commit), **keep("state"))
-        self.decode_jit = jax.jit(packed(s.decode_one), static_argnames=("cfg", "rows"), **keep("state"))
+        self.decode_jit = jax.jit(flat(packed(s.decode_one)), static_argnames=("cfg", "rows"), **keep("state"))
+
+    def on_leaves(self, step, at: int = 0):
+        """``step`` taking ``self.leaves`` as its positional argument ``at`` (``on_leaves``)."""
+        return on_leaves(step, self.treedef, at)
+
+    @property
+    def leaves(self) -> tuple:
+        """The weights' arrays now, in the order of ``jax.tree.leaves(self.weights)``: what the jitted steps take."""
+        if self.sources is None:
+            return tuple(jax.tree.leaves(self.weights))
+        return tuple([read_leaf(n) for n in self.sources])
 
     # -- the batch
 
@@ -137,7 +183,7 @@ class JaxBackend:
                 f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit} tokens"
             )
         tokens, lengths, prefix = batch_shapes(prompts, max_new_tokens)
-        return self.prefill_jit(self.weights, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens, prefix=prefix)
+        return self.prefill_jit(self.leaves, jnp.asarray(tokens), jnp.asarray(lengths), max_new_tokens, prefix=prefix)
 
     def prepare(self, gamma: int | None, sampling: SamplingConfig) -> int:
         """Nothing ahead of time: each jitted step compiles on its first call (once per shape)."""
@@ -151,11 +197,11 @@ class JaxBackend:
     # -- the step's parts
 
     def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:
-        proposal, self.state = self.draft_jit(arm, self.weights, self.state, gamma, sampling, self.seeds(seed), offset)
+        proposal, self.state = self.draft_jit(arm, self.leaves, self.state, gamma, sampling, self.seeds(seed), offset)
         return proposal
 
     def score(self, proposal: Proposal) -> jax.Array:  # [B, G+1, V]
-        z, self.state = self.score_jit(self.weights, self.state, proposal)
+        z, self.state = self.score_jit(self.leaves, self.state, proposal)
         return z
 
     def verify(self, target_logits, proposal: Proposal, sampling: SamplingConfig, seed, offset: int) -> VerifyResult:
@@ -166,7 +212,7 @@ class JaxBackend:
         return start_copy(out)
 
     def decode_one(self, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
-        self.state, out = self.decode_jit(self.weights, self.state, sampling, self.seeds(seed), offset, rows=self.decode_rows)
+        self.state, out = self.decode_jit(self.leaves, self.state, sampling, self.seeds(seed), offset, rows=self.decode_rows)
         return start_copy(out)
 
     def outputs(self) -> list[list[int]]:

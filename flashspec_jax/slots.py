@@ -176,9 +176,9 @@ class JaxSlotBackend(JaxBackend):
         super().jit_steps()
         s, donate = SlotSteps(self.steps), on_gpu()
         keep = lambda *names: dict(donate_argnames=names) if donate else {}  # noqa: E731
-        self.slot_step_jit = jax.jit(s.step, static_argnames=("k", "arm", "gamma", "cfg", "decode_rows"), **keep("state", "rows"))
+        self.slot_step_jit = jax.jit(self.on_leaves(s.step), static_argnames=("k", "arm", "gamma", "cfg", "decode_rows"), **keep("state", "rows"))
         self.set_row_jit = jax.jit(s.set_row, **keep("state", "rows"))
-        self.fill_jit = jax.jit(s.fill, **keep("state"))
+        self.fill_jit = jax.jit(self.on_leaves(s.fill), **keep("state"))
         self.set_length_jit = jax.jit(s.set_length, **keep("state"))
 
     def prefill(self, prompts, max_new_tokens) -> None:
@@ -229,7 +229,7 @@ class JaxSlotBackend(JaxBackend):
         t = max(PREFIX_BUCKET, 1 << (len(tokens) - 1).bit_length())
         padded = np.zeros((1, t), np.int32)
         padded[0, : len(tokens)] = tokens
-        self.state = self.fill_jit(self.weights, self.state, jnp.int32(slot), jnp.asarray(padded), jnp.int32(start),
+        self.state = self.fill_jit(self.leaves, self.state, jnp.int32(slot), jnp.asarray(padded), jnp.int32(start),
                                    jnp.int32(len(tokens)))
 
     def prefill_chunk(self, slot: int, tokens: Sequence[int], start: int) -> None:
@@ -268,7 +268,7 @@ class JaxSlotBackend(JaxBackend):
     def run_slots(self, arm: int, gamma: int, sampling: SamplingConfig, rows, k: int | None = None) -> SlotHandle:
         self.check_slots([])
         hold = self.held(rows)
-        self.state, self.rows, out = self.slot_step_jit(self.weights, self.state, self.rows, hold,
+        self.state, self.rows, out = self.slot_step_jit(self.leaves, self.state, self.rows, hold,
                                                         k=k or self.bucket(), arm=arm, gamma=gamma, cfg=sampling,
                                                         decode_rows=self.decode_rows)
         return SlotHandle(out)

@@ -78,7 +78,7 @@ def test_row_invariant_decoding_runs_the_scoring_shape_with_the_same_tokens(back
     for rows, written in ((1, False), (4, True)):
         state = backend.start_state(ps, 12)
         before = np.asarray(state.cache.k)[:, -1, :, n : n + 3]
-        after, _ = backend.decode_jit(backend.weights, state, greedy, backend._seeds(0), 0, rows=rows)
+        after, _ = backend.decode_jit(backend.leaves, state, greedy, backend._seeds(0), 0, rows=rows)
         assert np.array_equal(np.asarray(after.cache.k)[:, -1, :, n : n + 3], before) != written
 
 

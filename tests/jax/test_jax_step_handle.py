@@ -19,3 +19,50 @@ def test_step_results_come_back_from_one_copy():
     assert view.num_accepted.tolist() == [2, 0, 4]
     assert view.active.dtype == bool and view.active.tolist() == [True, False, True]
     assert view.done.dtype == bool and view.done.tolist() == [False, True, True]
+
+
+def test_the_steps_read_the_weights_as_they_are_now():
+    """``JaxBackend.leaves`` (what the jitted steps take) are the arrays a flatten of the weights gives at
+    that moment: a value set on the model after the backend is built is used, and a decode step on the
+    leaves gives the step on the pytree's logits (the weights changed between two calls)."""
+    import jax
+    import numpy as np
+
+    from flashspec.config import SamplingConfig
+    from flashspec_jax.backend import JaxBackend, packed
+    from flashspec_jax.drafts import LookupDraft
+    from flashspec_jax.model import LlamaConfig
+    from flashspec_jax.weights import random_model
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
+                      head_dim=8, max_position_embeddings=64)
+    m = random_model(cfg, dtype=jnp.float32, seed=1, std=0.5)
+    backend = JaxBackend(m)
+    backend.set_drafts([LookupDraft()])
+    before = backend.leaves
+    m.norm.value = -3 * m.norm.value
+    assert all(a is b for a, b in zip(backend.leaves, jax.tree.leaves(backend.weights)))
+    assert sum(a is not b for a, b in zip(backend.leaves, before)) == 1  # the norm, and only it
+    greedy, seeds = SamplingConfig(0.0), backend._seeds(0)
+    state = backend.start_state([[5, 9, 2]], 4)
+    ours = backend.decode_jit(backend.leaves, state, greedy, seeds, 0)[1]
+    ref = jax.jit(packed(backend.steps.decode_one), static_argnames=("cfg", "rows"))(backend.weights, state, greedy, seeds, 0)[1]
+    assert np.array_equal(np.asarray(ours), np.asarray(ref))
+    new_state = backend.decode_jit(backend.leaves, state, greedy, seeds, 0)[0]
+    old_state = backend.decode_jit(before, state, greedy, seeds, 0)[0]
+    assert not np.array_equal(np.asarray(new_state.seqs.tokens), np.asarray(old_state.seqs.tokens))
+
+
+def test_weights_read_by_a_flatten_where_variables_hold_more_than_one_array():
+    """``weight_sources`` gives None (``leaves`` then flattens per call) where reading each Variable's
+    one array would not give the flatten's leaves."""
+    import jax
+    from flax import nnx
+
+    from flashspec_jax.backend import weight_sources
+
+    one = nnx.State({"a": nnx.Param(jnp.ones(2)), "b": nnx.Param(jnp.zeros(3))})
+    two = nnx.State({"a": nnx.Param((jnp.ones(2), jnp.zeros(3)))})
+    sources, treedef = weight_sources([one])
+    assert sources is not None and treedef == jax.tree.structure([one])
+    assert weight_sources([two])[0] is None
