@@ -176,8 +176,11 @@ def test_a_chain_is_the_chain_oracle(cfg):
     z = (r.normal(size=(b, g + 1, v)) * 2).astype(np.float32)
     x = np.where(r.random((b, g)) < 0.6, z[:, :-1].argmax(-1), r.integers(0, v, (b, g)))
     parents = np.tile(np.arange(-1, g - 1), (b, 1))
+    lengths = r.integers(0, g + 1, b)  # the chain's L_b is the tree's size; L_b = 0: plain decoding
+    lengths[0] = g
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=9, offset=2)
-    chain, tree = verify(z, x, **kw), ChainStreams()(z, x, parents, **kw)
+    chain = verify(z, x, draft_lengths=lengths, **kw)
+    tree = ChainStreams()(z, x, parents, tree_sizes=lengths, **kw)
     np.testing.assert_array_equal(tree.num_accepted, chain.num_accepted)
     np.testing.assert_array_equal(tree.tokens, chain.tokens)
     if not cfg.greedy:
