@@ -43,8 +43,7 @@ import numpy as np
 
 from . import random as rng
 from .config import SamplingConfig
-from .contract import INT_DTYPES, FLOAT_DTYPES, _shape, check_counter, check_vocab, dtype_name
-from .random import MAX_OFFSET, MAX_SEED
+from .contract import check_tree_args
 from .reference import Counters, as_float32, log_probs
 
 MAX_TREE_DEPTH = 32  # the deepest accepted path a tree may offer (tokens per step <= depth + 1)
@@ -58,32 +57,6 @@ class TreeVerifyResult:
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def check_tree_args(target_logits, tree_tokens, tree_parents, tree_sizes, seed, offset) -> tuple[int, int, int]:
-    """Shapes and dtypes; returns (B, N, V). Raises ValueError naming the argument."""
-    ts = _shape("target_logits", target_logits)
-    if len(ts) != 3 or ts[0] < 1 or ts[2] < 1:
-        raise ValueError(f"target_logits has shape {list(ts)}; expected [B, N+1, V] with B, V >= 1")
-    b, n1, v = ts
-    check_vocab(v, "V (target_logits' last dimension)")
-    if n1 < 2:
-        raise ValueError(f"target_logits has shape {list(ts)}: N+1={n1} rows means an empty tree; a tree needs at "
-                         "least one node (its row N+1 = 1 is the root's alone: use plain decoding instead)")
-    if dtype_name(target_logits) not in FLOAT_DTYPES:
-        raise ValueError(f"target_logits has dtype {dtype_name(target_logits)}; expected one of {FLOAT_DTYPES}")
-    for name, a in (("tree_tokens", tree_tokens), ("tree_parents", tree_parents)):
-        if _shape(name, a) != (b, n1 - 1):
-            raise ValueError(f"{name} has shape {list(_shape(name, a))}; expected [B, N] = [{b}, {n1 - 1}] to match "
-                             f"target_logits {list(ts)} (one row per node plus the root's)")
-        if dtype_name(a) not in INT_DTYPES:
-            raise ValueError(f"{name} has dtype {dtype_name(a)}; expected an integer dtype")
-    if tree_sizes is not None and (_shape("tree_sizes", tree_sizes) != (b,) or dtype_name(tree_sizes) not in INT_DTYPES):
-        raise ValueError(f"tree_sizes must be an integer array [B] = [{b}] (row b's tree is its first tree_sizes[b] "
-                         "nodes), or None for N nodes in every row")
-    check_counter("seed", seed, b, MAX_SEED)
-    check_counter("offset", offset, b, MAX_OFFSET)
-    return b, n1 - 1, v
 
 
 def tree_depths(tokens, parents, size: int, vocab: int, max_depth: int, row: int = 0) -> np.ndarray:  # [n] -> [size]
@@ -184,7 +157,7 @@ class TreeVerifier:
                     break
                 rejected[tokens[j]] = True
             else:
-                return path, int((self.residual(lp, rejected) + gumbel(slot)).argmax())
+                return path, draw(self.residual(lp, rejected), gumbel(slot))
 
     def accept(self, log_u, log_p_c) -> bool:
         return bool(log_u < log_p_c)
@@ -211,6 +184,14 @@ class TreeVerifier:
                 return path, best
             path.append(nxt[0])
             slot = nxt[0] + 1
+
+
+def draw(log_weights, gumbel) -> int:  # [V], [V]
+    """Gumbel-max over the residual's log weights; refuses an empty residual (never reached: a child holding
+    all the remaining mass has log p_cur = 0 exactly and is accepted)."""
+    if not np.isfinite(log_weights).any():
+        raise AssertionError("tree verification's residual has no mass: every token was a rejected child")
+    return int((log_weights + gumbel).argmax())
 
 
 def emit(tokens, walks, depth: int) -> TreeVerifyResult:  # tokens [B, N]

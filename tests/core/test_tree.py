@@ -12,75 +12,23 @@ from flashspec.config import SamplingConfig
 from flashspec.pvalues import chi_square_test
 from flashspec.reference import log_probs, verify
 from flashspec.testing import exact_law
-from flashspec.tree import TreeVerifier, children_of, tree_law, verify_tree
+from flashspec.tree import TreeVerifier, tree_law, verify_tree
+from flashspec.tree_testing import (TreeCase, assert_tree_exact, random_tree_case, run_tree_suite, standard_tree_cases,
+                                    stop_slots, token_paths, top_k_tree, tree_structure_problem)
 
 ALPHA = 1e-4  # per test; a correct oracle fails one with this chance
 CONFIGS = {"T1": SamplingConfig(1.0), "T0.7_top_p": SamplingConfig(0.7, 0, 0.85)}
 
 
-# ----------------------------------------------------------------------------- trees for the tests
-
-
-def top_k_tree(log_p, widths) -> tuple[np.ndarray, np.ndarray]:  # log_p(slot path) -> [V]; -> tokens [N], parents [N]
-    """A static tree: widths[d] children per node at depth d, each the d-level top-k of log_p(path)."""
-    tokens, parents, frontier = [], [], [(-1, ())]
-    for w in widths:
-        nxt = []
-        for parent, path in frontier:
-            for t in np.argsort(-log_p(path), kind="stable")[:w]:
-                tokens.append(int(t))
-                parents.append(parent)
-                nxt.append((len(tokens) - 1, path + (int(t),)))
-        frontier = nxt
-    return np.array(tokens), np.array(parents)
-
-
-def paths(tokens, parents) -> list[tuple[int, ...]]:  # the token path from the root to each slot
-    out = [()]
-    for t, a in zip(tokens, parents):
-        out.append(out[a + 1] + (int(t),))
-    return out
-
-
-def step_case(seed: int, vocab: int, widths) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Random target logits per slot; the tree drafts the target's own most likely tokens (so that the
-    renormalisation after a rejection matters)."""
-    r = np.random.default_rng(seed)
-    table: dict[tuple[int, ...], np.ndarray] = {}
-
-    def logits(path):
-        return table.setdefault(path, (r.normal(size=vocab) * 1.5).astype(np.float32))
-
-    tokens, parents = top_k_tree(logits, widths)
-    z = np.stack([logits(p) for p in paths(tokens, parents)])  # [N+1, V]
-    return z, tokens, parents
-
-
-def step_p_value(verifier, case, cfg: SamplingConfig, samples: int = 6000, seed: int = 11) -> float:
-    """Chi-square of the (stop slot, y) counts of `samples` tiled rows against tree_law."""
-    z, tokens, parents = case
-    res = verifier(np.tile(z, (samples, 1, 1)), np.tile(tokens, (samples, 1)), np.tile(parents, (samples, 1)),
-                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed)
-    stop = np.array([0 if n == 0 else p[n - 1] + 1 for n, p in zip(res.num_accepted, res.path)])
-    y = res.tokens[np.arange(samples), res.num_accepted]
-    counts = np.zeros((len(tokens) + 1, z.shape[-1]))
-    np.add.at(counts, (stop, y), 1)
-    return chi_square_test(counts, tree_law(log_probs(z, cfg), tokens, parents))[1]
-
-
-CASES = {"2,2,1": (0, 5, (2, 2, 1)), "3,1": (1, 6, (3, 1)), "star4": (2, 6, (4,)), "chain3": (3, 5, (1, 1, 1))}
-
-
-@pytest.mark.parametrize("cfg", CONFIGS.values(), ids=CONFIGS.keys())
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_step_has_the_exact_law(case, cfg):
-    assert step_p_value(verify_tree, step_case(*case), cfg) > ALPHA
+def test_the_oracle_passes_the_tree_suite():
+    report = assert_tree_exact(verify_tree)
+    assert len(report.checks) == 2 * len(standard_tree_cases()) + 2
 
 
 @pytest.mark.parametrize("mutant", mutants.TREE_MUTANTS, ids=lambda m: m.__name__)
-def test_tree_mutants_are_caught(mutant):
-    p_values = [step_p_value(mutant(), step_case(*case), cfg) for case in CASES.values() for cfg in CONFIGS.values()]
-    assert min(p_values) < ALPHA, p_values
+def test_the_tree_suite_catches_the_mutants(mutant):
+    failures = run_tree_suite(mutant()).failures
+    assert any(c.name.startswith("chi-square") for c in failures), failures  # the law itself, not only structure
 
 
 # ----------------------------------------------------------------------------- generated text
@@ -112,7 +60,7 @@ def generate(cfg: SamplingConfig, rows: int, k: int, widths=(2, 2, 1), vocab: in
         sizes = np.array([len(t) for t, _ in trees])
         for r, (t, a) in enumerate(trees):
             tokens[r, : len(t)], parents[r, : len(t)] = t, a
-            for s, p in enumerate(paths(t, a)):
+            for s, p in enumerate(token_paths(t, a)):
                 z[r, s] = context_logits(target, text[r] + list(p))
         res = verifier(z, tokens, parents, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                        seed=np.arange(rows, dtype=np.uint64) + 100, offset=step, tree_sizes=sizes)
@@ -216,29 +164,23 @@ def test_any_tree_emits_a_path_then_a_non_child(case, cfg):
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=seed)
     rows = 16
     res = verify_tree(np.tile(z, (rows, 1, 1)), np.tile(tokens, (rows, 1)), np.tile(parents, (rows, 1)), **kw)
-    children = children_of(parents, len(tokens))
-    law = None if cfg.greedy else tree_law(log_probs(z, cfg), tokens, parents)
-    for n, path, out in zip(res.num_accepted, res.path, res.tokens):
-        slot = 0
-        for j in path[:n]:
-            assert j in children[slot]
-            assert not cfg.greedy or tokens[j] == z[slot].argmax()
-            slot = j + 1
-        assert (path[n:] == -1).all() and (out[n + 1:] == -1).all()
-        np.testing.assert_array_equal(out[:n], tokens[path[:n]])
-        assert out[n] not in tokens[children[slot]]
-        if cfg.greedy:
-            assert out[n] == z[slot].argmax()
-        else:
-            assert law[slot, out[n]] > 0
+    assert tree_structure_problem(TreeCase("h", z, tokens, parents, cfg), res.num_accepted, res.tokens, res.path) == ""
+    slots = stop_slots(res.num_accepted, res.path)
+    y = res.tokens[np.arange(rows), res.num_accepted]
+    if cfg.greedy:
+        on_path = [tokens[j] == z[0 if i == 0 else p[i - 1] + 1].argmax() for p, n in zip(res.path, res.num_accepted)
+                   for i, j in enumerate(p[:n])]
+        assert all(on_path) and (y == z[slots].argmax(-1)).all()
+    else:
+        law = tree_law(log_probs(z, cfg), tokens, parents)
+        assert abs(law.sum() - 1) < 1e-9 and (law >= 0).all() and (law[slots, y] > 0).all()
     again = verify_tree(np.tile(z, (rows, 1, 1)), np.tile(tokens, (rows, 1)), np.tile(parents, (rows, 1)), **kw)
     np.testing.assert_array_equal(again.tokens, res.tokens)
-    if law is not None:
-        assert abs(law.sum() - 1) < 1e-9
 
 
 def test_a_row_alone_equals_the_row_in_a_padded_batch():
-    rows = [step_case(s, 5, w) for s, w in ((0, (2, 1)), (1, (3, 2, 1)), (2, (1,)))]
+    cases = [random_tree_case("pad", s, 5, w, SamplingConfig(1.0)) for s, w in ((0, (2, 1)), (1, (3, 2, 1)), (2, (1,)))]
+    rows = [(c.target_logits, c.tokens, c.parents) for c in cases]
     n = max(len(t) for _, t, _ in rows)
     z = np.zeros((3, n + 1, 5), np.float32)
     tokens, parents = np.full((3, n), -1), np.full((3, n), -1)
