@@ -168,14 +168,14 @@ MUTANTS: tuple[type[ReferenceVerifier], ...] = (
 class TreeNotRenormalised(TreeVerifier):
     """A later child c is accepted with p(c) instead of p(c) renormalised after the rejected siblings."""
 
-    def current_log_probs(self, lp, rejected):
-        return lp
+    def child_log_prob(self, lp, kids, k):
+        return lp[kids[k]]
 
 
 class TreeResidualKeepsRejected(TreeVerifier):
     """The residual after rejected children is p itself (the rejected children keep their mass)."""
 
-    def residual(self, lp, rejected):
+    def residual(self, lp, kids):
         return lp
 
 

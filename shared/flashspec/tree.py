@@ -31,7 +31,10 @@ Randomness: the counter generator's own purposes (``random.TREE_ACCEPT``: node j
 position j + 1; ``random.TREE_FINAL``: the Gumbel noise of slot s, 0 for the root and j + 1 for
 node j, at position s), never a number of the chain's streams.
 
-Plain and slow on purpose (a Python walk per row); float32 log space as ``flashspec.reference``.
+Plain and slow on purpose (a Python walk per row); float32 log space as ``flashspec.reference``. The
+renormalised test is ``log u < log p(c_k) - log M_k`` with M_k the mass not yet rejected, summed as the mass of
+the non-children plus the children not yet tried (``child_log_prob``): one masked pass over V per node, the
+arithmetic a kernel port must reproduce token for token.
 Not built here: the torch / JAX / kernel paths, tree attention masks, KV compaction.
 """
 
@@ -148,30 +151,37 @@ class TreeVerifier:
         path: list[int] = []
         slot = 0
         while True:
-            lp = log_p[slot]
-            rejected = np.zeros(lp.shape, bool)  # [V]
-            for j in children[slot]:
-                if self.accept(log_u[j], self.current_log_probs(lp, rejected)[tokens[j]]):
+            lp = log_p[slot]  # [V]
+            kids = tokens[children[slot]]  # [K]: this node's children's tokens, in the order they are tried
+            for k, j in enumerate(children[slot]):
+                if self.accept(log_u[j], self.child_log_prob(lp, kids, k)):
                     path.append(j)
                     slot = j + 1
                     break
-                rejected[tokens[j]] = True
             else:
-                return path, draw(self.residual(lp, rejected), gumbel(slot))
+                return path, draw(self.residual(lp, kids), gumbel(slot))
 
     def accept(self, log_u, log_p_c) -> bool:
         return bool(log_u < log_p_c)
 
-    def current_log_probs(self, lp, rejected):  # [V], [V] bool -> [V]
-        """log p_cur: p with the rejected children zeroed, renormalised (p itself before any rejection)."""
-        if not rejected.any():
-            return lp
-        kept = np.where(rejected, np.float32(-np.inf), lp)
-        return kept - _logsumexp(kept)
+    def child_log_prob(self, lp, kids, k: int):  # [V], [K] -> float32 scalar
+        """log p_cur(c_k) after c_0..c_{k-1} were rejected: log p(c_0) for k = 0, else log(p(c_k) / M_k) with
+        p = exp(log p) in float32 and M_k = R + p(c_k) + ... + p(c_{K-1}), R the mass of the tokens that are not
+        children (one masked pass over V per node: the form a kernel computes, accurate when little is left)."""
+        if k == 0:
+            return lp[kids[0]]
+        p = np.exp(lp)
+        is_child = np.zeros(lp.shape, bool)
+        is_child[kids] = True
+        left = np.where(is_child, np.float32(0), p).sum(dtype=np.float32) + p[kids[k:]].sum(dtype=np.float32)
+        with np.errstate(divide="ignore"):
+            return np.log(p[kids[k]]) - np.log(left)
 
-    def residual(self, lp, rejected):  # [V], [V] bool -> [V] unnormalised log weights
-        """y's law after the rejected children: p with them zeroed (p itself at a leaf)."""
-        return np.where(rejected, np.float32(-np.inf), lp)
+    def residual(self, lp, kids):  # [V], [K] -> [V] unnormalised log weights
+        """y's law after every child was rejected: p with the children zeroed (p itself at a leaf)."""
+        out = lp.copy()
+        out[kids] = -np.inf
+        return out
 
     def walk_greedy(self, z, tokens, children) -> tuple[list[int], int]:  # z [N+1, V]
         """T = 0: descend into the child equal to argmax z (lowest index on ties), else emit it."""
@@ -203,11 +213,6 @@ def emit(tokens, walks, depth: int) -> TreeVerifyResult:  # tokens [B, N]
         out[r, : len(nodes)] = tokens[r, nodes]
         out[r, len(nodes)] = y
     return TreeVerifyResult(np.array([len(w[0]) for w in walks], np.int32), out, path)
-
-
-def _logsumexp(a):  # [V] -> scalar, float32
-    m = a.max()
-    return m + np.log(np.exp(a - m).sum())
 
 
 def _check_logits(z) -> None:
