@@ -228,15 +228,30 @@ def _check_logits(z) -> None:
 def tree_law(log_p, tokens, parents) -> np.ndarray:  # [N+1, V], [N], [N] -> [N+1, V] float64
     """P(the walk stops at slot s and emits y = v), T > 0: the path's product of p times p_s(v), with
     v ranging over the tokens that are not children of slot s. Sums to 1."""
-    p = np.exp(log_p.astype(np.float64))
-    p /= p.sum(-1, keepdims=True)
-    n = len(tokens)
-    reach = np.ones(n + 1)
+    p = probs64(log_p)
     law = p.copy()
-    for j in range(n):
-        reach[j + 1] = reach[int(parents[j]) + 1] * p[int(parents[j]) + 1, tokens[j]]
-        law[int(parents[j]) + 1, tokens[j]] = 0.0
-    return law * reach[:, None]
+    for t, a in zip(tokens, parents):
+        law[int(a) + 1, t] = 0.0
+    return law * reach(p, tokens, parents)[:, None]
+
+
+def expected_tokens(log_p, tokens, parents) -> float:  # [N+1, V], [N], [N]
+    """E[tokens emitted by one step] = 1 + sum over nodes of P(the walk passes the node), T > 0: what a tree
+    of drafts gives per step at this temperature, from one scoring pass's rows, without sampling."""
+    return float(reach(probs64(log_p), tokens, parents).sum())
+
+
+def reach(p, tokens, parents) -> np.ndarray:  # [N+1, V] float64, [N], [N] -> [N+1]
+    """P(the walk reaches slot s): the product of p(token) along the path from the root."""
+    out = np.ones(len(tokens) + 1)
+    for j, (t, a) in enumerate(zip(tokens, parents)):
+        out[j + 1] = out[int(a) + 1] * p[int(a) + 1, t]
+    return out
+
+
+def probs64(log_p) -> np.ndarray:  # [..., V] -> [..., V] float64, renormalised
+    p = np.exp(log_p.astype(np.float64))
+    return p / p.sum(-1, keepdims=True)
 
 
 verify_tree = TreeVerifier()

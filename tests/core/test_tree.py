@@ -12,9 +12,9 @@ from flashspec.config import SamplingConfig
 from flashspec.pvalues import chi_square_test
 from flashspec.reference import log_probs, verify
 from flashspec.testing import exact_law
-from flashspec.tree import TreeVerifier, tree_law, verify_tree
-from flashspec.tree_testing import (TreeCase, assert_tree_exact, random_tree_case, run_tree_suite, standard_tree_cases,
-                                    stop_slots, token_paths, top_k_tree, tree_structure_problem)
+from flashspec.tree import TreeVerifier, expected_tokens, tree_law, verify_tree
+from flashspec.tree_testing import (TreeCase, assert_tree_exact, random_tree_case, run_tree_case, run_tree_suite,
+                                    standard_tree_cases, stop_slots, token_paths, top_k_tree, tree_structure_problem)
 
 ALPHA = 1e-4  # per test; a correct oracle fails one with this chance
 CONFIGS = {"T1": SamplingConfig(1.0), "T0.7_top_p": SamplingConfig(0.7, 0, 0.85)}
@@ -134,6 +134,18 @@ def test_a_chain_is_the_chain_oracle(cfg):
     if not cfg.greedy:
         lp = log_probs(z[0], cfg)
         np.testing.assert_allclose(tree_law(lp, x[0], parents[0]), exact_law(lp, None, x[0]), atol=1e-12)
+
+
+def test_expected_tokens_is_the_mean_step_and_the_chains_product():
+    case = standard_tree_cases()[0]
+    n = 6000
+    num_accepted = np.asarray(run_tree_case(verify_tree, case, n, seed=5)[0])
+    want = expected_tokens(log_probs(case.target_logits, case.sampling), case.tokens, case.parents)
+    assert abs((num_accepted + 1).mean() - want) < 4.5 * (num_accepted + 1).std() / np.sqrt(n)
+    lp = log_probs(np.random.default_rng(3).normal(size=(4, 6)).astype(np.float32), SamplingConfig(1.0))
+    x = np.array([1, 4, 0])
+    a = np.exp(lp[np.arange(3), x].astype(np.float64))
+    assert np.isclose(expected_tokens(lp, x, np.array([-1, 0, 1])), 1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2])
 
 
 # ----------------------------------------------------------------------------- any tree (Hypothesis)
