@@ -244,3 +244,10 @@ def test_empty_tree_and_mismatched_shapes_are_refused():
 def test_padding_past_tree_sizes_is_never_read():
     res = call([2, -7], [-1, 99], tree_sizes=np.array([1]), temperature=0.0)
     assert res.tokens.shape == (1, 2)
+
+
+def test_a_path_of_exactly_max_depth_is_accepted_whole():
+    z = np.full((1, 4, 4), -np.inf, np.float32)
+    z[0, np.arange(4), [1, 2, 3, 0]] = 0.0  # the target is sure of 1, 2, 3, then 0
+    res = verify_tree(z, np.array([[1, 2, 3]]), np.array([[-1, 0, 1]]), max_depth=3, seed=1)
+    assert res.num_accepted[0] == 3 and list(res.tokens[0]) == [1, 2, 3, 0] and list(res.path[0]) == [0, 1, 2]
