@@ -176,7 +176,8 @@ def check_tree_args(
                              f"target_logits {list(ts)} (one row per node plus the root's)")
         if dtype_name(a) not in INT_DTYPES:
             raise ValueError(f"{name} has dtype {dtype_name(a)}; expected an integer dtype")
-    if tree_sizes is not None and (_shape("tree_sizes", tree_sizes) != (b,) or dtype_name(tree_sizes) not in INT_DTYPES):
+    bad_sizes = tree_sizes is not None and _shape("tree_sizes", tree_sizes) != (b,)
+    if bad_sizes or (tree_sizes is not None and dtype_name(tree_sizes) not in INT_DTYPES):
         raise ValueError(f"tree_sizes must be an integer array [B] = [{b}] (row b's tree is its first tree_sizes[b] "
                          "nodes), or None for N nodes in every row")
     check_counter("seed", seed, b, MAX_SEED)

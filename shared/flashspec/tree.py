@@ -132,7 +132,8 @@ class TreeVerifier:
             if cfg.greedy:
                 walks.append(self.walk_greedy(z[r], tokens[r], children))
             else:
-                walks.append(self.walk(log_p[r], tokens[r], children, log_u[r], lambda s, r=r: self.final_gumbel(c, r, s, v)))
+                noise = lambda s, r=r: self.final_gumbel(c, r, s, v)  # noqa: E731 (slot -> [V], drawn on use)
+                walks.append(self.walk(log_p[r], tokens[r], children, log_u[r], noise))
         return emit(tokens, walks, max((int(d.max()) if len(d) else 0) for d in depths))
 
     # -- randomness

@@ -9,8 +9,8 @@ an object whose ``num_accepted``, ``tokens`` and ``path`` go through ``np.asarra
 One batch row is one independent sample: every case tiles one tree over ``n_samples`` rows (one seed for
 the batch, so the rows draw different numbers). The checks:
 
-1. structure: verify runs on every valid tree; the path is a chain of children from the root, ``tokens`` is the path's tokens, then y,
-   then -1, and y is not a child of the node where the walk stopped;
+1. structure: verify runs on every valid tree; the path is a chain of children from the root, ``tokens``
+   is the path's tokens, then y, then -1, and y is not a child of the node where the walk stopped;
 2. chi-square of the joint law of (stop slot, y) against ``tree_law`` per case (bins with expected
    count < 5 merged; a sample in a bin of probability zero fails outright), Bonferroni over the cases;
 3. greedy (T = 0) follows the argmax rule exactly, ties to the lowest index;

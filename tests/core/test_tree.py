@@ -165,7 +165,8 @@ def trees(draw):
             tokens.append(t)
             parents.append(a)
     seed = draw(st.integers(0, 2**32 - 1))
-    z = np.random.default_rng(seed).normal(size=(len(tokens) + 1, v)).astype(np.float32) * draw(st.sampled_from([0.5, 3.0]))
+    spread = draw(st.sampled_from([0.5, 3.0]))
+    z = (np.random.default_rng(seed).normal(size=(len(tokens) + 1, v)) * spread).astype(np.float32)
     return z, np.array(tokens), np.array(parents), seed
 
 
