@@ -148,3 +148,38 @@ def draft_lengths_problem(lengths: Any, gamma: int) -> str:
     b = int(bad.nonzero()[0][0])
     return (f"draft_lengths[{b}] = {int(lengths[b])} is outside [0, {gamma}]: row b proposes its first L_b of the "
             f"G = {gamma} drafted tokens (0: plain decoding for that row)")
+
+
+def check_tree_args(
+    target_logits: Any,  # [B, N+1, V]
+    tree_tokens: Any,  # [B, N]
+    tree_parents: Any,  # [B, N]
+    tree_sizes: Any | None,  # [B]
+    seed: Any,
+    offset: Any,
+) -> tuple[int, int, int]:
+    """Tree verification's shapes, dtypes and counters (``flashspec.tree``); returns (B, N, V). Raises ValueError
+    naming the argument."""
+    ts = _shape("target_logits", target_logits)
+    if len(ts) != 3 or ts[0] < 1 or ts[2] < 1:
+        raise ValueError(f"target_logits has shape {list(ts)}; expected [B, N+1, V] with B, V >= 1")
+    b, n1, v = ts
+    check_vocab(v, "V (target_logits' last dimension)")
+    if n1 < 2:
+        raise ValueError(f"target_logits has shape {list(ts)}: N+1 = {n1} row is the root's alone, an empty tree; a "
+                         "tree needs at least one node (a step without one is plain decoding)")
+    if dtype_name(target_logits) not in FLOAT_DTYPES:
+        raise ValueError(f"target_logits has dtype {dtype_name(target_logits)}; expected one of {FLOAT_DTYPES}")
+    for name, a in (("tree_tokens", tree_tokens), ("tree_parents", tree_parents)):
+        if _shape(name, a) != (b, n1 - 1):
+            raise ValueError(f"{name} has shape {list(_shape(name, a))}; expected [B, N] = [{b}, {n1 - 1}] to match "
+                             f"target_logits {list(ts)} (one row per node plus the root's)")
+        if dtype_name(a) not in INT_DTYPES:
+            raise ValueError(f"{name} has dtype {dtype_name(a)}; expected an integer dtype")
+    bad_sizes = tree_sizes is not None and _shape("tree_sizes", tree_sizes) != (b,)
+    if bad_sizes or (tree_sizes is not None and dtype_name(tree_sizes) not in INT_DTYPES):
+        raise ValueError(f"tree_sizes must be an integer array [B] = [{b}] (row b's tree is its first tree_sizes[b] "
+                         "nodes), or None for N nodes in every row")
+    check_counter("seed", seed, b, MAX_SEED)
+    check_counter("offset", offset, b, MAX_OFFSET)
+    return b, n1 - 1, v

@@ -1,7 +1,8 @@
 """Deliberately broken verifiers, one per bug class of SPEC.md: the suite must reject each.
 
 Each mutant is the reference with exactly one step broken, the way that bug shows up in real
-implementations. ``tests/core/test_mutants.py`` runs the shared suite on every one of them.
+implementations. ``tests/core/test_exactness_suite.py`` runs the shared suite on every one of ``MUTANTS``;
+``tests/core/test_tree.py`` runs the tree laws on every one of ``TREE_MUTANTS``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import numpy as np
 
 from . import random as rng
 from .reference import Counters, ReferenceVerifier, filter_logits, log_softmax, scale
+from .tree import TreeVerifier
 
 
 class TemperatureAfterLogSoftmax(ReferenceVerifier):
@@ -158,3 +160,23 @@ MUTANTS: tuple[type[ReferenceVerifier], ...] = (
     PaddingReadOutOfBounds,
     ShortRowResidual,
 )
+
+
+# ----------------------------------------------------------------------------- tree verification
+
+
+class TreeNotRenormalised(TreeVerifier):
+    """A later child c is accepted with p(c) instead of p(c) renormalised after the rejected siblings."""
+
+    def child_log_prob(self, lp, kids, k):
+        return lp[kids[k]]
+
+
+class TreeResidualKeepsRejected(TreeVerifier):
+    """The residual after rejected children is p itself (the rejected children keep their mass)."""
+
+    def residual(self, lp, kids):
+        return lp
+
+
+TREE_MUTANTS: tuple[type[TreeVerifier], ...] = (TreeNotRenormalised, TreeResidualKeepsRejected)

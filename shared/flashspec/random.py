@@ -40,6 +40,11 @@ Streams are disjoint by construction (``stream`` enters the key):
   ``(position=n, vocab=j)``.
 * ``DRAFT`` (2): a draft sampling its i-th token uses a Gumbel variate per vocabulary entry j,
   ``(position=i, vocab=j)``.
+* ``TREE_ACCEPT`` (3): tree verification's accept test of node j (``flashspec.tree``) uses
+  ``(position=j + 1, vocab=0)``; each node is tested at most once per step.
+* ``TREE_FINAL`` (4): tree verification's residual / leaf draw at the slot s where the walk stops
+  (s = 0: the root, s = j + 1: node j) uses a Gumbel variate per vocabulary entry j,
+  ``(position=s, vocab=j)``.
 
 ``row`` is the batch row when one seed serves the whole batch, and 0 when every row carries its
 own seed (a request's randomness is then keyed to its seed, not to its place in the batch).
@@ -67,6 +72,8 @@ import numpy as np
 ACCEPT = 0
 FINAL = 1
 DRAFT = 2
+TREE_ACCEPT = 3
+TREE_FINAL = 4
 
 _M1 = np.uint32(0x7FEB352D)
 _M2 = np.uint32(0x846CA68B)

@@ -28,7 +28,10 @@ def test_streams_and_coordinates_give_independent_numbers():
     a = rng.uniform(1, 2, 3, 4, v, rng.ACCEPT)
     f = rng.uniform(1, 2, 3, 4, v, rng.FINAL)
     d = rng.uniform(1, 2, 3, 4, v, rng.DRAFT)
-    for x, y in ((a, f), (a, d), (f, d)):
+    ta = rng.uniform(1, 2, 3, 4, v, rng.TREE_ACCEPT)
+    tf = rng.uniform(1, 2, 3, 4, v, rng.TREE_FINAL)
+    assert len({rng.ACCEPT, rng.FINAL, rng.DRAFT, rng.TREE_ACCEPT, rng.TREE_FINAL}) == 5
+    for x, y in ((a, f), (a, d), (f, d), (ta, a), (ta, f), (ta, d), (tf, a), (tf, f), (tf, d), (ta, tf)):
         assert abs(np.corrcoef(x, y)[0, 1]) < 0.03
         assert not np.any(x == y) or np.mean(x == y) < 1e-3
 
