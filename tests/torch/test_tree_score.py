@@ -1,0 +1,140 @@
+"""flashspec_torch.tree_score: one scoring pass over a draft tree gives every slot the logits of its own path
+run causally (a causal mask or slot-index positions fail); compaction leaves a cache that decodes on exactly."""
+
+import numpy as np
+import pytest
+import torch
+
+from flashspec.tree import verify_tree
+from flashspec.tree_layout import kept_slots
+from flashspec.tree_testing import token_paths
+from flashspec_torch import tree_score
+from flashspec_torch.model import Llama, LlamaConfig
+from flashspec_torch.tree_score import TreePass, compact_tree_cache, score_tree
+
+V = 61
+
+
+def tiny(seed: int) -> Llama:
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=8, tie_word_embeddings=False, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    m = Llama(cfg).eval().requires_grad_(False)
+    for p in m.parameters():
+        p.data.normal_(0, 0.4)
+    return m
+
+
+def causal_last(model, ids) -> torch.Tensor:  # [V]: the logits after ids, run causally on a fresh cache
+    t = len(ids)
+    return model(torch.tensor([ids]), torch.arange(t)[None], model.new_cache(1, t), t, logits_last=1)[0, 0]
+
+
+def random_tree(r, model, prefix, n: int) -> tuple[list[int], list[int]]:
+    """n nodes; a node takes its parent's greedy token when no sibling has (so paths go deep), else a fresh one.
+    The root's first child is never its greedy token, its second (if any) is: the greedy path skips slot 1."""
+    tokens, parents, paths = [], [], [()]
+    for j in range(n):
+        a = -1 if j < 2 else int(r.integers(-1, j))
+        best = int(causal_last(model, [*prefix, *paths[a + 1]]).argmax())
+        taken = {t for t, p in zip(tokens, parents) if p == a} | ({best} if j == 0 else set())
+        greedy = j == 1 or (j > 1 and r.random() < 0.8)
+        t = best if best not in taken and greedy else int(r.choice([t for t in range(V) if t not in taken]))
+        tokens.append(t)
+        parents.append(a)
+        paths.append(paths[a + 1] + (t,))
+    return tokens, parents
+
+
+def batch_case(seed: int, b: int = 3, n: int = 7):
+    """A model, a cache holding each row's context (rows of different lengths), and padded trees per row."""
+    r = np.random.default_rng(seed)
+    model = tiny(seed)
+    base = r.integers(1, 9, b)
+    ctx = r.integers(0, V, (b, int(base.max()) + 1))  # row i's context: ctx[i, :base[i]], root ctx[i, base[i]]
+    cache = model.new_cache(b, 48)
+    model(torch.from_numpy(ctx), torch.arange(ctx.shape[1]).expand(b, -1), cache, ctx.shape[1], logits_last=0)
+    sizes = r.integers(1, n + 1, b)
+    sizes[0] = n
+    tokens, parents = np.zeros((b, n), np.int64), np.full((b, n), -1, np.int64)
+    for i in range(b):
+        tt, pp = random_tree(r, model, list(ctx[i, : base[i] + 1]), int(sizes[i]))
+        tokens[i, : sizes[i]], parents[i, : sizes[i]] = tt, pp
+    root = torch.from_numpy(ctx[np.arange(b), base])
+    return model, cache, ctx, root, torch.from_numpy(base), tokens, parents, sizes
+
+
+def scored_rows_match(seed: int) -> bool:
+    model, cache, ctx, root, base, tokens, parents, sizes = batch_case(seed)
+    with torch.no_grad():
+        z = score_tree(model, cache, root, torch.from_numpy(tokens), torch.from_numpy(parents), base,
+                       torch.from_numpy(sizes))
+        for i in range(len(sizes)):
+            prefix = list(ctx[i, : base[i] + 1])
+            for s, path in enumerate(token_paths(tokens[i, : sizes[i]], parents[i, : sizes[i]])):
+                if not torch.allclose(z[i, s], causal_last(model, [*prefix, *path]), rtol=1e-5, atol=1e-5):
+                    return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_slot_scores_its_own_path(seed):
+    assert scored_rows_match(seed)
+
+
+def causal_layout(pass_):
+    rows, tp = pass_
+    s = tp.mask.shape[-1]
+    return rows, TreePass(tp.rope_positions, torch.arange(s)[None, None, None, :] <= rows[:, None, :, None])
+
+
+def index_layout(pass_):
+    rows, tp = pass_
+    return rows, TreePass(rows, tp.mask)
+
+
+@pytest.mark.parametrize("mutate", [causal_layout, index_layout])
+def test_a_wrong_layout_fails(monkeypatch, mutate):
+    right = tree_score.tree_pass
+    monkeypatch.setattr(tree_score, "tree_pass", lambda *a: mutate(right(*a)))
+    assert not any(scored_rows_match(seed) for seed in range(4))
+
+
+def next_token_matches(seed: int, compact: bool = True) -> bool:
+    """Score, verify greedily, compact; then decode the emitted token y on the cache and compare its logits with
+    the causal run of "context, root, accepted path, y". Asserts that compaction had rows to move."""
+    model, cache, ctx, root, base, tokens, parents, sizes = batch_case(seed, n=8)
+    with torch.no_grad():
+        z = score_tree(model, cache, root, torch.from_numpy(tokens), torch.from_numpy(parents), base,
+                       torch.from_numpy(sizes))
+        res = verify_tree(z.numpy(), tokens, parents, temperature=0.0, tree_sizes=sizes)
+        kept = kept_slots(res)
+        assert any((k[k >= 0] != np.arange((k >= 0).sum())).any() for k in kept), "no row's path needs moving"
+        if compact:
+            compact_tree_cache(cache, base, torch.from_numpy(kept).long())
+        a = torch.from_numpy(res.num_accepted).long()
+        y = torch.from_numpy(res.tokens[np.arange(len(a)), a.numpy()]).long()
+        pos = base + a + 1  # y's position: after the root and the accepted path
+        got = model(y[:, None], pos[:, None], cache, int(pos.max()) + 1)[:, 0]
+        return all(torch.allclose(got[i], causal_last(model, [*ctx[i, : base[i] + 1], *res.tokens[i, : a[i] + 1]]),
+                                  rtol=1e-5, atol=1e-5) for i in range(len(a)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compacted_cache_decodes_the_next_token_exactly(seed):
+    assert next_token_matches(seed)
+
+
+def test_without_compaction_the_next_token_is_wrong():
+    assert not any(next_token_matches(seed, compact=False) for seed in range(4))
+
+
+def test_refuses_a_malformed_tree_and_a_short_cache():
+    model, cache, _, root, base, tokens, parents, sizes = batch_case(0)
+    bad = parents.copy()
+    bad[0, 2] = 5  # a parent after its child
+    with pytest.raises(ValueError, match="topological"):
+        score_tree(model, cache, root, torch.from_numpy(tokens), torch.from_numpy(bad), base)
+    with pytest.raises(ValueError, match="longer cache"):
+        score_tree(model, model.new_cache(3, 8), root, torch.from_numpy(tokens), torch.from_numpy(parents), base + 4,
+                   torch.from_numpy(sizes))
