@@ -149,3 +149,17 @@ def test_refuses_a_malformed_tree_and_a_short_cache():
     with pytest.raises(ValueError, match="longer cache"):
         score_tree(model, model.new_cache(3, 8), root, torch.from_numpy(tokens), torch.from_numpy(parents), base + 4,
                    torch.from_numpy(sizes))
+
+
+def test_a_chain_tree_is_bit_equal_to_the_chain_scoring_pass():
+    """A tree that is one chain (node j's parent j - 1) feeds exactly what the chain's scoring pass feeds (rows,
+    positions, mask): the logits are the same bits."""
+    model, cache, ctx, root, base, _, _, _ = batch_case(5)
+    r = np.random.default_rng(5)
+    drafts = torch.from_numpy(r.integers(0, V, (3, 6)))
+    chain = torch.arange(-1, 5).expand(3, -1)
+    with torch.no_grad():
+        tree = score_tree(model, cache, root, drafts, chain, base)
+        pos = base[:, None] + torch.arange(7)
+        plain = model(torch.cat([root[:, None], drafts], 1), pos, cache, int(base.max()) + 7)
+    torch.testing.assert_close(tree, plain, rtol=0, atol=0)
