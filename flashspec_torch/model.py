@@ -260,7 +260,8 @@ class Llama(nn.Module):
         mask = None  # the attention kernel needs none: skip its two launches
         if tree is not None:
             impl, mask = "reference", tree.mask
-        elif not self.batch_invariant and not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
+        elif not self.batch_invariant and not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1],
+                                                             c.head_dim):
             slots = torch.arange(attend_len, device=tokens.device)
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         masks = window_masks(c, mask, positions)  # per sliding window: its mask

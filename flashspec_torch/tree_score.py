@@ -87,8 +87,8 @@ def score_tree(
         raise ValueError(f"root {list(root.shape)} and base {list(base.shape)} must be [B] = [{b}]")
     attend = int(base.max()) + n + 1
     if int(base.min()) < 0 or attend > cache.max_len:
-        raise ValueError(f"the tree's rows base .. base + N reach {attend - 1}, outside the cache's [0, {cache.max_len}) "
-                         "(or a base is negative); allocate a longer cache or a smaller tree")
+        raise ValueError(f"the tree's rows base .. base + N reach {attend - 1}, outside the cache's "
+                         f"[0, {cache.max_len}) (or a base is negative); allocate a longer cache or a smaller tree")
     padded = np.arange(n)[None] >= sizes[:, None]
     fed = torch.from_numpy(np.where(padded, 0, tokens)).to(root.device)  # padded nodes feed token 0
     rows, tp = tree_pass(base, parents, sizes, attend)

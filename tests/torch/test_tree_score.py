@@ -53,7 +53,7 @@ def batch_case(seed: int, b: int = 3, n: int = 7, model: Llama | None = None):
     r = np.random.default_rng(seed)
     model = tiny(seed) if model is None else model
     base = r.integers(1, 9, b)
-    ctx = r.integers(0, model.config.vocab_size, (b, int(base.max()) + 1))  # row i's context: ctx[i, :base[i]], root ctx[i, base[i]]
+    ctx = r.integers(0, model.config.vocab_size, (b, int(base.max()) + 1))  # row i: context ctx[i, :base[i]], then root
     cache = model.new_cache(b, 48)
     model(torch.from_numpy(ctx), torch.arange(ctx.shape[1]).expand(b, -1), cache, ctx.shape[1], logits_last=0)
     sizes = r.integers(1, n + 1, b)
