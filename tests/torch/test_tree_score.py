@@ -15,9 +15,15 @@ from flashspec_torch.tree_score import TreePass, compact_tree_cache, score_tree
 V = 61
 
 
-def tiny(seed: int) -> Llama:
+# the plain torch family layers (flashspec_torch.family): Qwen3-like, and Gemma-2-like without its sliding windows
+FAMILY = {"qwen3": dict(qk_norm=True, attention_bias=True),
+          "gemma2": dict(attn_softcap=20.0, final_softcap=15.0, sandwich_norms=True, norm_offset=1.0,
+                         activation="gelu_tanh", embed_scale=32 ** 0.5, query_scale=0.3)}
+
+
+def tiny(seed: int, **family) -> Llama:
     cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                      head_dim=8, tie_word_embeddings=False, max_position_embeddings=256)
+                      head_dim=8, tie_word_embeddings=False, max_position_embeddings=256, **family)
     torch.manual_seed(seed)
     m = Llama(cfg).eval().requires_grad_(False)
     for p in m.parameters():
@@ -86,6 +92,11 @@ def test_every_slot_scores_its_own_path(seed):
     assert scored_rows_match(seed)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILY))
+def test_the_family_layers_score_every_slot_as_its_path(family):
+    assert all(scored_rows_match(seed, model=tiny(seed, **FAMILY[family])) for seed in range(2))
+
+
 def test_the_embedded_smollm2_scores_every_slot_as_its_path():
     """The real model (SmolLM2-135M, 30 layers, GQA 9/3, fp32 CPU): two rows of five-node trees."""
     from flashspec_torch.weights import load
@@ -146,6 +157,10 @@ def test_refuses_a_malformed_tree_and_a_short_cache():
     bad[0, 2] = 5  # a parent after its child
     with pytest.raises(ValueError, match="topological"):
         score_tree(model, cache, root, torch.from_numpy(tokens), torch.from_numpy(bad), base)
+    windowed = tiny(0, sliding_windows=(4, 0))
+    with pytest.raises(ValueError, match="sliding_windows"):
+        score_tree(windowed, windowed.new_cache(3, 48), root, torch.from_numpy(tokens), torch.from_numpy(parents),
+                   base, torch.from_numpy(sizes))
     with pytest.raises(ValueError, match="longer cache"):
         score_tree(model, model.new_cache(3, 8), root, torch.from_numpy(tokens), torch.from_numpy(parents), base + 4,
                    torch.from_numpy(sizes))
