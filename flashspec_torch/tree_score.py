@@ -74,9 +74,11 @@ def score_tree(
     tree_parents: torch.Tensor,  # [B, N] int in [-1, j): node j's parent (-1 the root)
     base: torch.Tensor,  # [B] int64: the root's position (the committed length - 1)
     tree_sizes: torch.Tensor | None = None,  # [B]: row b's tree is its first tree_sizes[b] nodes; None: all N
-) -> torch.Tensor:  # [B, N+1, V] float32: the root's logits, then node j's at j + 1
-    """The target's logits at every slot of the tree in one forward (see the module docstring); padded nodes'
-    rows are computed but meaningless. Reads the tree to the host (the layout is NumPy)."""
+    hidden: tuple[int, ...] = (),  # also return the residual stream after these layers (a draft head's input)
+):  # [B, N+1, V] float32: the root's logits, then node j's at j + 1; with ``hidden``: (that, [B, N+1, len * C])
+    """The target's logits (and with ``hidden`` its states, as ``Llama.forward`` returns them) at every slot of
+    the tree in one forward (see the module docstring); padded nodes' rows are computed but meaningless. Reads
+    the tree to the host (the layout is NumPy)."""
     check_tree_model(model)
     parents = tree_parents.cpu().numpy().astype(np.int64)
     b, n = parents.shape
@@ -92,7 +94,7 @@ def score_tree(
     padded = np.arange(n)[None] >= sizes[:, None]
     fed = torch.from_numpy(np.where(padded, 0, tokens)).to(root.device)  # padded nodes feed token 0
     rows, tp = tree_pass(base, parents, sizes, attend)
-    return model(torch.cat([root[:, None], fed], 1), rows, cache, attend, tree=tp)
+    return model(torch.cat([root[:, None], fed], 1), rows, cache, attend, hidden=hidden, tree=tp)
 
 
 def compact_tree_cache(

@@ -178,3 +178,19 @@ def test_a_chain_tree_is_bit_equal_to_the_chain_scoring_pass():
         pos = base[:, None] + torch.arange(7)
         plain = model(torch.cat([root[:, None], drafts], 1), pos, cache, int(base.max()) + 7)
     torch.testing.assert_close(tree, plain, rtol=0, atol=0)
+
+
+def test_hidden_states_are_the_paths_own():
+    """With ``hidden`` (a feature head's input), slot s's states are those of its path's last token run causally."""
+    model, cache, ctx, root, base, tokens, parents, sizes = batch_case(3)
+    with torch.no_grad():
+        z, feats = score_tree(model, cache, root, torch.from_numpy(tokens), torch.from_numpy(parents), base,
+                              torch.from_numpy(sizes), hidden=(0, 1))
+        for i in range(len(sizes)):
+            for s, path in enumerate(token_paths(tokens[i, : sizes[i]], parents[i, : sizes[i]])):
+                ids = [*ctx[i, : base[i] + 1], *path]
+                t = len(ids)
+                _, want = model(torch.tensor([ids]), torch.arange(t)[None], model.new_cache(1, t), t, logits_last=1,
+                                hidden=(0, 1))
+                torch.testing.assert_close(feats[i, s], want[0, -1], rtol=1e-5, atol=1e-5)
+    assert feats.shape == (3, 8, 2 * model.config.hidden_size)
