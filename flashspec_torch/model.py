@@ -21,6 +21,7 @@ from .invariant_matmul import invariant_matmul
 from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, narrow_linear,
                      narrow_product, rope_kv, silu_mul)
 from .shapes import check_shapes
+from .tree_score import TreePass
 
 
 class KVCache(nn.Module):
@@ -236,15 +237,20 @@ class Llama(nn.Module):
         select: torch.Tensor | None = None,  # [B]: compute logits at this token index of each row only
         skip: frozenset[int] | None = None,
         hidden: tuple[int, ...] = (),  # also return the residual stream after these layers (a draft head's input)
+        tree: TreePass | None = None,  # a tree's scoring pass: positions are then the cache rows written
     ):  # [B, logits_last or T or 1, V] float32 or None; with ``hidden``: (that, [B, T, len(hidden) * C])
+        """The decoder over tokens at positions (RoPE, cache rows written, causal mask). With ``tree``
+        (``flashspec_torch.tree_score.score_tree`` builds it) RoPE takes ``tree.rope_positions``, attention
+        ``tree.mask`` through the plain torch layers (impl "reference"), and K/V go to rows ``positions``."""
         skip = self.skip if skip is None else skip
         c = self.config
         h = self.embed(tokens)
         if c.embed_scale != 1.0:
             h = h * torch.tensor(c.embed_scale, dtype=h.dtype)
         cos_table, sin_table = self.rope_tables(h)
-        cos, sin = cos_table[positions], sin_table[positions]  # [B, T, D]
-        local = local_tables(self, h, positions)  # Gemma 3's sliding layers: (cos, sin) of their own RoPE, or None
+        rope_positions = positions if tree is None else tree.rope_positions
+        cos, sin = cos_table[rope_positions], sin_table[rope_positions]  # [B, T, D]
+        local = local_tables(self, h, rope_positions)  # Gemma 3's sliding layers: (cos, sin) of their own RoPE, or None
         impl = "triton" if self.batch_invariant else self.impl or default_impl(h.device)
         if c.kernel_blockers and not self.batch_invariant:  # batch_invariant: refused by decode_settings
             if self.impl == "triton":
@@ -252,7 +258,10 @@ class Llama(nn.Module):
                                  "model.impl None (the plain torch layers run this model)")
             impl = "reference"
         mask = None  # the attention kernel needs none: skip its two launches
-        if not self.batch_invariant and not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
+        if tree is not None:
+            impl, mask = "reference", tree.mask
+        elif not self.batch_invariant and not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1],
+                                                             c.head_dim):
             slots = torch.arange(attend_len, device=tokens.device)
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         masks = window_masks(c, mask, positions)  # per sliding window: its mask
