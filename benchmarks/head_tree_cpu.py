@@ -17,9 +17,8 @@ a greedy tree verify emits the longest path whose tokens are the target's greedy
   candidates of the newest depth with the highest cumulative log-probability (the frontier; the root's
   children first), each of them adding its ``top_k`` children as candidates; then the N candidates of
   highest cumulative log-probability (parents before children on ties) are the tree
-  (``flashspec_torch.head_tree``'s ``expand_tree`` and ``select_tree``, read by ``dynamic_counts``). Each
-  branch's K/V are its own (the head's cache rows copied from the parent's), as ``HeadDraft.propose`` builds
-  them for one chain.
+  (``flashspec_torch.head_tree``'s ``expand_tree`` and ``select_tree``, read by ``dynamic_counts``): each
+  node attends its own ancestors only, so every branch is run as ``HeadDraft.propose`` runs one chain.
 
 Tokens per step are reported over the steps a greedy engine run takes (``walk``: each step's root
 where the previous one ended; ``engine_walk``) and averaged over every root (``per_position``, which
@@ -224,7 +223,7 @@ def measure_sequence(head, target, seq, args) -> dict:
            "static": {w: static_counts(rr, w) for w in args.trees}}
     out["dynamic"] = {n: torch.zeros(0, dtype=torch.int64) for n in args.sizes}
     if args.sizes and len(roots):
-        base = head_base(head, target, tokens, feats, args.depth + 1)
+        base = head_base(head, target, tokens, feats, (args.depth - 1) * args.top_k + 1)
         parts = [dynamic_counts(head, target, base, c, truth, args) for c in roots.split(args.root_chunk)]
         out["dynamic"] = {n: torch.cat([p[n] for p in parts]) for n in args.sizes}
     return out

@@ -4,10 +4,11 @@ From each row's root (the last committed token, the head's state and logits afte
 ``depth`` rounds: round 1's candidates are the root's ``top_k`` children; each later round runs the head on
 the ``top_k`` candidates of the newest depth with the highest cumulative log q (the frontier), each adding its
 ``top_k`` children as candidates (M = top_k + (depth - 1) top_k^2 candidates per row, in depth order). Each
-frontier node feeds the head its parent's state, as chain drafting does, and attends the committed context and
-its own ancestors only: every frontier node has its own copy of the head's cache rows (copied from its
-parent's), so the attention is the tree's ancestor mask (``flashspec.tree_layout.tree_attention_mask``) with
-each path run causally.
+frontier node feeds the head its parent's state, as chain drafting does, and is laid out as the target's tree
+scoring pass lays out a tree (``tree_score.tree_pass``: ``flashspec.tree_layout``'s ancestor mask): the frontier
+nodes so far form a tree under the root, node f's K/V at cache row root + 1 + f, its RoPE at root + its depth,
+and it attends the committed context and its own ancestors only, so each path is run as chain drafting runs it.
+One head pass of K rows per depth per batch row.
 
 ``select_tree`` keeps the ``size`` candidates of highest cumulative log q (a stable sort: on ties the earlier,
 shallower candidate first; a child's value is at most its parent's, so a kept node's parent is kept) and lays
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .model import KVCache
+from .tree_score import TreePass, tree_pass
 
 
 @dataclass(frozen=True)
@@ -65,16 +68,26 @@ def check_expand_args(head, state, logits, cache: KVCache, root, top_k: int, dep
     if state.shape[0] != b or logits.shape != (b, len(head.token_ids)) or cache.k.shape[1] != b:
         raise ValueError(f"state {list(state.shape)}, logits {list(logits.shape)}, cache rows {cache.k.shape[1]}: want "
                          f"[B, C], [B, V_d = {len(head.token_ids)}] and B cache rows for root [B = {b}]")
-    if int(root.max()) + depth - 1 >= cache.max_len:
-        raise ValueError(f"the deepest head position {int(root.max()) + depth - 1} is outside the head's cache "
-                         f"({cache.max_len} positions); allocate max_len >= root + depth")
+    last = int(root.max()) + (depth - 1) * top_k
+    if last >= cache.max_len:
+        raise ValueError(f"the frontier's cache rows reach {last}, outside the head's cache ({cache.max_len} rows); "
+                         "allocate max_len > root + (depth - 1) top_k")
+
+
+def frontier_pass(root, parents: np.ndarray, top_k: int, attend: int) -> tuple[torch.Tensor, TreePass]:
+    """(cache rows [B, K], TreePass) of the newest K frontier nodes of the frontier tree ``parents`` [B, F]
+    (every frontier node so far, round by round; -1: the root), laid out as the target's scoring pass lays out
+    a tree (``tree_score.tree_pass``): node f at row root + 1 + f, RoPE at root + depth, its ancestors seen."""
+    rows, tp = tree_pass(root, parents, np.full(len(parents), parents.shape[1]), attend)
+    return rows[:, -top_k:], TreePass(tp.rope_positions[:, -top_k:], tp.mask[:, :, -top_k:])
 
 
 @torch.no_grad()
 def expand_tree(head, target, state, logits, cache: KVCache, root, top_k: int, depth: int) -> Candidates:
     """EAGLE-2's candidates (module docstring). state [B, C] and logits [B, V_d]: the head at position root [B]
     (its prediction of the first drafted token); ``cache`` [B rows] holds the head's K/V of positions <= root.
-    ``cache`` is left as it was; the frontier writes positions root + 1 .. root + depth - 1 of copies."""
+    Overwrites ``cache`` rows root + 1 .. root + (depth - 1) top_k (the frontier's K/V); reads the frontier's
+    parents to the host once per depth (the layout is NumPy)."""
     check_expand_args(head, state, logits, cache, root, top_k, depth)
     n, k = root.shape[0], top_k
     val, j = logits.float().log_softmax(-1).topk(k, -1)  # [B, K]
@@ -82,21 +95,21 @@ def expand_tree(head, target, state, logits, cache: KVCache, root, top_k: int, d
     front = torch.arange(k, device=root.device).expand(n, k)  # [B, K]: the frontier's candidate indices
     values, tokens, parents = [val], [ids], [torch.full_like(ids, -1)]
     depths = [torch.ones(k, dtype=torch.int64, device=root.device)]
-    state = state.repeat_interleave(k, 0)  # [B K, C]: the frontier's parents' states
-    cache = copy_cache_rows(head.config, cache, torch.arange(n, device=root.device).repeat_interleave(k))
-    attend = min(int(root.max()) + depth + 1, cache.max_len)
+    state = state[:, None].expand(n, k, state.shape[-1])  # [B, K, C]: the frontier's parents' states
+    up = np.full((n, k), -1, np.int64)  # [B, F]: the frontier tree's parents
+    attend = int(root.max()) + (depth - 1) * k + 1
     for d in range(1, depth):
-        pos = (root + d).repeat_interleave(k)[:, None]  # [B K, 1]
-        s, w = head.run(target, ids.reshape(-1, 1), state[:, None], pos, cache, attend)
-        cval, cj = w[:, 0].log_softmax(-1).topk(k, -1)  # [B K, K]
-        cval = (val.reshape(-1, 1) + cval).reshape(n, k * k)
+        rows, tp = frontier_pass(root, up, k, attend)
+        s, w = head.run(target, ids, state, rows, cache, attend, tree=tp)  # [B, K, C], [B, K, V_d]
+        cval, cj = w.log_softmax(-1).topk(k, -1)  # [B, K, K]
+        cval = (val[:, :, None] + cval).reshape(n, k * k)
         first = candidate_count(k, d)  # the new candidates' first index
         values.append(cval), tokens.append(head.token_ids[cj].reshape(n, k * k))
         parents.append(front.repeat_interleave(k, 1)), depths.append(torch.full_like(depths[0], d + 1).repeat(k))
         val, pick = cval.topk(k, -1)  # the next frontier: [B, K]
-        rows = (torch.arange(n, device=root.device)[:, None] * k + pick // k).reshape(-1)  # their parents' rows
-        ids, front = tokens[-1].gather(1, pick), first + pick
-        state, cache = s[rows, 0], copy_cache_rows(head.config, cache, rows)
+        ids, front, at = tokens[-1].gather(1, pick), first + pick, pick // k  # at: the parent's place in the frontier
+        state = s.gather(1, at[:, :, None].expand(-1, -1, s.shape[-1]))
+        up = np.concatenate([up, (d - 1) * k + at.cpu().numpy()], 1)
     return Candidates(torch.cat(values, 1), torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depths))
 
 

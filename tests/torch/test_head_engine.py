@@ -82,7 +82,7 @@ def test_the_shipped_head_drafts_valid_trees_and_its_top1_tree_is_its_chain(engi
     tokens = torch.tensor([engine.encode(PROMPTS[2], False)])  # [1, T]
     t, v = tokens.shape[1], target.config.vocab_size
     feats, _, _ = bench.target_view(target, tokens, head.feature_layers)
-    s, w, cache = bench.head_base(head, target, tokens, feats, g)
+    s, w, cache = bench.head_base(head, target, tokens, feats, 5 * 8 + 1)
     roots = torch.arange(t - g, t)
     rows = copy_cache_rows(head.config, cache, torch.zeros(g, dtype=torch.int64))
     tree = draft_tree(head, target, s[roots], w[roots], rows, roots, 8, 6, 32)

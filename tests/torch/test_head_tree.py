@@ -117,7 +117,7 @@ def expand_roots(bench, head, target, tokens, feats, roots, top_k: int, depth: i
     """``expand_tree`` from each root of one sequence (the roots sharing its head cache, as the benchmark runs it)."""
     from flashspec_torch.head_tree import copy_cache_rows, expand_tree
 
-    s, w, cache = bench.head_base(head, target, tokens, feats, depth + 1)
+    s, w, cache = bench.head_base(head, target, tokens, feats, (depth - 1) * top_k + 1)
     cache = copy_cache_rows(head.config, cache, torch.zeros(len(roots), dtype=torch.int64))
     return expand_tree(head, target, s[roots], w[roots], cache, roots, top_k, depth)
 
@@ -144,7 +144,7 @@ def test_dynamic_tree_counts_equal_a_brute_force(setup):
         roots = torch.arange(seq.prompt_len - 1, len(seq.tokens) - depth + 1)
         cands = expand_roots(bench, head, target, tokens, feats, roots, top_k, depth)
         on = bench.on_path(cands, roots, truth)
-        base = bench.head_base(head, target, tokens, feats, depth + 1)
+        base = bench.head_base(head, target, tokens, feats, (depth - 1) * top_k + 1)
         got = [bench.dynamic_counts(head, target, base, c, truth, args) for c in roots.split(4)]
         for i, r in enumerate(roots.tolist()):
             want = brute_candidates(head, target, tokens, feats, r, top_k, depth)
@@ -254,7 +254,7 @@ def test_the_drafted_tree_is_in_verify_trees_format_with_the_best_candidates(set
 def test_with_top1_children_the_tree_is_the_heads_chain_draft(setup):
     """top_k = 1, depth = size = G: the tree is ``HeadDraft.propose``'s greedy draft of G tokens, a chain."""
     from flashspec_torch.drafts import Sequences
-    from flashspec_torch.head_tree import draft_tree
+    from flashspec_torch.head_tree import copy_cache_rows, draft_tree
     from flashspec_torch.heads import HeadDraft
 
     bench = load_benchmark("head_tree_cpu")
@@ -268,7 +268,8 @@ def test_with_top1_children_the_tree_is_the_heads_chain_draft(setup):
             draft.start(1, t + g)
             want = draft.propose(Sequences(tokens, torch.tensor([r + 1]), r + 1, features=feats), g, SamplingConfig(0.0),
                                  None, 0).tokens
-            tree = draft_tree(head, target, s[[r]], w[[r]], cache, torch.tensor([r]), 1, g, g)
+            rows = copy_cache_rows(head.config, cache, torch.tensor([0]))  # draft_tree writes past r
+            tree = draft_tree(head, target, s[[r]], w[[r]], rows, torch.tensor([r]), 1, g, g)
             assert tree.tokens.tolist() == want.tolist(), r
             assert tree.parents.tolist() == [list(range(-1, g - 1))] and tree.sizes.tolist() == [g]
 
