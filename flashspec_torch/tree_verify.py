@@ -26,7 +26,7 @@ from flashspec.tree import MAX_TREE_DEPTH, TreeVerifyResult, tree_depths
 
 from . import random as rng
 from .reference import Counters, log_probs
-from .verify import check_logits
+from .verify import check_logits, check_on_device
 
 
 def verify_tree(
@@ -73,16 +73,7 @@ def verify_tree(
 def check_tree_tensors(z, tokens, parents, sizes, seed, offset) -> None:
     """Every array argument is a torch tensor on target_logits' device."""
     named = {"target_logits": z, "tree_tokens": tokens, "tree_parents": parents, "tree_sizes": sizes}
-    named.update({k: a for k, a in (("seed", seed), ("offset", offset)) if not isinstance(a, int)})
-    for name, a in named.items():
-        if a is None:
-            continue
-        if not isinstance(a, torch.Tensor):
-            raise ValueError(f"{name} is a {type(a).__name__}; flashspec_torch.tree_verify takes torch tensors "
-                             "(flashspec.tree.verify_tree takes NumPy arrays)")
-        if a.device != z.device:
-            raise ValueError(f"{name} is on {a.device} but target_logits is on {z.device}: pass tensors on one device "
-                             "(seed / offset: a Python int or a tensor on that device)")
+    check_on_device(named, seed, offset, "flashspec_torch.tree_verify", "flashspec.tree.verify_tree")
 
 
 def clean_tree(tokens, parents, sizes):  # [B, N] int64 x2, [B] -> [B, N] x2
