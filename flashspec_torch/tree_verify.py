@@ -157,8 +157,8 @@ def child_log_probs(lp, kid_tokens, ok) -> torch.Tensor:  # [B, V], [B, K], [B, 
     else log p(c_k) - log(R + p(c_k) + ... + p(c_{K-1})) in float32, R the non-children's mass, the children's
     sum left to right."""
     k = kid_tokens.shape[1]
-    if k == 0:
-        return lp[:, :0]
+    if k <= 1:
+        return lp.gather(1, kid_tokens)
     p = torch.exp(lp)  # [B, V]
     is_child = child_mask(kid_tokens, ok, p.shape[1])
     rest = torch.where(is_child, 0.0, p).sum(-1)  # [B]

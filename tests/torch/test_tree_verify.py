@@ -65,11 +65,12 @@ def test_tokens_equal_the_oracle_on_random_batches(cfg, seed):
     r = np.random.default_rng(seed)
     b, n, v = int(r.integers(1, 40)), int(r.integers(1, 16)), int(r.choice([2, 5, 17, 300]))
     z, tokens, parents, sizes = random_batch(r, b, n, v, cfg.greedy)
-    kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, tree_sizes=sizes, offset=seed * 7)
-    seeds = [int(r.integers(2**63)), r.integers(0, 2**64 - 1, size=b, dtype=np.uint64)]
-    for s in seeds:
-        want = oracle(z, tokens, parents, seed=s, **kw)
-        got = torch_adapter(z, tokens, parents, seed=s, **kw)
+    kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, tree_sizes=sizes)
+    counters = [(int(r.integers(2**63)), seed * 7),  # one seed for the batch (generator row = batch row)
+                (r.integers(0, 2**64 - 1, size=b, dtype=np.uint64), r.integers(0, 2**40, size=b))]  # per-row
+    for s, off in counters:
+        want = oracle(z, tokens, parents, seed=s, offset=off, **kw)
+        got = torch_adapter(z, tokens, parents, seed=s, offset=off, **kw)
         for field in ("num_accepted", "tokens", "path"):
             np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
 
