@@ -86,12 +86,12 @@ def test_many_rows_deep_trees_equal_the_oracle():
     np.testing.assert_array_equal(got.path, want.path)
 
 
-def test_half_precision_logits_equal_the_oracle_on_their_float32_values():
+def test_bf16_logits_int32_trees_and_tensor_counters_equal_the_oracle():
     r = np.random.default_rng(5)
     z, tokens, parents, sizes = random_batch(r, 30, 8, 11, greedy=False)
     z16 = torch.from_numpy(z).to(torch.bfloat16)
-    got = verify_tree(z16, torch.from_numpy(tokens), torch.from_numpy(parents), tree_sizes=torch.from_numpy(sizes),
-                      seed=9)
+    tokens32, parents32, sizes32 = (torch.from_numpy(a).to(torch.int32) for a in (tokens, parents, sizes))
+    got = verify_tree(z16, tokens32, parents32, tree_sizes=sizes32, seed=torch.tensor(9), offset=torch.tensor(0))
     want = oracle(z16.float().numpy(), tokens, parents, seed=9, tree_sizes=sizes)
     np.testing.assert_array_equal(as_numpy_result(got).tokens, want.tokens)
 
