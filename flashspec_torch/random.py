@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from flashspec.random import ACCEPT, DRAFT, FINAL
+from flashspec.random import ACCEPT, DRAFT, FINAL, TREE_ACCEPT, TREE_FINAL
 
 __all__ = [
-    "ACCEPT", "DRAFT", "FINAL", "mix", "key", "bits_from_key", "to_uniform", "gumbel_from_uniform",
+    "ACCEPT", "DRAFT", "FINAL", "TREE_ACCEPT", "TREE_FINAL", "mix", "key", "bits_from_key", "to_uniform", "gumbel_from_uniform",
     "uniform", "gumbel", "split_seed", "as_counter",
 ]
 

@@ -82,13 +82,20 @@ def default_impl(target_logits: torch.Tensor) -> str:
 def check_tensors(z, x, w, lq, seed, offset, lengths=None) -> None:
     """Every array argument is a torch tensor on target_logits' device."""
     named = {"target_logits": z, "draft_tokens": x, "draft_logits": w, "draft_logprobs": lq, "draft_lengths": lengths}
-    named.update({k: v for k, v in (("seed", seed), ("offset", offset)) if not isinstance(v, int)})
+    check_on_device(named, seed, offset, "flashspec_torch.verify", "flashspec.reference.verify")
+
+
+def check_on_device(named: dict, seed, offset, api: str, numpy_api: str) -> None:
+    """Every array in ``named`` (None: absent) and seed / offset unless a Python int is a torch tensor on
+    target_logits' device; ``api`` / ``numpy_api`` name the function and its NumPy twin in the message."""
+    z = named["target_logits"]
+    named = dict(named, **{k: v for k, v in (("seed", seed), ("offset", offset)) if not isinstance(v, int)})
     for name, a in named.items():
         if a is None:
             continue
         if not isinstance(a, torch.Tensor):
-            raise ValueError(f"{name} is a {type(a).__name__}; flashspec_torch.verify takes torch tensors "
-                             "(flashspec.reference.verify takes NumPy arrays)")
+            raise ValueError(f"{name} is a {type(a).__name__}; {api} takes torch tensors ({numpy_api} takes NumPy "
+                             "arrays)")
         if a.device != z.device:
             raise ValueError(f"{name} is on {a.device} but target_logits is on {z.device}: pass tensors on one device "
                              "(seed / offset: a Python int or a tensor on that device)")
