@@ -17,15 +17,15 @@ a greedy tree verify emits the longest path whose tokens are the target's greedy
   candidates of the newest depth with the highest cumulative log-probability (the frontier; the root's
   children first), each of them adding its ``top_k`` children as candidates; then the N candidates of
   highest cumulative log-probability (parents before children on ties) are the tree
-  (``dynamic_candidates``, ``dynamic_counts``). Each branch's K/V are its own (the head's cache rows
-  gathered from the parent's row), as ``HeadDraft.propose`` builds them for one chain.
+  (``flashspec_torch.head_tree``'s ``expand_tree`` and ``select_tree``, read by ``dynamic_counts``): each
+  node attends its own ancestors only, so every branch is run as ``HeadDraft.propose`` runs one chain.
 
 Tokens per step are reported over the steps a greedy engine run takes (``walk``: each step's root
 where the previous one ended; ``engine_walk``) and averaged over every root (``per_position``, which
 overweights long-accepting stretches). Also per domain: the target's own top-1 probability along the
 continuation (how often it is unsure, p_top1 < 0.5), the head's top-1/2/4/8 recall of the target's
 token per draft position, and the share of continuation tokens closing a 4-gram seen before.
-The roots stop at the deepest tree's depth before each continuation's end.
+The roots stop at the deepest chain's or tree's depth before each continuation's end.
 
     OMP_NUM_THREADS=1 python benchmarks/head_tree_cpu.py --prompts 12 --new-tokens 56 --out OUT.json   # the first 48 tokens
     OMP_NUM_THREADS=1 python benchmarks/head_tree_cpu.py --prompts 24 --new-tokens 192 --continuation sampled --sizes '' --out OUT.json
@@ -127,52 +127,30 @@ def head_base(head, target, tokens: torch.Tensor, feats: torch.Tensor, extra: in
     return s[0], w[0], cache
 
 
-def gather_cache(config, cache, rows: torch.Tensor):
-    """A new cache whose row i is a copy of ``cache``'s row rows[i]."""
-    from flashspec_torch.model import KVCache
+@torch.no_grad()
+def dynamic_counts(head, target, base, roots: torch.Tensor, truth: torch.Tensor, args) -> dict:
+    """{size: [R] drafts accepted by a greedy verify of the head's EAGLE-2 tree of ``size`` nodes from each root}
+    (``flashspec_torch.head_tree``, the roots sharing the one sequence's head cache)."""
+    from flashspec_torch.head_tree import copy_cache_rows, expand_tree, select_tree
 
-    out = KVCache(config, len(rows), cache.max_len, cache.k.dtype, cache.k.device)
-    out.k.copy_(cache.k[:, rows])
-    out.v.copy_(cache.v[:, rows])
+    s_base, w_base, cache = base
+    cache = copy_cache_rows(head.config, cache, torch.zeros(len(roots), dtype=torch.int64))
+    cands = expand_tree(head, target, s_base[roots], w_base[roots], cache, roots, args.top_k, args.depth)
+    on = on_path(cands, roots, truth)
+    out = {}
+    for n in args.sizes:
+        tree = select_tree(cands, n)
+        out[n] = (on.gather(1, tree.index) * cands.depths[tree.index]).max(1).values
     return out
 
 
-@torch.no_grad()
-def dynamic_candidates(head, target, base, roots: torch.Tensor, truth: torch.Tensor, top_k: int, depth: int):
-    """EAGLE-2's expansion from each root (module docstring): (values [R, M], on_path [R, M], depths [M],
-    ids [R, M]), candidates in depth order (M = top_k + (depth - 1) top_k^2): cumulative log q, whether
-    the node's tokens are the target's greedy tokens from the root on, depth, token."""
-    s_base, w_base, cache = base
-    n, k = len(roots), top_k
-    lp = w_base[roots].log_softmax(-1)  # [R, V_d]
-    val, j = lp.topk(k, -1)  # [R, K]
-    ids = head.token_ids[j]
-    on = ids == truth[roots][:, None]
-    values, paths, depths, tokens = [val], [on], [torch.ones(k, dtype=torch.int64)], [ids]
-    state = s_base[roots].repeat_interleave(k, 0)  # [R K, C]: the frontier's parents' states
-    cache = gather_cache(head.config, cache, torch.zeros(n * k, dtype=torch.int64))
-    attend = int(roots.max()) + depth + 1
-    for d in range(1, depth):
-        pos = (roots + d).repeat_interleave(k)[:, None]  # [R K, 1]
-        s, w = head.run(target, ids.reshape(-1, 1), state[:, None], pos, cache, attend)
-        cval, cj = w[:, 0].log_softmax(-1).topk(k, -1)  # [R K, K]
-        cval = (val.reshape(-1, 1) + cval).reshape(n, k * k)
-        cids = head.token_ids[cj].reshape(n, k * k)
-        con = on.repeat_interleave(k, 1) & (cids == truth[roots + d][:, None])
-        values.append(cval), paths.append(con), depths.append(torch.full((k * k,), d + 1)), tokens.append(cids)
-        val, pick = cval.topk(k, -1)  # the next frontier: [R, K]
-        rows = (torch.arange(n)[:, None] * k + pick // k).reshape(-1)  # their parents' rows
-        ids, on = cids.gather(1, pick), con.gather(1, pick)
-        state, cache = s[rows, 0], gather_cache(head.config, cache, rows)
-    return torch.cat(values, 1), torch.cat(paths, 1), torch.cat(depths), torch.cat(tokens, 1)
-
-
-def dynamic_counts(values: torch.Tensor, on_path: torch.Tensor, depths: torch.Tensor, size: int) -> torch.Tensor:
-    """[R] drafts accepted by a greedy verify of the ``size`` candidates of highest value (stable: on
-    ties the earlier, shallower candidate first, so a node's parent is always in the tree before it)."""
-    order = values.sort(dim=-1, descending=True, stable=True).indices[:, :size]
-    hit = on_path.gather(1, order) * depths[order]
-    return hit.max(1).values
+def on_path(cands, roots: torch.Tensor, truth: torch.Tensor) -> torch.Tensor:  # -> [R, M] bool
+    """Whether each candidate's path from the root is the target's greedy tokens (truth [T]) from the root on."""
+    hit = cands.tokens == truth[roots[:, None] + cands.depths[None] - 1]
+    for m in range(hit.shape[1]):  # candidates in depth order: a parent's entry is final before its children's
+        p = cands.parents[:, m]
+        hit[:, m] &= (p < 0) | hit.gather(1, p.clamp(min=0)[:, None])[:, 0]
+    return hit
 
 
 def walk(counts: torch.Tensor) -> list[int]:
@@ -236,7 +214,7 @@ def measure_sequence(head, target, seq, args) -> dict:
     """One sequence's per-root figures: ranks [R, D], static and dynamic counts, p_top1 at the roots."""
     tokens = torch.tensor([seq.tokens])
     feats, truth, p_top1 = target_view(target, tokens, head.feature_layers)
-    depth = max([max(args.gammas)] + [len(w) for w in args.trees])
+    depth = max([max(args.gammas)] + [len(w) for w in args.trees] + [args.depth] * bool(args.sizes))
     roots = torch.arange(seq.prompt_len - 1, max(seq.prompt_len - 1, len(seq.tokens) - depth + 1))  # none: ended early
     rr = root_ranks(chain_ranks(head, target, tokens, feats, truth, depth), roots)
     out = {"ranks": rr, "p_top1": p_top1, "roots": roots,
@@ -245,9 +223,9 @@ def measure_sequence(head, target, seq, args) -> dict:
            "static": {w: static_counts(rr, w) for w in args.trees}}
     out["dynamic"] = {n: torch.zeros(0, dtype=torch.int64) for n in args.sizes}
     if args.sizes and len(roots):
-        base = head_base(head, target, tokens, feats, args.depth + 1)
-        cands = [dynamic_candidates(head, target, base, c, truth, args.top_k, args.depth)[:3] for c in roots.split(args.root_chunk)]
-        out["dynamic"] = {n: torch.cat([dynamic_counts(*c, n) for c in cands]) for n in args.sizes}
+        base = head_base(head, target, tokens, feats, (args.depth - 1) * args.top_k + 1)
+        parts = [dynamic_counts(head, target, base, c, truth, args) for c in roots.split(args.root_chunk)]
+        out["dynamic"] = {n: torch.cat([p[n] for p in parts]) for n in args.sizes}
     return out
 
 

@@ -33,6 +33,7 @@ from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident
 from .layers import default_impl, kernel_attends, rms_norm
 from .model import Block, KVCache, Llama, project
 from .sampling import draft_gumbel, sample_gumbel
+from .tree_score import TreePass
 
 class DraftHead(nn.Module):
     """The head's own weights (saved); ``attach`` lends it the target's embedding and LM head."""
@@ -69,11 +70,13 @@ class DraftHead(nn.Module):
     def fuse(self, features: torch.Tensor) -> torch.Tensor:  # [..., k C] target features -> [..., C]
         return self.fc_feat(features)
 
-    def run(self, target: Llama, tokens, feats, positions, cache: KVCache, attend_len: int, select=None):
+    def run(self, target: Llama, tokens, feats, positions, cache: KVCache, attend_len: int, select=None,
+            tree: TreePass | None = None):
         """tokens [B, T] int64, feats [B, T, C] (fused target features or the head's own states at the
         previous positions), positions [B, T]; K/V written into ``cache`` at positions. Returns the
         head's states and logits over its vocabulary ([B, T, C], [B, T, V_d]; at ``select`` [B] only:
-        [B, C], [B, V_d])."""
+        [B, C], [B, V_d]). With ``tree`` (``flashspec_torch.head_tree`` builds it), RoPE takes
+        ``tree.rope_positions`` and attention ``tree.mask`` (plain torch layers); K/V still go to positions."""
         embed, _ = self.lent
         c = self.config
         e = nn.functional.embedding(tokens, embed)
@@ -82,11 +85,13 @@ class DraftHead(nn.Module):
         linear_impl, pdl, fused_projs, fused_rows = target.decode_settings(x.device)
         x = project(self.fc_in, x, linear_impl)
         cos_table, sin_table = target.rope_tables(x)
-        mask = None
-        if not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
+        rope, mask = (positions, None) if tree is None else (tree.rope_positions, tree.mask)
+        if tree is not None:
+            impl = "reference"
+        elif not kernel_attends(impl, c.num_heads, c.num_kv_heads, tokens.shape[1], c.head_dim):
             slots = torch.arange(attend_len, device=tokens.device)
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool
-        h, d = self.layer(x, None, cos_table[positions], sin_table[positions], cache.k[0], cache.v[0], positions, mask,
+        h, d = self.layer(x, None, cos_table[rope], sin_table[rope], cache.k[0], cache.v[0], positions, mask,
                           attend_len, impl, linear_impl, pdl, fused_projs, fused_rows)
         s = h + d
         if select is not None:

@@ -61,3 +61,39 @@ def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine, monkey
     check_first_two_tokens(out["tokens"], first.numpy(), p1.numpy(), p2.numpy())
     assert out["acceptance"] > 0.1  # the head's drafts were accepted often enough to matter
     assert 0.15 < float((lengths[0] == 1).float().mean()) < 0.85  # both lengths are common
+
+
+def test_the_shipped_head_drafts_valid_trees_and_its_top1_tree_is_its_chain(engine):
+    """``head_tree.draft_tree`` with the shipped head after each of the last 6 prompt positions (a batch of 6
+    roots): EAGLE-2's 32-node tree (top_k 8, depth 6) passes ``check_tree_args`` / ``tree_depths``, and with
+    top_k = 1 the tree is ``HeadDraft.propose``'s greedy draft of G = 6 tokens."""
+    import numpy as np
+
+    from benchmark_modules import load_benchmark  # tests/benchmark_modules.py
+    from flashspec.contract import check_tree_args
+    from flashspec.tree import tree_depths
+    from flashspec_torch.drafts import Sequences
+    from flashspec_torch.head_tree import copy_cache_rows, draft_tree
+    from flashspec_torch.heads import HeadDraft
+
+    bench = load_benchmark("head_tree_cpu")
+    draft = engine.backend.drafts[0]
+    head, target, g = draft.head, draft.target, 6
+    tokens = torch.tensor([engine.encode(PROMPTS[2], False)])  # [1, T]
+    t, v = tokens.shape[1], target.config.vocab_size
+    feats, _, _ = bench.target_view(target, tokens, head.feature_layers)
+    s, w, cache = bench.head_base(head, target, tokens, feats, 5 * 8 + 1)
+    roots = torch.arange(t - g, t)
+    rows = copy_cache_rows(head.config, cache, torch.zeros(g, dtype=torch.int64))
+    tree = draft_tree(head, target, s[roots], w[roots], rows, roots, 8, 6, 32)
+    assert check_tree_args(np.zeros((g, 33, v), np.float32), tree.tokens.numpy(), tree.parents.numpy(),
+                           tree.sizes.numpy(), np.zeros(g, np.int64), np.zeros(g, np.int64)) == (g, 32, v)
+    depths = [tree_depths(tree.tokens[i].numpy(), tree.parents[i].numpy(), 32, v, 6, i) for i in range(g)]
+    assert max(int(d.max()) for d in depths) >= 2  # the trees are not one level
+    chain = draft_tree(head, target, s[roots], w[roots], rows, roots, 1, g, g)
+    fresh = HeadDraft("head", head, target)
+    for i, r in enumerate(roots.tolist()):
+        fresh.start(1, t + g)
+        want = fresh.propose(Sequences(tokens, torch.tensor([r + 1]), r + 1, features=feats), g, SamplingConfig(0.0),
+                             None, 0).tokens
+        assert chain.tokens[i].tolist() == want[0].tolist(), r

@@ -113,25 +113,49 @@ def test_static_tree_counts_equal_a_brute_force(setup):
     assert max(counts) >= 3 and min(counts) == 0  # the case is not trivial
 
 
+def expand_roots(bench, head, target, tokens, feats, roots, top_k: int, depth: int):
+    """``expand_tree`` from each root of one sequence (the roots sharing its head cache, as the benchmark runs it)."""
+    from flashspec_torch.head_tree import copy_cache_rows, expand_tree
+
+    s, w, cache = bench.head_base(head, target, tokens, feats, (depth - 1) * top_k + 1)
+    cache = copy_cache_rows(head.config, cache, torch.zeros(len(roots), dtype=torch.int64))
+    return expand_tree(head, target, s[roots], w[roots], cache, roots, top_k, depth)
+
+
+def candidate_path(cands, i: int, m: int) -> list[int]:
+    """Row i's candidate m as its path of tokens from the root, read through ``parents``."""
+    path = []
+    while m >= 0:
+        path, m = [int(cands.tokens[i, m])] + path, int(cands.parents[i, m])
+    return path
+
+
 def test_dynamic_tree_counts_equal_a_brute_force(setup):
+    """``expand_tree``'s candidates (values, paths, depths) and the benchmark's counts of ``select_tree``'s trees
+    against EAGLE-2 written out with a fresh cache per path."""
+    from types import SimpleNamespace
+
     bench = load_benchmark("head_tree_cpu")
     target, head, seqs = setup
     top_k, depth, counts = 3, 4, []
+    args = SimpleNamespace(top_k=top_k, depth=depth, sizes=(2, 5, 12))
     for seq in seqs:
         tokens, feats, truth = views(bench, head, target, seq)
         roots = torch.arange(seq.prompt_len - 1, len(seq.tokens) - depth + 1)
-        base = bench.head_base(head, target, tokens, feats, depth + 1)
-        parts = [bench.dynamic_candidates(head, target, base, c, truth, top_k, depth) for c in roots.split(4)]
-        values, on_path, depths, ids = (torch.cat([p[i] for p in parts]) if i != 2 else parts[0][2] for i in range(4))
+        cands = expand_roots(bench, head, target, tokens, feats, roots, top_k, depth)
+        on = bench.on_path(cands, roots, truth)
+        base = bench.head_base(head, target, tokens, feats, (depth - 1) * top_k + 1)
+        got = [bench.dynamic_counts(head, target, base, c, truth, args) for c in roots.split(4)]
         for i, r in enumerate(roots.tolist()):
-            cands = brute_candidates(head, target, tokens, feats, r, top_k, depth)
-            assert ids[i].tolist() == [p[-1] for _, p in cands] and depths.tolist() == [len(p) for _, p in cands]
-            torch.testing.assert_close(values[i], torch.stack([v for v, _ in cands]), rtol=1e-5, atol=1e-5)
-            assert on_path[i].tolist() == [p == truth.tolist()[r : r + len(p)] for _, p in cands]
-            for size in (2, 5, 12):
-                got = int(bench.dynamic_counts(values[i : i + 1], on_path[i : i + 1], depths, size)[0])
-                assert got == brute_dynamic(cands, truth.tolist(), r, size), (r, size)
-                counts.append(got)
+            want = brute_candidates(head, target, tokens, feats, r, top_k, depth)
+            paths = [candidate_path(cands, i, m) for m in range(cands.tokens.shape[1])]
+            assert paths == [p for _, p in want] and cands.depths.tolist() == [len(p) for _, p in want]
+            torch.testing.assert_close(cands.values[i], torch.stack([v for v, _ in want]), rtol=1e-5, atol=1e-5)
+            assert on[i].tolist() == [p == truth.tolist()[r : r + len(p)] for p in paths]
+            for size in args.sizes:
+                n = int(got[i // 4][size][i % 4])
+                assert n == brute_dynamic(want, truth.tolist(), r, size), (r, size)
+                counts.append(n)
     assert max(counts) >= 3 and min(counts) == 0
 
 
@@ -191,3 +215,77 @@ def test_the_walk_over_chain_counts_takes_the_engines_steps(setup):
 def test_walk_steps_by_the_tokens_emitted():
     bench = load_benchmark("head_tree_cpu")
     assert bench.walk(torch.tensor([0, 2, 0, 0, 1, 0, 3])) == [0, 2, 1, 3]
+
+
+@pytest.mark.parametrize("top_k,depth", [(3, 4), (2, 6)])
+def test_the_drafted_tree_is_in_verify_trees_format_with_the_best_candidates(setup, top_k, depth):
+    """``draft_tree``'s trees pass ``contract.check_tree_args`` and ``tree.tree_depths``; the nodes are the
+    candidates of highest value and each node's parent is its path's parent."""
+    import numpy as np
+
+    from flashspec.contract import check_tree_args
+    from flashspec.tree import tree_depths
+    from flashspec_torch.head_tree import candidate_count, select_tree
+
+    bench = load_benchmark("head_tree_cpu")
+    target, head, seqs = setup
+    tokens, feats, _ = views(bench, head, target, seqs[1])
+    roots = torch.arange(seqs[1].prompt_len - 1, len(seqs[1].tokens) - depth + 1)
+    cands = expand_roots(bench, head, target, tokens, feats, roots, top_k, depth)
+    for size in (1, 5, 9, candidate_count(top_k, depth)):
+        tree = select_tree(cands, size)
+        b = len(roots)
+        assert check_tree_args(np.zeros((b, size + 1, V), np.float32), tree.tokens.numpy(), tree.parents.numpy(),
+                               tree.sizes.numpy(), np.zeros(b, np.int64), np.zeros(b, np.int64)) == (b, size, V)
+        for i in range(b):
+            d = tree_depths(tree.tokens[i].numpy(), tree.parents[i].numpy(), size, V, depth, i)
+            assert d.tolist() == cands.depths[tree.index[i]].tolist()
+            kept = set(tree.index[i].tolist())
+            assert min(cands.values[i, list(kept)]) >= max(
+                [float(cands.values[i, m]) for m in range(cands.values.shape[1]) if m not in kept], default=-np.inf)
+            for j in range(size):
+                want = [candidate_path(cands, i, int(tree.index[i, j]))]
+                got, a = [int(tree.tokens[i, j])], int(tree.parents[i, j])
+                while a >= 0:
+                    got, a = [int(tree.tokens[i, a])] + got, int(tree.parents[i, a])
+                assert want == [got]
+
+
+def test_with_top1_children_the_tree_is_the_heads_chain_draft(setup):
+    """top_k = 1, depth = size = G: the tree is ``HeadDraft.propose``'s greedy draft of G tokens, a chain."""
+    from flashspec_torch.drafts import Sequences
+    from flashspec_torch.head_tree import copy_cache_rows, draft_tree
+    from flashspec_torch.heads import HeadDraft
+
+    bench = load_benchmark("head_tree_cpu")
+    target, head, seqs = setup
+    draft, g = HeadDraft("head", head, target), 5
+    for seq in seqs:
+        tokens, feats, _ = views(bench, head, target, seq)
+        s, w, cache = bench.head_base(head, target, tokens, feats, g)
+        t = len(seq.tokens)
+        for r in range(seq.prompt_len - 1, t):
+            draft.start(1, t + g)
+            want = draft.propose(Sequences(tokens, torch.tensor([r + 1]), r + 1, features=feats), g, SamplingConfig(0.0),
+                                 None, 0).tokens
+            rows = copy_cache_rows(head.config, cache, torch.tensor([0]))  # draft_tree writes past r
+            tree = draft_tree(head, target, s[[r]], w[[r]], rows, torch.tensor([r]), 1, g, g)
+            assert tree.tokens.tolist() == want.tolist(), r
+            assert tree.parents.tolist() == [list(range(-1, g - 1))] and tree.sizes.tolist() == [g]
+
+
+def test_bad_tree_requests_are_refused(setup):
+    from flashspec_torch.head_tree import draft_tree
+
+    bench = load_benchmark("head_tree_cpu")
+    target, head, seqs = setup
+    tokens, feats, _ = views(bench, head, target, seqs[0])
+    s, w, cache = bench.head_base(head, target, tokens, feats, 2)
+    r = torch.tensor([2])
+    assert draft_tree(head, target, s[[2]], w[[2]], cache, r, 2, 4, 14).tokens.shape == (1, 14)  # 2 + 3 * 4 candidates
+    with pytest.raises(ValueError, match="size=15"):
+        draft_tree(head, target, s[[2]], w[[2]], cache, r, 2, 4, 15)
+    with pytest.raises(ValueError, match="top_k=8 exceeds"):
+        draft_tree(head, target, s[[2]], w[[2]], cache, r, 8, 2, 4)
+    with pytest.raises(ValueError, match="outside the head's cache"):
+        draft_tree(head, target, s[[2]], w[[2]], cache, r, 2, cache.max_len, 2)
