@@ -44,6 +44,21 @@ class TreeCase:
     sampling: SamplingConfig
 
 
+# Malformed single-row trees and the error each verify_tree must raise: (tree_tokens, tree_parents, keyword
+# arguments, message pattern), with vocabulary 4 and target rows for every node.
+MALFORMED_TREES = [
+    ([1, 2], [-1, 1], {}, r"tree_parents\[0, 1\] = 1 must be in \[-1, 1\)"),
+    ([1, 2], [-1, 5], {}, r"tree_parents\[0, 1\] = 5"),
+    ([1, 2], [-2, 0], {}, r"tree_parents\[0, 0\] = -2"),
+    ([1, 2, 3], [-1, 0, 1], {"max_depth": 2}, "depth 3, over max_depth=2"),
+    ([1, 4], [-1, 0], {}, r"tree_tokens\[0, 1\] = 4 is out of range"),
+    ([1, -1], [-1, 0], {}, r"tree_tokens\[0, 1\] = -1"),
+    ([1, 1], [-1, -1], {}, "repeats a sibling's token"),
+    ([1, 2], [-1, 0], {"tree_sizes": np.array([3])}, r"tree_sizes\[0\] = 3 is outside"),
+    ([1, 2], [-1, 0], {"tree_sizes": np.array([1, 1])}, "tree_sizes must be an integer array"),
+]
+
+
 def top_k_tree(logits: Callable[[tuple[int, ...]], np.ndarray], widths) -> tuple[np.ndarray, np.ndarray]:
     """A static tree: ``widths[d]`` children per node at depth d, the top-k of ``logits(token path)``;
     returns (tokens [N], parents [N])."""

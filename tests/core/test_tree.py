@@ -13,8 +13,9 @@ from flashspec.pvalues import chi_square_test
 from flashspec.reference import log_probs, verify
 from flashspec.testing import exact_law
 from flashspec.tree import TreeVerifier, expected_tokens, tree_law, verify_tree
-from flashspec.tree_testing import (TreeCase, assert_tree_exact, random_tree_case, run_tree_case, run_tree_suite,
-                                    standard_tree_cases, stop_slots, token_paths, top_k_tree, tree_structure_problem)
+from flashspec.tree_testing import (MALFORMED_TREES, TreeCase, assert_tree_exact, random_tree_case, run_tree_case,
+                                    run_tree_suite, standard_tree_cases, stop_slots, token_paths, top_k_tree,
+                                    tree_structure_problem)
 
 ALPHA = 1e-4  # per test; a correct oracle fails one with this chance
 CONFIGS = {"T1": SamplingConfig(1.0), "T0.7_top_p": SamplingConfig(0.7, 0, 0.85)}
@@ -217,17 +218,7 @@ def call(tokens, parents, n_rows=None, vocab=4, **kw):
     return verify_tree(z, tokens, parents, **kw)
 
 
-@pytest.mark.parametrize("tokens,parents,kw,message", [
-    ([1, 2], [-1, 1], {}, r"tree_parents\[0, 1\] = 1 must be in \[-1, 1\)"),
-    ([1, 2], [-1, 5], {}, r"tree_parents\[0, 1\] = 5"),
-    ([1, 2], [-2, 0], {}, r"tree_parents\[0, 0\] = -2"),
-    ([1, 2, 3], [-1, 0, 1], {"max_depth": 2}, "depth 3, over max_depth=2"),
-    ([1, 4], [-1, 0], {}, r"tree_tokens\[0, 1\] = 4 is out of range"),
-    ([1, -1], [-1, 0], {}, r"tree_tokens\[0, 1\] = -1"),
-    ([1, 1], [-1, -1], {}, "repeats a sibling's token"),
-    ([1, 2], [-1, 0], {"tree_sizes": np.array([3])}, r"tree_sizes\[0\] = 3 is outside"),
-    ([1, 2], [-1, 0], {"tree_sizes": np.array([1, 1])}, "tree_sizes must be an integer array"),
-])
+@pytest.mark.parametrize("tokens,parents,kw,message", MALFORMED_TREES)
 def test_malformed_trees_are_refused(tokens, parents, kw, message):
     with pytest.raises(ValueError, match=message):
         call(tokens, parents, **kw)

@@ -7,7 +7,7 @@ import torch
 
 from flashspec.config import SamplingConfig
 from flashspec.tree import verify_tree as oracle
-from flashspec.tree_testing import assert_tree_exact
+from flashspec.tree_testing import MALFORMED_TREES, assert_tree_exact
 from flashspec_torch.tree_verify import as_numpy_result, verify_tree
 
 CONFIGS = {
@@ -109,15 +109,7 @@ def call(tokens, parents, vocab=4, **kw):
     return torch_adapter(z, tokens, parents, **kw)
 
 
-@pytest.mark.parametrize("tokens,parents,kw,message", [
-    ([1, 2], [-1, 1], {}, r"tree_parents\[0, 1\] = 1 must be in \[-1, 1\)"),
-    ([1, 2], [-2, 0], {}, r"tree_parents\[0, 0\] = -2"),
-    ([1, 2, 3], [-1, 0, 1], {"max_depth": 2}, "depth 3, over max_depth=2"),
-    ([1, 4], [-1, 0], {}, r"tree_tokens\[0, 1\] = 4 is out of range"),
-    ([1, 1], [-1, -1], {}, "repeats a sibling's token"),
-    ([1, 2], [-1, 0], {"tree_sizes": np.array([3])}, r"tree_sizes\[0\] = 3 is outside"),
-    ([1, 2], [-1, 0], {"tree_sizes": np.array([1, 1])}, "tree_sizes must be an integer array"),
-])
+@pytest.mark.parametrize("tokens,parents,kw,message", MALFORMED_TREES)
 def test_malformed_trees_are_refused_as_the_oracle_refuses_them(tokens, parents, kw, message):
     with pytest.raises(ValueError, match=message):
         call(tokens, parents, **kw)
