@@ -104,13 +104,18 @@ def test_the_tiling_depends_on_the_weight_and_dtype_only():
 def test_a_split_or_none_keeps_a_rows_bits_and_agrees_with_the_reference():
     """Slices of 3 chunks (2 slices of float32's 4 chunks, the last partial; the default tiling has 4 of 1)
     with 2 row tiles per program, and no split at all: rows 0, 31, 32 and 69 of the 70-row pass have
-    their bits alone, and the sum of the slices agrees with the reference."""
+    their bits alone, and the sum of the slices agrees with the reference. Slices of 2 and 3 chunks walked
+    by one program (span 0: one loop over every chunk, each slice's sum restarted from zero), with 1 or all
+    of the first slice's chunks preloaded: the bits of one slice per program."""
     x, w = operands(torch.float32)
     want = I.invariant_matmul_reference(x, w)
     for tiling in (I.InvariantTiling(16, 16, 64, 3, 1, row_tiles=2), I.InvariantTiling(16, 16, 64, 4, 2)):
         got = I.launch(x, w, False, tiling)
         assert all(torch.equal(I.launch(x[i : i + 1], w, False, tiling), got[i : i + 1]) for i in (0, 31, 32, 69)), tiling
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    for chunks, preload in ((3, 1), (3, 3), (2, 2)):
+        tiling = I.InvariantTiling(16, 16, 64, chunks, preload)
+        assert torch.equal(I.launch(x, w, False, replace(tiling, span=0)), I.launch(x, w, False, tiling)), tiling
 
 
 def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same_bits(monkeypatch):
