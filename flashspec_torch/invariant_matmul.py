@@ -112,8 +112,9 @@ class Evidence:
 
 
 # Warpgroup-MMA launches of an order's tiling ``t``, named as ``benchmarks/invariant_tiles_gpu.py``'s candidates:
-# the fields replaced in ``t`` (one 64- or 128-row tile per program over every slice).
+# the fields replaced in ``t`` (one 64- or 128-row tile per program over every slice, or, ``m64_n64``, one slice).
 MMA64_LAUNCHES: dict[str, dict[str, int]] = {
+    "m64_n64": dict(block_m=64, row_tiles=1, span=1, block_n=64, num_stages=3, preload=1),
     "m64_serial": dict(block_m=64, row_tiles=1, span=0),
     "m64_n64_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=3),
     "m64_n64_s4_serial": dict(block_m=64, row_tiles=1, span=0, block_n=64, num_stages=4, preload=1),
@@ -127,6 +128,7 @@ MMA64_LAUNCHES: dict[str, dict[str, int]] = {
 MMA64_BASIC = frozenset({"m64_serial", "m64_n64_serial"})  # the order's columns or 64, 2-3 stages
 MMA64_CUBLAS_LIKE = frozenset({"m64_n64_s4_serial", "m64_n128_w8_serial"})  # shaped like cuBLAS's tiles
 MMA128 = frozenset({"m128_n64_w8_s3_serial", "m128_n128_w8_serial"})  # from MMA128_ROWS rows
+MMA64_SPLIT = frozenset({"m64_n64"})  # one slice per program, partials added by the last: short K at 64 rows
 # (N, K) of the five products of TinyLlama-1.1B's and Llama-3-8B's shapes: what both cards' runs checked (SmolLM2-135M's,
 # K = 576 and 1536, never were: issue #40's SmolLM2 failure on the H200, docs/batch_invariance.md)
 MMA64_PRODUCTS = frozenset({(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632), (32000, 2048),
@@ -137,8 +139,8 @@ MMA64_PRODUCTS = frozenset({(2560, 2048), (2048, 2048), (11264, 2048), (2048, 56
 # these does the engine use 64-row tiles (from MMA64_ROWS rows), and only the launches their evidence covers.
 MMA64_CARDS: dict[str, Evidence] = {
     "NVIDIA H200": Evidence("benchmarks/results/gpu_2026-12-06_s14_invtile", MMA64_BASIC, MMA64_PRODUCTS),
-    "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/gpu_2026-12-06_s15_inv15", MMA64_BASIC | MMA64_CUBLAS_LIKE,
-                                      MMA64_PRODUCTS),
+    "NVIDIA H100 80GB HBM3": Evidence("benchmarks/results/h100_2026-12-07_s20",
+                                      MMA64_BASIC | MMA64_CUBLAS_LIKE | MMA64_SPLIT, MMA64_PRODUCTS),
 }
 MMA64_ROWS = 64
 MMA128_ROWS = 128  # where covered, 128-row tiles from this many rows
@@ -196,7 +198,8 @@ def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) ->
     tiles: none below ``MMA64_ROWS`` rows, on a card not in ``MMA64_CARDS`` or for a product (N, K) its
     evidence did not check, and only a launch the card's evidence covers. Where it covers ``MMA64_CUBLAS_LIKE`` and ``MMA64_BASIC``: 128 columns with 8 warps for
     ``WIDE_N`` columns or more, and above 64 rows for K > ``LONG_K`` too; otherwise at 64 rows 64 columns
-    with 4 stages for K > ``LONG_K``, ``t``'s columns for shorter K, and above 64 rows 64 columns, 3 stages.
+    with 4 stages for K > ``LONG_K``, for shorter K 64 columns and one slice per program (``m64_n64``, where
+    covered; else ``t``'s columns over every slice), and above 64 rows 64 columns, 3 stages.
     Where it covers ``MMA64_BASIC`` only: at 64 rows ``t``'s columns where there are
     ``MMA64_SERIAL_PROGRAMS`` column tiles (16-row tiles below that), above 64 rows 64 columns (3 stages;
     the widest products keep their 2). From ``MMA128_ROWS`` rows ``mma128_launch`` first, where covered."""
@@ -211,7 +214,7 @@ def mma64_launch(t: InvariantTiling, m: int, n: int, k: int, gpu: str | None) ->
         if n >= WIDE_N or (m > MMA64_ROWS and k > LONG_K):
             name = "m64_n128_w8_serial"
         elif m == MMA64_ROWS:
-            name = "m64_n64_s4_serial" if k > LONG_K else "m64_serial"
+            name = "m64_n64_s4_serial" if k > LONG_K else "m64_n64" if MMA64_SPLIT <= covered else "m64_serial"
         else:
             name = "m64_n64_serial"
     elif m == MMA64_ROWS:

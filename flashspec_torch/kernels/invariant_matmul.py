@@ -12,7 +12,8 @@ consecutive slices (1 or SLICES), summed as above. With SPAN 1 (and more than on
 writes its float32 partial to a workspace; the last program of a (row group, column tile) to finish
 (a counter, taken with acquire-release semantics and reset by that program) adds the PARTIALS
 partials in slice order and writes y. Which program finishes last changes nothing. SPAN == SLICES
-needs no workspace and no counter. None of the free choices (BLOCK_M, BLOCK_N, ROW_TILES, SPAN, warps,
+needs no workspace and no counter, and walks its chunks in one loop (``span_sum``: the slices' sums restarted
+from zero at each slice's end), so the loads are pipelined across the slices' boundaries. None of the free choices (BLOCK_M, BLOCK_N, ROW_TILES, SPAN, warps,
 stages) changes an element's sequence of dots and additions; whether the GPU's MMA rounds a [16, BK]
 and a [64, BK] ``tl.dot`` alike (sm_90: ``mma.sync`` and a warpgroup MMA) is measured, not assumed
 (``flashspec_torch.invariant_matmul``).
@@ -119,15 +120,31 @@ def slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, FIRS
 
 
 @triton.jit
-def slices_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, M, t0, t1, t2, t3, K: tl.constexpr, BM: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, CHUNKS: tl.constexpr, SPAN: tl.constexpr,
-               ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr):
-    """t + the sums of slices s_lo + 1, ..., s_lo + SPAN - 1, each from zero, added in slice order."""
+def span_sum(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, FIRST: tl.constexpr, K: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, CHUNKS: tl.constexpr, SPAN: tl.constexpr,
+             ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr):
+    """The sum from zero, in slice order, of the sums of the SPAN slices from k_lo (acc: the first slice's
+    first FIRST chunks' dots). One loop over the SPAN x CHUNKS chunks, each slice's sum added to the total
+    and restarted from zero after its last chunk: the dots and additions of a loop per slice, in the same
+    order, but the loads are software-pipelined across the slices' boundaries (a loop per slice of
+    CHUNKS = 2-4 chunks had no chunk of the next slice in flight)."""
     z = tl.zeros([BM, BN], tl.float32)
-    for j in range(1, SPAN):
-        a0, a1, a2, a3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, (s_lo + j) * (CHUNKS * BK), M, z, z, z, z, 0, K, BM,
-                                    BN, BK, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
-        t0, t1, t2, t3 = tiles_add(t0, t1, t2, t3, a0, a1, a2, a3, ROW_TILES, USE_DOT)
+    t0, t1, t2, t3 = z, z, z, z
+    if FIRST == CHUNKS:  # the first slice is done
+        t0, t1, t2, t3 = tiles_add(t0, t1, t2, t3, acc0, acc1, acc2, acc3, ROW_TILES, USE_DOT)
+        acc0, acc1, acc2, acc3 = z, z, z, z
+    for c in range(FIRST, SPAN * CHUNKS):
+        k = k_lo + c * BK + kk[None, :]  # [1, BK]
+        w = tl.load(w_rows + k, mask=n_ok & (k < K), other=0.0)
+        if CHUNKS == 1:  # every chunk a slice: each dot from the zero constant (compile_invariant_sm90.py)
+            a0, a1, a2, a3 = tiles_dot(x_ptr, w, m, k, M, z, z, z, z, K, BM, BN, BK, ROW_TILES, PRECISION, USE_DOT)
+            t0, t1, t2, t3 = tiles_add(t0, t1, t2, t3, a0, a1, a2, a3, ROW_TILES, USE_DOT)
+        else:
+            acc0, acc1, acc2, acc3 = tiles_dot(x_ptr, w, m, k, M, acc0, acc1, acc2, acc3, K, BM, BN, BK, ROW_TILES,
+                                               PRECISION, USE_DOT)
+            if c % CHUNKS == CHUNKS - 1:  # a slice's last chunk: its sum into the total, the next from zero
+                t0, t1, t2, t3 = tiles_add(t0, t1, t2, t3, acc0, acc1, acc2, acc3, ROW_TILES, USE_DOT)
+                acc0, acc1, acc2, acc3 = z, z, z, z
     return t0, t1, t2, t3
 
 
@@ -196,12 +213,12 @@ def invariant_matmul_kernel(
         k = k_lo + i * BLOCK_K + kk[None, :]  # [1, BK]
         acc0, acc1, acc2, acc3 = tiles_dot(x_ptr, ws[i], m, k, M, acc0, acc1, acc2, acc3, K, BLOCK_M, BLOCK_N,
                                            BLOCK_K, ROW_TILES, PRECISION, USE_DOT)
-    acc0, acc1, acc2, acc3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
-                                        BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
-    if SPAN > 1:  # the program's slices summed as the partials would be: from zero, in slice order
-        acc0, acc1, acc2, acc3 = tiles_add(z, z, z, z, acc0, acc1, acc2, acc3, ROW_TILES, USE_DOT)
-        acc0, acc1, acc2, acc3 = slices_sum(x_ptr, w_rows, n_ok, m, kk, s_lo, M, acc0, acc1, acc2, acc3, K, BLOCK_M,
-                                            BLOCK_N, BLOCK_K, CHUNKS, SPAN, ROW_TILES, PRECISION, USE_DOT)
+    if SPAN == 1:
+        acc0, acc1, acc2, acc3 = slice_dots(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
+                                            BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, ROW_TILES, PRECISION, USE_DOT)
+    else:  # the program's slices summed as the partials would be: from zero, in slice order
+        acc0, acc1, acc2, acc3 = span_sum(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
+                                          BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, SPAN, ROW_TILES, PRECISION, USE_DOT)
 
     tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, False, PARTIALS)
     if PARTIALS > 1:

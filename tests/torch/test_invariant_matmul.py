@@ -104,13 +104,18 @@ def test_the_tiling_depends_on_the_weight_and_dtype_only():
 def test_a_split_or_none_keeps_a_rows_bits_and_agrees_with_the_reference():
     """Slices of 3 chunks (2 slices of float32's 4 chunks, the last partial; the default tiling has 4 of 1)
     with 2 row tiles per program, and no split at all: rows 0, 31, 32 and 69 of the 70-row pass have
-    their bits alone, and the sum of the slices agrees with the reference."""
+    their bits alone, and the sum of the slices agrees with the reference. Slices of 2 and 3 chunks walked
+    by one program (span 0: one loop over every chunk, each slice's sum restarted from zero), with 1 or all
+    of the first slice's chunks preloaded: the bits of one slice per program."""
     x, w = operands(torch.float32)
     want = I.invariant_matmul_reference(x, w)
     for tiling in (I.InvariantTiling(16, 16, 64, 3, 1, row_tiles=2), I.InvariantTiling(16, 16, 64, 4, 2)):
         got = I.launch(x, w, False, tiling)
         assert all(torch.equal(I.launch(x[i : i + 1], w, False, tiling), got[i : i + 1]) for i in (0, 31, 32, 69)), tiling
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    for chunks, preload in ((3, 1), (3, 3), (2, 2)):
+        tiling = I.InvariantTiling(16, 16, 64, chunks, preload)
+        assert torch.equal(I.launch(x, w, False, replace(tiling, span=0)), I.launch(x, w, False, tiling)), tiling
 
 
 def test_the_engine_walks_every_slice_in_one_program_above_64_rows_with_the_same_bits(monkeypatch):
@@ -212,7 +217,7 @@ def test_every_admitted_card_has_its_evidence():
         assert not [f for f in s["failed"] if "m64" in f or "m128" in f], (ev.results, s["failed"])
         assert ev.launches and ev.launches <= set(I.MMA64_LAUNCHES), ev
         assert got["settings"]["dtype"] in [str(d).removeprefix("torch.") for d in I.MMA64_DTYPES], ev.results
-        assert ev.products == {(part["n"], part["k"]) for part in got["parts"]}, ev.results
+        assert ev.products <= {(part["n"], part["k"]) for part in got["parts"]}, ev.results
         for part in got["parts"]:
             cands, checks = part["candidates"]["engine"], part["families"]["engine"]["checks"]
             t = I.invariant_tiling(part["n"], part["k"], torch.bfloat16)
@@ -263,8 +268,9 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
     """``launch_tiling`` picks, per M, what benchmarks/invariant_tiles_gpu.py timed (and checked): twice
     the columns up to 64 rows (4 stages for the widest products with long slices at <= 16 rows); on the
     H200 one 64-row tile over every slice, of 64 columns above 64 rows; on the H100 from 64 rows the
-    fastest passing candidate of its run at M = 64 and 320 for every projection but three (each within
-    4% per call of it); every tiling of the engine's order."""
+    fastest passing launch its evidence covers in its run (2026-12-07), at M = 64 and 320, for every
+    projection of TinyLlama-1.1B's and Llama-3-8B's shapes but two (each within 4% per call of it); every
+    tiling of the engine's order."""
     qkv = I.invariant_tiling(2560, 2048, torch.bfloat16)  # TinyLlama-1.1B: 160 column tiles of 16
     head = I.invariant_tiling(128256, 4096, torch.bfloat16)  # Llama-3-8B's LM head: block_n 64, 32 chunks
     assert I.launch_tiling(qkv, 1, 2560, 2048) == replace(qkv, block_n=32) == I.launch_tiling(qkv, 64, 2560, 2048)
@@ -278,7 +284,7 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
     assert I.launch_tiling(qkv, 320, 2560, 2048) == replace(qkv, span=0)
     for m in (1, 16, 63):  # below 64 rows the H100 launches as every card does
         assert I.launch_tiling(qkv, m, 2560, 2048, H100) == I.launch_tiling(qkv, m, 2560, 2048)
-    assert I.launch_tiling(qkv, 64, 2560, 2048, H100) == replace(qkv, **I.MMA64_LAUNCHES["m64_serial"])
+    assert I.launch_tiling(qkv, 64, 2560, 2048, H100) == replace(qkv, **I.MMA64_LAUNCHES["m64_n64"])
     down = I.invariant_tiling(4096, 14336, torch.bfloat16)  # Llama-3-8B's down: K > LONG_K
     assert I.launch_tiling(down, 64, 4096, 14336, H100) == replace(down, **I.MMA64_LAUNCHES["m64_n64_s4_serial"])
     assert I.launch_tiling(down, 320, 4096, 14336, H100) == replace(down, **I.MMA64_LAUNCHES["m64_n128_w8_serial"])
@@ -287,18 +293,21 @@ def test_the_engines_launches_by_m_are_the_measured_candidates():
     for t, n, k in ((qkv, 2560, 2048), (head, 128256, 4096)):
         assert {I.launch_tiling(t, m, n, k, gpu).order() for m in (1, 16, 17, 64, 65, 320)
                 for gpu in (None, h200, H100)} == {t.order()}
-    off = []  # (shape, projection, M) where the H100's launch is not its run's fastest passing candidate
-    for part in evidence(I.MMA64_CARDS[H100].results)["parts"]:
+    off = []  # (shape, projection, M) where the H100's launch is not its run's fastest covered launch
+    ev = I.MMA64_CARDS[H100]
+    for part in evidence(ev.results)["parts"]:
         n, k, fam = part["n"], part["k"], part["families"]["engine"]
         t = I.invariant_tiling(n, k, torch.bfloat16)
+        if (n, k) not in ev.products:
+            continue
         for m in (64, 320):
-            us = {c: v for c, v in fam["timing_us"][str(m)].items() if c in part["candidates"]["engine"]}
+            us = {c: v for c, v in fam["timing_us"][str(m)].items() if c in ev.launches}
             best = measured(part["candidates"]["engine"][min(us, key=us.get)])
             as_run = lambda x: replace(x, span=0) if x.slices(k) == 1 else x  # noqa: E731  (one slice: span is moot)
             if as_run(I.launch_tiling(t, m, n, k, H100)) != as_run(best):
                 off.append((part["shape"], part["projection"], m))
                 assert us[I.mma64_launch(t, m, n, k, H100)] < 1.04 * min(us.values()), off[-1]
-    assert off == [("tinyllama-1.1b", "qkv", 64), ("llama3-8b", "o", 320), ("llama3-8b", "down", 320)]
+    assert off == [("llama3-8b", "o", 64), ("llama3-8b", "o", 320)]
 
 
 def test_a_tilings_launch_choices_keep_its_order_and_a_rows_bits():
