@@ -183,15 +183,16 @@ def timed(backend, prompts, tokens: int, run) -> tuple[list[list[int]], float, l
     return backend.outputs(), time.perf_counter() - start, records
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype | None = None):
+def load_model(name: str, device: torch.device, dtype: torch.dtype | None = None, gguf: str | None = None):
     """(model, prompts' token lists or None for random prompts); random weights in ``dtype`` (None: bf16 on a
-    GPU, fp32 on the CPU)."""
+    GPU, fp32 on the CPU). ``embedded`` reads the installed package's GGUF, or ``gguf`` (the same file copied
+    to a machine without the package)."""
     if name == "embedded":
         from flashspec_torch.engine import Engine
 
         from prompts import PROMPTS  # noqa: E402  (tests/prompts.py, on sys.path below)
 
-        eng = Engine(None, ("ngram",), device=str(device))
+        eng = Engine(gguf, ("ngram",), device=str(device))
         return eng.target.model, [eng.encode(p, True) for p in PROMPTS]
     torch.manual_seed(0)
     with device:
@@ -293,6 +294,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new (model, batch) after this many seconds")
     ap.add_argument("--keep", type=float, default=0.6, help="the replay draft's per-token acceptance")
     ap.add_argument("--prompt-len", type=int, default=64, help="random prompts' length (random-weight models)")
+    ap.add_argument("--gguf", default=None, help="the embedded model's GGUF file where its package is not installed")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -312,7 +314,7 @@ def main() -> None:
     with torch.inference_mode():
         for name in args.models.split(","):
             try:
-                model, chat = load_model(name, device)
+                model, chat = load_model(name, device, gguf=args.gguf)
             except (ImportError, FileNotFoundError, OSError) as e:  # the embedded model's weights not installed
                 doc["skipped"][name] = f"{type(e).__name__}: {e}"
                 print(f"skipped {name}: {e}", flush=True)

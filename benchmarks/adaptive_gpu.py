@@ -10,6 +10,7 @@ their logs and summary.json (at most 6 files; a part whose limit is 0 is skipped
     export PYTHONPATH=$PWD/shared:$PWD:$PWD/benchmarks TRITON_INTERPRET=0
     timeout 150 python benchmarks/adaptive_gpu.py --out $OUT/ad --models smollm2-135m,llama3-8b --bench-s 125 \
         --mixed-s 0 --sync-s 0 --host-s 20
+    ... --models embedded,llama3-8b --gguf /tmp/fs/model.gguf    # the embedded model's real weights, no package
 
 Then, here, ``benchmarks/adaptive_replay.py --run <adaptive_gpu.json>`` replays the adaptive runs' decisions.
 """
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--mixed-batch", type=int, default=64)
     ap.add_argument("--sync-s", type=float, default=30.0, help="admit_sync.py's limit (0: skip it)")
     ap.add_argument("--host-s", type=float, default=0.0, help="adaptive_host.py --critical-only's limit (0: skip it)")
+    ap.add_argument("--gguf", default=None, help="--models embedded: its GGUF file where its package is not installed")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {"command": "python " + " ".join(sys.argv)}
@@ -74,7 +76,8 @@ def main() -> None:
             "--out", str(args.out / "adaptive_host.json")], args.out, args.host_s)
     summary["adaptive_bench"] = part("adaptive_bench", [
         "--device", args.device, "--models", args.models, "--batches", args.batches, "--tokens", str(args.tokens),
-        "--budget-s", str(args.bench_s - 35), "--out", str(args.out / "adaptive_gpu.json")], args.out, args.bench_s)
+        "--budget-s", str(args.bench_s - 35), "--out", str(args.out / "adaptive_gpu.json"),
+        *(["--gguf", args.gguf] if args.gguf else [])], args.out, args.bench_s)
     if args.mixed_s > 0:
         summary["adaptive_mixed"] = part("adaptive_mixed", [
             "--device", args.device, "--model", args.mixed_model, "--batch", str(args.mixed_batch), "--tokens", "96",
