@@ -28,14 +28,14 @@ def operands(dtype):  # (x [ROWS, K], w [N, K])
 def invariance_failures(fn, x, w, full=None) -> list[str]:
     """Where a row's bits in a batch of 70 (``full``: fn(x, w) unless given) differ from its bits alone
     (rows at tile edges), inside batches of 1, 3, 17, 64 (at the first and the last place) or as a row of
-    a [3, 5] scoring pass; fn(x, w) is a product."""
+    a [3, 5] scoring pass; fn(x, w) is a product (or the SwiGLU of one), x [ROWS, K]."""
     full = fn(x, w) if full is None else full
     failures = [f"row {i} alone" for i in EDGES if not torch.equal(fn(x[i : i + 1], w)[0], full[i])]
     for m in (1, 3, 17, 64):
         for start in sorted({0, ROWS - m}):
             y = fn(x[start : start + m], w)
             failures += [f"row {start + i} in a batch of {m}" for i in range(m) if not torch.equal(y[i], full[start + i])]
-    scored = fn(x[:15].reshape(3, 5, K), w).reshape(15, N)  # 3 requests x (G + 1 = 5) rows
+    scored = fn(x[:15].reshape(3, 5, x.shape[-1]), w).reshape(15, full.shape[-1])  # 3 requests x (G + 1 = 5) rows
     return failures + [f"scoring row {i}" for i in range(15) if not torch.equal(scored[i], full[i])]
 
 
