@@ -13,13 +13,19 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
   token lists of a request are equal. Run in batch-invariant mode, and (greedy, as "before", first
   shape only) in the default mode.
 * ``timing``: ms per plain token at batch 1, 16, 64 and ms per speculative step (with its tokens per
-  step) at batch 1 and 64, CUDA graphs on, in three or four modes: batch-invariant with the engine's
-  launches (``invariant``: ``launch_tiling``), the default mode, cuBLAS-only products, and, with
+  step) at batch 1 and 64, CUDA graphs on, in four or five modes: batch-invariant with the engine's
+  launches (``invariant``: ``launch_tiling``), the default mode, cuBLAS-only products, batch-invariant with
+  gate_up's product then the ``silu_mul`` kernel (``invariant_unfused``: the mode before gate_up took
+  SwiGLU as its epilogue), and, with
   ``--tiles-json`` (a result of ``benchmarks/invariant_tiles_gpu.py`` on this GPU, usually from the same
   run), batch-invariant with each product launched as the fastest candidate of the engine's order that
   passed every bit check there at the nearest measured M at or above the pass's rows
   (``invariant_best``: what ``launch_tiling`` would give if it took those winners); the ratios of each
-  invariant mode to the default and to cuBLAS (issue #40's bar: <= 1.15 at batch 1, <= 1.25 at batch 64).
+  invariant mode to the default, to cuBLAS (issue #40's bar: <= 1.15 at batch 1, <= 1.25 at batch 64) and
+  to ``invariant_unfused``.
+* ``swiglu``: the shape's gate_up alone at M = 1, 5, 16, 64, 65, 320: its SwiGLU epilogue gives the bits of
+  the product then ``silu_mul`` (pass), with the engine's launch and, at 64 and 320 rows, with every launch
+  the card's evidence covers.
 * ``products``: (``--product-shapes``) each projection alone at M = 1, 16, 64, 320: us per call of the
   three invariant tilings above on the product's input (``rows4`` the engine's, ``rows1``, ``m64``),
   of cuBLAS, and of the per-row add + RMSNorm or SwiGLU kernel the engine runs before the product;
@@ -68,8 +74,10 @@ SHAPES = {
 }
 # mode: (model.batch_invariant, model.linear_impl, model.pdl); None: the model's default by device and shape
 MODES = {"invariant": (True, None, None), "default": (False, None, None), "cublas": (False, "reference", False),
+         "invariant_unfused": (True, None, None),  # gate_up's product, then the silu_mul kernel (before session 21)
          "invariant_best": (True, None, None)}  # the last with --tiles-json only: launches from its winners
 ENGINE_LAUNCH = None  # invariant_matmul.launch_tiling as imported (set_mode restores it)
+ENGINE_SWIGLU = None  # model.invariant_matmul_swiglu as imported (set_mode restores it)
 GREEDY, SAMPLED = SamplingConfig(0.0), SamplingConfig(0.8)
 
 
@@ -95,11 +103,21 @@ def set_mode(m: Llama, mode: str, winners: dict | None = None) -> None:
     each launch: a backend made after this call captures its graphs with them): the engine's, or for
     ``invariant_best`` the ``winners`` (``tile_winners``)."""
     from flashspec_torch import invariant_matmul as I
+    from flashspec_torch import model as model_module
 
-    global ENGINE_LAUNCH
+    global ENGINE_LAUNCH, ENGINE_SWIGLU
     ENGINE_LAUNCH = ENGINE_LAUNCH or I.launch_tiling
+    ENGINE_SWIGLU = ENGINE_SWIGLU or model_module.invariant_matmul_swiglu
     m.batch_invariant, m.linear_impl, m.pdl = MODES[mode]
     I.launch_tiling = ENGINE_LAUNCH if mode != "invariant_best" else best_launch(winners, ENGINE_LAUNCH)
+    model_module.invariant_matmul_swiglu = unfused_swiglu if mode == "invariant_unfused" else ENGINE_SWIGLU
+
+
+def unfused_swiglu(x, w, pdl=False):  # x [..., K]; w [2I, K] -> [..., I]: the product, then silu_mul's kernel
+    from flashspec_torch.invariant_matmul import invariant_matmul
+    from flashspec_torch.layers import silu_mul
+
+    return silu_mul(invariant_matmul(x, w, pdl), "triton", pdl)
 
 
 def tile_winners(path: Path) -> dict[tuple[int, int], dict[int, dict]]:
@@ -186,7 +204,7 @@ def timing(m: Llama, requests, seeds, tokens: int, batches, device: str, winners
         out[mode] = row
         del backend
     for mode in ("invariant", "invariant_best")[: 1 + bool(winners)]:
-        for base in ("default", "cublas"):
+        for base in ("default", "cublas", "invariant_unfused"):
             out[f"{mode}_over_{base}"] = {k: out[mode][k] / out[base][k] for k in out[mode] if "_ms_" in k}
     set_mode(m, "invariant")
     return out
@@ -268,6 +286,31 @@ def products(name: str, ms, device: str) -> list[dict]:
     return out
 
 
+def swiglu_part(name: str, ms, device: str) -> list[dict]:
+    """The shape's gate_up (random bf16) at each M in ``ms``: pass when its SwiGLU epilogue
+    (``invariant_matmul_swiglu``) gives the bits of the product, then ``silu_mul``'s kernel, with the
+    engine's launch, and at the largest two M with every launch this card's ``MMA64_CARDS`` evidence covers."""
+    from dataclasses import replace
+
+    from flashspec_torch import invariant_matmul as I
+    from flashspec_torch.layers import silu_mul
+
+    c = SHAPES[name]
+    h, i = c["hidden_size"], c["intermediate_size"]
+    g = torch.Generator(device=device).manual_seed(2)
+    x = (torch.randn(max(ms), h, generator=g, device=device) * 0.5).to(torch.bfloat16)
+    w = (torch.randn(2 * i, h, generator=g, device=device) * 0.02).to(torch.bfloat16)
+    ev = I.MMA64_CARDS.get(I.evidence_card(x))
+    t = I.invariant_tiling(2 * i, h, torch.bfloat16)
+    cases = [(m, "engine", None) for m in ms]
+    cases += [(m, name, replace(t, **I.MMA64_LAUNCHES[name])) for m in sorted(ms)[-2:] for name in sorted(ev.launches if ev else ())]
+    out = []
+    for m, launch, tiling in cases:
+        same = torch.equal(I.launch(x[:m], w, True, tiling, swiglu=True), silu_mul(I.launch(x[:m], w, True, tiling), "triton", True))
+        out.append(dict(check=f"{name} gate_up M={m} {launch}: SwiGLU epilogue == product then silu_mul", **{"pass": same}))
+    return out
+
+
 def attention_part(name: str, contexts, device: str) -> list[dict]:
     """Decode attention of one row (random bf16 cache of ``context`` slots, the shape's heads): us per call
     invariant (query tile max(16, group), KV splits of 256 slots, merged in order) vs the default kernel
@@ -335,6 +378,9 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
             row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device, args.winners)
             row["timing_s"] = time.perf_counter() - t
             save()
+        if not over_budget(args, f"{name} swiglu"):
+            row["swiglu"] = swiglu_part(name, (1, 5, 16, 64, 65, 320) if not args.tiny else (1, 5, 17, 70), args.device)
+            save()
         if name in args.product_shapes and not over_budget(args, "products"):
             t = time.perf_counter()
             row["products"] = products(name, (1, 16, 64, 320) if not args.tiny else (1, 5, 17, 70), args.device)
@@ -396,7 +442,8 @@ def over_budget(args, part: str) -> bool:
 
 
 def summary(result: dict) -> dict:
-    checks = [c for s in result["shapes"].values() for c in s.get("checks", []) + s.get("products", []) + s.get("attention", [])]
+    checks = [c for s in result["shapes"].values() for part in ("checks", "products", "attention", "swiglu")
+              for c in s.get(part, [])]
     parts = [s["distinct"] for s in result["shapes"].values() if "distinct" in s]
     parts += [result["real_weights"]] if "pass" in result.get("real_weights", {}) else []
     passed = sum(c["pass"] for c in checks) + sum(p["pass"] for p in parts)

@@ -10,8 +10,8 @@ default those of its default run) sit at rows 0-3 of a batch of 16 and at rows 6
 batch and pass, the way the engine runs it: the prefill of every prompt token but the last (the batch
 right-padded, attending its longest), one decode step of the last prompt token and a scoring pass of it
 and 4 random tokens (G + 1 = 5 rows per request, 80 or 320 in all; cache of 512 slots, attending all, as
-graphed). Every op the model calls (add + RMSNorm, the products, RoPE + KV write, attention, SwiGLU) is
-wrapped:
+graphed). Every op the model calls (add + RMSNorm, the products, gate_up with its SwiGLU, RoPE + KV write,
+attention) is wrapped:
 
 * ``isolated``: each call in the batch is run again on a probed request's rows alone (its inputs sliced
   from the batch's, the KV cache written by the batch, the attention bound its run alone has); the
@@ -47,7 +47,8 @@ from flashspec_torch import model as M
 from flashspec_torch.model import Llama, LlamaConfig
 from batch_invariant_gpu import SHAPES, draw_requests, random_model  # benchmarks/ is on sys.path for scripts
 
-OPS = ("add_rms_norm", "invariant_matmul", "rope_kv", "attention", "silu_mul")
+OPS = ("add_rms_norm", "invariant_matmul", "invariant_matmul_swiglu", "rope_kv", "attention")
+PRODUCTS = ("invariant_matmul", "invariant_matmul_swiglu")  # labelled by projection (``product_names``)
 REQUESTS = 4
 CACHE_SLOTS = 512  # the graphed engine's cache at these lengths (backend.allocate), attended whole
 
@@ -103,10 +104,16 @@ class Probe:
             self.differing[i].append(label)
 
     def invariant_matmul(self, x, w, pdl=False):  # x [B, T, K]
-        y = I.invariant_matmul(x, w, pdl)
+        return self.product(I.invariant_matmul, x, w, pdl)
+
+    def invariant_matmul_swiglu(self, x, w, pdl=False):  # gate_up with its SwiGLU epilogue: x [B, T, K]
+        return self.product(I.invariant_matmul_swiglu, x, w, pdl)
+
+    def product(self, fn, x, w, pdl):
+        y = fn(x, w, pdl)
         label = f"{self.layer} {self.names.get(tuple(w.shape), 'product')}"
         for i, (b, n) in enumerate(self.rows):
-            alone = [I.invariant_matmul(x[b : b + 1, :n].contiguous(), w, pdl)] if self.isolate else None
+            alone = [fn(x[b : b + 1, :n].contiguous(), w, pdl)] if self.isolate else None
             self.note(i, label, [y[b : b + 1, :n]], alone)
         return y
 
@@ -145,13 +152,6 @@ class Probe:
                                             invariant)]
             self.note(i, f"{self.layer} attention", [out[b : b + 1, :n]], alone)
         return out
-
-    def silu_mul(self, gate_up, impl="reference", pdl=False):  # [B, T, 2I] -> [B, T, I]
-        y = L.silu_mul(gate_up, impl, pdl)
-        for i, (b, n) in enumerate(self.rows):
-            alone = [L.silu_mul(gate_up[b : b + 1, :n].contiguous(), impl, pdl)] if self.isolate else None
-            self.note(i, f"{self.layer} silu_mul", [y[b : b + 1, :n]], alone)
-        return y
 
 
 def batch_passes(prompts: list[list[int]], extra: list[list[int]], device) -> list[tuple]:
@@ -203,7 +203,7 @@ def probe_batch(m: Llama, prompts, extra, probed: list[int], device) -> list[dic
             m(tokens, pos, cache, attend, logits_last=last)
         for r, b in enumerate(probed):
             diff = probe.differing[r]
-            by_op = {op: sum(label.endswith(" " + op) for label in diff) for op in (*OPS[:1], *OPS[2:])}
+            by_op = {op: sum(label.endswith(" " + op) for label in diff) for op in OPS if op not in PRODUCTS}
             by_op.update({p: sum(label.endswith(" " + p) for label in diff) for p in probe.names.values()})
             out.append(dict(**{"pass": name}, rows=int(tokens.numel()), request=r, row=b,
                             first_diverging=first_diverging(alone[name, r], probe.records[r]),

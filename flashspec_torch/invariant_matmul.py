@@ -1,7 +1,8 @@
 """The batch-invariant product: y = x w^T for any number of rows with a row's bits independent of
 how many rows are computed with it and of what they hold (``Engine(batch_invariant=True)`` runs
-every product of the target by it, after the per-row add + RMSNorm and SwiGLU kernels of
-``flashspec_torch.layers``). Kernel in ``flashspec_torch/kernels/invariant_matmul.py``; argument checks
+every product of the target by it, after the per-row add + RMSNorm kernel of ``flashspec_torch.layers``;
+gate_up as ``invariant_matmul_swiglu``, the product with ``silu_mul`` as its epilogue). Kernel in
+``flashspec_torch/kernels/invariant_matmul.py``; argument checks
 and the reference (``invariant_matmul_reference``, rounding once at the end) are ``flashspec_torch.gemv``'s.
 
 The reduction order (``invariant_tiling``) depends on N, K and the dtype, never on M: one K chunk
@@ -23,7 +24,7 @@ import torch
 
 from .device import cuda_index, interpreting
 from .gemv import check, gemv_reference
-from .layers import pdl_on
+from .layers import pdl_on, silu_mul_reference
 
 invariant_matmul_reference = gemv_reference  # x [..., K]; w [N, K] -> [..., N]
 
@@ -252,11 +253,32 @@ def invariant_matmul(
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tensor:
+def invariant_matmul_swiglu(
+    x: torch.Tensor,  # [..., K], any number of rows
+    w: torch.Tensor,  # [2I, K]: w_gate's rows, then w_up's (nn.Linear gate_up's layout)
+    pdl: bool = False,
+) -> torch.Tensor:  # [..., I] = silu(x w_gate^T) * (x w_up^T)
+    """``silu_mul(invariant_matmul(x, w))``'s bits in one launch, without the [..., 2I] product in memory:
+    the product's tiling and sums for N = 2I (each output column's gate and up in one program, adjacent
+    columns of its tile), then ``silu_mul``'s rounding of the rounded gate and up as the epilogue."""
+    k = x.shape[-1]
+    check(x, "x", w, k, max_rows=None)
+    if w.shape[0] % 2:
+        raise ValueError(f"w has {w.shape[0]} rows: a gate_up weight has an even number (gate's rows, then up's)")
+    y = launch(x.reshape(-1, k).contiguous(), w, pdl, swiglu=True)
+    return y.reshape(*x.shape[:-1], w.shape[0] // 2)
+
+
+def invariant_matmul_swiglu_reference(x, w):  # x [..., K]; w [2I, K] -> [..., I]
+    return silu_mul_reference(invariant_matmul_reference(x, w))
+
+
+def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None, swiglu: bool = False) -> torch.Tensor:
     """x [M, K]; w [N, K] -> y [M, N] by ``invariant_matmul_kernel``: a program computes up to
     ``row_tiles`` row tiles of one column tile and ``span`` slices, each weight chunk loaded once for all
     of them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
-    ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one."""
+    ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one. ``swiglu``:
+    y [M, N / 2], the product's SwiGLU (``invariant_matmul_swiglu``), by the same tiling of N columns."""
     m, (n, k) = x.shape[0], w.shape
     t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k, evidence_card(x)) if tiling is None else tiling
     row_tiles = min(t.row_tiles, -(-m // t.block_m))  # fewer when M is small: no program computes an empty tile
@@ -266,8 +288,8 @@ def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tens
     grid = (-(-m // rows_per_program), -(-n // t.block_n))
     rows = COUNTERS // grid[1] * rows_per_program  # the most rows one launch's counters cover
     if partials > 1 and m > rows:  # pieces of whole row groups: a row's bits do not depend on its launch
-        return torch.cat([launch(x[i : i + rows], w, pdl, t) for i in range(0, m, rows)])
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        return torch.cat([launch(x[i : i + rows], w, pdl, t, swiglu) for i in range(0, m, rows)])
+    y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
     part = count = y
     if partials > 1:
         part = torch.empty((partials, m, n), dtype=torch.float32, device=x.device)
@@ -278,7 +300,7 @@ def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None) -> torch.Tens
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SLICES=slices, SPAN=span,
         PARTIALS=partials, PRELOAD=t.preload, ROW_TILES=row_tiles,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
-        USE_PDL=use_pdl, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
+        USE_PDL=use_pdl, SWIGLU=swiglu, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
     )
     return y
 

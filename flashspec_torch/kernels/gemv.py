@@ -39,6 +39,14 @@ def rounded(x, DTYPE: tl.constexpr):  # float32 -> float32, rounded through the 
 
 
 @triton.jit
+def swiglu(gate, up, DTYPE: tl.constexpr):
+    """silu(gate) * up of float32 gate and up (each already a DTYPE value), float32: silu rounded to DTYPE, the
+    product rounded to DTYPE. The one SwiGLU formula of every kernel (gemv's prologue, ``silu_mul_kernel``, the
+    batch-invariant product's epilogue), so that they round alike."""
+    return rounded(rounded(gate / (1.0 + tl.exp(-gate)), DTYPE) * up, DTYPE)
+
+
+@triton.jit
 def tree_sum(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_M, BLOCK_N, BLOCK_K] -> [BLOCK_M, BLOCK_N]: adjacent pairs, then pairs of pairs, ..."""
     for i in tl.static_range(16):
@@ -82,7 +90,7 @@ def chunk_x(x_ptr, d_ptr, g_ptr, m, k, mask, rms, K: tl.constexpr, PROLOGUE: tl.
     elif PROLOGUE == SILU_MUL:
         gate = tl.load(x_ptr + m * 2 * K + k, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + m * 2 * K + K + k, mask=mask, other=0.0).to(tl.float32)
-        x = rounded(rounded(gate / (1.0 + tl.exp(-gate)), DTYPE) * up, DTYPE)
+        x = swiglu(gate, up, DTYPE)
     else:
         x = tl.load(x_ptr + m * K + k, mask=mask, other=0.0).to(tl.float32)
     return x

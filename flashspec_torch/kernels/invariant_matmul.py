@@ -1,6 +1,9 @@
 """The batch-invariant product (``@triton.jit`` code only; wrappers in ``flashspec_torch.invariant_matmul``).
 
-``invariant_matmul_kernel``: y = x w^T for any number of rows M, w [N, K] in nn.Linear's layout.
+``invariant_matmul_kernel``: y = x w^T for any number of rows M, w [N, K] in nn.Linear's layout; with
+SWIGLU (w = [w_gate; w_up], nn.Linear gate_up's layout) y = silu(x w_gate^T) * (x w_up^T) [M, N / 2], the
+SwiGLU an epilogue (``store_y``) of the product's own rounded outputs: a column tile holds gate and up rows
+of the same output columns alternately (``weight_rows``), the sums are the product's, element by element.
 
 A row's output bits do not depend on M or on the other rows. The reduction order along K is fixed by
 (BLOCK_K, CHUNKS) and K alone: K is cut into SLICES slices of CHUNKS chunks of BLOCK_K (chunks past K
@@ -32,7 +35,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .gemv import tree_sum
+from .gemv import rounded, swiglu, tree_sum
 
 
 @triton.jit
@@ -149,52 +152,87 @@ def span_sum(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, FIRST:
 
 
 @triton.jit
-def tile_out(acc, part_ptr, y_ptr, m, n, M, N, pid_s, LAST: tl.constexpr, PARTIALS: tl.constexpr):
-    """One row tile's result: with one partial (the program walked every slice), y = round(acc); else
-    (LAST False) the program's float32 partial to the workspace, or (LAST True, the last program of the
-    tile) y = round(the partials added from zero in slice order)."""
+def weight_rows(pid_n, N, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
+    """The weight rows [BN] that column tile pid_n multiplies, and which exist: BN consecutive rows, or
+    (SWIGLU, w [N, K] = [w_gate; w_up]) gate row j and up row N / 2 + j alternating for BN / 2 consecutive
+    j, so that a program owns both halves of its BN / 2 output columns. A tile's column c is its weight
+    row's column either way; which rows sit in a tile changes no element's dots."""
+    c = tl.arange(0, BLOCK_N)
+    if SWIGLU:
+        j = pid_n * (BLOCK_N // 2) + c // 2
+        return j + (c % 2) * (N // 2), j < N // 2
+    n = pid_n * BLOCK_N + c
+    return n, n < N
+
+
+@triton.jit
+def store_y(acc, y_ptr, m, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr):
+    """The output of one row tile: y [M, N] = round(acc) at rows m [BM, 1] and columns n0 + [0, BN), or
+    (SWIGLU: acc's columns gate, up alternating, ``weight_rows``) y [M, N / 2] = ``swiglu`` of the rounded
+    gate and up at columns n0 / 2 + [0, BN / 2): ``silu_mul`` of the product's rounded output, element by
+    element."""
+    dtype = y_ptr.dtype.element_ty
+    if SWIGLU:
+        gate, up = tl.split(tl.reshape(acc, [BM, BN // 2, 2]))  # [BM, BN / 2] each
+        j = n0 // 2 + tl.arange(0, BN // 2)
+        out = swiglu(rounded(gate, dtype), rounded(up, dtype), dtype)
+        tl.store(y_ptr + m * (N // 2) + j[None, :], out.to(dtype), mask=(m < M) & (j < N // 2)[None, :])
+    else:
+        n = n0 + tl.arange(0, BN)
+        tl.store(y_ptr + m * N + n[None, :], acc.to(dtype), mask=(m < M) & (n < N)[None, :])
+
+
+@triton.jit
+def tile_out(acc, part_ptr, y_ptr, m, n0, M, N, pid_s, BM: tl.constexpr, BN: tl.constexpr, LAST: tl.constexpr,
+             PARTIALS: tl.constexpr, SWIGLU: tl.constexpr):
+    """One row tile's result: with one partial (the program walked every slice), ``store_y(acc)``; else
+    (LAST False) the program's float32 partial to the workspace [PARTIALS, M, N] at the tile's columns
+    n0 + [0, BN), or (LAST True, the last program of the tile) ``store_y`` of the partials added from zero
+    in slice order."""
+    n = n0 + tl.arange(0, BN)
     mask = (m < M) & (n < N)[None, :]
     if PARTIALS == 1:
-        tl.store(y_ptr + m * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+        store_y(acc, y_ptr, m, n0, M, N, BM, BN, SWIGLU)
     elif not LAST:
         tl.store(part_ptr + (pid_s * M + m) * N + n[None, :], acc, mask=mask)
     else:
         total = tl.zeros_like(acc)
         for s in tl.static_range(PARTIALS):
             total += tl.load(part_ptr + (s * M + m) * N + n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(y_ptr + m * N + n[None, :], total.to(y_ptr.dtype.element_ty), mask=mask)
+        store_y(total, y_ptr, m, n0, M, N, BM, BN, SWIGLU)
 
 
 @triton.jit
-def tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BM: tl.constexpr, ROW_TILES: tl.constexpr,
-              LAST: tl.constexpr, PARTIALS: tl.constexpr):
-    tile_out(acc0, part_ptr, y_ptr, m, n, M, N, pid_s, LAST, PARTIALS)
+def tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, BM: tl.constexpr, BN: tl.constexpr,
+              ROW_TILES: tl.constexpr, LAST: tl.constexpr, PARTIALS: tl.constexpr, SWIGLU: tl.constexpr):
+    tile_out(acc0, part_ptr, y_ptr, m, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
     if ROW_TILES > 1:
-        tile_out(acc1, part_ptr, y_ptr, m + BM, n, M, N, pid_s, LAST, PARTIALS)
+        tile_out(acc1, part_ptr, y_ptr, m + BM, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
     if ROW_TILES > 2:
-        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n, M, N, pid_s, LAST, PARTIALS)
+        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
     if ROW_TILES > 3:
-        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n, M, N, pid_s, LAST, PARTIALS)
+        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel per ROW_TILES for every M (Triton would specialize M == 1)
 def invariant_matmul_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # [N, K]
-    y_ptr,  # [M, N]
+    w_ptr,  # [N, K] (SWIGLU: [w_gate; w_up])
+    y_ptr,  # [M, N] (SWIGLU: [M, N / 2])
     part_ptr,  # [SLICES // SPAN, M, N] float32 partial sums (SPAN < SLICES)
     count_ptr,  # [row groups * N tiles] int32, zero on entry and on exit (SPAN < SLICES)
     M, N, K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
     SLICES: tl.constexpr, SPAN: tl.constexpr, PARTIALS: tl.constexpr,
     PRELOAD: tl.constexpr, ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
+    SWIGLU: tl.constexpr = False,
 ):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, ok = weight_rows(pid_n, N, BLOCK_N, SWIGLU)  # [BN] each
     m = (pid_m * (ROW_TILES * BLOCK_M) + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]  # [BM, 1]: the first row tile
     kk = tl.arange(0, BLOCK_K)
-    n_ok = (n < N)[:, None]  # [BN, 1]
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * K  # [BN, 1]
+    n_ok = ok[:, None]  # [BN, 1]
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K  # [BN, 1]
     s_lo = pid_s * SPAN  # the program's first slice
     k_lo = s_lo * (CHUNKS * BLOCK_K)
     # the first slice's first PRELOAD weight chunks (never written by any kernel): in flight before the wait
@@ -220,11 +258,13 @@ def invariant_matmul_kernel(
         acc0, acc1, acc2, acc3 = span_sum(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
                                           BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, SPAN, ROW_TILES, PRECISION, USE_DOT)
 
-    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, False, PARTIALS)
+    n0 = pid_n * BLOCK_N  # the tile's first column (of the workspace; SWIGLU: y's column n0 / 2)
+    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, BLOCK_M, BLOCK_N, ROW_TILES, False,
+              PARTIALS, SWIGLU)
     if PARTIALS > 1:
         counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
         tl.debug_barrier()  # every thread's partials stored before the (one-thread) release below
         if tl.atomic_add(counter, 1, sem="acq_rel") == PARTIALS - 1:  # the last program: add them in order
-            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n, M, N, pid_s, BLOCK_M, ROW_TILES, True,
-                      PARTIALS)
+            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, BLOCK_M, BLOCK_N, ROW_TILES, True,
+                      PARTIALS, SWIGLU)
             tl.atomic_xchg(counter, 0, sem="relaxed")

@@ -21,12 +21,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .gemv import rounded, swiglu
 from .invariant_matmul import dot_nt
-
-
-@triton.jit
-def rounded(x, DTYPE: tl.constexpr):  # float32 -> float32, rounded through the activation dtype
-    return x.to(DTYPE).to(tl.float32)
 
 
 @triton.jit
@@ -113,8 +109,7 @@ def silu_mul_kernel(
     gate = tl.load(gu_ptr + r * 2 * I + i, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + r * 2 * I + I + i, mask=mask, other=0.0).to(tl.float32)
     dtype = y_ptr.dtype.element_ty
-    silu = rounded(gate / (1.0 + tl.exp(-gate)), dtype)
-    tl.store(y_ptr + r * I + i, (silu * up).to(dtype), mask=mask)
+    tl.store(y_ptr + r * I + i, swiglu(gate, up, dtype).to(dtype), mask=mask)
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """Compile the batch-invariant product for sm_90 with ``triton.compile`` (no GPU needed) and check its Triton
 IR: where a slice is one chunk (``CHUNKS`` 1, SmolLM2-135M's K = 576 in slices of 128), every ``tt.dot``
-must start from a zero accumulator, each slice summed from zero as the kernel's order says. Triton's
+must start from a zero accumulator, each slice summed from zero as the kernel's order says (the plain product
+and gate_up with its SwiGLU epilogue). Triton's
 combine pass turns ``t + tl.dot(x, w, 0)`` into ``tl.dot(x, w, t)``, which rounds otherwise; the kernel's
 adds are kept opaque to it (``add_kept``). Run as a script without TRITON_INTERPRET
 (tests/torch/test_invariant_matmul.py runs it in a subprocess); prints one line per launch, exits non-zero
@@ -37,13 +38,15 @@ def dot_accumulators(ir: str) -> tuple[list[str], set[str]]:
 
 def main() -> int:
     k, block_k, slices = 576, 128, 5  # SmolLM2-135M's hidden size: five one-chunk slices, the last half masked
-    for block_m, row_tiles, span in ((16, 4, 1), (16, 4, slices), (64, 1, slices), (128, 1, slices)):
+    launches = ((16, 4, 1), (16, 4, slices), (64, 1, slices), (128, 1, slices))
+    for (block_m, row_tiles, span), swiglu in [(launch, s) for s in (False, True) for launch in launches]:
         constexprs = dict(K=k, BLOCK_M=block_m, BLOCK_N=16, BLOCK_K=block_k, CHUNKS=1, SLICES=slices, SPAN=span,
                           PARTIALS=slices // span, PRELOAD=1, ROW_TILES=row_tiles, PRECISION="tf32", USE_DOT=True,
-                          USE_PDL=False)
+                          USE_PDL=False, SWIGLU=swiglu)
         accs, zeros = dot_accumulators(ttir(constexprs, 4))
         onto = [a for a in accs if a not in zeros]
-        print(f"block_m {block_m} row_tiles {row_tiles} span {span}: {len(accs)} dots, {len(onto)} onto a non-zero")
+        print(f"block_m {block_m} row_tiles {row_tiles} span {span} swiglu {swiglu}: {len(accs)} dots, "
+              f"{len(onto)} onto a non-zero")
         if not accs or onto:
             print("FAIL: a one-chunk slice's dot accumulates onto", onto)
             return 1

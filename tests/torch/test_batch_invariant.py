@@ -13,6 +13,7 @@ import torch
 from fault_helpers import CharTokenizer
 from flashspec_torch import model as model_module
 from flashspec_torch import invariant_matmul as I
+from flashspec_torch import layers as L
 from flashspec_torch.model import Llama, LlamaConfig
 from flashspec_torch.weights import LoadedModel
 
@@ -109,6 +110,23 @@ def test_a_product_that_splits_k_by_rows_is_caught(monkeypatch):
 
     monkeypatch.setattr(model_module, "invariant_matmul", split_k)
     assert "scoring pass" in differing(last_logits_four_ways(tiny(torch.float32)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_in_gate_ups_epilogue_gives_the_unfused_logits(dtype, monkeypatch):
+    """The model's batch-invariant forward runs gate_up with SwiGLU as its epilogue and no ``silu_mul`` kernel;
+    its logits are the bits of the unfused path (the product, then ``silu_mul``), every way they are computed."""
+    m = tiny(dtype)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("forward_invariant ran silu_mul")
+
+    monkeypatch.setattr(model_module, "silu_mul", refuse)
+    fused = last_logits_four_ways(m)
+    monkeypatch.setattr(model_module, "invariant_matmul_swiglu",
+                        lambda x, w, pdl=False: L.silu_mul(I.invariant_matmul(x, w, pdl), "triton", pdl))
+    unfused = last_logits_four_ways(m)
+    assert [name for name in fused if not torch.equal(fused[name], unfused[name])] == []
 
 
 def test_the_engine_gives_a_request_its_tokens_alone_in_a_batch_and_speculating():

@@ -28,14 +28,14 @@ def operands(dtype):  # (x [ROWS, K], w [N, K])
 def invariance_failures(fn, x, w, full=None) -> list[str]:
     """Where a row's bits in a batch of 70 (``full``: fn(x, w) unless given) differ from its bits alone
     (rows at tile edges), inside batches of 1, 3, 17, 64 (at the first and the last place) or as a row of
-    a [3, 5] scoring pass; fn(x, w) is a product."""
+    a [3, 5] scoring pass; fn(x, w) is a product (or the SwiGLU of one), x [ROWS, K]."""
     full = fn(x, w) if full is None else full
     failures = [f"row {i} alone" for i in EDGES if not torch.equal(fn(x[i : i + 1], w)[0], full[i])]
     for m in (1, 3, 17, 64):
         for start in sorted({0, ROWS - m}):
             y = fn(x[start : start + m], w)
             failures += [f"row {start + i} in a batch of {m}" for i in range(m) if not torch.equal(y[i], full[start + i])]
-    scored = fn(x[:15].reshape(3, 5, K), w).reshape(15, N)  # 3 requests x (G + 1 = 5) rows
+    scored = fn(x[:15].reshape(3, 5, x.shape[-1]), w).reshape(15, full.shape[-1])  # 3 requests x (G + 1 = 5) rows
     return failures + [f"scoring row {i}" for i in range(15) if not torch.equal(scored[i], full[i])]
 
 
@@ -346,9 +346,10 @@ def test_more_rows_than_the_counters_cover_run_in_pieces(monkeypatch):
 
 def test_one_chunk_slices_are_summed_from_zero_on_sm90():
     """compile_invariant_sm90.py: compiled for sm_90, every dot of SmolLM2-135M's one-chunk slices starts from
-    zero in both launch kinds (partials and one program over every slice). Before ``add_kept`` Triton's combine
-    pass fused the serial launch's slice sums into the running total, so 320-row scoring passes and large
-    prefills rounded otherwise than a row alone (the H100, 2026-12-07: 504 of 2,304 rows of the qkv product)."""
+    zero in both launch kinds (partials and one program over every slice), with and without the SwiGLU
+    epilogue. Before ``add_kept`` Triton's combine pass fused the serial launch's slice sums into the running
+    total, so 320-row scoring passes and large prefills rounded otherwise than a row alone (the H100,
+    2026-12-07: 504 of 2,304 rows of the qkv product)."""
     import os
     import subprocess
     import sys
@@ -358,4 +359,5 @@ def test_one_chunk_slices_are_summed_from_zero_on_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    assert out.stdout.count("0 onto a non-zero") == 4, out.stdout  # 16 rows (partials, serial), 64, 128 (serial)
+    # 16 rows (partials, serial), 64, 128 (serial); each plain and with the SwiGLU epilogue
+    assert out.stdout.count("0 onto a non-zero") == 8, out.stdout
