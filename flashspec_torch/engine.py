@@ -136,7 +136,7 @@ class Engine(EngineBase):
         if not isinstance(spec, str):
             return draft_from_model(spec, model, self.dtype, self.device)
         draft = parse_draft(spec)
-        if self.tensor_parallel != 1 and draft.kind in ("nf4", "head"):
+        if self.tensor_parallel != 1 and draft.kind in ("nf4", "head", "head-tree"):
             raise ValueError(f"draft {spec!r} reads the target's own weights, which tensor_parallel="
                              f"{self.tensor_parallel} splits: use ngram, layerskip, self or a draft model")
         if draft.kind == "ngram":
@@ -149,10 +149,10 @@ class Engine(EngineBase):
             return ModelDraft("nf4", model if is_nf4(model) else quantize_nf4(model))
         if draft.kind == "self":
             return ModelDraft("self", model)
-        if draft.kind == "head":
+        if draft.kind in ("head", "head-tree"):
             from .heads import load_draft_head
 
-            return load_draft_head(spec, draft.path, model, draft.top)
+            return load_draft_head(spec, draft.path, model, draft.top, draft.tree)
         if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
             hf = load_transformers_directory(spec, self.dtype, self.device)
             hf.config.name_or_path = Path(spec).name
