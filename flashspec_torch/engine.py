@@ -152,7 +152,7 @@ class Engine(EngineBase):
         if draft.kind in ("head", "head-tree"):
             from .heads import load_draft_head
 
-            return load_draft_head(spec, draft.path, model, draft.top, draft.tree)
+            return load_draft_head(spec, draft.path, model, draft.top, draft.tree, draft.branch)
         if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
             hf = load_transformers_directory(spec, self.dtype, self.device)
             hf.config.name_or_path = Path(spec).name

@@ -238,15 +238,16 @@ def fingerprint(target: Llama) -> float:
     return float(target.embed.weight.detach().double().abs().mean())
 
 
-def load_draft_head(name: str, directory: str, target: Llama, top: int = 0, tree: int = 0) -> HeadDraft:
+def load_draft_head(name: str, directory: str, target: Llama, top: int = 0, tree: int = 0,
+                    top_k: int = 8) -> HeadDraft:
     """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``;
     ``top`` (``head@N``): over its N most frequent tokens only (0: all); ``tree`` (``head-tree/N``): drafting
-    a tree of that many nodes (``tree_step.HeadTreeDraft``; 0: a chain)."""
+    a tree of that many nodes, ``top_k`` children per frontier node (``tree_step.HeadTreeDraft``; 0: a chain)."""
     path = draft_head_file(directory)
     head, meta = load_head(path, target.config, top)
     check_fingerprint(name, path, meta, fingerprint(target))
     if tree:
         from .tree_step import HeadTreeDraft
 
-        return HeadTreeDraft(name, head, target, tree)
+        return HeadTreeDraft(name, head, target, tree, top_k)
     return HeadDraft(name, head, target)

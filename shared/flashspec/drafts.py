@@ -16,7 +16,8 @@ MAX_TREE_NODES = 64  # a step writes N + 1 cache rows past the root: the backend
 
 DRAFT_HELP = (
     "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | head[:DIR][@N] (a trained draft head; @N: over its N most frequent tokens) "
-    f"| head-tree[/N][:DIR][@V] (the head drafting an EAGLE-2 tree of N nodes, default {TREE_NODES}, depth G; torch) | PATH (a model directory or .gguf sharing the tokenizer) "
+    f"| head-tree[/N[xK]][:DIR][@V] (the head drafting an EAGLE-2 tree of N nodes, default {TREE_NODES}, K children per "
+    f"frontier node, default {TREE_TOP_K}, depth G; torch) | PATH (a model directory or .gguf sharing the tokenizer) "
     "| a transformers model object (Python API)"
 )
 TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
@@ -46,6 +47,7 @@ class DraftSpec:
     path: str = ""  # a PATH draft's file or directory; head:DIR's directory ('' for the shipped head)
     top: int = 0  # head@N: the head drafts over its N most frequent tokens (0: all of them)
     tree: int = 0  # head-tree/N: the nodes of each step's tree (0: a chain draft)
+    branch: int = TREE_TOP_K  # head-tree/NxK: the children each frontier node adds (EAGLE-2's top_k)
 
 
 def parse_draft(spec: str) -> DraftSpec:
@@ -82,21 +84,26 @@ def parse_head(spec: str) -> DraftSpec:
 
 
 def parse_head_tree(spec: str) -> DraftSpec:
-    """head-tree, head-tree/N, then what ``parse_head`` reads after ``head`` (:DIR, @V): head-tree/32:DIR@4096."""
+    """head-tree, head-tree/N, head-tree/NxK, then what ``parse_head`` reads after ``head`` (:DIR, @V):
+    head-tree/32x4:DIR@4096."""
     rest = spec[len("head-tree"):]
-    nodes, text = TREE_NODES, ""
+    nodes, branch = TREE_NODES, TREE_TOP_K
     if rest.startswith("/"):
         text = rest[1:].partition(":")[0].partition("@")[0]
         rest = rest[1 + len(text):]
-        nodes = int(text) if text.isdigit() else 0
-    if rest[:1] not in ("", ":", "@") or not 1 <= nodes <= MAX_TREE_NODES:
-        raise ValueError(f"draft {spec!r}: use head-tree[/N][:DIR][@V] with N in [1, {MAX_TREE_NODES}] "
-                         f"(the tree's nodes, default {TREE_NODES}), e.g. head-tree/32 or head-tree/16:DIR")
+        n, x, k = text.partition("x")
+        nodes = int(n) if n.isdigit() else 0
+        branch = int(k) if k.isdigit() else 0 if x else branch
+    if rest[:1] not in ("", ":", "@") or not 1 <= nodes <= MAX_TREE_NODES or not 1 <= branch <= MAX_TREE_NODES:
+        raise ValueError(f"draft {spec!r}: use head-tree[/N[xK]][:DIR][@V] with N in [1, {MAX_TREE_NODES}] (the "
+                         f"tree's nodes, default {TREE_NODES}) and K >= 1 (children per frontier node, default "
+                         f"{TREE_TOP_K}), e.g. head-tree/32, head-tree/16x4 or head-tree/16:DIR")
     try:
         head = parse_head("head" + rest)
     except ValueError:
-        raise ValueError(f"draft {spec!r}: use head-tree[/N][:DIR]@V with V >= 1 (the head's V most frequent tokens)") from None
-    return DraftSpec(spec, "head-tree", path=head.path, top=head.top, tree=nodes)
+        raise ValueError(f"draft {spec!r}: use head-tree[/N[xK]][:DIR]@V with V >= 1 (the head's V most frequent "
+                         "tokens)") from None
+    return DraftSpec(spec, "head-tree", path=head.path, top=head.top, tree=nodes, branch=branch)
 
 
 def not_implemented(draft: DraftSpec, backend: str) -> ValueError:
