@@ -218,3 +218,17 @@ def test_greedy_tree_speculation_equals_greedy_decoding_on_the_embedded_model():
     assert spec["new_tokens"] / spec["steps"] > 2 * len(PROMPTS)  # more than 2 tokens per row and step
     for prompt, want in zip(PROMPTS, plain):
         assert engine.generate(prompt, speculation=True, gamma=5, **common)["tokens"] == want, prompt
+
+
+@pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
+def test_the_adaptive_policy_runs_a_tree_arm_exactly():
+    """The adaptive policy over {head-tree/8x4, head, ngram} (arms at G = 4 and 2: tree depths 4 and 2),
+    greedy, 32 tokens: plain decoding's tokens, and the tree arm was run (it is priced like any arm)."""
+    from flashspec_torch.engine import Engine
+
+    engine = Engine(None, ("head-tree/8x4", "head", "ngram"), policy="adaptive", device="cpu")
+    common = dict(temperature=0.0, max_new_tokens=32, chat=False)
+    plain = engine.generate(PROMPTS[1], speculation=False, **common)["tokens"]
+    spec = engine.generate(PROMPTS[1], speculation=True, gamma=4, **common)
+    assert spec["tokens"] == plain
+    assert spec["arm_pulls"]["head-tree/8x4"] > 0, spec["arm_pulls"]
