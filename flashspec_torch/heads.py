@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
+from flashspec.drafts import TREE_TOP_K
 from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, kept_ids,
                                  read_metadata)
 
@@ -239,7 +240,7 @@ def fingerprint(target: Llama) -> float:
 
 
 def load_draft_head(name: str, directory: str, target: Llama, top: int = 0, tree: int = 0,
-                    top_k: int = 8) -> HeadDraft:
+                    top_k: int = TREE_TOP_K) -> HeadDraft:
     """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``;
     ``top`` (``head@N``): over its N most frequent tokens only (0: all); ``tree`` (``head-tree/N``): drafting
     a tree of that many nodes, ``top_k`` children per frontier node (``tree_step.HeadTreeDraft``; 0: a chain)."""

@@ -88,7 +88,7 @@ def tree_step(backend, arm: int, gamma: int, sampling: SamplingConfig, seed, off
                                hidden=backend.hidden)  # [B, N+1, V], [B, N+1, F]
     logits = screen(backend.bad, logits)[0]
     r = verify_tree(logits, tree.tokens, tree.parents, temperature=sampling.temperature, top_k=sampling.top_k,
-                    top_p=sampling.top_p, seed=seed, offset=offset, tree_sizes=tree.sizes)
+                    top_p=sampling.top_p, seed=seed, offset=offset, tree_sizes=tree.sizes, validate=False)  # screened
     kept = kept_slots(r.path)  # [B, D+1]
     compact_tree_cache(backend.cache, base, kept)
     keep_features(seqs.features, feats, base, kept)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 # ``head-tree``'s default nodes per tree and children per frontier node (EAGLE-2's top_k), docs/draft_head.md
 TREE_NODES = 16
-TREE_TOP_K = 8
+TREE_TOP_K = 4
 MAX_TREE_NODES = 64  # a step writes N + 1 cache rows past the root: the backends' margin past a row's budget
 
 DRAFT_HELP = (
