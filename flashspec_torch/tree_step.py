@@ -92,7 +92,8 @@ def tree_step(backend, arm: int, gamma: int, sampling: SamplingConfig, seed, off
     kept = kept_slots(r.path)  # [B, D+1]
     compact_tree_cache(backend.cache, base, kept)
     keep_features(seqs.features, feats, base, kept)
-    return backend.commit(VerifyResult(r.num_accepted, r.tokens), depth, skip=arm)
+    tokens = torch.nn.functional.pad(r.tokens, (0, gamma + 1 - r.tokens.shape[1]), value=-1)  # [B, G+1]: one width per G
+    return backend.commit(VerifyResult(r.num_accepted, tokens), depth, skip=arm)
 
 
 def kept_slots(path: torch.Tensor) -> torch.Tensor:  # path [B, D] -> [B, D+1] int64
