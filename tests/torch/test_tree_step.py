@@ -28,7 +28,7 @@ def features_not_moved(features, feats, base, kept):  # the mutant: the scoring 
 MUTANTS = {"compact_tree_cache": no_compaction, "keep_features": features_not_moved}
 
 
-def tiny_backend(target, graphs=False, size=6, top_k=3, scale=0.3, tree=None):
+def tiny_backend(target, graphs=False, size=6, top_k=3, scale=0.3, tree=None, eos=()):
     from flashspec_torch.backend import TorchBackend
     from flashspec_torch.drafts import LookupDraft
     from flashspec_torch.heads import HeadDraft
@@ -37,7 +37,7 @@ def tiny_backend(target, graphs=False, size=6, top_k=3, scale=0.3, tree=None):
     head = random_head(target, scale=scale)
     kind = HeadTreeDraft if tree is None else tree
     drafts = [kind("head-tree", head, target, size, top_k), HeadDraft("head", head, target), LookupDraft("ngram")]
-    return TorchBackend(target, drafts, graphs=graphs)
+    return TorchBackend(target, drafts, eos, graphs=graphs)
 
 
 def known_tree_draft(continuations, prompt_lens, seed=0):
@@ -96,13 +96,13 @@ def committed_state(backend):  # per row: the target's K/V and the features of p
 PROMPTS_TINY = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14, 15, 16, 17, 18]]
 
 
-def run_greedy(target, graphs=False, known=True):
+def run_greedy(target, graphs=False, known=True, eos=()):
     """(plain tokens, plain state, tree-speculative tokens, its state, records): tree / chain / n-gram arms in turn."""
     greedy = SamplingConfig(0.0)
     with torch.inference_mode():
-        plain, _ = decode(tiny_backend(target, graphs), PROMPTS_TINY, sampling=greedy, max_new_tokens=24)
+        plain, _ = decode(tiny_backend(target, graphs, eos=eos), PROMPTS_TINY, sampling=greedy, max_new_tokens=24)
         tree = known_tree_draft(plain, [len(p) for p in PROMPTS_TINY]) if known else None
-        backend = tiny_backend(target, graphs, tree=tree)
+        backend = tiny_backend(target, graphs, tree=tree, eos=eos)
         decode(backend, PROMPTS_TINY, sampling=greedy, max_new_tokens=24)
         want = committed_state(backend)
         spec, records = speculate(backend, Cycle([0, 0, 1, 0, 2, 0, 0, 1, 1, 0]), PROMPTS_TINY, sampling=greedy,
@@ -126,6 +126,17 @@ def test_greedy_tree_speculation_equals_greedy_decoding(target, graphs, known):
     assert all(r.drafted <= 3 * r.rows for r in tree)  # drafted: the depth per row, at most G
     if known:
         assert {n for r in tree for n in r.row_accepted} >= {0, 1, 2, 3}
+
+
+def test_rows_finishing_at_eos_mid_path(target):
+    """An EOS token that ends the rows at different steps (some inside an accepted path): the tokens, cut
+    there, and the K/V and features of the rows still running equal plain decoding's."""
+    with torch.inference_mode():
+        free, _ = decode(tiny_backend(target), PROMPTS_TINY, sampling=SamplingConfig(0.0), max_new_tokens=24)
+    eos = (free[0][9],)  # row 0 ends at its 10th token at the latest
+    plain, want, spec, got, _ = run_greedy(target, eos=eos)
+    assert spec == plain and len(plain[0]) <= 10 and len({len(t) for t in plain}) > 1
+    assert states_equal(want, got)
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
