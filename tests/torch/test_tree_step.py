@@ -243,3 +243,29 @@ def test_the_adaptive_policy_runs_a_tree_arm_exactly():
     spec = engine.generate(PROMPTS[1], speculation=True, gamma=4, **common)
     assert spec["tokens"] == plain
     assert spec["arm_pulls"]["head-tree/8x4"] > 0, spec["arm_pulls"]
+
+
+@pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
+def test_sampled_first_two_tokens_follow_the_embedded_model_with_a_tree():
+    """The shipped head's own trees (head-tree/4x2 at G = 2: 4 nodes, 2 children per frontier node) on the
+    embedded model, T = 0.7, top-p 0.9, 200 rows: the first token's and the first two tokens' joint law,
+    chi-square against the target's p(t1) p(t2 | t1) from plain forward passes (as the chain head's test)."""
+    from flashspec_torch.engine import Engine
+    from flashspec_torch.reference import log_probs
+
+    engine = Engine(None, ("head-tree/4x2",), policy="fixed", device="cpu")
+    prompt, n, sampling = "My favourite colour is", 200, SamplingConfig(temperature=0.7, top_p=0.9)
+    ids = engine.encode(prompt, chat=False)
+    m = engine.target.model
+    with torch.inference_mode():
+        z1 = m(torch.tensor([ids]), torch.arange(len(ids))[None], m.new_cache(1, len(ids)), len(ids), logits_last=1)[0, 0]
+        p1 = log_probs(z1, sampling).exp().double()  # [V]
+        first = torch.nonzero(p1 > 0)[:, 0]
+        seqs = torch.tensor([ids + [t] for t in first.tolist()])
+        k = len(ids) + 1
+        z2 = m(seqs, torch.arange(k)[None].expand(len(first), -1), m.new_cache(len(first), k), k, logits_last=1)[:, 0]
+        p2 = log_probs(z2, sampling).exp().double()  # [F, V]
+        out = engine.generate([prompt] * n, seed=list(range(n)), temperature=0.7, top_p=0.9, max_new_tokens=2, gamma=2,
+                              chat=False)
+    check_first_two_tokens(out["tokens"], first.numpy(), p1.numpy(), p2.numpy())
+    assert out["acceptance"] > 0.1  # the trees' nodes were accepted often enough to matter
