@@ -269,3 +269,11 @@ def test_sampled_first_two_tokens_follow_the_embedded_model_with_a_tree():
                               chat=False)
     check_first_two_tokens(out["tokens"], first.numpy(), p1.numpy(), p2.numpy())
     assert out["acceptance"] > 0.1  # the trees' nodes were accepted often enough to matter
+
+
+@pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
+def test_stop_below_is_refused_for_a_tree_alone():
+    from flashspec_torch.engine import Engine
+
+    with pytest.raises(ValueError, match=r"fixed length \(a tree too\)"):
+        Engine(None, ("head-tree",), device="cpu", stop_below=0.1)
