@@ -1,6 +1,6 @@
 """Tree speculation as an engine step (flashspec_torch.tree_step), fp32 on the CPU: greedy tree speculation ==
 greedy decoding token for token, with the target's K/V and the head's features of every committed position
-equal to plain decoding's (a tiny random Llama and head, batch 3 at different lengths, tree / chain / n-gram
+equal to plain decoding's (a tiny random Llama and head, batch 4 at prompt lengths 1-8, rows ending at EOS, tree / chain / n-gram
 arms in turn, eager and graphed code); at T = 0.7 with top-p the first two emitted tokens follow the target's
 own joint law; on the embedded SmolLM2-135M with the shipped head, 48 greedy tokens equal plain decoding's at
 batch 1 and 3. Hand mutants of the step (no cache compaction, features not moved) fail."""
@@ -93,7 +93,7 @@ def committed_state(backend):  # per row: the target's K/V and the features of p
     return out
 
 
-PROMPTS_TINY = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14, 15, 16, 17, 18]]
+PROMPTS_TINY = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14, 15, 16, 17, 18], [19]]
 
 
 def run_greedy(target, graphs=False, known=True, eos=()):
