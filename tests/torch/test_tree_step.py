@@ -1,9 +1,10 @@
 """Tree speculation as an engine step (flashspec_torch.tree_step), fp32 on the CPU: greedy tree speculation ==
 greedy decoding token for token, with the target's K/V and the head's features of every committed position
-equal to plain decoding's (a tiny random Llama and head, batch 4 at prompt lengths 1-8, rows ending at EOS, tree / chain / n-gram
-arms in turn, eager and graphed code); at T = 0.7 with top-p the first two emitted tokens follow the target's
-own joint law; on the embedded SmolLM2-135M with the shipped head, 48 greedy tokens equal plain decoding's at
-batch 1 and 3. Hand mutants of the step (no cache compaction, features not moved) fail."""
+equal to plain decoding's (a tiny random Llama and head, batch 4 at prompt lengths 1-8, rows ending at EOS,
+tree / chain / n-gram arms in turn, eager and graphed code); at T = 0.7 with top-p the first two emitted tokens
+follow the target's own joint law (the tiny model, and the embedded SmolLM2-135M with the shipped head's own
+trees); on the embedded model 48 greedy tokens equal plain decoding's at batch 1 and 3, and the adaptive policy
+runs a tree arm exactly. Hand mutants of the step (no cache compaction, features not moved, sampling dropped) fail."""
 
 import numpy as np
 import pytest
