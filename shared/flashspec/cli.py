@@ -270,7 +270,8 @@ def add_generate(sub) -> None:
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several (default: head and ngram with torch on the embedded model, else ngram)")
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | head-tree[/N[xK]][:DIR][@V] (a tree of N nodes, "
+                        "depth --gamma) | PATH; repeat for several (default: head and ngram with torch on the embedded model, else ngram)")
     p.add_argument("--policy", choices=engine_policies(), default="adaptive",
                    help="how a draft is chosen per step (adaptive: plain decoding, each draft at G and G // 2, "
                         "by measured tokens/s)")
