@@ -15,7 +15,8 @@ from flashspec.drafts import SHIPPED_HEAD
 from flashspec.loop import SpecConfig, decode, speculate
 from head_checks import check_first_two_tokens  # tests/head_checks.py
 from schedules import Cycle  # tests/schedules.py
-from test_heads import CFG, random_head, target  # noqa: F401  (the tiny target fixture)
+from test_head_engine import first_two_laws
+from test_heads import random_head, target  # noqa: F401  (the tiny target fixture)
 
 
 def no_compaction(cache, base, kept):  # the mutant: the accepted nodes' K/V stay at their slots' rows
@@ -164,33 +165,26 @@ def test_sampled_first_two_tokens_follow_the_target_with_a_tree(target, monkeypa
     first token's law and the first two tokens' joint law (chi-square) are the target's own p(t1) p(t2 | t1),
     computed by plain forward passes; with the step's sampling settings dropped (verify at T = 1) they are not."""
     from flashspec_torch import tree_step
-    from flashspec_torch.reference import log_probs
 
     if mutant:
         monkeypatch.setattr(tree_step, "verify_tree", mutant)
     sampling, prompt, n = SamplingConfig(0.7, 0, 0.9), [5, 6, 7], 3000
+    first, p1, p2 = first_two_laws(target, prompt, sampling)
+    a, b, c = np.argsort(-p1, kind="stable")[:3].tolist()
+    under = lambda t, k: np.argsort(-p2[first.tolist().index(t)], kind="stable")[:k].tolist()  # noqa: E731
+    tree = fixed_tree_draft([a, b, c, *under(a, 2), *under(b, 1)], [-1, -1, -1, 0, 0, 1])
+    backend = tiny_backend(target, scale=0.1, tree=tree)
     with torch.inference_mode():
-        z1 = target(torch.tensor([prompt]), torch.arange(3)[None], target.new_cache(1, 8), 3, logits_last=1)[0, 0]
-        p1 = log_probs(z1, sampling).exp().double()
-        first = torch.nonzero(p1 > 0)[:, 0]
-        seqs = torch.tensor([prompt + [t] for t in first.tolist()])
-        z2 = target(seqs, torch.arange(4)[None].expand(len(first), -1), target.new_cache(len(first), 8), 4,
-                    logits_last=1)[:, 0]
-        p2 = log_probs(z2, sampling).exp().double()  # [F, V]
-        a, b, c = p1.topk(3).indices.tolist()
-        under = lambda t, k: p2[first.tolist().index(t)].topk(k).indices.tolist()  # noqa: E731
-        tree = fixed_tree_draft([a, b, c, *under(a, 2), *under(b, 1)], [-1, -1, -1, 0, 0, 1])
-        backend = tiny_backend(target, scale=0.1, tree=tree)
         out, records = speculate(backend, Cycle([0]), [prompt] * n, sampling=sampling,
                                  spec=SpecConfig(gamma=2, max_new_tokens=3), seed=torch.arange(n))
     assert all(len(t) == 3 for t in out)
     if mutant is None:
         depths = np.bincount(records[0].row_accepted, minlength=3)
         assert depths[1] > 200 and depths[2] > 10, depths  # about 2660 / 310 / 25 rows stop at depth 0 / 1 / 2
-        check_first_two_tokens(out, first.numpy(), p1.numpy(), p2.numpy())
+        check_first_two_tokens(out, first, p1, p2)
     else:
         with pytest.raises(AssertionError, match="first t"):
-            check_first_two_tokens(out, first.numpy(), p1.numpy(), p2.numpy())
+            check_first_two_tokens(out, first, p1, p2)
 
 
 def test_tree_draft_refusals(target):
@@ -252,23 +246,14 @@ def test_sampled_first_two_tokens_follow_the_embedded_model_with_a_tree():
     embedded model, T = 0.7, top-p 0.9, 200 rows: the first token's and the first two tokens' joint law,
     chi-square against the target's p(t1) p(t2 | t1) from plain forward passes (as the chain head's test)."""
     from flashspec_torch.engine import Engine
-    from flashspec_torch.reference import log_probs
 
     engine = Engine(None, ("head-tree/4x2",), policy="fixed", device="cpu")
     prompt, n, sampling = "My favourite colour is", 200, SamplingConfig(temperature=0.7, top_p=0.9)
-    ids = engine.encode(prompt, chat=False)
-    m = engine.target.model
+    laws = first_two_laws(engine.target.model, engine.encode(prompt, chat=False), sampling)
     with torch.inference_mode():
-        z1 = m(torch.tensor([ids]), torch.arange(len(ids))[None], m.new_cache(1, len(ids)), len(ids), logits_last=1)[0, 0]
-        p1 = log_probs(z1, sampling).exp().double()  # [V]
-        first = torch.nonzero(p1 > 0)[:, 0]
-        seqs = torch.tensor([ids + [t] for t in first.tolist()])
-        k = len(ids) + 1
-        z2 = m(seqs, torch.arange(k)[None].expand(len(first), -1), m.new_cache(len(first), k), k, logits_last=1)[:, 0]
-        p2 = log_probs(z2, sampling).exp().double()  # [F, V]
         out = engine.generate([prompt] * n, seed=list(range(n)), temperature=0.7, top_p=0.9, max_new_tokens=2, gamma=2,
                               chat=False)
-    check_first_two_tokens(out["tokens"], first.numpy(), p1.numpy(), p2.numpy())
+    check_first_two_tokens(out["tokens"], *laws)
     assert out["acceptance"] > 0.1  # the trees' nodes were accepted often enough to matter
 
 
