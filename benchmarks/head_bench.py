@@ -18,7 +18,7 @@ with other jobs it leaves out the time this process waited for a core (memory co
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 2,3,4,5   # the CPU table
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 3,4 --trees head-tree/8,head-tree/16,head-tree/32 --tree-gammas 4,6 --others '' --no-hf --clock process   # trees
 
-    FLASHSPEC_CACHE=/tmp/fscache timeout 240 python benchmarks/head_bench.py --target /tmp/fs/model.gguf --device cuda --prompts 3 --new-tokens 96 --gammas 3,4 --trees head-tree/16,head-tree/32x8 --tree-gammas 4,6 --others '' --no-hf --budget-s 150 --out $OUT/tree_engine_gpu.json   # GPU: the tree step (eager) beside the chain head and plain decoding (CUDA graphs)
+    FLASHSPEC_CACHE=/tmp/fscache timeout 240 python benchmarks/head_bench.py --target /tmp/fs/model.gguf --device cuda --prompts 3 --new-tokens 64 --gammas 3,4 --trees head-tree/16,head-tree/32x8 --tree-gammas 4,6 --others '' --no-hf --budget-s 120 --out $OUT/tree_engine_gpu.json   # GPU: the tree step (eager) beside the chain head and plain decoding (CUDA graphs)
 
 Tree drafts (``--trees``, ``head-tree/N`` at each depth of ``--tree-gammas``): their draft time is ``draft_tree``'s
 (feeding the head, EAGLE-2's expansion and selection), ``draft_ms_per_token`` per depth level.
@@ -138,10 +138,11 @@ def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:
 
 def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int, ...], others=("ngram", "layerskip"),
           temperatures=(0.0, 0.7), device=None, hf=True, baseline: str | None = None, trees: tuple[str, ...] = (),
-          tree_gammas: tuple[int, ...] = (), budget_s: float = float("inf"), log=print) -> dict:
+          tree_gammas: tuple[int, ...] = (), budget_s: float = float("inf"), log=print, save=None) -> dict:
     """Every cell by "domain T=t"; ``baseline``: a second head's cells ("baseline G=g") beside ``head``'s;
     ``trees``: tree drafts (``head-tree/N``) at each depth G of ``tree_gammas`` ("head-tree/N G=g"). Past
-    ``budget_s`` seconds no further domain / temperature is started."""
+    ``budget_s`` seconds no further domain / temperature is started; ``save(results)`` after each (a run cut
+    short keeps what it measured)."""
     from flashspec.engine import encode
     from flashspec.head_corpus import DOMAINS, corpus, split
     from flashspec_torch.engine import Engine
@@ -189,6 +190,8 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
             log(f"{d} T={t}: " + ", ".join(f"{k} {c['tok_s']:.1f} tok/s ({c['speedup']:.2f}x"
                                            + (f", {c['emitted_per_step']:.2f}/step" if "emitted_per_step" in c else "")
                                            + ")" for k, c in cells.items()))
+            if save:
+                save(results)
     return results
 
 
@@ -236,16 +239,20 @@ def main() -> None:
     gammas = tuple(int(g) for g in args.gammas.split(","))
     temperatures = tuple(float(t) for t in args.temperatures.split(","))
     start = time.perf_counter()
+
+    def save(results: dict) -> None:
+        doc = {"command": "python benchmarks/head_bench.py " + " ".join(sys.argv[1:]), **machine(dev), "clock": args.clock,
+               "head": args.head, "baseline": args.baseline,
+               "load_average_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - start, "results": results}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+
     results = bench(loaded, args.head, prompts=args.prompts, new_tokens=args.new_tokens, gammas=gammas, device=str(dev),
                     hf=not args.no_hf, temperatures=temperatures, baseline=args.baseline,
                     trees=tuple(filter(None, args.trees.split(","))),
                     tree_gammas=tuple(int(g) for g in filter(None, args.tree_gammas.split(","))),
-                    others=tuple(filter(None, args.others.split(","))), budget_s=args.budget_s)
-    doc = {"command": "python benchmarks/head_bench.py " + " ".join(sys.argv[1:]), **machine(dev), "clock": args.clock,
-           "head": args.head, "baseline": args.baseline,
-           "load_average_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - start, "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
+                    others=tuple(filter(None, args.others.split(","))), budget_s=args.budget_s, save=save)
+    save(results)
     print(f"wrote {args.out}")
 
 
