@@ -16,6 +16,12 @@ with other jobs it leaves out the time this process waited for a core (memory co
 
     python benchmarks/head_bench.py --head head:DIR [--baseline head] [--prompts 4] [--new-tokens 64] [--out results/head_bench.json]
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 2,3,4,5   # the CPU table
+    OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 3,4 --trees head-tree/8,head-tree/16,head-tree/32 --tree-gammas 4,6 --others '' --no-hf --clock process   # trees
+
+    FLASHSPEC_CACHE=/tmp/fscache timeout 240 python benchmarks/head_bench.py --target /tmp/fs/model.gguf --device cuda --prompts 3 --new-tokens 64 --gammas 3,4 --trees head-tree/16,head-tree/32x8 --tree-gammas 4,6 --others '' --no-hf --budget-s 120 --out $OUT/tree_engine_gpu.json   # GPU: the tree step (eager) beside the chain head and plain decoding (CUDA graphs)
+
+Tree drafts (``--trees``, ``head-tree/N`` at each depth of ``--tree-gammas``): their draft time is ``draft_tree``'s
+(feeding the head, EAGLE-2's expansion and selection), ``draft_ms_per_token`` per depth level.
 """
 
 from __future__ import annotations
@@ -60,11 +66,13 @@ def per_position(accepted: list[int], gamma: int) -> list[float]:
 
 
 class ProposeClock:
-    """Wraps a draft's ``propose`` (an instance attribute shadowing the method) to add up its time."""
+    """Wraps a draft's ``propose`` (a tree draft's ``draft_tree``; an instance attribute shadowing the method)
+    to add up its time."""
 
     def __init__(self, draft):
+        self.method = "draft_tree" if getattr(draft, "tree", False) else "propose"
         self.draft, self.seconds, self.calls = draft, 0.0, 0
-        inner = draft.propose
+        inner = getattr(draft, self.method)
 
         def propose(*a, **k):
             start = clock()
@@ -73,10 +81,10 @@ class ProposeClock:
             self.calls += 1
             return out
 
-        draft.propose = propose
+        setattr(draft, self.method, propose)
 
     def close(self) -> None:
-        del self.draft.propose
+        delattr(self.draft, self.method)
 
 
 def run(engine, ids_list, *, temperature, gamma, new_tokens, speculation=True) -> tuple[dict, list]:
@@ -102,7 +110,8 @@ def summary(steps: Steps, tokens: list, seconds: float, gamma: int, speculation:
     """One table cell: tokens, tok/s, steps; speculative: tokens per step, acceptance by draft position,
     the draft's ``propose`` time per step and per drafted token (ms)."""
     n = sum(len(t) for t in tokens)
-    cell = {"tokens": n, "seconds": seconds, "tok_s": n / seconds, "steps": len(steps.accepted)}
+    cell = {"tokens": n, "seconds": seconds, "tok_s": n / seconds, "ms_per_token": 1e3 * seconds / n,
+            "steps": len(steps.accepted)}
     if speculation:
         cell.update(emitted_per_step=steps.emitted / max(1, len(steps.accepted)),
                     acceptance_by_position=per_position(steps.accepted, gamma))
@@ -128,21 +137,30 @@ def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:
 
 
 def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int, ...], others=("ngram", "layerskip"),
-          temperatures=(0.0, 0.7), device=None, hf=True, baseline: str | None = None, log=print) -> dict:
-    """Every cell by "domain T=t"; ``baseline``: a second head's cells ("baseline G=g") beside ``head``'s."""
+          temperatures=(0.0, 0.7), device=None, hf=True, baseline: str | None = None, trees: tuple[str, ...] = (),
+          tree_gammas: tuple[int, ...] = (), budget_s: float = float("inf"), log=print, save=None) -> dict:
+    """Every cell by "domain T=t"; ``baseline``: a second head's cells ("baseline G=g") beside ``head``'s;
+    ``trees``: tree drafts (``head-tree/N``) at each depth G of ``tree_gammas`` ("head-tree/N G=g"). Past
+    ``budget_s`` seconds no further domain / temperature is started; ``save(results)`` after each (a run cut
+    short keeps what it measured)."""
     from flashspec.engine import encode
     from flashspec.head_corpus import DOMAINS, corpus, split
     from flashspec_torch.engine import Engine
 
     held = split(corpus())[1]
     heads = {"head": head, **({"baseline": baseline} if baseline else {})}
-    engines = {name: Engine(loaded, (name,), policy="fixed", device=device) for name in (*heads.values(), *others)}
+    engines = {name: Engine(loaded, (name,), policy="fixed", device=device)
+               for name in (*heads.values(), *others, *trees)}
+    start = time.perf_counter()
     plain_engine = engines[head]
     hf_model = to_hf(loaded) if hf else None
     results = {}
     for d in DOMAINS:
         ids_list = [encode(loaded.tokenizer, p.text, d == "chat") for p in [p for p in held if p.domain == d][:prompts]]
         for t in temperatures:
+            if time.perf_counter() - start > budget_s:
+                log(f"{d} T={t}: skipped (past --budget-s {budget_s:g})")
+                continue
             cells = {}
             cells["plain"], plain = run(plain_engine, ids_list, temperature=t, gamma=1, new_tokens=new_tokens, speculation=False)
             for label, spelling in heads.items():
@@ -150,6 +168,11 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
                     cells[f"{label} G={g}"], got = run(engines[spelling], ids_list, temperature=t, gamma=g,
                                                        new_tokens=new_tokens)
                     cells[f"{label} G={g}"]["greedy_equal"] = got == plain if t == 0 else None
+            for spelling in trees:
+                for g in tree_gammas:
+                    cells[f"{spelling} G={g}"], got = run(engines[spelling], ids_list, temperature=t, gamma=g,
+                                                          new_tokens=new_tokens)
+                    cells[f"{spelling} G={g}"]["greedy_equal"] = got == plain if t == 0 else None
             for name in others:
                 cells[f"{name} G=4"], got = run(engines[name], ids_list, temperature=t, gamma=4, new_tokens=new_tokens)
                 cells[f"{name} G=4"]["greedy_equal"] = got == plain if t == 0 else None
@@ -167,6 +190,8 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
             log(f"{d} T={t}: " + ", ".join(f"{k} {c['tok_s']:.1f} tok/s ({c['speedup']:.2f}x"
                                            + (f", {c['emitted_per_step']:.2f}/step" if "emitted_per_step" in c else "")
                                            + ")" for k, c in cells.items()))
+            if save:
+                save(results)
     return results
 
 
@@ -195,6 +220,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--gammas", default="2,3,4,5")
     ap.add_argument("--temperatures", default="0,0.7")
+    ap.add_argument("--trees", default="", help="tree drafts beside the head, e.g. head-tree/8,head-tree/16 ('': none)")
+    ap.add_argument("--tree-gammas", default="4,6", help="the trees' depths G")
+    ap.add_argument("--others", default="ngram,layerskip", help="other drafts at G = 4 ('': none)")
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no domain / temperature past this")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall (a quiet machine) or process (this process's CPU time: a shared machine)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
@@ -210,13 +239,20 @@ def main() -> None:
     gammas = tuple(int(g) for g in args.gammas.split(","))
     temperatures = tuple(float(t) for t in args.temperatures.split(","))
     start = time.perf_counter()
+
+    def save(results: dict) -> None:
+        doc = {"command": "python benchmarks/head_bench.py " + " ".join(sys.argv[1:]), **machine(dev), "clock": args.clock,
+               "head": args.head, "baseline": args.baseline,
+               "load_average_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - start, "results": results}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+
     results = bench(loaded, args.head, prompts=args.prompts, new_tokens=args.new_tokens, gammas=gammas, device=str(dev),
-                    hf=not args.no_hf, temperatures=temperatures, baseline=args.baseline)
-    doc = {"command": "python benchmarks/head_bench.py " + " ".join(sys.argv[1:]), **machine(dev), "clock": args.clock,
-           "head": args.head, "baseline": args.baseline,
-           "load_average_at_end": list(os.getloadavg()), "wall_s": time.perf_counter() - start, "results": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1))
+                    hf=not args.no_hf, temperatures=temperatures, baseline=args.baseline,
+                    trees=tuple(filter(None, args.trees.split(","))),
+                    tree_gammas=tuple(int(g) for g in filter(None, args.tree_gammas.split(","))),
+                    others=tuple(filter(None, args.others.split(","))), budget_s=args.budget_s, save=save)
+    save(results)
     print(f"wrote {args.out}")
 
 

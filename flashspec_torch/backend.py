@@ -258,8 +258,13 @@ class TorchBackend:
     # -- one speculative step
 
     def step(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
-        """draft -> score -> verify -> commit; one CUDA-graph replay when graphed."""
+        """draft -> score -> verify -> commit; one CUDA-graph replay when graphed. A tree draft
+        (``tree_step.HeadTreeDraft``) runs ``tree_step`` eagerly, ``gamma`` its depth."""
         draft = self.drafts[arm]
+        if getattr(draft, "tree", False):
+            from .tree_step import tree_step
+
+            return tree_step(self, arm, gamma, sampling, seed, offset)
         if not self.graphed or not draft.capturable:  # e.g. a transformers model with growing inputs
             proposal = self.draft(arm, gamma, sampling, seed, offset)
             return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset),

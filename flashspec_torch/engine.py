@@ -43,9 +43,9 @@ class Engine(EngineBase):
     nor on speculation, in bf16 too (the default multiplies with cuBLAS, whose tiling follows the
     row count). CUDA, or the CPU under TRITON_INTERPRET=1; plain Llama-shaped targets only (refused
     otherwise, here).
-    ``stop_below`` (model drafts and draft heads): the dynamic draft length; a row stops drafting after
-    a token its draft gives probability < stop_below at temperature 1 (0: always G tokens; exact,
-    docs/adaptive.md).
+    ``stop_below`` (model drafts and draft heads; not head-tree's trees, whose size is fixed): the dynamic
+    draft length; a row stops drafting after a token its draft gives probability < stop_below at
+    temperature 1 (0: always G tokens; exact, docs/adaptive.md).
     """
 
     backend_name = "torch"
@@ -102,10 +102,10 @@ class Engine(EngineBase):
         parallel.shard_model(self.target.model, self.rank, tensor_parallel)
         self.policy_name, self.objective = policy, objective
         self.drafts = [self.make_draft(d) for d in drafts]
-        stoppable = [d for d in self.drafts if hasattr(d, "stop_below")]  # model drafts and heads
+        stoppable = [d for d in self.drafts if hasattr(d, "stop_below") and not getattr(d, "tree", False)]  # chains
         if stop_below and not stoppable:
             raise ValueError(f"stop_below={stop_below} needs a model draft or a draft head (drafts.confident_lengths); "
-                             f"drafts={drafts!r} have a fixed length: leave stop_below at 0 or add such a draft")
+                             f"drafts={drafts!r} have a fixed length (a tree too): leave stop_below at 0 or add such a draft")
         for d in stoppable:
             d.stop_below = stop_below
         config = self.target.model.config
@@ -136,7 +136,7 @@ class Engine(EngineBase):
         if not isinstance(spec, str):
             return draft_from_model(spec, model, self.dtype, self.device)
         draft = parse_draft(spec)
-        if self.tensor_parallel != 1 and draft.kind in ("nf4", "head"):
+        if self.tensor_parallel != 1 and draft.kind in ("nf4", "head", "head-tree"):
             raise ValueError(f"draft {spec!r} reads the target's own weights, which tensor_parallel="
                              f"{self.tensor_parallel} splits: use ngram, layerskip, self or a draft model")
         if draft.kind == "ngram":
@@ -149,10 +149,10 @@ class Engine(EngineBase):
             return ModelDraft("nf4", model if is_nf4(model) else quantize_nf4(model))
         if draft.kind == "self":
             return ModelDraft("self", model)
-        if draft.kind == "head":
+        if draft.kind in ("head", "head-tree"):
             from .heads import load_draft_head
 
-            return load_draft_head(spec, draft.path, model, draft.top)
+            return load_draft_head(spec, draft.path, model, draft.top, draft.tree, draft.branch)
         if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
             hf = load_transformers_directory(spec, self.dtype, self.device)
             hf.config.name_or_path = Path(spec).name

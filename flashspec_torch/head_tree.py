@@ -125,7 +125,8 @@ def select_tree(cands: Candidates, size: int) -> DraftTree:
     parents = node_of.gather(1, cands.parents.gather(1, index) + 1)
     if bool(((cands.parents.gather(1, index) >= 0) & (parents < 0)).any()):
         raise AssertionError("select_tree kept a node without its parent (candidate values not monotone)")
-    return DraftTree(cands.tokens.gather(1, index), parents, torch.full((b,), size, dtype=torch.int64), index)
+    return DraftTree(cands.tokens.gather(1, index), parents, torch.full((b,), size, dtype=torch.int64, device=index.device),
+                     index)
 
 
 def draft_tree(head, target, state, logits, cache: KVCache, root, top_k: int, depth: int, size: int) -> DraftTree:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
+from flashspec.drafts import TREE_TOP_K
 from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, kept_ids,
                                  read_metadata)
 
@@ -152,14 +153,20 @@ class HeadDraft:
         self.feed(seqs, start, chunk, min(seqs.max_len_bound, s_max), select=torch.zeros_like(start))  # no logits kept
         self.valid.copy_(torch.maximum(self.valid, seqs.length - 1))
 
+    def root(self, seqs: Sequences, gamma: int, attend: int, graphed: bool = False):  # -> [B, C], [B, V_d]
+        """Feed every position not fed yet (up to each row's last committed token, position length - 1) from
+        the tokens and the target's features; the head's state and logits there (its first draft)."""
+        length = seqs.length  # [B]
+        start = torch.minimum(self.valid, length - 1)
+        chunk = gamma + 1 if graphed else min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, self.cache.max_len)
+        last = (length - 1 - start).clamp(max=chunk - 1)
+        return self.feed(seqs, start, chunk, attend, select=last)
+
     def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
         s_max = self.cache.max_len
         length = seqs.length  # [B]
-        start = torch.minimum(self.valid, length - 1)
-        chunk = gamma + 1 if graphed else min(self.catch_up_bound(seqs, gamma), seqs.max_len_bound, s_max)
         attend = s_max if graphed else min(seqs.max_len_bound + gamma, s_max)
-        last = (length - 1 - start).clamp(max=chunk - 1)
-        s, w = self.feed(seqs, start, chunk, attend, select=last)
+        s, w = self.root(seqs, gamma, attend, graphed)
         ids = self.head.token_ids  # [V_d]
         noise = None if sampling.greedy else draft_gumbel(seed, offset, length.shape[0], gamma, ids)  # [B, G, V_d]
         xs, js, ws, lqs = [], [], [], []
@@ -232,10 +239,16 @@ def fingerprint(target: Llama) -> float:
     return float(target.embed.weight.detach().double().abs().mean())
 
 
-def load_draft_head(name: str, directory: str, target: Llama, top: int = 0) -> HeadDraft:
+def load_draft_head(name: str, directory: str, target: Llama, top: int = 0, tree: int = 0,
+                    top_k: int = TREE_TOP_K) -> HeadDraft:
     """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``;
-    ``top`` (``head@N``): over its N most frequent tokens only (0: all)."""
+    ``top`` (``head@N``): over its N most frequent tokens only (0: all); ``tree`` (``head-tree/N``): drafting
+    a tree of that many nodes, ``top_k`` children per frontier node (``tree_step.HeadTreeDraft``; 0: a chain)."""
     path = draft_head_file(directory)
     head, meta = load_head(path, target.config, top)
     check_fingerprint(name, path, meta, fingerprint(target))
+    if tree:
+        from .tree_step import HeadTreeDraft
+
+        return HeadTreeDraft(name, head, target, tree, top_k)
     return HeadDraft(name, head, target)

@@ -110,6 +110,10 @@ class TorchSlotBackend(TorchBackend):
     def open_slots(self, slots: int, context: int) -> None:
         limit = self.target.config.max_position_embeddings
         check_open_slots(slots, context, limit)
+        trees = [d.name for d in self.drafts if getattr(d, "tree", False)]
+        if trees:
+            raise ValueError(f"drafts {trees} draft trees, which serving slots do not run yet (only generate's "
+                             "steps do): serve with head or another chain draft")
         self.allocate(slots, context + MARGIN)
         dev = self.device
         self.context = context

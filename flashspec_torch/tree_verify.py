@@ -41,6 +41,7 @@ def verify_tree(
     offset: int | torch.Tensor = 0,  # int, or int tensor [] or [B]
     tree_sizes: torch.Tensor | None = None,  # [B] int in [0, N]; None: all N
     max_depth: int = MAX_TREE_DEPTH,
+    validate: bool = True,  # False: the logits are not value-checked (an engine step screened them already)
 ) -> TreeVerifyResult:
     """The oracle's ``verify_tree`` on tensors; the result's fields are int32 tensors on the logits' device:
     num_accepted [B], tokens [B, D+1] (the path's tokens, y, then -1), path [B, D] (D: the deepest tree)."""
@@ -52,7 +53,8 @@ def verify_tree(
     tokens, parents = clean_tree(tree_tokens.long(), tree_parents.long(), sizes)  # [B, N] each
     depth = check_tree_values(tree_tokens, tree_parents, sizes, tokens, parents, v, max_depth)  # [B, N]
     z = target_logits.float()
-    check_logits("target_logits", z)
+    if validate:
+        check_logits("target_logits", z)
     kids = children_table(parents, sizes)  # [B, N+1, K]
     d = int(depth.max()) if n else 0
     if cfg.greedy:

@@ -270,11 +270,12 @@ def add_generate(sub) -> None:
     p.add_argument("--target", help="a model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct); "
                                     "nf4 or nf4:PATH for its 4-bit NF4 copy")
     p.add_argument("--draft", action="append", metavar="DRAFT",
-                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | PATH; repeat for several (default: head and ngram with torch on the embedded model, else ngram)")
+                   help="ngram[:N] | nf4 | layerskip[:L1-L2] | self | head[:DIR][@N] | head-tree[/N[xK]][:DIR][@V] (a tree of N nodes, "
+                        "depth --gamma) | PATH; repeat for several (default: head and ngram with torch on the embedded model, else ngram)")
     p.add_argument("--policy", choices=engine_policies(), default="adaptive",
                    help="how a draft is chosen per step (adaptive: plain decoding, each draft at G and G // 2, "
                         "by measured tokens/s)")
-    p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step")
+    p.add_argument("--gamma", type=positive_int, default=4, help="tokens drafted per step (a tree draft, head-tree: the tree's depth)")
     p.add_argument("--temperature", type=non_negative_float, default=0.7, help="sampling temperature; 0 is greedy")
     p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens; 0 is off")
     p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling's mass; 1.0 is off")

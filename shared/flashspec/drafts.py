@@ -9,13 +9,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# ``head-tree``'s default nodes per tree and children per frontier node (EAGLE-2's top_k), docs/draft_head.md
+TREE_NODES = 16
+TREE_TOP_K = 4
+MAX_TREE_NODES = 64  # a step writes N + 1 cache rows past the root: the backends' margin past a row's budget
+
 DRAFT_HELP = (
-    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | head[:DIR][@N] (a trained draft head; @N: over its N most frequent tokens) | PATH (a model directory or .gguf sharing the tokenizer) "
+    "ngram[:N] | nf4 | layerskip[:L1-L2,L3] | self | head[:DIR][@N] (a trained draft head; @N: over its N most frequent tokens) "
+    f"| head-tree[/N[xK]][:DIR][@V] (the head drafting an EAGLE-2 tree of N nodes, default {TREE_NODES}, K children per "
+    f"frontier node, default {TREE_TOP_K}, depth G; torch) | PATH (a model directory or .gguf sharing the tokenizer) "
     "| a transformers model object (Python API)"
 )
 TARGET_HELP = "None (the embedded SmolLM2-135M-Instruct) | PATH | nf4 | nf4:PATH (an NF4 copy of that target)"
 
-DRAFT_KINDS = ("ngram", "layerskip", "nf4", "self", "head", "path")
+DRAFT_KINDS = ("ngram", "layerskip", "nf4", "self", "head", "head-tree", "path")
 BACKEND_DRAFTS = {"torch": DRAFT_KINDS, "jax": ("ngram", "layerskip", "self", "head", "path")}  # what each backend builds
 
 # The draft head trained for the embedded model ships here (``flashspec train-head``; docs/draft_head.md).
@@ -39,6 +46,8 @@ class DraftSpec:
     layers: str = ""
     path: str = ""  # a PATH draft's file or directory; head:DIR's directory ('' for the shipped head)
     top: int = 0  # head@N: the head drafts over its N most frequent tokens (0: all of them)
+    tree: int = 0  # head-tree/N: the nodes of each step's tree (0: a chain draft)
+    branch: int = TREE_TOP_K  # head-tree/NxK: the children each frontier node adds (EAGLE-2's top_k)
 
 
 def parse_draft(spec: str) -> DraftSpec:
@@ -58,6 +67,8 @@ def parse_draft(spec: str) -> DraftSpec:
         return DraftSpec(spec, spec)
     if name == "head" or name.startswith("head@"):
         return parse_head(spec)
+    if name.startswith("head-tree"):
+        return parse_head_tree(spec)
     return DraftSpec(spec, "path", path=spec)
 
 
@@ -70,6 +81,29 @@ def parse_head(spec: str) -> DraftSpec:
     elif not top.isdigit() or int(top) < 1:
         raise ValueError(f"draft {spec!r}: use head[:DIR]@N with N >= 1 (the head's N most frequent tokens)")
     return DraftSpec(spec, "head", path=base.partition(":")[2], top=int(top or 0))
+
+
+def parse_head_tree(spec: str) -> DraftSpec:
+    """head-tree, head-tree/N, head-tree/NxK, then what ``parse_head`` reads after ``head`` (:DIR, @V):
+    head-tree/32x4:DIR@4096."""
+    rest = spec[len("head-tree"):]
+    nodes, branch = TREE_NODES, TREE_TOP_K
+    if rest.startswith("/"):
+        text = rest[1:].partition(":")[0].partition("@")[0]
+        rest = rest[1 + len(text):]
+        n, x, k = text.partition("x")
+        nodes = int(n) if n.isdigit() else 0
+        branch = int(k) if k.isdigit() else 0 if x else branch
+    if rest[:1] not in ("", ":", "@") or not 1 <= nodes <= MAX_TREE_NODES or not 1 <= branch <= MAX_TREE_NODES:
+        raise ValueError(f"draft {spec!r}: use head-tree[/N[xK]][:DIR][@V] with N in [1, {MAX_TREE_NODES}] (the "
+                         f"tree's nodes, default {TREE_NODES}) and K >= 1 (children per frontier node, default "
+                         f"{TREE_TOP_K}), e.g. head-tree/32, head-tree/16x4 or head-tree/16:DIR")
+    try:
+        head = parse_head("head" + rest)
+    except ValueError:
+        raise ValueError(f"draft {spec!r}: use head-tree[/N[xK]][:DIR]@V with V >= 1 (the head's V most frequent "
+                         "tokens)") from None
+    return DraftSpec(spec, "head-tree", path=head.path, top=head.top, tree=nodes, branch=branch)
 
 
 def not_implemented(draft: DraftSpec, backend: str) -> ValueError:

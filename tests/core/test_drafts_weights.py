@@ -22,6 +22,11 @@ from flashspec.weights import convert_state_dict
     ("head@4096", DraftSpec("head@4096", "head", path="", top=4096)),
     ("head:/heads/a@b@2048", DraftSpec("head:/heads/a@b@2048", "head", path="/heads/a@b", top=2048)),
     ("head:/heads/a@b", DraftSpec("head:/heads/a@b", "head", path="/heads/a@b")),
+    ("head-tree", DraftSpec("head-tree", "head-tree", path="", tree=16, branch=4)),
+    ("head-tree/32", DraftSpec("head-tree/32", "head-tree", path="", tree=32, branch=4)),
+    ("head-tree/16x4@4096", DraftSpec("head-tree/16x4@4096", "head-tree", path="", top=4096, tree=16, branch=4)),
+    ("head-tree/8:/h/a@b/9@100", DraftSpec("head-tree/8:/h/a@b/9@100", "head-tree", path="/h/a@b/9", top=100, tree=8)),
+    ("head-tree:/h/32", DraftSpec("head-tree:/h/32", "head-tree", path="/h/32", tree=16)),
     ("/models/small", DraftSpec("/models/small", "path", path="/models/small")),
     ("draft.gguf", DraftSpec("draft.gguf", "path", path="draft.gguf")),
 ])
@@ -38,6 +43,13 @@ def test_a_bad_ngram_is_refused(spec):
 @pytest.mark.parametrize("spec", ["head@0", "head@x", "head:/h@0", "head@"])
 def test_a_bad_head_vocabulary_size_is_refused(spec):
     with pytest.raises(ValueError, match=r"head\[:DIR\]@N with N >= 1"):
+        parse_draft(spec)
+
+
+@pytest.mark.parametrize("spec", ["head-tree/0", "head-tree/65", "head-tree/x", "head-tree/16x", "head-tree/16x0",
+                                  "head-treex", "head-tree/16y", "head-tree@0", "head-tree/8@x"])
+def test_a_bad_head_tree_is_refused(spec):
+    with pytest.raises(ValueError, match=r"head-tree\[/N"):
         parse_draft(spec)
 
 

@@ -25,14 +25,29 @@ def test_greedy_head_speculation_equals_greedy_decoding(engine):
     assert spec["acceptance"] > 0.2  # the head really drafted (about 0.5 per position held out)
 
 
+def first_two_laws(model, ids: list[int], sampling: SamplingConfig):  # -> first [F], p1 [V], p2 [F, V] (NumPy)
+    """The target's own law of the first token after ``ids`` (``first``: the ids it can draw) and of the
+    second after each of them, by plain forward passes: what ``check_first_two_tokens`` compares with."""
+    from flashspec_torch.reference import log_probs
+
+    k = len(ids) + 1
+    with torch.inference_mode():
+        z1 = model(torch.tensor([ids]), torch.arange(k - 1)[None], model.new_cache(1, k - 1), k - 1, logits_last=1)[0, 0]
+        p1 = log_probs(z1, sampling).exp().double()  # [V]
+        first = torch.nonzero(p1 > 0)[:, 0]  # the nucleus of the first token
+        seqs = torch.tensor([ids + [t] for t in first.tolist()])
+        z2 = model(seqs, torch.arange(k)[None].expand(len(first), -1), model.new_cache(len(first), k), k,
+                   logits_last=1)[:, 0]
+        p2 = log_probs(z2, sampling).exp().double()  # [F, V]
+    return first.numpy(), p1.numpy(), p2.numpy()
+
+
 def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine, monkeypatch):
     """T = 0.7, top-p 0.9, G = 2, with the dynamic draft length (``stop_below`` 0.05: a row stops after
     a token the head gives q < 0.05 at temperature 1; about a third of the rows propose one token, the
     rest two): the first token's law and the first two tokens' joint law, chi-square against the
     target's own p(t1) p(t2 | t1) computed by plain forward passes. A short prompt with a few likely
     continuations keeps the rows cheap and the bins full."""
-    from flashspec_torch.reference import log_probs
-
     draft = engine.backend.drafts[0]
     monkeypatch.setattr(draft, "stop_below", 0.05)
     lengths, propose = [], draft.propose
@@ -45,20 +60,11 @@ def test_sampled_first_two_tokens_follow_the_target_with_the_head(engine, monkey
     monkeypatch.setattr(draft, "propose", recorded)
 
     prompt, n = "My favourite colour is", 200
-    sampling = SamplingConfig(temperature=0.7, top_p=0.9)
-    ids = engine.encode(prompt, chat=False)
-    m = engine.target.model
+    laws = first_two_laws(engine.target.model, engine.encode(prompt, chat=False), SamplingConfig(0.7, top_p=0.9))
     with torch.inference_mode():
-        z1 = m(torch.tensor([ids]), torch.arange(len(ids))[None], m.new_cache(1, len(ids)), len(ids), logits_last=1)[0, 0]
-        p1 = log_probs(z1, sampling).exp().double()  # [V]
-        first = torch.nonzero(p1 > 0)[:, 0]  # the nucleus of the first token
-        seqs = torch.tensor([ids + [t] for t in first.tolist()])
-        k = len(ids) + 1
-        z2 = m(seqs, torch.arange(k)[None].expand(len(first), -1), m.new_cache(len(first), k), k, logits_last=1)[:, 0]
-        p2 = log_probs(z2, sampling).exp().double()  # [F, V]
         out = engine.generate([prompt] * n, seed=list(range(n)), temperature=0.7, top_p=0.9, max_new_tokens=2, gamma=2,
                               chat=False)
-    check_first_two_tokens(out["tokens"], first.numpy(), p1.numpy(), p2.numpy())
+    check_first_two_tokens(out["tokens"], *laws)
     assert out["acceptance"] > 0.1  # the head's drafts were accepted often enough to matter
     assert 0.15 < float((lengths[0] == 1).float().mean()) < 0.85  # both lengths are common
 
