@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-# ``head-tree``'s default nodes per tree and children per frontier node (EAGLE-2's top_k), docs/draft_head.md
+# ``head-tree``'s default nodes per tree and children per frontier node (EAGLE-2's top_k), docs/trees.md
 TREE_NODES = 16
 TREE_TOP_K = 4
 MAX_TREE_NODES = 64  # a step writes N + 1 cache rows past the root: the backends' margin past a row's budget
