@@ -15,17 +15,17 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
 * ``timing``: ms per plain token at batch 1, 16, 64 and ms per speculative step (with its tokens per
   step) at batch 1 and 64, CUDA graphs on, in four or five modes: batch-invariant with the engine's
   launches (``invariant``: ``launch_tiling``), the default mode, cuBLAS-only products, batch-invariant with
-  gate_up's product then the ``silu_mul`` kernel (``invariant_unfused``: the mode before gate_up took
-  SwiGLU as its epilogue), and, with
+  qkv's and gate_up's products then the ``rope_kv`` and ``silu_mul`` kernels (``invariant_unfused``: the
+  mode before they became the products' epilogues), and, with
   ``--tiles-json`` (a result of ``benchmarks/invariant_tiles_gpu.py`` on this GPU, usually from the same
   run), batch-invariant with each product launched as the fastest candidate of the engine's order that
   passed every bit check there at the nearest measured M at or above the pass's rows
   (``invariant_best``: what ``launch_tiling`` would give if it took those winners); the ratios of each
   invariant mode to the default, to cuBLAS (issue #40's bar: <= 1.15 at batch 1, <= 1.25 at batch 64) and
   to ``invariant_unfused``.
-* ``swiglu``: the shape's gate_up alone at M = 1, 5, 16, 64, 65, 320: its SwiGLU epilogue gives the bits of
-  the product then ``silu_mul`` (pass), with the engine's launch and, at 64 and 320 rows, with every launch
-  the card's evidence covers.
+* ``epilogues``: the shape's gate_up and qkv alone at M = 1, 5, 16, 64, 65, 320: their epilogues (SwiGLU;
+  RoPE + KV write) give the bits of the product then ``silu_mul`` / ``rope_kv`` (pass), with the engine's
+  launch and, at 65 and 320 rows, with every launch the card's evidence covers.
 * ``products``: (``--product-shapes``) each projection alone at M = 1, 16, 64, 320: us per call of the
   three invariant tilings above on the product's input (``rows4`` the engine's, ``rows1``, ``m64``),
   of cuBLAS, and of the per-row add + RMSNorm or SwiGLU kernel the engine runs before the product;
@@ -74,10 +74,10 @@ SHAPES = {
 }
 # mode: (model.batch_invariant, model.linear_impl, model.pdl); None: the model's default by device and shape
 MODES = {"invariant": (True, None, None), "default": (False, None, None), "cublas": (False, "reference", False),
-         "invariant_unfused": (True, None, None),  # gate_up's product, then the silu_mul kernel (before session 21)
+         "invariant_unfused": (True, None, None),  # qkv's and gate_up's products, then rope_kv / silu_mul (< session 21)
          "invariant_best": (True, None, None)}  # the last with --tiles-json only: launches from its winners
 ENGINE_LAUNCH = None  # invariant_matmul.launch_tiling as imported (set_mode restores it)
-ENGINE_SWIGLU = None  # model.invariant_matmul_swiglu as imported (set_mode restores it)
+ENGINE_EPILOGUES = None  # model.invariant_matmul_swiglu and _rope_kv as imported (set_mode restores them)
 GREEDY, SAMPLED = SamplingConfig(0.0), SamplingConfig(0.8)
 
 
@@ -105,12 +105,14 @@ def set_mode(m: Llama, mode: str, winners: dict | None = None) -> None:
     from flashspec_torch import invariant_matmul as I
     from flashspec_torch import model as model_module
 
-    global ENGINE_LAUNCH, ENGINE_SWIGLU
+    global ENGINE_LAUNCH, ENGINE_EPILOGUES
     ENGINE_LAUNCH = ENGINE_LAUNCH or I.launch_tiling
-    ENGINE_SWIGLU = ENGINE_SWIGLU or model_module.invariant_matmul_swiglu
+    ENGINE_EPILOGUES = ENGINE_EPILOGUES or (model_module.invariant_matmul_swiglu, model_module.invariant_matmul_rope_kv)
     m.batch_invariant, m.linear_impl, m.pdl = MODES[mode]
     I.launch_tiling = ENGINE_LAUNCH if mode != "invariant_best" else best_launch(winners, ENGINE_LAUNCH)
-    model_module.invariant_matmul_swiglu = unfused_swiglu if mode == "invariant_unfused" else ENGINE_SWIGLU
+    unfused = mode == "invariant_unfused"
+    model_module.invariant_matmul_swiglu, model_module.invariant_matmul_rope_kv = \
+        (unfused_swiglu, unfused_rope_kv) if unfused else ENGINE_EPILOGUES
 
 
 def unfused_swiglu(x, w, pdl=False):  # x [..., K]; w [2I, K] -> [..., I]: the product, then silu_mul's kernel
@@ -118,6 +120,14 @@ def unfused_swiglu(x, w, pdl=False):  # x [..., K]; w [2I, K] -> [..., I]: the p
     from flashspec_torch.layers import silu_mul
 
     return silu_mul(invariant_matmul(x, w, pdl), "triton", pdl)
+
+
+def unfused_rope_kv(x, w, r, pdl=False):  # x [B, T, K]; r: an invariant_matmul.RopeKV -> q: the product, then rope_kv
+    from flashspec_torch.invariant_matmul import invariant_matmul
+    from flashspec_torch.layers import rope_kv
+
+    return rope_kv(invariant_matmul(x, w, pdl), r.cos, r.sin, r.positions, r.k_cache, r.v_cache, r.heads, r.kv_heads,
+                   "triton", pdl)
 
 
 def tile_winners(path: Path) -> dict[tuple[int, int], dict[int, dict]]:
@@ -286,28 +296,44 @@ def products(name: str, ms, device: str) -> list[dict]:
     return out
 
 
-def swiglu_part(name: str, ms, device: str) -> list[dict]:
-    """The shape's gate_up (random bf16) at each M in ``ms``: pass when its SwiGLU epilogue
-    (``invariant_matmul_swiglu``) gives the bits of the product, then ``silu_mul``'s kernel, with the
-    engine's launch, and at the largest two M with every launch this card's ``MMA64_CARDS`` evidence covers."""
+def epilogue_part(name: str, ms, device: str) -> list[dict]:
+    """The shape's gate_up and qkv (random bf16) at each M in ``ms`` (qkv: M / 5 requests of 5 tokens where 5
+    divides M, else M of one): pass when the product's epilogue (SwiGLU; RoPE + KV write: q and both caches)
+    gives the bits of the product, then ``silu_mul``'s or ``rope_kv``'s kernel, with the engine's launch and,
+    at the largest two M, with every launch this card's ``MMA64_CARDS`` evidence covers."""
     from dataclasses import replace
 
     from flashspec_torch import invariant_matmul as I
-    from flashspec_torch.layers import silu_mul
+    from flashspec_torch.layers import rope_kv, silu_mul
 
     c = SHAPES[name]
-    h, i = c["hidden_size"], c["intermediate_size"]
+    h, i, heads, kv_heads, d = (c[f] for f in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim"))
     g = torch.Generator(device=device).manual_seed(2)
-    x = (torch.randn(max(ms), h, generator=g, device=device) * 0.5).to(torch.bfloat16)
-    w = (torch.randn(2 * i, h, generator=g, device=device) * 0.02).to(torch.bfloat16)
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=g, device=device) * scale).to(torch.bfloat16)  # noqa: E731
+    x, gate_up, qkv = rnd(max(ms), h, scale=0.5), rnd(2 * i, h, scale=0.02), rnd((heads + 2 * kv_heads) * d, h, scale=0.02)
+    cos, sin, slots = rnd(max(ms), d), rnd(max(ms), d), 64
     ev = I.MMA64_CARDS.get(I.evidence_card(x))
-    t = I.invariant_tiling(2 * i, h, torch.bfloat16)
-    cases = [(m, "engine", None) for m in ms]
-    cases += [(m, name, replace(t, **I.MMA64_LAUNCHES[name])) for m in sorted(ms)[-2:] for name in sorted(ev.launches if ev else ())]
     out = []
-    for m, launch, tiling in cases:
-        same = torch.equal(I.launch(x[:m], w, True, tiling, swiglu=True), silu_mul(I.launch(x[:m], w, True, tiling), "triton", True))
-        out.append(dict(check=f"{name} gate_up M={m} {launch}: SwiGLU epilogue == product then silu_mul", **{"pass": same}))
+    for proj, w in (("gate_up", gate_up), ("qkv", qkv)):
+        t = I.invariant_tiling(w.shape[0], h, torch.bfloat16)
+        cases = [(m, "engine", None) for m in ms]
+        cases += [(m, launch, replace(t, **I.MMA64_LAUNCHES[launch])) for m in sorted(ms)[-2:]
+                  for launch in sorted(ev.launches if ev else ())]
+        for m, launch, tiling in cases:
+            if proj == "gate_up":
+                got = [I.launch(x[:m], w, True, tiling, "swiglu")]
+                want = [silu_mul(I.launch(x[:m], w, True, tiling), "triton", True)]
+            else:
+                b, tt = (m // 5, 5) if m % 5 == 0 else (m, 1)
+                shaped = lambda a: a[:m].reshape(b, tt, -1)  # noqa: E731
+                positions = torch.arange(tt, device=device).repeat(b, 1)
+                caches = [torch.zeros(2, b, kv_heads, slots, d, dtype=torch.bfloat16, device=device) for _ in range(2)]
+                rope = I.RopeKV(shaped(cos), shaped(sin), positions, *caches[0], heads, kv_heads)
+                got = [I.launch(x[:m], w, True, tiling, "rope_kv", rope), *caches[0]]
+                want = [rope_kv(I.launch(x[:m], w, True, tiling).reshape(b, tt, -1), shaped(cos), shaped(sin), positions,
+                                *caches[1], heads, kv_heads, "triton", True), *caches[1]]
+            out.append(dict(check=f"{name} {proj} M={m} {launch}: epilogue == product then its kernel",
+                            **{"pass": all(torch.equal(a, b) for a, b in zip(got, want))}))
     return out
 
 
@@ -378,8 +404,9 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
             row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device, args.winners)
             row["timing_s"] = time.perf_counter() - t
             save()
-        if not over_budget(args, f"{name} swiglu"):
-            row["swiglu"] = swiglu_part(name, (1, 5, 16, 64, 65, 320) if not args.tiny else (1, 5, 17, 70), args.device)
+        if not over_budget(args, f"{name} epilogues"):
+            row["epilogues"] = epilogue_part(name, (1, 5, 16, 64, 65, 320) if not args.tiny else (1, 5, 17, 70),
+                                             args.device)
             save()
         if name in args.product_shapes and not over_budget(args, "products"):
             t = time.perf_counter()
@@ -442,7 +469,7 @@ def over_budget(args, part: str) -> bool:
 
 
 def summary(result: dict) -> dict:
-    checks = [c for s in result["shapes"].values() for part in ("checks", "products", "attention", "swiglu")
+    checks = [c for s in result["shapes"].values() for part in ("checks", "products", "attention", "epilogues")
               for c in s.get(part, [])]
     parts = [s["distinct"] for s in result["shapes"].values() if "distinct" in s]
     parts += [result["real_weights"]] if "pass" in result.get("real_weights", {}) else []
