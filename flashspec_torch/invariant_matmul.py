@@ -1,9 +1,10 @@
 """The batch-invariant product: y = x w^T for any number of rows with a row's bits independent of
 how many rows are computed with it and of what they hold (``Engine(batch_invariant=True)`` runs
 every product of the target by it, after the per-row add + RMSNorm kernel of ``flashspec_torch.layers``;
-gate_up as ``invariant_matmul_swiglu``, the product with ``silu_mul`` as its epilogue). Kernel in
-``flashspec_torch/kernels/invariant_matmul.py``; argument checks
-and the reference (``invariant_matmul_reference``, rounding once at the end) are ``flashspec_torch.gemv``'s.
+qkv as ``invariant_matmul_rope_kv`` and gate_up as ``invariant_matmul_swiglu``, the product with ``rope_kv``
+or ``silu_mul`` as its epilogue). Kernel in ``flashspec_torch/kernels/invariant_matmul.py``; argument
+checks and the reference (``invariant_matmul_reference``, rounding once at the end) are
+``flashspec_torch.gemv``'s.
 
 The reduction order (``invariant_tiling``) depends on N, K and the dtype, never on M: one K chunk
 size and a fixed cut of K into slices (each a float32 sum of its chunks' dots in order); the slices'
