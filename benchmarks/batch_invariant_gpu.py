@@ -15,17 +15,17 @@ Random bf16 weights of three shapes (the embedded SmolLM2-135M's, TinyLlama-1.1B
 * ``timing``: ms per plain token at batch 1, 16, 64 and ms per speculative step (with its tokens per
   step) at batch 1 and 64, CUDA graphs on, in four or five modes: batch-invariant with the engine's
   launches (``invariant``: ``launch_tiling``), the default mode, cuBLAS-only products, batch-invariant with
-  gate_up's product then the ``silu_mul`` kernel (``invariant_unfused``: the mode before gate_up took
-  SwiGLU as its epilogue), and, with
+  qkv's and gate_up's products then the ``rope_kv`` and ``silu_mul`` kernels (``invariant_unfused``: the
+  mode before they became the products' epilogues), and, with
   ``--tiles-json`` (a result of ``benchmarks/invariant_tiles_gpu.py`` on this GPU, usually from the same
   run), batch-invariant with each product launched as the fastest candidate of the engine's order that
   passed every bit check there at the nearest measured M at or above the pass's rows
   (``invariant_best``: what ``launch_tiling`` would give if it took those winners); the ratios of each
   invariant mode to the default, to cuBLAS (issue #40's bar: <= 1.15 at batch 1, <= 1.25 at batch 64) and
   to ``invariant_unfused``.
-* ``swiglu``: the shape's gate_up alone at M = 1, 5, 16, 64, 65, 320: its SwiGLU epilogue gives the bits of
-  the product then ``silu_mul`` (pass), with the engine's launch and, at 64 and 320 rows, with every launch
-  the card's evidence covers.
+* ``epilogues``: the shape's gate_up and qkv alone at M = 1, 5, 16, 64, 65, 320: their epilogues (SwiGLU;
+  RoPE + KV write) give the bits of the product then ``silu_mul`` / ``rope_kv`` (pass), with the engine's
+  launches on this card.
 * ``products``: (``--product-shapes``) each projection alone at M = 1, 16, 64, 320: us per call of the
   three invariant tilings above on the product's input (``rows4`` the engine's, ``rows1``, ``m64``),
   of cuBLAS, and of the per-row add + RMSNorm or SwiGLU kernel the engine runs before the product;
@@ -56,16 +56,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import triton
-import triton.testing
 
 from flashspec.config import SamplingConfig
 from flashspec.loop import SpecConfig, decode, speculate
 from flashspec_torch.backend import TorchBackend
 from flashspec_torch.drafts import LookupDraft
 from flashspec_torch.model import Llama, LlamaConfig
-from engine_gpu import SHAPES as ENGINE_SHAPES  # benchmarks/ is on sys.path for scripts
+from batch_invariant_ops import attention_part, epilogue_part, products  # benchmarks/ is on sys.path for scripts
+from engine_gpu import SHAPES as ENGINE_SHAPES
 
 SHAPES = {
     **ENGINE_SHAPES,
@@ -74,10 +73,10 @@ SHAPES = {
 }
 # mode: (model.batch_invariant, model.linear_impl, model.pdl); None: the model's default by device and shape
 MODES = {"invariant": (True, None, None), "default": (False, None, None), "cublas": (False, "reference", False),
-         "invariant_unfused": (True, None, None),  # gate_up's product, then the silu_mul kernel (before session 21)
+         "invariant_unfused": (True, None, None),  # qkv's and gate_up's products, then rope_kv / silu_mul (< session 21)
          "invariant_best": (True, None, None)}  # the last with --tiles-json only: launches from its winners
 ENGINE_LAUNCH = None  # invariant_matmul.launch_tiling as imported (set_mode restores it)
-ENGINE_SWIGLU = None  # model.invariant_matmul_swiglu as imported (set_mode restores it)
+ENGINE_EPILOGUES = None  # model.invariant_matmul_swiglu and _rope_kv as imported (set_mode restores them)
 GREEDY, SAMPLED = SamplingConfig(0.0), SamplingConfig(0.8)
 
 
@@ -105,12 +104,14 @@ def set_mode(m: Llama, mode: str, winners: dict | None = None) -> None:
     from flashspec_torch import invariant_matmul as I
     from flashspec_torch import model as model_module
 
-    global ENGINE_LAUNCH, ENGINE_SWIGLU
+    global ENGINE_LAUNCH, ENGINE_EPILOGUES
     ENGINE_LAUNCH = ENGINE_LAUNCH or I.launch_tiling
-    ENGINE_SWIGLU = ENGINE_SWIGLU or model_module.invariant_matmul_swiglu
+    ENGINE_EPILOGUES = ENGINE_EPILOGUES or (model_module.invariant_matmul_swiglu, model_module.invariant_matmul_rope_kv)
     m.batch_invariant, m.linear_impl, m.pdl = MODES[mode]
     I.launch_tiling = ENGINE_LAUNCH if mode != "invariant_best" else best_launch(winners, ENGINE_LAUNCH)
-    model_module.invariant_matmul_swiglu = unfused_swiglu if mode == "invariant_unfused" else ENGINE_SWIGLU
+    unfused = mode == "invariant_unfused"
+    model_module.invariant_matmul_swiglu, model_module.invariant_matmul_rope_kv = \
+        (unfused_swiglu, unfused_rope_kv) if unfused else ENGINE_EPILOGUES
 
 
 def unfused_swiglu(x, w, pdl=False):  # x [..., K]; w [2I, K] -> [..., I]: the product, then silu_mul's kernel
@@ -118,6 +119,14 @@ def unfused_swiglu(x, w, pdl=False):  # x [..., K]; w [2I, K] -> [..., I]: the p
     from flashspec_torch.layers import silu_mul
 
     return silu_mul(invariant_matmul(x, w, pdl), "triton", pdl)
+
+
+def unfused_rope_kv(x, w, r, pdl=False):  # x [B, T, K]; r: an invariant_matmul.RopeKV -> q: the product, then rope_kv
+    from flashspec_torch.invariant_matmul import invariant_matmul
+    from flashspec_torch.layers import rope_kv
+
+    return rope_kv(invariant_matmul(x, w, pdl), r.cos, r.sin, r.positions, r.k_cache, r.v_cache, r.heads, r.kv_heads,
+                   "triton", pdl)
 
 
 def tile_winners(path: Path) -> dict[tuple[int, int], dict[int, dict]]:
@@ -240,107 +249,6 @@ def distinct_completions(m: Llama, requests, seeds, tokens: int, runs: int, rng,
     return out
 
 
-def products(name: str, ms, device: str) -> list[dict]:
-    """Every projection of a shape (random bf16) at each M in ``ms``, us per call (CUDA graphs off, L2
-    flushed: ``triton.testing.do_bench``) of the batch-invariant product at the engine's tiling with up
-    to 4 row tiles per program (``rows4_us``), with one 16-row tile per program (``rows1_us``), with one
-    64-row tile per program (``m64_us``), of cuBLAS (``F.linear``), all on the product's input, and of
-    the per-row kernel the engine runs before the product (``prologue_us``: add + RMSNorm, SwiGLU);
-    pass: row 0 has the same bits as alone in each tiling."""
-    from dataclasses import replace
-
-    from flashspec_torch import invariant_matmul as I
-    from flashspec_torch.layers import add_rms_norm, silu_mul
-
-    c = SHAPES[name]
-    h, i, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    projections = (("qkv", "add_rms_norm", (c["num_heads"] + 2 * c["num_kv_heads"]) * hd, h), ("o", "none", h, c["num_heads"] * hd),
-                   ("gate_up", "add_rms_norm", 2 * i, h), ("down", "silu_mul", h, i), ("lm_head", "add_rms_norm", c["vocab_size"], h))
-    g = torch.Generator(device=device).manual_seed(0)
-    out = []
-    for proj, prologue, n, k in projections:
-        rnd = lambda *s: (torch.randn(*s, generator=g, device=device) * 0.5).to(torch.bfloat16)  # noqa: E731
-        w, norm, big = rnd(n, k) * 0.05, rnd(k), max(ms)
-        x, d, gu, hres = rnd(big, k), rnd(big, k), rnd(big, 2 * k), rnd(big, k)  # hres: add_rms_norm's h, updated in place
-        t = I.invariant_tiling(n, k, torch.bfloat16)
-        tilings = dict(rows4=replace(t, block_m=16, row_tiles=4), rows1=replace(t, block_m=16, row_tiles=1),
-                       m64=replace(t, block_m=64, row_tiles=1))
-        alone = {v: I.launch(x[:1], w, True, tt) for v, tt in tilings.items()}
-        for m in ms:
-            row = dict(projection=proj, prologue=prologue, n=n, k=k, m=m, tiling=vars(t), splits=t.slices(k))
-            got = {v: I.launch(x[:m], w, True, tt) for v, tt in tilings.items()}
-            row["pass"] = all(torch.equal(got[v][:1], alone[v]) for v in tilings)
-            row["m64_equals_rows4"] = bool(torch.equal(got["m64"], got["rows4"]))  # informational
-            if device == "cuda":
-                row.update({f"{v}_us": triton.testing.do_bench(lambda: I.launch(x[:m], w, True, tt)) * 1e3
-                            for v, tt in tilings.items()})
-                row["cublas_us"] = triton.testing.do_bench(lambda: F.linear(x[:m], w)) * 1e3
-                row.update({f"{v}_over_cublas": row[f"{v}_us"] / row["cublas_us"] for v in tilings})
-                if prologue == "silu_mul":
-                    row["prologue_us"] = triton.testing.do_bench(lambda: silu_mul(gu[:m], "triton", True)) * 1e3
-                elif prologue == "add_rms_norm":
-                    row["prologue_us"] = triton.testing.do_bench(
-                        lambda: add_rms_norm(hres[:m], d[:m], norm, 1e-5, "triton", True)) * 1e3
-            out.append(row)
-        del w, x, d, gu, hres
-    return out
-
-
-def swiglu_part(name: str, ms, device: str) -> list[dict]:
-    """The shape's gate_up (random bf16) at each M in ``ms``: pass when its SwiGLU epilogue
-    (``invariant_matmul_swiglu``) gives the bits of the product, then ``silu_mul``'s kernel, with the
-    engine's launch, and at the largest two M with every launch this card's ``MMA64_CARDS`` evidence covers."""
-    from dataclasses import replace
-
-    from flashspec_torch import invariant_matmul as I
-    from flashspec_torch.layers import silu_mul
-
-    c = SHAPES[name]
-    h, i = c["hidden_size"], c["intermediate_size"]
-    g = torch.Generator(device=device).manual_seed(2)
-    x = (torch.randn(max(ms), h, generator=g, device=device) * 0.5).to(torch.bfloat16)
-    w = (torch.randn(2 * i, h, generator=g, device=device) * 0.02).to(torch.bfloat16)
-    ev = I.MMA64_CARDS.get(I.evidence_card(x))
-    t = I.invariant_tiling(2 * i, h, torch.bfloat16)
-    cases = [(m, "engine", None) for m in ms]
-    cases += [(m, name, replace(t, **I.MMA64_LAUNCHES[name])) for m in sorted(ms)[-2:] for name in sorted(ev.launches if ev else ())]
-    out = []
-    for m, launch, tiling in cases:
-        same = torch.equal(I.launch(x[:m], w, True, tiling, swiglu=True), silu_mul(I.launch(x[:m], w, True, tiling), "triton", True))
-        out.append(dict(check=f"{name} gate_up M={m} {launch}: SwiGLU epilogue == product then silu_mul", **{"pass": same}))
-    return out
-
-
-def attention_part(name: str, contexts, device: str) -> list[dict]:
-    """Decode attention of one row (random bf16 cache of ``context`` slots, the shape's heads): us per call
-    invariant (query tile max(16, group), KV splits of 256 slots, merged in order) vs the default kernel
-    (``do_bench``), and whether the last position's bits alone == as the last of 5 scoring rows == in a
-    prefill pass of the last 40 positions (pass)."""
-    from flashspec_torch.layers import attention
-
-    c = SHAPES[name]
-    h, kv, hd = c["num_heads"], c["num_kv_heads"], c["head_dim"]
-    g = torch.Generator(device=device).manual_seed(1)
-    out = []
-    for context in contexts:
-        k, v = (torch.randn(1, kv, context, hd, generator=g, device=device).to(torch.bfloat16) for _ in range(2))
-        q = torch.randn(1, h, 40, hd, generator=g, device=device).to(torch.bfloat16)
-        pos = torch.arange(context - 40, context, device=device)[None]
-
-        def run(t0, invariant):
-            return attention(q[:, :, t0:].contiguous(), k, v, pos[:, t0:], None, kv, "triton", True, context,
-                             invariant=invariant)[0, -1]
-
-        row = dict(context=context, splits=-(-context // 256),
-                   **{"pass": bool(torch.equal(run(39, True), run(35, True)) and torch.equal(run(39, True), run(0, True)))})
-        if device == "cuda":
-            row["invariant_us"] = triton.testing.do_bench(lambda: run(39, True)) * 1e3
-            row["default_us"] = triton.testing.do_bench(lambda: run(39, False)) * 1e3
-            row["invariant_over_default"] = row["invariant_us"] / row["default_us"]
-        out.append(row)
-    return out
-
-
 def draw_requests(vocab: int, rng, tiny: bool) -> list[list[int]]:
     """64 random prompts of 8-40 tokens (8 of 8-11 with --tiny)."""
     return [rng.integers(0, vocab, int(rng.integers(8, 41 if not tiny else 12))).tolist() for _ in range(64 if not tiny else 8)]
@@ -378,13 +286,14 @@ def run_shape(name: str, args, rng, result: dict, save) -> None:
             row["timing"] = timing(m, requests, seeds, args.tokens, batches, args.device, args.winners)
             row["timing_s"] = time.perf_counter() - t
             save()
-        if not over_budget(args, f"{name} swiglu"):
-            row["swiglu"] = swiglu_part(name, (1, 5, 16, 64, 65, 320) if not args.tiny else (1, 5, 17, 70), args.device)
+        if not over_budget(args, f"{name} epilogues"):
+            row["epilogues"] = epilogue_part(name, SHAPES[name], (1, 5, 16, 64, 65, 320) if not args.tiny else
+                                             (1, 5, 17, 70), args.device)
             save()
         if name in args.product_shapes and not over_budget(args, "products"):
             t = time.perf_counter()
-            row["products"] = products(name, (1, 16, 64, 320) if not args.tiny else (1, 5, 17, 70), args.device)
-            row["attention"] = attention_part(name, (128, 1024, 4096) if not args.tiny else (48, 300), args.device)
+            row["products"] = products(SHAPES[name], (1, 16, 64, 320) if not args.tiny else (1, 5, 17, 70), args.device)
+            row["attention"] = attention_part(SHAPES[name], (128, 1024, 4096) if not args.tiny else (48, 300), args.device)
             row["products_s"] = time.perf_counter() - t
             save()
     del m
@@ -442,7 +351,7 @@ def over_budget(args, part: str) -> bool:
 
 
 def summary(result: dict) -> dict:
-    checks = [c for s in result["shapes"].values() for part in ("checks", "products", "attention", "swiglu")
+    checks = [c for s in result["shapes"].values() for part in ("checks", "products", "attention", "epilogues")
               for c in s.get(part, [])]
     parts = [s["distinct"] for s in result["shapes"].values() if "distinct" in s]
     parts += [result["real_weights"]] if "pass" in result.get("real_weights", {}) else []

@@ -10,8 +10,8 @@ default those of its default run) sit at rows 0-3 of a batch of 16 and at rows 6
 batch and pass, the way the engine runs it: the prefill of every prompt token but the last (the batch
 right-padded, attending its longest), one decode step of the last prompt token and a scoring pass of it
 and 4 random tokens (G + 1 = 5 rows per request, 80 or 320 in all; cache of 512 slots, attending all, as
-graphed). Every op the model calls (add + RMSNorm, the products, gate_up with its SwiGLU, RoPE + KV write,
-attention) is wrapped:
+graphed). Every op the model calls (add + RMSNorm, the products, qkv with its RoPE + KV write, gate_up with
+its SwiGLU, attention) is wrapped:
 
 * ``isolated``: each call in the batch is run again on a probed request's rows alone (its inputs sliced
   from the batch's, the KV cache written by the batch, the attention bound its run alone has); the
@@ -47,8 +47,8 @@ from flashspec_torch import model as M
 from flashspec_torch.model import Llama, LlamaConfig
 from batch_invariant_gpu import SHAPES, draw_requests, random_model  # benchmarks/ is on sys.path for scripts
 
-OPS = ("add_rms_norm", "invariant_matmul", "invariant_matmul_swiglu", "rope_kv", "attention")
-PRODUCTS = ("invariant_matmul", "invariant_matmul_swiglu")  # labelled by projection (``product_names``)
+OPS = ("add_rms_norm", "invariant_matmul", "invariant_matmul_rope_kv", "invariant_matmul_swiglu", "attention")
+PRODUCTS = OPS[1:4]  # labelled by projection (``product_names``)
 REQUESTS = 4
 CACHE_SLOTS = 512  # the graphed engine's cache at these lengths (backend.allocate), attended whole
 
@@ -125,19 +125,23 @@ class Probe:
             self.note(i, f"{self.layer} add_rms_norm", [h[b : b + 1, :n], y[b : b + 1, :n]], alone)
         return h, y
 
-    def rope_kv(self, qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads, impl="reference", pdl=False):
+    def invariant_matmul_rope_kv(self, x, w, rope, pdl=False):
+        """qkv with RoPE + KV write as its epilogue (x [B, T, K]; rope: an ``invariant_matmul.RopeKV``): q
+        [B, H, T, D] and the cache rows written."""
+        k_cache, v_cache, positions = rope.k_cache, rope.v_cache, rope.positions
         caches = [(k_cache[b : b + 1].clone(), v_cache[b : b + 1].clone()) for b, _ in self.rows]  # [1, H_kv, S, D]
-        q = L.rope_kv(qkv, cos, sin, positions, k_cache, v_cache, heads, kv_heads, impl, pdl)  # [B, H, T, D]
+        q = I.invariant_matmul_rope_kv(x, w, rope, pdl)
+        label = f"{self.layer} {self.names.get(tuple(w.shape), 'product')}"
         for i, ((b, n), (k0, v0)) in enumerate(zip(self.rows, caches)):
             p0 = int(positions[b, 0])
             written = [q[b : b + 1, :, :n], k_cache[b : b + 1, :, p0 : p0 + n], v_cache[b : b + 1, :, p0 : p0 + n]]
             alone = None
             if self.isolate:
                 sl = (slice(b, b + 1), slice(0, n))
-                qa = L.rope_kv(qkv[sl].contiguous(), cos[sl].contiguous(), sin[sl].contiguous(),
-                                      positions[sl].contiguous(), k0, v0, heads, kv_heads, impl, pdl)
-                alone = [qa, k0[:, :, p0 : p0 + n], v0[:, :, p0 : p0 + n]]
-            self.note(i, f"{self.layer} rope_kv", written, alone)
+                mine = replace(rope, cos=rope.cos[sl], sin=rope.sin[sl], positions=positions[sl], k_cache=k0, v_cache=v0)
+                alone = [I.invariant_matmul_rope_kv(x[sl].contiguous(), w, mine, pdl), k0[:, :, p0 : p0 + n],
+                         v0[:, :, p0 : p0 + n]]
+            self.note(i, label, written, alone)
         return q
 
     def attention(self, q, k_cache, v_cache, positions, mask, kv_heads, impl="reference", pdl=False, attend_len=None,

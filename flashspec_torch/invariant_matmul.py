@@ -1,9 +1,10 @@
 """The batch-invariant product: y = x w^T for any number of rows with a row's bits independent of
 how many rows are computed with it and of what they hold (``Engine(batch_invariant=True)`` runs
 every product of the target by it, after the per-row add + RMSNorm kernel of ``flashspec_torch.layers``;
-gate_up as ``invariant_matmul_swiglu``, the product with ``silu_mul`` as its epilogue). Kernel in
-``flashspec_torch/kernels/invariant_matmul.py``; argument checks
-and the reference (``invariant_matmul_reference``, rounding once at the end) are ``flashspec_torch.gemv``'s.
+qkv as ``invariant_matmul_rope_kv`` and gate_up as ``invariant_matmul_swiglu``, the product with ``rope_kv``
+or ``silu_mul`` as its epilogue). Kernel in ``flashspec_torch/kernels/invariant_matmul.py``; argument
+checks and the reference (``invariant_matmul_reference``, rounding once at the end) are
+``flashspec_torch.gemv``'s.
 
 The reduction order (``invariant_tiling``) depends on N, K and the dtype, never on M: one K chunk
 size and a fixed cut of K into slices (each a float32 sum of its chunks' dots in order); the slices'
@@ -24,7 +25,7 @@ import torch
 
 from .device import cuda_index, interpreting
 from .gemv import check, gemv_reference
-from .layers import pdl_on, silu_mul_reference
+from .layers import pdl_on, rope_kv_reference, silu_mul_reference
 
 invariant_matmul_reference = gemv_reference  # x [..., K]; w [N, K] -> [..., N]
 
@@ -265,7 +266,7 @@ def invariant_matmul_swiglu(
     check(x, "x", w, k, max_rows=None)
     if w.shape[0] % 2:
         raise ValueError(f"w has {w.shape[0]} rows: a gate_up weight has an even number (gate's rows, then up's)")
-    y = launch(x.reshape(-1, k).contiguous(), w, pdl, swiglu=True)
+    y = launch(x.reshape(-1, k).contiguous(), w, pdl, epilogue="swiglu")
     return y.reshape(*x.shape[:-1], w.shape[0] // 2)
 
 
@@ -273,12 +274,67 @@ def invariant_matmul_swiglu_reference(x, w):  # x [..., K]; w [2I, K] -> [..., I
     return silu_mul_reference(invariant_matmul_reference(x, w))
 
 
-def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None, swiglu: bool = False) -> torch.Tensor:
+@dataclass(frozen=True)
+class RopeKV:
+    """What the "rope_kv" epilogue rotates with and writes to: ``layers.rope_kv``'s arguments."""
+
+    cos: torch.Tensor  # [B, T, D]
+    sin: torch.Tensor  # [B, T, D]
+    positions: torch.Tensor  # [B, T] int64: each token's cache slot
+    k_cache: torch.Tensor  # [B, H_kv, S, D], written at positions
+    v_cache: torch.Tensor  # [B, H_kv, S, D], written at positions
+    heads: int
+    kv_heads: int
+
+    def kernel_args(self) -> tuple:  # (cos, sin, positions, k, v, T, S, H, H_KV, D) of the kernel
+        b, t, d = self.cos.shape
+        return (self.cos, self.sin, self.positions, self.k_cache, self.v_cache, t, self.k_cache.shape[2], self.heads,
+                self.kv_heads, d)
+
+
+NO_ROPE = (None,) * 5 + (1, 1, 0, 0, 0)  # the kernel's RopeKV.kernel_args for the other epilogues
+
+
+def invariant_matmul_rope_kv(
+    x: torch.Tensor,  # [B, T, K]
+    w: torch.Tensor,  # [(H + 2 H_kv) D, K]: the qkv projection
+    rope: RopeKV,
+    pdl: bool = False,
+) -> torch.Tensor:  # q [B, H, T, D], rotated; K and V written to rope's caches
+    """``layers.rope_kv(invariant_matmul(x, w), ..., impl="triton")``'s bits in one launch, without qkv in
+    memory: the product's tiling and sums, lanes d and d + D / 2 of a head adjacent in a column tile, then
+    ``rope_kv_kernel``'s rotation and writes as the epilogue."""
+    b, t, k = x.shape
+    d = rope.cos.shape[-1]
+    check(x, "x", w, k, max_rows=None)
+    if d % 2 or w.shape[0] != (rope.heads + 2 * rope.kv_heads) * d or rope.cos.shape != (b, t, d) \
+            or rope.sin.shape != rope.cos.shape:
+        raise ValueError(f"w {tuple(w.shape)}, cos {tuple(rope.cos.shape)}, sin {tuple(rope.sin.shape)}: need an even "
+                         f"head_dim D, w [(heads + 2 kv_heads) D, K] = [{(rope.heads + 2 * rope.kv_heads) * d}, {k}] "
+                         "and cos, sin [B, T, D]")
+    if not (rope.k_cache.is_contiguous() and rope.v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous [B, H_kv, S, D] (the epilogue writes them in place)")
+    rope = replace(rope, cos=rope.cos.contiguous(), sin=rope.sin.contiguous(), positions=rope.positions.contiguous())
+    return launch(x.reshape(-1, k).contiguous(), w, pdl, epilogue="rope_kv", rope=rope)
+
+
+def invariant_matmul_rope_kv_reference(x, w, rope: RopeKV):  # x [B, T, K] -> q [B, H, T, D]; writes rope's caches
+    return rope_kv_reference(invariant_matmul_reference(x, w), rope.cos, rope.sin, rope.positions, rope.k_cache,
+                             rope.v_cache, rope.heads, rope.kv_heads)
+
+
+EPILOGUES = ("none", "swiglu", "rope_kv")
+
+
+def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None, epilogue: str = "none",
+           rope: RopeKV | None = None) -> torch.Tensor:
     """x [M, K]; w [N, K] -> y [M, N] by ``invariant_matmul_kernel``: a program computes up to
     ``row_tiles`` row tiles of one column tile and ``span`` slices, each weight chunk loaded once for all
     of them (a row's bits are those of its row tile alone: the same chunk order, slices and sum order).
-    ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one. ``swiglu``:
-    y [M, N / 2], the product's SwiGLU (``invariant_matmul_swiglu``), by the same tiling of N columns."""
+    ``tiling`` None: ``launch_tiling(invariant_tiling(...), M)`` (the engine); given: that one. The same
+    tiling of N columns with an ``epilogue`` (``EPILOGUES``): "swiglu" y [M, N / 2] (``invariant_matmul_swiglu``),
+    "rope_kv" y = q [B, H, T, D] and ``rope``'s caches written (``invariant_matmul_rope_kv``)."""
+    assert epilogue in EPILOGUES and (rope is not None) == (epilogue == "rope_kv"), (epilogue, rope)
     m, (n, k) = x.shape[0], w.shape
     t = launch_tiling(invariant_tiling(n, k, x.dtype), m, n, k, evidence_card(x)) if tiling is None else tiling
     row_tiles = min(t.row_tiles, -(-m // t.block_m))  # fewer when M is small: no program computes an empty tile
@@ -288,19 +344,28 @@ def launch(x, w, pdl: bool, tiling: InvariantTiling | None = None, swiglu: bool 
     grid = (-(-m // rows_per_program), -(-n // t.block_n))
     rows = COUNTERS // grid[1] * rows_per_program  # the most rows one launch's counters cover
     if partials > 1 and m > rows:  # pieces of whole row groups: a row's bits do not depend on its launch
-        return torch.cat([launch(x[i : i + rows], w, pdl, t, swiglu) for i in range(0, m, rows)])
-    y = torch.empty((m, n // 2 if swiglu else n), dtype=x.dtype, device=x.device)
+        if rope is not None:
+            raise ValueError(f"{m} rows of qkv with RoPE in one launch: more than the {rows} its counters cover; "
+                             "prefill in chunks")
+        return torch.cat([launch(x[i : i + rows], w, pdl, t, epilogue) for i in range(0, m, rows)])
+    if rope is not None:
+        b, seq, d = rope.cos.shape
+        y = torch.empty((b, rope.heads, seq, d), dtype=x.dtype, device=x.device)
+    else:
+        y = torch.empty((m, n // 2 if epilogue == "swiglu" else n), dtype=x.dtype, device=x.device)
     part = count = y
     if partials > 1:
         part = torch.empty((partials, m, n), dtype=torch.float32, device=x.device)
         count = counters(x.device, grid[0] * grid[1])
     use_pdl = pdl_on(pdl, x)
+    cos, sin, pos, k_cache, v_cache, seq, slots, heads, kv_heads, d = NO_ROPE if rope is None else rope.kernel_args()
     kernels().invariant_matmul_kernel[(*grid, partials)](
         x, w, y, part, count, m, n, k,
         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, CHUNKS=t.chunks, SLICES=slices, SPAN=span,
         PARTIALS=partials, PRELOAD=t.preload, ROW_TILES=row_tiles,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", USE_DOT=not interpreting(),
-        USE_PDL=use_pdl, SWIGLU=swiglu, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
+        USE_PDL=use_pdl, EPILOGUE=epilogue, cos_ptr=cos, sin_ptr=sin, pos_ptr=pos, k_ptr=k_cache, v_ptr=v_cache,
+        T=seq, S=slots, H=heads, H_KV=kv_heads, D=d, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=use_pdl,
     )
     return y
 

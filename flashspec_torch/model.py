@@ -17,7 +17,7 @@ from flashspec.config import LlamaConfig
 from . import gemv as fused
 from .device import interpreting
 from .family import family_block, family_logits, family_settings, local_tables, window_masks
-from .invariant_matmul import invariant_matmul, invariant_matmul_swiglu
+from .invariant_matmul import RopeKV, invariant_matmul, invariant_matmul_rope_kv, invariant_matmul_swiglu
 from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, narrow_linear,
                      narrow_product, rope_kv, silu_mul)
 from .shapes import check_shapes
@@ -126,13 +126,14 @@ class Block(nn.Module):
     def forward_invariant(self, h, d, cos, sin, k_cache, v_cache, positions, attend_len: int, pdl: bool):
         """``forward`` in batch-invariant mode (arguments as there): every product by the
         batch-invariant one, add + RMSNorm by its per-row kernel before it (once per row, not per column
-        tile of the product), SwiGLU as gate_up's epilogue (``invariant_matmul_swiglu``: ``silu_mul``'s
-        bits, one launch), attention with a fixed query tile and KV split, so that a row's bits depend
-        neither on the batch nor on the number of tokens."""
+        tile of the product), RoPE + KV write as qkv's epilogue and SwiGLU as gate_up's
+        (``invariant_matmul_rope_kv``, ``invariant_matmul_swiglu``: the bits of ``rope_kv`` and ``silu_mul``
+        after the product, one launch each), attention with a fixed query tile and KV split, so that a
+        row's bits depend neither on the batch nor on the number of tokens."""
         c = self.c
         h, x = add_rms_norm(h, d, self.attn_norm, c.rms_norm_eps, "triton", pdl)
-        qkv = invariant_matmul(x, self.qkv.weight, pdl)
-        q = rope_kv(qkv, cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads, "triton", pdl)
+        rope = RopeKV(cos, sin, positions, k_cache, v_cache, c.num_heads, c.num_kv_heads)
+        q = invariant_matmul_rope_kv(x, self.qkv.weight, rope, pdl)
         attn = attention(q, k_cache, v_cache, positions, None, c.num_kv_heads, "triton", pdl, attend_len, invariant=True)
         h, x = add_rms_norm(h, invariant_matmul(attn, self.o.weight, pdl), self.mlp_norm, c.rms_norm_eps, "triton", pdl)
         return h, invariant_matmul(invariant_matmul_swiglu(x, self.gate_up.weight, pdl), self.down.weight, pdl)

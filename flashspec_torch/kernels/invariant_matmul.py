@@ -1,9 +1,10 @@
 """The batch-invariant product (``@triton.jit`` code only; wrappers in ``flashspec_torch.invariant_matmul``).
 
-``invariant_matmul_kernel``: y = x w^T for any number of rows M, w [N, K] in nn.Linear's layout; with
-SWIGLU (w = [w_gate; w_up], nn.Linear gate_up's layout) y = silu(x w_gate^T) * (x w_up^T) [M, N / 2], the
-SwiGLU an epilogue (``store_y``) of the product's own rounded outputs: a column tile holds gate and up rows
-of the same output columns alternately (``weight_rows``), the sums are the product's, element by element.
+``invariant_matmul_kernel``: y = x w^T for any number of rows M, w [N, K] in nn.Linear's layout, or an
+epilogue of the product's own rounded outputs (``store_y``; the sums are the product's, element by element):
+EPILOGUE "swiglu" (w = [w_gate; w_up]) y = silu(x w_gate^T) * (x w_up^T) [M, N / 2], "rope_kv" (qkv's w) RoPE
+and the KV write of ``rope_kv_kernel``. For these a column tile holds the two members of each pair the
+epilogue combines in adjacent columns (``weight_rows``).
 
 A row's output bits do not depend on M or on the other rows. The reduction order along K is fixed by
 (BLOCK_K, CHUNKS) and K alone: K is cut into SLICES slices of CHUNKS chunks of BLOCK_K (chunks past K
@@ -152,39 +153,90 @@ def span_sum(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, FIRST:
 
 
 @triton.jit
-def weight_rows(pid_n, N, BLOCK_N: tl.constexpr, SWIGLU: tl.constexpr):
-    """The weight rows [BN] that column tile pid_n multiplies, and which exist: BN consecutive rows, or
-    (SWIGLU, w [N, K] = [w_gate; w_up]) gate row j and up row N / 2 + j alternating for BN / 2 consecutive
-    j, so that a program owns both halves of its BN / 2 output columns. A tile's column c is its weight
-    row's column either way; which rows sit in a tile changes no element's dots."""
+def weight_rows(pid_n, N, BLOCK_N: tl.constexpr, EPILOGUE: tl.constexpr, D: tl.constexpr):
+    """The weight rows [BN] that column tile pid_n multiplies, and which exist: BN consecutive rows, or, for an
+    epilogue on pairs, the two rows of BN / 2 consecutive pairs in adjacent columns, so that a program owns
+    both members of each pair: "swiglu" (w [N, K] = [w_gate; w_up]) gate row j and up row N / 2 + j,
+    "rope_kv" rows d and d + D / 2 of a head (the ones RoPE rotates together). A tile's column c is its
+    weight row's column either way; which rows sit in a tile changes no element's dots."""
     c = tl.arange(0, BLOCK_N)
-    if SWIGLU:
-        j = pid_n * (BLOCK_N // 2) + c // 2
-        return j + (c % 2) * (N // 2), j < N // 2
-    n = pid_n * BLOCK_N + c
-    return n, n < N
+    if EPILOGUE == "none":
+        n = pid_n * BLOCK_N + c
+        return n, n < N
+    p = pid_n * (BLOCK_N // 2) + c // 2  # each column's pair
+    if EPILOGUE == "swiglu":
+        half = N // 2
+    else:
+        half = D // 2
+    return (p // half) * (2 * half) + p % half + (c % 2) * half, p < N // 2
 
 
 @triton.jit
-def store_y(acc, y_ptr, m, n0, M, N, BM: tl.constexpr, BN: tl.constexpr, SWIGLU: tl.constexpr):
-    """The output of one row tile: y [M, N] = round(acc) at rows m [BM, 1] and columns n0 + [0, BN), or
-    (SWIGLU: acc's columns gate, up alternating, ``weight_rows``) y [M, N / 2] = ``swiglu`` of the rounded
-    gate and up at columns n0 / 2 + [0, BN / 2): ``silu_mul`` of the product's rounded output, element by
-    element."""
+def pairs(acc, n0, BM: tl.constexpr, BN: tl.constexpr, DTYPE: tl.constexpr):
+    """acc's pairs (``weight_rows``) rounded to DTYPE: the first and second members [BM, BN / 2] float32, and
+    the pair index p [BN / 2] of each (pair p in columns 2p, 2p + 1 of the product)."""
+    a, b = tl.split(tl.reshape(acc, [BM, BN // 2, 2]))
+    return rounded(a, DTYPE), rounded(b, DTYPE), n0 // 2 + tl.arange(0, BN // 2)
+
+
+@triton.jit
+def store_rope_kv(acc, q_ptr, m, n0, M, N, rope, BM: tl.constexpr, BN: tl.constexpr, H: tl.constexpr,
+                  H_KV: tl.constexpr, D: tl.constexpr):
+    """The "rope_kv" epilogue of a row tile of the qkv product (rows m = b T + t [BM, 1]): ``rope_kv_kernel``
+    on its rounded output, pair by pair: q and k heads rotated (cos and sin of the row's RoPE position) and
+    written to q [B, H, T, D] and the K cache at the row's cache slot, v heads written to the V cache.
+    rope: (cos_ptr, sin_ptr [B T, D], pos_ptr [B T], k_ptr, v_ptr [B, H_KV, S, D], T, S)."""
+    cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, T, S = rope
+    dtype = q_ptr.dtype.element_ty
+    a, b, p = pairs(acc, n0, BM, BN, dtype)  # x_j, x_{j + D/2} of head p // (D / 2)
+    head, j = (p // (D // 2))[None, :], (p % (D // 2))[None, :]  # [1, BN / 2]
+    row_ok = (m < M) & (p < N // 2)[None, :]
+    rotate = row_ok & (head < H + H_KV)
+    cs = m * D + j  # [BM, BN / 2]: lane j of the row's cos and sin (lane j + D / 2: + D / 2)
+    cos_a = tl.load(cos_ptr + cs, mask=rotate, other=0.0).to(tl.float32)
+    sin_a = tl.load(sin_ptr + cs, mask=rotate, other=0.0).to(tl.float32)
+    cos_b = tl.load(cos_ptr + cs + D // 2, mask=rotate, other=0.0).to(tl.float32)
+    sin_b = tl.load(sin_ptr + cs + D // 2, mask=rotate, other=0.0).to(tl.float32)
+    ra = rounded(rounded(a * cos_a, dtype) + rounded(-b * sin_a, dtype), dtype)
+    rb = rounded(rounded(b * cos_b, dtype) + rounded(a * sin_b, dtype), dtype)
+    a, b = tl.where(rotate, ra, a), tl.where(rotate, rb, b)
+    bb, t = m // T, m % T
+    q = q_ptr + ((bb * H + head) * T + t) * D + j
+    tl.store(q, a.to(dtype), mask=row_ok & (head < H))
+    tl.store(q + D // 2, b.to(dtype), mask=row_ok & (head < H))
+    pos = tl.load(pos_ptr + m, mask=m < M, other=0)  # [BM, 1]
+    in_cache = row_ok & (pos < S)
+    is_k = in_cache & (head >= H) & (head < H + H_KV)
+    kv = (bb * H_KV + head - H) * S + pos  # [BM, BN / 2]: the K slot (the V slot: H_KV heads on)
+    tl.store(k_ptr + kv * D + j, a.to(k_ptr.dtype.element_ty), mask=is_k)
+    tl.store(k_ptr + kv * D + j + D // 2, b.to(k_ptr.dtype.element_ty), mask=is_k)
+    is_v = in_cache & (head >= H + H_KV)
+    kv -= H_KV * S
+    tl.store(v_ptr + kv * D + j, a.to(v_ptr.dtype.element_ty), mask=is_v)
+    tl.store(v_ptr + kv * D + j + D // 2, b.to(v_ptr.dtype.element_ty), mask=is_v)
+
+
+@triton.jit
+def store_y(acc, y_ptr, m, n0, M, N, rope, BM: tl.constexpr, BN: tl.constexpr, EPILOGUE: tl.constexpr,
+            H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr):
+    """The output of one row tile (rows m [BM, 1], the tile's columns n0 + [0, BN)): y [M, N] = round(acc);
+    "swiglu" (acc's columns gate, up alternating, ``weight_rows``) y [M, N / 2] = ``swiglu`` of the rounded
+    gate and up at columns n0 / 2 + [0, BN / 2), ``silu_mul`` of the product's rounded output element by
+    element; "rope_kv": ``store_rope_kv`` (y is q)."""
     dtype = y_ptr.dtype.element_ty
-    if SWIGLU:
-        gate, up = tl.split(tl.reshape(acc, [BM, BN // 2, 2]))  # [BM, BN / 2] each
-        j = n0 // 2 + tl.arange(0, BN // 2)
-        out = swiglu(rounded(gate, dtype), rounded(up, dtype), dtype)
-        tl.store(y_ptr + m * (N // 2) + j[None, :], out.to(dtype), mask=(m < M) & (j < N // 2)[None, :])
+    if EPILOGUE == "swiglu":
+        gate, up, j = pairs(acc, n0, BM, BN, dtype)
+        tl.store(y_ptr + m * (N // 2) + j[None, :], swiglu(gate, up, dtype).to(dtype), mask=(m < M) & (j < N // 2)[None, :])
+    elif EPILOGUE == "rope_kv":
+        store_rope_kv(acc, y_ptr, m, n0, M, N, rope, BM, BN, H, H_KV, D)
     else:
         n = n0 + tl.arange(0, BN)
         tl.store(y_ptr + m * N + n[None, :], acc.to(dtype), mask=(m < M) & (n < N)[None, :])
 
 
 @triton.jit
-def tile_out(acc, part_ptr, y_ptr, m, n0, M, N, pid_s, BM: tl.constexpr, BN: tl.constexpr, LAST: tl.constexpr,
-             PARTIALS: tl.constexpr, SWIGLU: tl.constexpr):
+def tile_out(acc, part_ptr, y_ptr, m, n0, M, N, pid_s, rope, BM: tl.constexpr, BN: tl.constexpr, LAST: tl.constexpr,
+             PARTIALS: tl.constexpr, EPILOGUE: tl.constexpr, H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr):
     """One row tile's result: with one partial (the program walked every slice), ``store_y(acc)``; else
     (LAST False) the program's float32 partial to the workspace [PARTIALS, M, N] at the tile's columns
     n0 + [0, BN), or (LAST True, the last program of the tile) ``store_y`` of the partials added from zero
@@ -192,43 +244,46 @@ def tile_out(acc, part_ptr, y_ptr, m, n0, M, N, pid_s, BM: tl.constexpr, BN: tl.
     n = n0 + tl.arange(0, BN)
     mask = (m < M) & (n < N)[None, :]
     if PARTIALS == 1:
-        store_y(acc, y_ptr, m, n0, M, N, BM, BN, SWIGLU)
+        store_y(acc, y_ptr, m, n0, M, N, rope, BM, BN, EPILOGUE, H, H_KV, D)
     elif not LAST:
         tl.store(part_ptr + (pid_s * M + m) * N + n[None, :], acc, mask=mask)
     else:
         total = tl.zeros_like(acc)
         for s in tl.static_range(PARTIALS):
             total += tl.load(part_ptr + (s * M + m) * N + n[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-        store_y(total, y_ptr, m, n0, M, N, BM, BN, SWIGLU)
+        store_y(total, y_ptr, m, n0, M, N, rope, BM, BN, EPILOGUE, H, H_KV, D)
 
 
 @triton.jit
-def tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, BM: tl.constexpr, BN: tl.constexpr,
-              ROW_TILES: tl.constexpr, LAST: tl.constexpr, PARTIALS: tl.constexpr, SWIGLU: tl.constexpr):
-    tile_out(acc0, part_ptr, y_ptr, m, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
+def tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, rope, BM: tl.constexpr, BN: tl.constexpr,
+              ROW_TILES: tl.constexpr, LAST: tl.constexpr, PARTIALS: tl.constexpr, EPILOGUE: tl.constexpr,
+              H: tl.constexpr, H_KV: tl.constexpr, D: tl.constexpr):
+    tile_out(acc0, part_ptr, y_ptr, m, n0, M, N, pid_s, rope, BM, BN, LAST, PARTIALS, EPILOGUE, H, H_KV, D)
     if ROW_TILES > 1:
-        tile_out(acc1, part_ptr, y_ptr, m + BM, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
+        tile_out(acc1, part_ptr, y_ptr, m + BM, n0, M, N, pid_s, rope, BM, BN, LAST, PARTIALS, EPILOGUE, H, H_KV, D)
     if ROW_TILES > 2:
-        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
+        tile_out(acc2, part_ptr, y_ptr, m + 2 * BM, n0, M, N, pid_s, rope, BM, BN, LAST, PARTIALS, EPILOGUE, H, H_KV, D)
     if ROW_TILES > 3:
-        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n0, M, N, pid_s, BM, BN, LAST, PARTIALS, SWIGLU)
+        tile_out(acc3, part_ptr, y_ptr, m + 3 * BM, n0, M, N, pid_s, rope, BM, BN, LAST, PARTIALS, EPILOGUE, H, H_KV, D)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel per ROW_TILES for every M (Triton would specialize M == 1)
 def invariant_matmul_kernel(
     x_ptr,  # [M, K]
-    w_ptr,  # [N, K] (SWIGLU: [w_gate; w_up])
-    y_ptr,  # [M, N] (SWIGLU: [M, N / 2])
+    w_ptr,  # [N, K] ("swiglu": [w_gate; w_up]; "rope_kv": qkv's, [(H + 2 H_KV) D, K])
+    y_ptr,  # [M, N] ("swiglu": [M, N / 2]; "rope_kv": q [B, H, T, D], M = B T)
     part_ptr,  # [SLICES // SPAN, M, N] float32 partial sums (SPAN < SLICES)
     count_ptr,  # [row groups * N tiles] int32, zero on entry and on exit (SPAN < SLICES)
     M, N, K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
     SLICES: tl.constexpr, SPAN: tl.constexpr, PARTIALS: tl.constexpr,
     PRELOAD: tl.constexpr, ROW_TILES: tl.constexpr, PRECISION: tl.constexpr, USE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
-    SWIGLU: tl.constexpr = False,
+    EPILOGUE: tl.constexpr = "none",  # "none", "swiglu" or "rope_kv"; the rest for "rope_kv" only (``store_rope_kv``)
+    cos_ptr=None, sin_ptr=None, pos_ptr=None, k_ptr=None, v_ptr=None, T=1, S=1,
+    H: tl.constexpr = 0, H_KV: tl.constexpr = 0, D: tl.constexpr = 0,
 ):
     pid_m, pid_n, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows, ok = weight_rows(pid_n, N, BLOCK_N, SWIGLU)  # [BN] each
+    rows, ok = weight_rows(pid_n, N, BLOCK_N, EPILOGUE, D)  # [BN] each
     m = (pid_m * (ROW_TILES * BLOCK_M) + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]  # [BM, 1]: the first row tile
     kk = tl.arange(0, BLOCK_K)
     n_ok = ok[:, None]  # [BN, 1]
@@ -258,13 +313,14 @@ def invariant_matmul_kernel(
         acc0, acc1, acc2, acc3 = span_sum(x_ptr, w_rows, n_ok, m, kk, k_lo, M, acc0, acc1, acc2, acc3, PRELOAD, K,
                                           BLOCK_M, BLOCK_N, BLOCK_K, CHUNKS, SPAN, ROW_TILES, PRECISION, USE_DOT)
 
-    n0 = pid_n * BLOCK_N  # the tile's first column (of the workspace; SWIGLU: y's column n0 / 2)
-    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, BLOCK_M, BLOCK_N, ROW_TILES, False,
-              PARTIALS, SWIGLU)
+    n0 = pid_n * BLOCK_N  # the tile's first column (of the workspace; on pairs, pair n0 / 2 first)
+    rope = (cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, T, S)
+    tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, rope, BLOCK_M, BLOCK_N, ROW_TILES, False,
+              PARTIALS, EPILOGUE, H, H_KV, D)
     if PARTIALS > 1:
         counter = count_ptr + pid_m * tl.num_programs(1) + pid_n
         tl.debug_barrier()  # every thread's partials stored before the (one-thread) release below
         if tl.atomic_add(counter, 1, sem="acq_rel") == PARTIALS - 1:  # the last program: add them in order
-            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, BLOCK_M, BLOCK_N, ROW_TILES, True,
-                      PARTIALS, SWIGLU)
+            tiles_out(acc0, acc1, acc2, acc3, part_ptr, y_ptr, m, n0, M, N, pid_s, rope, BLOCK_M, BLOCK_N, ROW_TILES,
+                      True, PARTIALS, EPILOGUE, H, H_KV, D)
             tl.atomic_xchg(counter, 0, sem="relaxed")

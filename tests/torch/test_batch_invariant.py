@@ -112,19 +112,28 @@ def test_a_product_that_splits_k_by_rows_is_caught(monkeypatch):
     assert "scoring pass" in differing(last_logits_four_ways(tiny(torch.float32)))
 
 
+def unfused_rope_kv(x, w, r: I.RopeKV, pdl=False):  # the product, then rope_kv
+    return L.rope_kv(I.invariant_matmul(x, w, pdl), r.cos, r.sin, r.positions, r.k_cache, r.v_cache, r.heads, r.kv_heads,
+                     "triton", pdl)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_swiglu_in_gate_ups_epilogue_gives_the_unfused_logits(dtype, monkeypatch):
-    """The model's batch-invariant forward runs gate_up with SwiGLU as its epilogue and no ``silu_mul`` kernel;
-    its logits are the bits of the unfused path (the product, then ``silu_mul``), every way they are computed."""
+def test_the_products_epilogues_give_the_unfused_logits(dtype, monkeypatch):
+    """The model's batch-invariant forward runs qkv with RoPE + KV write and gate_up with SwiGLU as their
+    epilogues, and no ``rope_kv`` or ``silu_mul`` kernel; its logits (which read the K and V the epilogue
+    wrote) are the bits of the unfused path (the product, then ``rope_kv`` / ``silu_mul``), every way they
+    are computed."""
     m = tiny(dtype)
 
     def refuse(*args, **kwargs):
-        raise AssertionError("forward_invariant ran silu_mul")
+        raise AssertionError("forward_invariant ran an unfused kernel")
 
     monkeypatch.setattr(model_module, "silu_mul", refuse)
+    monkeypatch.setattr(model_module, "rope_kv", refuse)
     fused = last_logits_four_ways(m)
     monkeypatch.setattr(model_module, "invariant_matmul_swiglu",
                         lambda x, w, pdl=False: L.silu_mul(I.invariant_matmul(x, w, pdl), "triton", pdl))
+    monkeypatch.setattr(model_module, "invariant_matmul_rope_kv", unfused_rope_kv)
     unfused = last_logits_four_ways(m)
     assert [name for name in fused if not torch.equal(fused[name], unfused[name])] == []
 

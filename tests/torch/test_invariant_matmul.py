@@ -346,8 +346,7 @@ def test_more_rows_than_the_counters_cover_run_in_pieces(monkeypatch):
 
 def test_one_chunk_slices_are_summed_from_zero_on_sm90():
     """compile_invariant_sm90.py: compiled for sm_90, every dot of SmolLM2-135M's one-chunk slices starts from
-    zero in both launch kinds (partials and one program over every slice), with and without the SwiGLU
-    epilogue. Before ``add_kept`` Triton's combine pass fused the serial launch's slice sums into the running
+    zero in both launch kinds (partials and one program over every slice), with every epilogue. Before ``add_kept`` Triton's combine pass fused the serial launch's slice sums into the running
     total, so 320-row scoring passes and large prefills rounded otherwise than a row alone (the H100,
     2026-12-07: 504 of 2,304 rows of the qkv product)."""
     import os
@@ -359,5 +358,5 @@ def test_one_chunk_slices_are_summed_from_zero_on_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-4000:]
-    # 16 rows (partials, serial), 64, 128 (serial); each plain and with the SwiGLU epilogue
-    assert out.stdout.count("0 onto a non-zero") == 8, out.stdout
+    # 16 rows (partials, serial), 64, 128 (serial); each plain, with the SwiGLU and with the RoPE epilogue
+    assert out.stdout.count("0 onto a non-zero") == 12, out.stdout

@@ -135,7 +135,8 @@ def test_odd_shape_launches_compile_for_sm90():
     assert names == {"gemv_kernel", "add_rms_norm_kernel", "rope_kv_kernel", "decode_attention_kernel",
                      "silu_mul_kernel", "verify_stats_kernel", "verify_final_kernel", "greedy_next_kernel",
                      "invariant_matmul_kernel", "attention_merge_kernel"}, names
-    assert any(line.startswith("ok invariant_matmul_kernel") and "'SWIGLU': True" in line for line in lines)  # gate_up
+    for epilogue in ("swiglu", "rope_kv"):  # the batch-invariant gate_up and qkv
+        assert any(line.startswith("ok invariant_matmul_kernel") and f"'EPILOGUE': '{epilogue}'" in line for line in lines)
     for d in HEAD_DIMS:
         assert any(line.startswith("ok decode_attention_kernel") and f"'D': {d}," in line for line in lines), d
     for k in WIDTHS:
