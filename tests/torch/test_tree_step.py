@@ -54,8 +54,8 @@ def known_tree_draft(continuations, prompt_lens, seed=0):
     rng = np.random.default_rng(seed)
 
     class KnownTree(HeadTreeDraft):
-        def draft_tree(self, seqs, gamma):
-            tree, _ = super().draft_tree(seqs, gamma)
+        def draft_tree(self, seqs, gamma, graphed=False):
+            tree, _ = super().draft_tree(seqs, gamma, graphed)
             v = self.target.config.vocab_size
             rows = []
             for b, n in enumerate(seqs.length.tolist()):
@@ -78,8 +78,8 @@ def fixed_tree_draft(tokens, parents):
     from flashspec_torch.tree_step import HeadTreeDraft
 
     class FixedTree(HeadTreeDraft):
-        def draft_tree(self, seqs, gamma):
-            tree, depth = super().draft_tree(seqs, gamma)
+        def draft_tree(self, seqs, gamma, graphed=False):
+            tree, depth = super().draft_tree(seqs, gamma, graphed)
             b, n = tree.tokens.shape[0], len(tokens)
             return (DraftTree(torch.tensor([tokens]).expand(b, -1), torch.tensor([parents]).expand(b, -1),
                               torch.full((b,), n), tree.index[:, :1].expand(-1, n)), depth)
