@@ -130,6 +130,44 @@ def test_greedy_tree_speculation_equals_greedy_decoding(target, graphs, known):
         assert {n for r in tree for n in r.row_accepted} >= {0, 1, 2, 3}
 
 
+def run_sampled(target, graphs, guard=False):
+    """(tokens, committed state, step records): T = 0.7 with top-p 0.9, per-row seeds, tree / chain / n-gram arms
+    in turn; ``guard``: every graphed step under host_sync.no_host_reads."""
+    from host_sync import GuardedSteps  # tests/torch/host_sync.py
+
+    backend = tiny_backend(target, graphs)
+    if guard:
+        backend.graphs = GuardedSteps()
+    with torch.inference_mode():
+        out, records = speculate(backend, Cycle([0, 0, 1, 0, 2, 0]), PROMPTS_TINY, sampling=SamplingConfig(0.7, 0, 0.9),
+                                 spec=SpecConfig(gamma=3, max_new_tokens=20), seed=torch.arange(len(PROMPTS_TINY)) + 5)
+    return out, committed_state(backend), records, backend
+
+
+def test_the_graphed_tree_step_equals_the_eager_one_when_sampling(target):
+    """graphs=True off CUDA (StaticSteps: the fixed-shape code a CUDA graph captures, run eagerly) against the
+    eager step at T = 0.7 with top-p: the same tokens, target K/V and head features (greedy: the test above)."""
+    eager, eager_state, records, _ = run_sampled(target, False)
+    graphed, graphed_state, _, _ = run_sampled(target, True)
+    assert graphed == eager
+    assert states_equal(eager_state, graphed_state)
+    assert {n for r in records if r.arm == 0 for n in r.row_accepted} >= {0, 1}
+
+
+def test_the_graphed_tree_step_reads_nothing_to_the_host(target, monkeypatch):
+    """Every graphed step (tree, chain head, n-gram, plain decoding) run with tensor.item / tolist / cpu / numpy /
+    bool / int / float / index / np.asarray patched to raise: a host read there would break CUDA-graph capture.
+    The guard catches one (the tree's select_tree with its host check on)."""
+    from flashspec_torch import head_tree, tree_step
+
+    out, _, _, backend = run_sampled(target, True, guard=True)
+    assert {k[0] for k in backend.graphs.replays} >= {"tree", "spec"}
+    assert out == run_sampled(target, False)[0]
+    monkeypatch.setattr(tree_step, "select_tree", lambda cands, size, validate: head_tree.select_tree(cands, size))
+    with pytest.raises(AssertionError, match="host read in a graphed step: Tensor.__bool__"):
+        run_sampled(target, True, guard=True)
+
+
 def test_rows_finishing_at_eos_mid_path(target):
     """An EOS token that ends the rows at different steps (some inside an accepted path): the tokens, cut
     there, and the K/V and features of the rows still running equal plain decoding's."""
