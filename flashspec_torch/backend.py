@@ -269,7 +269,7 @@ class TorchBackend:
             proposal = self.draft(arm, gamma, sampling, seed, offset)
             return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset),
                                gamma if proposal.lengths is None else proposal.lengths, skip=arm)
-        if draft.lagging(self.seqs):
+        if draft.lagging(self.seqs, gamma):
             draft.catch_up(self.seqs, gamma)
         self.set_counters(seed, offset)
         num_accepted = self.graphs.replay(self.step_key(arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),

@@ -132,9 +132,20 @@ class HeadDraft:
             self.valid = torch.zeros(batch, dtype=torch.int64, device=p.device)
         self.valid.zero_()  # positions < valid hold K/V made from the target's features
         self.used_at: int | None = None
+        self.width = 0  # the last step's G + 1: the most positions it can leave unfed
 
     # the same lazy catch-up bookkeeping as a model draft (used_at, one step behind at most)
-    catch_up_bound, lagging, mark_used = ModelDraft.catch_up_bound, ModelDraft.lagging, ModelDraft.mark_used
+    mark_used = ModelDraft.mark_used
+
+    def lagging(self, seqs: Sequences, gamma: int | None = None) -> bool:
+        """Not used in the previous step, or that step was wider than ``gamma`` allows: it may have left up to
+        ``width`` = its G + 1 positions unfed, more than the G + 1 a graphed step at ``gamma`` feeds."""
+        return ModelDraft.lagging(self, seqs) or (gamma is not None and self.width > gamma + 1)
+
+    def catch_up_bound(self, seqs: Sequences, gamma: int) -> int:
+        """``ModelDraft.catch_up_bound``, and off the CPU at least the previous step's ``width`` + 1."""
+        bound = ModelDraft.catch_up_bound(self, seqs, gamma)
+        return bound if seqs.length.device.type == "cpu" else max(bound, self.width + 1)
 
     def feed(self, seqs: Sequences, start: torch.Tensor, chunk: int, attend: int, select=None):
         """Head positions start .. start + chunk - 1 from the tokens and the target's features."""
@@ -185,6 +196,7 @@ class HeadDraft:
                 s, w = self.head.run(self.target, x_i[:, None], s[:, None], p_i, self.cache, attend)
                 s, w = s[:, 0], w[:, 0]
         self.valid.copy_(length)
+        self.width = gamma + 1
         w = torch.stack(ws, 1)  # [B, G, V_d]
         return Proposal(torch.stack(xs, 1), self.head.full_logits(w), torch.stack(lqs, 1),
                         confident_lengths(w, torch.stack(js, 1), self.stop_below))

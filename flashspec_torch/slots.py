@@ -315,7 +315,7 @@ class TorchSlotBackend(TorchBackend):
         draft, k = self.drafts[arm], self.bucket()
         graphed = self.graphed and draft.capturable
         with self.first_rows(k):
-            if graphed and draft.lagging(self.seqs):
+            if graphed and draft.lagging(self.seqs, gamma):
                 draft.catch_up(self.seqs, gamma)
             run = self.slot_run(lambda: draft.propose(self.seqs, gamma, sampling, self.seed, self.offset,
                                                       graphed=graphed), sampling)

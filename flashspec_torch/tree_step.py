@@ -76,6 +76,7 @@ class HeadTreeDraft(HeadDraft):
         cands = expand_tree(self.head, self.target, s, w, self.cache, length - 1, self.top_k, gamma, attend)
         tree = select_tree(cands, self.nodes(gamma), validate=False)
         self.valid.copy_(length)
+        self.width = gamma + 1
         return tree, cands.depths[tree.index].max(-1).values
 
 

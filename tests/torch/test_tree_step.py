@@ -301,3 +301,25 @@ def test_stop_below_is_refused_for_a_tree_alone():
 
     with pytest.raises(ValueError, match=r"fixed length \(a tree too\)"):
         Engine(None, ("head-tree",), device="cpu", stop_below=0.1)
+
+
+@pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
+def test_a_graphed_head_step_after_a_wider_one_feeds_every_position():
+    """Arms at G = 4 then G = 2 in turn (the adaptive policy's G and G // 2 share one draft), tree and chain head,
+    greedy, embedded model: the graphed code (StaticSteps) accepts exactly what the eager code does at every step.
+    A graphed step feeds the head G + 1 positions; after a step at G = 4 that accepted 4, 5 are unfed, and without
+    the catch-up (``HeadDraft.lagging(seqs, gamma)``) the head drafts from a state missing positions (fewer accepted)."""
+    from flashspec_torch.backend import StaticSteps
+    from flashspec_torch.engine import Engine
+
+    engine = Engine(None, ("head-tree/8x4", "head"), policy="fixed", device="cpu")
+    b, ids = engine.backend, engine.encode(PROMPTS[1], False)
+    accepted = {}
+    for graphed in (False, True):
+        b.graphed, b.graphs, b.shape = graphed, StaticSteps() if graphed else None, None
+        with torch.inference_mode():
+            b.prefill([ids], 40)
+            accepted[graphed] = [(arm, g, int(b.step(arm, g, SamplingConfig(0.0), 0, i).fetch().num_accepted[0]))
+                                 for i, (arm, g) in enumerate([(0, 4), (0, 2), (1, 4), (1, 2)] * 5)]
+    assert accepted[True] == accepted[False]
+    assert any(g == 4 and n >= 3 for _, g, n in accepted[False])  # a step that left more than 3 positions unfed
