@@ -274,7 +274,7 @@ class TorchBackend:
         self.set_counters(seed, offset)
         num_accepted = self.graphs.replay(self.step_key(arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),
                                           self.state())
-        draft.mark_used(self.seqs)
+        draft.mark_used(self.seqs, gamma)
         return self.commit_host(num_accepted, gamma + 1)
 
     def step_key(self, arm: int, gamma: int, sampling: SamplingConfig) -> tuple:
@@ -336,7 +336,7 @@ class TorchBackend:
     def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:
         d = self.drafts[arm]
         proposal = d.propose(self.seqs, gamma, sampling, seed, offset)
-        d.mark_used(self.seqs)
+        d.mark_used(self.seqs, gamma)
         return proposal
 
     def score(self, proposal: Proposal) -> torch.Tensor:  # [B, G+1, V]

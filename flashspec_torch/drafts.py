@@ -81,7 +81,7 @@ class Stateless:
     def lagging(self, seqs: Sequences, gamma: int | None = None) -> bool:
         return False
 
-    def mark_used(self, seqs: Sequences) -> None:
+    def mark_used(self, seqs: Sequences, gamma: int | None = None) -> None:
         pass
 
 
@@ -153,7 +153,9 @@ class ModelDraft:
         x, w = torch.stack(xs, 1), torch.stack(ws, 1)
         return Proposal(x, w, torch.stack(lqs, 1), confident_lengths(w, x, self.stop_below))
 
-    def mark_used(self, seqs: Sequences) -> None:
+    def mark_used(self, seqs: Sequences, gamma: int | None = None) -> None:
+        """Record on the host that this step (at ``gamma``) ran the draft: outside any CUDA graph, whose replays
+        run no Python."""
         self.used_at = seqs.step
 
 

@@ -134,8 +134,13 @@ class HeadDraft:
         self.used_at: int | None = None
         self.width = 0  # the last step's G + 1: the most positions it can leave unfed
 
-    # the same lazy catch-up bookkeeping as a model draft (used_at, one step behind at most)
-    mark_used = ModelDraft.mark_used
+    # the same lazy catch-up bookkeeping as a model draft (used_at, one step behind at most), and the step's width
+
+    def mark_used(self, seqs: Sequences, gamma: int | None = None) -> None:
+        """``ModelDraft.mark_used``; ``width`` = G + 1, the most positions the step can leave unfed (host state: set
+        here, after the step, not inside it, which a CUDA graph replays without Python)."""
+        ModelDraft.mark_used(self, seqs)
+        self.width = 0 if gamma is None else gamma + 1
 
     def lagging(self, seqs: Sequences, gamma: int | None = None) -> bool:
         """Not used in the previous step, or that step was wider than ``gamma`` allows: it may have left up to
@@ -196,7 +201,6 @@ class HeadDraft:
                 s, w = self.head.run(self.target, x_i[:, None], s[:, None], p_i, self.cache, attend)
                 s, w = s[:, 0], w[:, 0]
         self.valid.copy_(length)
-        self.width = gamma + 1
         w = torch.stack(ws, 1)  # [B, G, V_d]
         return Proposal(torch.stack(xs, 1), self.head.full_logits(w), torch.stack(lqs, 1),
                         confident_lengths(w, torch.stack(js, 1), self.stop_below))

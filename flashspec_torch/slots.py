@@ -321,7 +321,7 @@ class TorchSlotBackend(TorchBackend):
                                                       graphed=graphed), sampling)
             key = ("slots", k, arm, gamma, sampling, self.free_gamma)
             out = self.graphs.replay(key, run, self.state()) if graphed else run()
-            draft.mark_used(self.seqs)
+            draft.mark_used(self.seqs, gamma)
             return self.slot_host(out, rows, gamma + 1)
 
     def decode_slots(self, sampling: SamplingConfig, rows) -> SlotHandle:

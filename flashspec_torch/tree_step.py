@@ -76,7 +76,6 @@ class HeadTreeDraft(HeadDraft):
         cands = expand_tree(self.head, self.target, s, w, self.cache, length - 1, self.top_k, gamma, attend)
         tree = select_tree(cands, self.nodes(gamma), validate=False)
         self.valid.copy_(length)
-        self.width = gamma + 1
         return tree, cands.depths[tree.index].max(-1).values
 
 
@@ -84,7 +83,7 @@ def tree_step(backend, arm: int, gamma: int, sampling: SamplingConfig, seed, off
     """One eager tree speculation step of ``backend`` (a ``TorchBackend``) with its draft ``arm`` (a
     ``HeadTreeDraft``) at depth ``gamma`` (module docstring); returns the backend's ``AsyncHandle``."""
     result, depth = tree_result(backend, arm, gamma, sampling, seed, offset, graphed=False)
-    backend.drafts[arm].mark_used(backend.seqs)
+    backend.drafts[arm].mark_used(backend.seqs, gamma)
     return backend.commit(result, depth, skip=arm)
 
 

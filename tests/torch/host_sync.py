@@ -35,18 +35,28 @@ def no_host_reads():
 
 class GuardedSteps:
     """``backend.StaticSteps`` (graphs=True off CUDA: the graphed code run eagerly) with every replay under
-    ``no_host_reads``: the code a CUDA graph would capture, checked for host reads."""
+    ``no_host_reads``, and refusing a step that changes Python state of the backend, its sequences or its drafts
+    (an attribute rebound: a CUDA-graph replay runs no Python, so it would happen at capture only)."""
 
-    def __init__(self):
-        self.replays = []
+    def __init__(self, backend):
+        self.backend, self.replays = backend, []
 
     def capture(self, key, step, state) -> bool:
         return False
 
     def replay(self, key, step, state):
         self.replays.append(key)
+        objects = [self.backend, self.backend.seqs, *self.backend.drafts]
+        before = [dict(vars(o)) for o in objects]
         with no_host_reads():
-            return step()
+            out = step()
+        missing = object()
+        for o, was in zip(objects, before):
+            now = vars(o)
+            changed = sorted(k for k in {*was, *now} if now.get(k, missing) is not was.get(k, missing))
+            if changed:
+                raise HostRead(f"a graphed step rebound {type(o).__name__}.{', '.join(changed)} (host state)")
+        return out
 
     def clear(self) -> None:
         pass

@@ -137,7 +137,7 @@ def run_sampled(target, graphs, guard=False):
 
     backend = tiny_backend(target, graphs)
     if guard:
-        backend.graphs = GuardedSteps()
+        backend.graphs = GuardedSteps(backend)
     with torch.inference_mode():
         out, records = speculate(backend, Cycle([0, 0, 1, 0, 2, 0]), PROMPTS_TINY, sampling=SamplingConfig(0.7, 0, 0.9),
                                  spec=SpecConfig(gamma=3, max_new_tokens=20), seed=torch.arange(len(PROMPTS_TINY)) + 5)
@@ -155,9 +155,10 @@ def test_the_graphed_tree_step_equals_the_eager_one_when_sampling(target):
 
 
 def test_the_graphed_tree_step_reads_nothing_to_the_host(target, monkeypatch):
-    """Every graphed step (tree, chain head, n-gram, plain decoding) run with tensor.item / tolist / cpu / numpy /
-    bool / int / float / index / np.asarray patched to raise: a host read there would break CUDA-graph capture.
-    The guard catches one (the tree's select_tree with its host check on)."""
+    """Every graphed step (tree, chain head, n-gram) run with tensor.item / tolist / cpu / numpy / bool / int /
+    float / index / np.asarray patched to raise: a host read there would break CUDA-graph capture; and no Python
+    attribute of the backend or its drafts rebound inside (a replay would skip it). The guard catches a host
+    read (the tree's select_tree with its host check on)."""
     from flashspec_torch import head_tree, tree_step
 
     out, _, _, backend = run_sampled(target, True, guard=True)
@@ -306,17 +307,18 @@ def test_stop_below_is_refused_for_a_tree_alone():
 @pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
 def test_a_graphed_head_step_after_a_wider_one_feeds_every_position():
     """Arms at G = 4 then G = 2 in turn (the adaptive policy's G and G // 2 share one draft), tree and chain head,
-    greedy, embedded model: the graphed code (StaticSteps) accepts exactly what the eager code does at every step.
+    greedy, embedded model: the graphed code (host_sync.GuardedSteps: no host reads, no host state set inside, which
+    a CUDA-graph replay would skip) accepts exactly what the eager code does at every step.
     A graphed step feeds the head G + 1 positions; after a step at G = 4 that accepted 4, 5 are unfed, and without
     the catch-up (``HeadDraft.lagging(seqs, gamma)``) the head drafts from a state missing positions (fewer accepted)."""
-    from flashspec_torch.backend import StaticSteps
     from flashspec_torch.engine import Engine
+    from host_sync import GuardedSteps  # tests/torch/host_sync.py
 
     engine = Engine(None, ("head-tree/8x4", "head"), policy="fixed", device="cpu")
     b, ids = engine.backend, engine.encode(PROMPTS[1], False)
     accepted = {}
     for graphed in (False, True):
-        b.graphed, b.graphs, b.shape = graphed, StaticSteps() if graphed else None, None
+        b.graphed, b.graphs, b.shape = graphed, GuardedSteps(b) if graphed else None, None
         with torch.inference_mode():
             b.prefill([ids], 40)
             accepted[graphed] = [(arm, g, int(b.step(arm, g, SamplingConfig(0.0), 0, i).fetch().num_accepted[0]))
