@@ -18,7 +18,7 @@ with other jobs it leaves out the time this process waited for a core (memory co
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 2,3,4,5   # the CPU table
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 3,4 --trees head-tree/8,head-tree/16,head-tree/32 --tree-gammas 4,6 --others '' --no-hf --clock process   # trees
 
-    FLASHSPEC_CACHE=/tmp/fscache timeout 200 python benchmarks/head_bench.py --target /tmp/fs/model.gguf --device cuda --prompts 2 --new-tokens 64 --gammas 3,4 --trees head-tree/16,head-tree/32x8 --tree-gammas 4,6 --tree-eager --others '' --no-hf --budget-s 100 --out $OUT/tree_graphed_gpu.json   # GPU: the tree step in CUDA graphs (and eager) beside the chain head and plain decoding
+    FLASHSPEC_CACHE=/tmp/fscache timeout 200 python benchmarks/head_bench.py --target /tmp/fs/model.gguf --device cuda --prompts 2 --new-tokens 64 --gammas 3,4 --trees head-tree/16,head-tree/32x8 --tree-gammas 4,6 --tree-eager --others '' --no-hf --budget-s 90 --out $OUT/tree_graphed_gpu.json   # GPU: the tree step in CUDA graphs (and eager) beside the chain head and plain decoding
 
 Tree drafts (``--trees``, ``head-tree/N`` at each depth of ``--tree-gammas``): their draft time is ``draft_tree``'s
 (feeding the head, EAGLE-2's expansion and selection), ``draft_ms_per_token`` per depth level. On CUDA a tree
