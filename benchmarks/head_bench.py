@@ -18,10 +18,13 @@ with other jobs it leaves out the time this process waited for a core (memory co
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 2,3,4,5   # the CPU table
     OMP_NUM_THREADS=1 python benchmarks/head_bench.py --prompts 2 --new-tokens 48 --gammas 3,4 --trees head-tree/8,head-tree/16,head-tree/32 --tree-gammas 4,6 --others '' --no-hf --clock process   # trees
 
-    FLASHSPEC_CACHE=/tmp/fscache timeout 240 python benchmarks/head_bench.py --target /tmp/fs/model.gguf --device cuda --prompts 3 --new-tokens 64 --gammas 3,4 --trees head-tree/16,head-tree/32x8 --tree-gammas 4,6 --others '' --no-hf --budget-s 120 --out $OUT/tree_engine_gpu.json   # GPU: the tree step (eager) beside the chain head and plain decoding (CUDA graphs)
+    FLASHSPEC_CACHE=/tmp/fscache timeout 200 python benchmarks/head_bench.py --target /tmp/fs/model.gguf --device cuda --prompts 2 --new-tokens 64 --gammas 3,4 --trees head-tree/16,head-tree/32x8 --tree-gammas 4,6 --tree-eager --others '' --no-hf --budget-s 90 --out $OUT/tree_graphed_gpu.json   # GPU: the tree step in CUDA graphs (and eager) beside the chain head and plain decoding
 
 Tree drafts (``--trees``, ``head-tree/N`` at each depth of ``--tree-gammas``): their draft time is ``draft_tree``'s
-(feeding the head, EAGLE-2's expansion and selection), ``draft_ms_per_token`` per depth level.
+(feeding the head, EAGLE-2's expansion and selection), ``draft_ms_per_token`` per depth level. On CUDA a tree
+step is one CUDA-graph replay like the chain's (captured in each cell's warm-up; the cell's ``graphs`` lists the
+captured step kinds, e.g. "tree G=4"); ``--tree-eager`` adds each tree cell run eagerly ("... eager": the same
+step with host reads, no graph). A cell that fails (a capture error, say) records ``error`` and the run goes on.
 """
 
 from __future__ import annotations
@@ -87,6 +90,31 @@ class ProposeClock:
         delattr(self.draft, self.method)
 
 
+def eager(engine):
+    """``engine`` with its backend's steps run eagerly (no CUDA graphs): the ``--tree-eager`` cells."""
+    engine.backend.graphed, engine.backend.graphs, engine.backend.shape = False, None, None
+    return engine
+
+
+def graph_kinds(engine) -> list[str]:
+    """The step kinds the engine's backend holds CUDA graphs of ("tree G=4", "spec G=3", "plain"); [] if none."""
+    graphs = getattr(engine.backend.graphs, "graphs", {})
+    return sorted(f"{k[0]} G={k[2]}" if k[0] != "plain" else "plain" for k in graphs)
+
+
+def run_cell(engine, ids_list, plain, log, label, **kw) -> dict:
+    """``run``'s cell with ``greedy_equal`` and ``graphs``; a failure (e.g. a CUDA-graph capture error) is recorded
+    as the cell's ``error`` and logged, and the benchmark goes on."""
+    try:
+        cell, got = run(engine, ids_list, **kw)
+    except Exception as e:  # noqa: BLE001  (reported in the JSON, not hidden)
+        log(f"{label}: FAILED: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}", "graphs": graph_kinds(engine)}
+    cell["greedy_equal"] = got == plain if kw["temperature"] == 0 else None
+    cell["graphs"] = graph_kinds(engine)
+    return cell
+
+
 def run(engine, ids_list, *, temperature, gamma, new_tokens, speculation=True) -> tuple[dict, list]:
     """Each prompt (ids) in turn, after one short untimed warm-up (CUDA graphs are captured there)."""
     texts = [engine.tokenizer.decode(ids) for ids in ids_list]
@@ -138,9 +166,11 @@ def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:
 
 def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int, ...], others=("ngram", "layerskip"),
           temperatures=(0.0, 0.7), device=None, hf=True, baseline: str | None = None, trees: tuple[str, ...] = (),
-          tree_gammas: tuple[int, ...] = (), budget_s: float = float("inf"), log=print, save=None) -> dict:
+          tree_gammas: tuple[int, ...] = (), tree_eager: bool = False, budget_s: float = float("inf"), log=print,
+          save=None) -> dict:
     """Every cell by "domain T=t"; ``baseline``: a second head's cells ("baseline G=g") beside ``head``'s;
-    ``trees``: tree drafts (``head-tree/N``) at each depth G of ``tree_gammas`` ("head-tree/N G=g"). Past
+    ``trees``: tree drafts (``head-tree/N``) at each depth G of ``tree_gammas`` ("head-tree/N G=g"; with
+    ``tree_eager`` also run without CUDA graphs, "head-tree/N G=g eager"). Past
     ``budget_s`` seconds no further domain / temperature is started; ``save(results)`` after each (a run cut
     short keeps what it measured)."""
     from flashspec.engine import encode
@@ -151,6 +181,7 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
     heads = {"head": head, **({"baseline": baseline} if baseline else {})}
     engines = {name: Engine(loaded, (name,), policy="fixed", device=device)
                for name in (*heads.values(), *others, *trees)}
+    eager_trees = {name: eager(Engine(loaded, (name,), policy="fixed", device=device)) for name in trees if tree_eager}
     start = time.perf_counter()
     plain_engine = engines[head]
     hf_model = to_hf(loaded) if hf else None
@@ -165,28 +196,31 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
             cells["plain"], plain = run(plain_engine, ids_list, temperature=t, gamma=1, new_tokens=new_tokens, speculation=False)
             for label, spelling in heads.items():
                 for g in gammas:
-                    cells[f"{label} G={g}"], got = run(engines[spelling], ids_list, temperature=t, gamma=g,
-                                                       new_tokens=new_tokens)
-                    cells[f"{label} G={g}"]["greedy_equal"] = got == plain if t == 0 else None
+                    cells[f"{label} G={g}"] = run_cell(engines[spelling], ids_list, plain, log, f"{d} T={t} {label} G={g}",
+                                                       temperature=t, gamma=g, new_tokens=new_tokens)
             for spelling in trees:
                 for g in tree_gammas:
-                    cells[f"{spelling} G={g}"], got = run(engines[spelling], ids_list, temperature=t, gamma=g,
-                                                          new_tokens=new_tokens)
-                    cells[f"{spelling} G={g}"]["greedy_equal"] = got == plain if t == 0 else None
+                    for label, engine in ((f"{spelling} G={g}", engines[spelling]),
+                                          (f"{spelling} G={g} eager", eager_trees.get(spelling))):
+                        if engine is not None:
+                            cells[label] = run_cell(engine, ids_list, plain, log, f"{d} T={t} {label}", temperature=t,
+                                                    gamma=g, new_tokens=new_tokens)
             for name in others:
-                cells[f"{name} G=4"], got = run(engines[name], ids_list, temperature=t, gamma=4, new_tokens=new_tokens)
-                cells[f"{name} G=4"]["greedy_equal"] = got == plain if t == 0 else None
+                cells[f"{name} G=4"] = run_cell(engines[name], ids_list, plain, log, f"{d} T={t} {name} G=4", temperature=t,
+                                                gamma=4, new_tokens=new_tokens)
             if hf_model is not None and t == 0:
                 cells["transformers prompt lookup G=4"] = hf_prompt_lookup(hf_model, ids_list, new_tokens, 4,
                                                                            loaded.model.config.eos_token_ids)
             plain_ms = 1e3 * cells["plain"]["seconds"] / cells["plain"]["tokens"]  # one token per plain step
+            failed = {k: c for k, c in cells.items() if "error" in c}
+            cells = {k: c for k, c in cells.items() if k not in failed}
             for c in cells.values():
                 c["speedup"] = c["tok_s"] / cells["plain"]["tok_s"]
                 if "draft_ms_per_token" in c:
                     c["draft_per_token_over_plain_step"] = c["draft_ms_per_token"] / plain_ms
-            results[f"{d} T={t}"] = {"cells": cells, "plain_step_ms": plain_ms, **{
-                f"best_{label}": max((k for k in cells if k.startswith(f"{label} G=")), key=lambda k: cells[k]["tok_s"])
-                for label in heads}}
+            results[f"{d} T={t}"] = {"cells": {**cells, **failed}, "plain_step_ms": plain_ms, **{
+                f"best_{label}": max((k for k in cells if k.startswith(f"{label} G=")), key=lambda k: cells[k]["tok_s"],
+                                     default=None) for label in heads}}
             log(f"{d} T={t}: " + ", ".join(f"{k} {c['tok_s']:.1f} tok/s ({c['speedup']:.2f}x"
                                            + (f", {c['emitted_per_step']:.2f}/step" if "emitted_per_step" in c else "")
                                            + ")" for k, c in cells.items()))
@@ -222,6 +256,7 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0,0.7")
     ap.add_argument("--trees", default="", help="tree drafts beside the head, e.g. head-tree/8,head-tree/16 ('': none)")
     ap.add_argument("--tree-gammas", default="4,6", help="the trees' depths G")
+    ap.add_argument("--tree-eager", action="store_true", help="also run each tree cell without CUDA graphs")
     ap.add_argument("--others", default="ngram,layerskip", help="other drafts at G = 4 ('': none)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no domain / temperature past this")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
@@ -250,7 +285,7 @@ def main() -> None:
     results = bench(loaded, args.head, prompts=args.prompts, new_tokens=args.new_tokens, gammas=gammas, device=str(dev),
                     hf=not args.no_hf, temperatures=temperatures, baseline=args.baseline,
                     trees=tuple(filter(None, args.trees.split(","))),
-                    tree_gammas=tuple(int(g) for g in filter(None, args.tree_gammas.split(","))),
+                    tree_gammas=tuple(int(g) for g in filter(None, args.tree_gammas.split(","))), tree_eager=args.tree_eager,
                     others=tuple(filter(None, args.others.split(","))), budget_s=args.budget_s, save=save)
     save(results)
     print(f"wrote {args.out}")

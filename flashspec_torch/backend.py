@@ -259,23 +259,28 @@ class TorchBackend:
 
     def step(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> AsyncHandle:
         """draft -> score -> verify -> commit; one CUDA-graph replay when graphed. A tree draft
-        (``tree_step.HeadTreeDraft``) runs ``tree_step`` eagerly, ``gamma`` its depth."""
+        (``tree_step.HeadTreeDraft``) runs ``tree_step``, ``gamma`` its depth."""
         draft = self.drafts[arm]
-        if getattr(draft, "tree", False):
-            from .tree_step import tree_step
-
-            return tree_step(self, arm, gamma, sampling, seed, offset)
         if not self.graphed or not draft.capturable:  # e.g. a transformers model with growing inputs
+            if getattr(draft, "tree", False):
+                from .tree_step import tree_step
+
+                return tree_step(self, arm, gamma, sampling, seed, offset)
             proposal = self.draft(arm, gamma, sampling, seed, offset)
             return self.commit(self.verify(self.score(proposal), proposal, sampling, seed, offset),
                                gamma if proposal.lengths is None else proposal.lengths, skip=arm)
-        if draft.lagging(self.seqs):
+        if draft.lagging(self.seqs, gamma):
             draft.catch_up(self.seqs, gamma)
         self.set_counters(seed, offset)
-        num_accepted = self.graphs.replay(("spec", arm, gamma, sampling, self.free_gamma), self.graphed_step(arm, gamma, sampling),
+        num_accepted = self.graphs.replay(self.step_key(arm, gamma, sampling), self.graphed_step(arm, gamma, sampling),
                                           self.state())
-        draft.mark_used(self.seqs)
+        draft.mark_used(self.seqs, gamma)
         return self.commit_host(num_accepted, gamma + 1)
+
+    def step_key(self, arm: int, gamma: int, sampling: SamplingConfig) -> tuple:
+        """The graph of a speculative step: a tree arm's ("tree", ...) or a chain arm's ("spec", ...)."""
+        kind = "tree" if getattr(self.drafts[arm], "tree", False) else "spec"
+        return (kind, arm, gamma, sampling, self.free_gamma)
 
     def graphed_step(self, arm: int, gamma: int, sampling: SamplingConfig):
         """The device work of one speculative step, reading seed / offset from the buffers."""
@@ -287,7 +292,14 @@ class TorchBackend:
             self.commit_device(r, gamma if p.lengths is None else p.lengths, skip=arm)
             return r.num_accepted
 
-        return run
+        def run_tree():
+            from .tree_step import tree_result
+
+            r, depth = tree_result(self, arm, gamma, sampling, self.seed, self.offset, graphed=True)
+            self.commit_device(r, depth, skip=arm)
+            return r.num_accepted
+
+        return run_tree if getattr(draft, "tree", False) else run
 
     def graphed_decode(self, sampling: SamplingConfig):
         def run():
@@ -309,7 +321,7 @@ class TorchBackend:
         if gamma is not None:
             for arm, d in enumerate(self.drafts):
                 if d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
-                    captured += self.graphs.capture(("spec", arm, gamma, sampling, self.free_gamma),
+                    captured += self.graphs.capture(self.step_key(arm, gamma, sampling),
                                                     self.graphed_step(arm, gamma, sampling), self.state())
         return captured + self.graphs.capture(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
 
@@ -324,7 +336,7 @@ class TorchBackend:
     def draft(self, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int) -> Proposal:
         d = self.drafts[arm]
         proposal = d.propose(self.seqs, gamma, sampling, seed, offset)
-        d.mark_used(self.seqs)
+        d.mark_used(self.seqs, gamma)
         return proposal
 
     def score(self, proposal: Proposal) -> torch.Tensor:  # [B, G+1, V]

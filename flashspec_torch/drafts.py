@@ -78,10 +78,10 @@ class Stateless:
     def start(self, batch: int, max_len: int) -> None:
         pass
 
-    def lagging(self, seqs: Sequences) -> bool:
+    def lagging(self, seqs: Sequences, gamma: int | None = None) -> bool:
         return False
 
-    def mark_used(self, seqs: Sequences) -> None:
+    def mark_used(self, seqs: Sequences, gamma: int | None = None) -> None:
         pass
 
 
@@ -112,8 +112,8 @@ class ModelDraft:
             return seqs.max_len_bound
         return (seqs.step - self.used_at) * (gamma + 1) + 2
 
-    def lagging(self, seqs: Sequences) -> bool:
-        """Not used in the previous step: more than the last two tokens may be unfed."""
+    def lagging(self, seqs: Sequences, gamma: int | None = None) -> bool:
+        """Not used in the previous step: more than the last two tokens may be unfed (``gamma``: the step's G)."""
         return self.used_at is None or self.used_at != seqs.step - 1
 
     def catch_up(self, seqs: Sequences, gamma: int) -> None:
@@ -153,7 +153,9 @@ class ModelDraft:
         x, w = torch.stack(xs, 1), torch.stack(ws, 1)
         return Proposal(x, w, torch.stack(lqs, 1), confident_lengths(w, x, self.stop_below))
 
-    def mark_used(self, seqs: Sequences) -> None:
+    def mark_used(self, seqs: Sequences, gamma: int | None = None) -> None:
+        """Record on the host that this step (at ``gamma``) ran the draft: outside any CUDA graph, whose replays
+        run no Python."""
         self.used_at = seqs.step
 
 

@@ -5,10 +5,12 @@ From each row's root (the last committed token, the head's state and logits afte
 the ``top_k`` candidates of the newest depth with the highest cumulative log q (the frontier), each adding its
 ``top_k`` children as candidates (M = top_k + (depth - 1) top_k^2 candidates per row, in depth order). Each
 frontier node feeds the head its parent's state, as chain drafting does, and is laid out as the target's tree
-scoring pass lays out a tree (``tree_score.tree_pass``: ``flashspec.tree_layout``'s ancestor mask): the frontier
+scoring pass lays out a tree (``tree_score.tree_pass``, the ancestor mask built on the device): the frontier
 nodes so far form a tree under the root, node f's K/V at cache row root + 1 + f, its RoPE at root + its depth,
 and it attends the committed context and its own ancestors only, so each path is run as chain drafting runs it.
-One head pass of K rows per depth per batch row.
+One head pass of K rows per depth per batch row. The frontier tree is a device tensor of fixed shape
+[B, (depth - 1) top_k] (its later rounds padding until written), so with ``attend`` given and
+``validate=False`` nothing is read to the host: the step can be captured in a CUDA graph.
 
 ``select_tree`` keeps the ``size`` candidates of highest cumulative log q (a stable sort: on ties the earlier,
 shallower candidate first; a child's value is at most its parent's, so a kept node's parent is kept) and lays
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .model import KVCache
@@ -59,7 +60,8 @@ def copy_cache_rows(config, cache: KVCache, rows: torch.Tensor) -> KVCache:  # r
     return out
 
 
-def check_expand_args(head, state, logits, cache: KVCache, root, top_k: int, depth: int) -> None:
+def check_expand_args(head, state, logits, cache: KVCache, root, top_k: int, depth: int, attend: int | None) -> int:
+    """The arguments' shapes; returns the attended cache rows (``attend``, or read from root when None)."""
     b = root.shape[0]
     if top_k < 1 or depth < 1:
         raise ValueError(f"top_k={top_k}, depth={depth}: both must be >= 1")
@@ -68,27 +70,33 @@ def check_expand_args(head, state, logits, cache: KVCache, root, top_k: int, dep
     if state.shape[0] != b or logits.shape != (b, len(head.token_ids)) or cache.k.shape[1] != b:
         raise ValueError(f"state {list(state.shape)}, logits {list(logits.shape)}, cache rows {cache.k.shape[1]}: want "
                          f"[B, C], [B, V_d = {len(head.token_ids)}] and B cache rows for root [B = {b}]")
-    last = int(root.max()) + (depth - 1) * top_k
-    if last >= cache.max_len:
-        raise ValueError(f"the frontier's cache rows reach {last}, outside the head's cache ({cache.max_len} rows); "
+    if attend is None:
+        attend = int(root.max()) + (depth - 1) * top_k + 1
+    if attend > cache.max_len:
+        raise ValueError(f"the frontier's cache rows reach {attend - 1}, outside the head's cache ({cache.max_len} rows); "
                          "allocate max_len > root + (depth - 1) top_k")
+    return attend
 
 
-def frontier_pass(root, parents: np.ndarray, top_k: int, attend: int) -> tuple[torch.Tensor, TreePass]:
-    """(cache rows [B, K], TreePass) of the newest K frontier nodes of the frontier tree ``parents`` [B, F]
-    (every frontier node so far, round by round; -1: the root), laid out as the target's scoring pass lays out
-    a tree (``tree_score.tree_pass``): node f at row root + 1 + f, RoPE at root + depth, its ancestors seen."""
-    rows, tp = tree_pass(root, parents, np.full(len(parents), parents.shape[1]), attend)
-    return rows[:, -top_k:], TreePass(tp.rope_positions[:, -top_k:], tp.mask[:, :, -top_k:])
+def frontier_pass(root, parents: torch.Tensor, count: int, top_k: int, attend: int) -> tuple[torch.Tensor, TreePass]:
+    """(cache rows [B, K], TreePass) of frontier nodes count - K .. count - 1 of the frontier tree ``parents``
+    [B, F] (every frontier node, round by round; -1: the root; nodes past ``count`` are padding), laid out as the
+    target's scoring pass lays out a tree (``tree_score.tree_pass``): node f at row root + 1 + f, RoPE at root +
+    depth, its ancestors seen."""
+    sizes = torch.full((parents.shape[0],), count, dtype=torch.int64, device=parents.device)
+    rows, tp = tree_pass(root, parents, sizes, attend)
+    new = slice(count - top_k + 1, count + 1)  # their slots
+    return rows[:, new], TreePass(tp.rope_positions[:, new], tp.mask[:, :, new])
 
 
 @torch.no_grad()
-def expand_tree(head, target, state, logits, cache: KVCache, root, top_k: int, depth: int) -> Candidates:
+def expand_tree(head, target, state, logits, cache: KVCache, root, top_k: int, depth: int,
+                attend: int | None = None) -> Candidates:
     """EAGLE-2's candidates (module docstring). state [B, C] and logits [B, V_d]: the head at position root [B]
     (its prediction of the first drafted token); ``cache`` [B rows] holds the head's K/V of positions <= root.
-    Overwrites ``cache`` rows root + 1 .. root + (depth - 1) top_k (the frontier's K/V); reads the frontier's
-    parents to the host once per depth (the layout is NumPy)."""
-    check_expand_args(head, state, logits, cache, root, top_k, depth)
+    Overwrites ``cache`` rows root + 1 .. root + (depth - 1) top_k (the frontier's K/V). ``attend``: the head
+    cache rows its passes attend (> root + (depth - 1) top_k in every row); None reads root's maximum."""
+    attend = check_expand_args(head, state, logits, cache, root, top_k, depth, attend)
     n, k = root.shape[0], top_k
     val, j = logits.float().log_softmax(-1).topk(k, -1)  # [B, K]
     ids = head.token_ids[j]
@@ -96,10 +104,9 @@ def expand_tree(head, target, state, logits, cache: KVCache, root, top_k: int, d
     values, tokens, parents = [val], [ids], [torch.full_like(ids, -1)]
     depths = [torch.ones(k, dtype=torch.int64, device=root.device)]
     state = state[:, None].expand(n, k, state.shape[-1])  # [B, K, C]: the frontier's parents' states
-    up = np.full((n, k), -1, np.int64)  # [B, F]: the frontier tree's parents
-    attend = int(root.max()) + (depth - 1) * k + 1
+    up = torch.full((n, (depth - 1) * k), -1, dtype=torch.int64, device=root.device)  # [B, F]: the frontier tree
     for d in range(1, depth):
-        rows, tp = frontier_pass(root, up, k, attend)
+        rows, tp = frontier_pass(root, up, d * k, k, attend)
         s, w = head.run(target, ids, state, rows, cache, attend, tree=tp)  # [B, K, C], [B, K, V_d]
         cval, cj = w.log_softmax(-1).topk(k, -1)  # [B, K, K]
         cval = (val[:, :, None] + cval).reshape(n, k * k)
@@ -109,12 +116,14 @@ def expand_tree(head, target, state, logits, cache: KVCache, root, top_k: int, d
         val, pick = cval.topk(k, -1)  # the next frontier: [B, K]
         ids, front, at = tokens[-1].gather(1, pick), first + pick, pick // k  # at: the parent's place in the frontier
         state = s.gather(1, at[:, :, None].expand(-1, -1, s.shape[-1]))
-        up = np.concatenate([up, (d - 1) * k + at.cpu().numpy()], 1)
+        if d + 1 < depth:
+            up[:, d * k : (d + 1) * k] = (d - 1) * k + at
     return Candidates(torch.cat(values, 1), torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(depths))
 
 
-def select_tree(cands: Candidates, size: int) -> DraftTree:
-    """The ``size`` candidates of highest cumulative log q of each row as a tree (module docstring)."""
+def select_tree(cands: Candidates, size: int, validate: bool = True) -> DraftTree:
+    """The ``size`` candidates of highest cumulative log q of each row as a tree (module docstring).
+    ``validate`` checks on the host that every kept node's parent was kept (False: no host read)."""
     b, m = cands.values.shape
     if not 1 <= size <= m:
         raise ValueError(f"size={size}: want 1 <= size <= {m}, the candidates per row (top_k + (depth - 1) top_k^2)")
@@ -123,7 +132,7 @@ def select_tree(cands: Candidates, size: int) -> DraftTree:
     node_of = torch.full((b, m + 1), -1, dtype=torch.int64, device=index.device)  # candidate (+1) -> node; 0: root
     node_of[:, 1:].scatter_(1, index, torch.arange(size, device=index.device).expand(b, size))
     parents = node_of.gather(1, cands.parents.gather(1, index) + 1)
-    if bool(((cands.parents.gather(1, index) >= 0) & (parents < 0)).any()):
+    if validate and bool(((cands.parents.gather(1, index) >= 0) & (parents < 0)).any()):
         raise AssertionError("select_tree kept a node without its parent (candidate values not monotone)")
     return DraftTree(cands.tokens.gather(1, index), parents, torch.full((b,), size, dtype=torch.int64, device=index.device),
                      index)

@@ -132,9 +132,25 @@ class HeadDraft:
             self.valid = torch.zeros(batch, dtype=torch.int64, device=p.device)
         self.valid.zero_()  # positions < valid hold K/V made from the target's features
         self.used_at: int | None = None
+        self.width = 0  # the last step's G + 1: the most positions it can leave unfed
 
-    # the same lazy catch-up bookkeeping as a model draft (used_at, one step behind at most)
-    catch_up_bound, lagging, mark_used = ModelDraft.catch_up_bound, ModelDraft.lagging, ModelDraft.mark_used
+    # the same lazy catch-up bookkeeping as a model draft (used_at, one step behind at most), and the step's width
+
+    def mark_used(self, seqs: Sequences, gamma: int | None = None) -> None:
+        """``ModelDraft.mark_used``; ``width`` = G + 1, the most positions the step can leave unfed (host state: set
+        here, after the step, not inside it, which a CUDA graph replays without Python)."""
+        ModelDraft.mark_used(self, seqs)
+        self.width = 0 if gamma is None else gamma + 1
+
+    def lagging(self, seqs: Sequences, gamma: int | None = None) -> bool:
+        """Not used in the previous step, or that step was wider than ``gamma`` allows: it may have left up to
+        ``width`` = its G + 1 positions unfed, more than the G + 1 a graphed step at ``gamma`` feeds."""
+        return ModelDraft.lagging(self, seqs) or (gamma is not None and self.width > gamma + 1)
+
+    def catch_up_bound(self, seqs: Sequences, gamma: int) -> int:
+        """``ModelDraft.catch_up_bound``, and off the CPU at least the previous step's ``width`` + 1."""
+        bound = ModelDraft.catch_up_bound(self, seqs, gamma)
+        return bound if seqs.length.device.type == "cpu" else max(bound, self.width + 1)
 
     def feed(self, seqs: Sequences, start: torch.Tensor, chunk: int, attend: int, select=None):
         """Head positions start .. start + chunk - 1 from the tokens and the target's features."""

@@ -315,13 +315,13 @@ class TorchSlotBackend(TorchBackend):
         draft, k = self.drafts[arm], self.bucket()
         graphed = self.graphed and draft.capturable
         with self.first_rows(k):
-            if graphed and draft.lagging(self.seqs):
+            if graphed and draft.lagging(self.seqs, gamma):
                 draft.catch_up(self.seqs, gamma)
             run = self.slot_run(lambda: draft.propose(self.seqs, gamma, sampling, self.seed, self.offset,
                                                       graphed=graphed), sampling)
             key = ("slots", k, arm, gamma, sampling, self.free_gamma)
             out = self.graphs.replay(key, run, self.state()) if graphed else run()
-            draft.mark_used(self.seqs)
+            draft.mark_used(self.seqs, gamma)
             return self.slot_host(out, rows, gamma + 1)
 
     def decode_slots(self, sampling: SamplingConfig, rows) -> SlotHandle:

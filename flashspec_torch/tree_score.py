@@ -9,8 +9,10 @@ target gives "context, root, path to s" run causally: what ``flashspec.tree.veri
 After verification, ``compact_tree_cache`` moves the kept rows (root, accepted nodes) to rows base, base+1, ...
 so that the cache is again a plain causal one.
 
-Not here: CUDA graphs, the attention kernel (the layers run with impl "reference" in this pass), sliding
-windows, batch-invariant mode (refused with a clear error).
+The layout (``slot_ancestors``) is built on the device with fixed shapes (B, N), so the pass can be captured
+in a CUDA graph: with ``validate=False`` and ``attend`` given, ``score_tree`` reads nothing to the host.
+Not here: the attention kernel (the layers run with impl "reference" in this pass), sliding windows,
+batch-invariant mode (refused with a clear error).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import numpy as np
 import torch
 
 from flashspec.tree import MAX_TREE_DEPTH, tree_depths
-from flashspec.tree_layout import slot_depths, tree_attention_mask
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,32 @@ def check_tree(tokens: np.ndarray, parents: np.ndarray, sizes: np.ndarray, vocab
         tree_depths(tokens[r], parents[r], int(sizes[r]), vocab, MAX_TREE_DEPTH, r)
 
 
-def tree_pass(base: torch.Tensor, parents: np.ndarray, sizes: np.ndarray, attend: int) -> tuple[torch.Tensor, TreePass]:
-    """(write rows [B, N+1], TreePass) for trees (parents [B, N], sizes [B]) rooted at positions base [B]."""
+def slot_ancestors(
+    tree_parents: torch.Tensor,  # [B, N] int in [-1, j): node j's parent (-1 the root)
+    tree_sizes: torch.Tensor,  # [B] int: nodes past tree_sizes[b] are padding
+) -> torch.Tensor:  # [B, N+1, N+1] bool
+    """``flashspec.tree_layout.tree_attention_mask`` on the device, fixed shapes, no host read: slot s sees
+    slot t iff t is s or one of its ancestors (padded slots see only themselves). The parent links' reflexive
+    transitive closure, by ceil(log2(N+1)) squarings of a 0/1 matrix (float32 sums of at most N+1 ones: exact)."""
+    b, n = tree_parents.shape
+    dev = tree_parents.device
+    real = torch.arange(n, device=dev)[None] < tree_sizes[:, None]  # [B, N]
+    up = torch.where(real, tree_parents.long() + 1, n + 1)  # [B, N]: slot j + 1's parent slot; n + 1: none
+    a = torch.zeros((b, n + 1, n + 2), dtype=torch.float32, device=dev)
+    a[:, 1:].scatter_(2, up[..., None], 1.0)
+    a = a[..., : n + 1] + torch.eye(n + 1, device=dev)
+    for _ in range(n.bit_length()):  # after r squarings: every ancestor up to 2^r links away
+        a = torch.bmm(a, a).clamp_(max=1.0)
+    return a > 0
+
+
+def tree_pass(base: torch.Tensor, parents: torch.Tensor, sizes: torch.Tensor, attend: int) -> tuple[torch.Tensor, TreePass]:
+    """(write rows [B, N+1], TreePass) for trees (parents [B, N], sizes [B], tensors on base's device) rooted at
+    positions base [B]; device work only (fixed shapes)."""
     n1 = parents.shape[1] + 1
     device = base.device
-    tree = torch.from_numpy(tree_attention_mask(parents, sizes)).to(device)  # [B, N+1, N+1]
-    depths = torch.from_numpy(slot_depths(parents, sizes)).to(device)  # [B, N+1]
+    tree = slot_ancestors(parents, sizes)  # [B, N+1, N+1]
+    depths = tree.sum(-1) - 1  # [B, N+1]: a slot's ancestors
     rel = torch.arange(attend, device=device)[None] - base[:, None]  # [B, S]: a cache row's slot past the root
     inside = (rel >= 0) & (rel < n1)
     on_path = tree.gather(2, rel.clamp(0, n1 - 1)[:, None, :].expand(-1, n1, -1))  # [B, N+1, S]
@@ -75,25 +96,32 @@ def score_tree(
     base: torch.Tensor,  # [B] int64: the root's position (the committed length - 1)
     tree_sizes: torch.Tensor | None = None,  # [B]: row b's tree is its first tree_sizes[b] nodes; None: all N
     hidden: tuple[int, ...] = (),  # also return the residual stream after these layers (a draft head's input)
+    attend: int | None = None,  # the cache rows attended (> base + N in every row); None: read from base
+    validate: bool = True,  # False: the tree is trusted (an engine step built it); with attend: no host read
 ):  # [B, N+1, V] float32: the root's logits, then node j's at j + 1; with ``hidden``: (that, [B, N+1, len * C])
     """The target's logits (and with ``hidden`` its states, as ``Llama.forward`` returns them) at every slot of
-    the tree in one forward (see the module docstring); padded nodes' rows are computed but meaningless. Reads
-    the tree to the host (the layout is NumPy)."""
+    the tree in one forward (see the module docstring); padded nodes' rows are computed but meaningless.
+    ``validate`` reads the tree to the host to check it (``flashspec.tree.tree_depths``' rules); ``attend=None``
+    reads base's maximum."""
     check_tree_model(model)
-    parents = tree_parents.cpu().numpy().astype(np.int64)
-    b, n = parents.shape
-    sizes = np.full(b, n, np.int64) if tree_sizes is None else tree_sizes.cpu().numpy().astype(np.int64)
-    tokens = tree_tokens.cpu().numpy().astype(np.int64)
-    check_tree(tokens, parents, sizes, model.config.vocab_size)
+    b, n = tree_parents.shape
+    dev = root.device
+    sizes = torch.full((b,), n, dtype=torch.int64, device=dev) if tree_sizes is None else tree_sizes.long()
+    if validate:
+        check_tree(tree_tokens.cpu().numpy().astype(np.int64), tree_parents.cpu().numpy().astype(np.int64),
+                   sizes.cpu().numpy(), model.config.vocab_size)
     if root.shape != (b,) or base.shape != (b,):
         raise ValueError(f"root {list(root.shape)} and base {list(base.shape)} must be [B] = [{b}]")
-    attend = int(base.max()) + n + 1
-    if int(base.min()) < 0 or attend > cache.max_len:
+    if attend is None:
+        attend = int(base.max()) + n + 1
+        if int(base.min()) < 0:
+            raise ValueError("a base is negative: base is each root's position (the committed length - 1)")
+    if attend > cache.max_len:
         raise ValueError(f"the tree's rows base .. base + N reach {attend - 1}, outside the cache's "
-                         f"[0, {cache.max_len}) (or a base is negative); allocate a longer cache or a smaller tree")
-    padded = np.arange(n)[None] >= sizes[:, None]
-    fed = torch.from_numpy(np.where(padded, 0, tokens)).to(root.device)  # padded nodes feed token 0
-    rows, tp = tree_pass(base, parents, sizes, attend)
+                         f"[0, {cache.max_len}); allocate a longer cache or a smaller tree")
+    padded = torch.arange(n, device=dev)[None] >= sizes[:, None]
+    fed = torch.where(padded, 0, tree_tokens.long())  # padded nodes feed token 0
+    rows, tp = tree_pass(base, tree_parents, sizes, attend)
     return model(torch.cat([root[:, None], fed], 1), rows, cache, attend, hidden=hidden, tree=tp)
 
 

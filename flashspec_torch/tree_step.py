@@ -1,5 +1,4 @@
-"""Tree speculation as a step of the torch backend (eager): the draft head's EAGLE-2 tree, scored and
-verified exactly.
+"""Tree speculation as a step of the torch backend: the draft head's EAGLE-2 tree, scored and verified exactly.
 
 One step, every batch row at once (rows at different lengths; finished rows run along and commit nothing):
 
@@ -17,8 +16,10 @@ One step, every batch row at once (rows at different lengths; finished rows run 
 
 ``StepRecord.drafted`` counts each row's tree depth (the most tokens the step can accept), ``accepted`` the
 accepted path's depth, so the policies' per-token acceptance is the chance that the accepted path goes one
-level deeper. Host syncs: the tree's layout is NumPy (``head_tree`` per depth, ``score_tree``), and
-``verify_tree``'s checks and shapes; no CUDA graph (the step runs eagerly under ``graphs=True`` too).
+level deeper. Every shape depends only on (B, N, top_k, G) and the tree's layout is built on the device, so
+with ``graphed=True`` (``TorchBackend`` with graphs: head fed G + 1 positions, attention over the whole cache)
+the step reads nothing to the host and is captured as one CUDA graph per (arm, G, sampling); eagerly (the CPU
+default) attention stops at the host's length bound and the head catches up every unfed position.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class HeadTreeDraft(HeadDraft):
     """The draft head drafting an EAGLE-2 tree of ``size`` nodes per row (``top_k`` children per frontier
     node, depth = the step's G); ``TorchBackend.step`` runs it through ``tree_step``."""
 
-    capturable = False  # host reads per depth: eager even under graphs
+    capturable = True  # draft_tree(graphed=True) and tree_result have fixed shapes, no host read
     tree = True
 
     def __init__(self, name: str, head, target, size: int, top_k: int = TREE_TOP_K):
@@ -63,37 +64,48 @@ class HeadTreeDraft(HeadDraft):
         raise ValueError(f"draft {self.name!r} drafts a tree, which only TorchBackend.step runs (flashspec_torch."
                          "tree_step): not serving slots, full-information scoring or a chain's verify")
 
-    def draft_tree(self, seqs, gamma: int) -> tuple[DraftTree, torch.Tensor]:  # -> tree, depth [B]
+    def draft_tree(self, seqs, gamma: int, graphed: bool = False) -> tuple[DraftTree, torch.Tensor]:  # tree, depth [B]
         """The head fed up to each row's root, then its tree of ``nodes(gamma)`` nodes; afterwards ``valid`` =
-        length (the rows past the root hold the frontier's K/V, re-fed next step)."""
+        length (the rows past the root hold the frontier's K/V, re-fed next step). ``graphed``: fixed shapes
+        and no host read (the head fed G + 1 positions, as ``propose(graphed=True)``; attention over the cache)."""
         self.check_depth(gamma)
         length = seqs.length
-        attend = min(seqs.max_len_bound + gamma, self.cache.max_len)
-        s, w = self.root(seqs, gamma, attend)
-        cands = expand_tree(self.head, self.target, s, w, self.cache, length - 1, self.top_k, gamma)
-        tree = select_tree(cands, self.nodes(gamma))
+        s_max = self.cache.max_len
+        attend = s_max if graphed else min(seqs.max_len_bound + gamma + (gamma - 1) * self.top_k, s_max)
+        s, w = self.root(seqs, gamma, attend, graphed)
+        cands = expand_tree(self.head, self.target, s, w, self.cache, length - 1, self.top_k, gamma, attend)
+        tree = select_tree(cands, self.nodes(gamma), validate=False)
         self.valid.copy_(length)
         return tree, cands.depths[tree.index].max(-1).values
 
 
 def tree_step(backend, arm: int, gamma: int, sampling: SamplingConfig, seed, offset: int):
-    """One tree speculation step of ``backend`` (a ``TorchBackend``) with its draft ``arm`` (a
+    """One eager tree speculation step of ``backend`` (a ``TorchBackend``) with its draft ``arm`` (a
     ``HeadTreeDraft``) at depth ``gamma`` (module docstring); returns the backend's ``AsyncHandle``."""
+    result, depth = tree_result(backend, arm, gamma, sampling, seed, offset, graphed=False)
+    backend.drafts[arm].mark_used(backend.seqs, gamma)
+    return backend.commit(result, depth, skip=arm)
+
+
+def tree_result(backend, arm: int, gamma: int, sampling: SamplingConfig, seed, offset,
+                graphed: bool) -> tuple[VerifyResult, torch.Tensor]:  # tokens [B, G+1], depth [B]
+    """The device work of a tree step up to the commit: draft, score, screen, verify, compact the cache, move the
+    features. ``graphed``: fixed shapes, no host read (``TorchBackend.graphed_step`` captures it)."""
     draft, seqs = backend.drafts[arm], backend.seqs
-    tree, depth = draft.draft_tree(seqs, gamma)
-    draft.mark_used(seqs)
+    tree, depth = draft.draft_tree(seqs, gamma, graphed)
     base = seqs.length - 1  # [B]: the roots' positions
     root = seqs.tokens.gather(1, base[:, None])[:, 0]
+    n = tree.tokens.shape[1]
     logits, feats = score_tree(backend.target, backend.cache, root, tree.tokens, tree.parents, base, tree.sizes,
-                               hidden=backend.hidden)  # [B, N+1, V], [B, N+1, F]
+                               hidden=backend.hidden, attend=backend.attend(n + 1), validate=False)  # [B, N+1, V], [B, N+1, F]
     logits = screen(backend.bad, logits)[0]
     r = verify_tree(logits, tree.tokens, tree.parents, temperature=sampling.temperature, top_k=sampling.top_k,
-                    top_p=sampling.top_p, seed=seed, offset=offset, tree_sizes=tree.sizes, validate=False)  # screened
-    kept = kept_slots(r.path)  # [B, D+1]
+                    top_p=sampling.top_p, seed=seed, offset=offset, tree_sizes=tree.sizes, validate=False,  # screened
+                    widest=draft.top_k, depth=gamma)  # [B, G+1]: one width per G
+    kept = kept_slots(r.path)  # [B, G+1]
     compact_tree_cache(backend.cache, base, kept)
     keep_features(seqs.features, feats, base, kept)
-    tokens = torch.nn.functional.pad(r.tokens, (0, gamma + 1 - r.tokens.shape[1]), value=-1)  # [B, G+1]: one width per G
-    return backend.commit(VerifyResult(r.num_accepted, tokens), depth, skip=arm)
+    return VerifyResult(r.num_accepted, r.tokens), depth
 
 
 def kept_slots(path: torch.Tensor) -> torch.Tensor:  # path [B, D] -> [B, D+1] int64

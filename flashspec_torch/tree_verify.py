@@ -11,8 +11,10 @@ slot offers its children (a table padded to the widest node), every child's test
 accepts), and the residual draw is one Gumbel-max over all rows' stop slots at the end. No Python loop
 over rows; the loops are over depth levels and over the children of one node (K, small).
 
-Host synchronisations: the tree checks (one, plus one more to name a bad tree's row), the widest node
-and the deepest path (output shapes). Not built here: a fused kernel, CUDA graphs.
+Host synchronisations: the checks (``validate``: the tree's values, the logits, the residual's mass), and
+the widest node and the deepest path (output shapes) unless the caller gives them (``widest=``, ``depth=``).
+With ``validate=False``, ``widest`` and ``depth`` given, nothing is read to the host (an engine step's CUDA
+graph captures it). Not built here: a fused kernel.
 """
 
 from __future__ import annotations
@@ -41,22 +43,29 @@ def verify_tree(
     offset: int | torch.Tensor = 0,  # int, or int tensor [] or [B]
     tree_sizes: torch.Tensor | None = None,  # [B] int in [0, N]; None: all N
     max_depth: int = MAX_TREE_DEPTH,
-    validate: bool = True,  # False: the logits are not value-checked (an engine step screened them already)
+    validate: bool = True,  # False: the tree and logits are trusted (an engine step built and screened them)
+    widest: int | None = None,  # the most children a node may have (K of the children table); None: read
+    depth: int | None = None,  # the deepest path the output holds (D); None: the deepest tree's, read
 ) -> TreeVerifyResult:
     """The oracle's ``verify_tree`` on tensors; the result's fields are int32 tensors on the logits' device:
-    num_accepted [B], tokens [B, D+1] (the path's tokens, y, then -1), path [B, D] (D: the deepest tree)."""
+    num_accepted [B], tokens [B, D+1] (the path's tokens, y, then -1), path [B, D] (D: ``depth``, or the
+    deepest tree's). ``widest`` / ``depth`` larger than the tree's change nothing but D (the path's -1 padding);
+    with ``validate`` a tree wider or deeper than them is refused, without it they must hold."""
     cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     b, n, v = check_tree_args(target_logits, tree_tokens, tree_parents, tree_sizes, seed, offset)
     check_tree_tensors(target_logits, tree_tokens, tree_parents, tree_sizes, seed, offset)
     dev = target_logits.device
     sizes = torch.full((b,), n, dtype=torch.int64, device=dev) if tree_sizes is None else tree_sizes.long()
     tokens, parents = clean_tree(tree_tokens.long(), tree_parents.long(), sizes)  # [B, N] each
-    depth = check_tree_values(tree_tokens, tree_parents, sizes, tokens, parents, v, max_depth)  # [B, N]
     z = target_logits.float()
     if validate:
+        deepest = int(check_tree_values(tree_tokens, tree_parents, sizes, tokens, parents, v, max_depth).max())
         check_logits("target_logits", z)
-    kids = children_table(parents, sizes)  # [B, N+1, K]
-    d = int(depth.max()) if n else 0
+        check_bounds(deepest, depth, "depth", "deepest path")
+    elif depth is None:
+        deepest = int(real_depths(parents, sizes).max())
+    kids = children_table(parents, sizes, widest, validate)  # [B, N+1, K]
+    d = deepest if depth is None else depth
     if cfg.greedy:
         path, stop = walk_greedy(z, tokens, kids, d)
         y = z[torch.arange(b, device=dev), stop].argmax(-1)
@@ -65,7 +74,7 @@ def verify_tree(
         log_p = log_probs(z, cfg)  # [B, N+1, V]
         log_u = torch.log(c.uniform(torch.arange(1, n + 1, device=dev)[None], 0, rng.TREE_ACCEPT))  # [B, N]
         path, stop = walk(log_p, tokens, kids, log_u, d)
-        y = draw_residual(log_p, tokens, kids, stop, c)
+        y = draw_residual(log_p, tokens, kids, stop, c, validate)
     return emit(tokens, path, y)
 
 
@@ -76,6 +85,11 @@ def check_tree_tensors(z, tokens, parents, sizes, seed, offset) -> None:
     """Every array argument is a torch tensor on target_logits' device."""
     named = {"target_logits": z, "tree_tokens": tokens, "tree_parents": parents, "tree_sizes": sizes}
     check_on_device(named, seed, offset, "flashspec_torch.tree_verify", "flashspec.tree.verify_tree")
+
+
+def check_bounds(actual: int, given: int | None, name: str, what: str) -> None:
+    if given is not None and actual > given:
+        raise ValueError(f"{name}={given}: the tree's {what} is {actual}; pass {name} >= {actual} (or None)")
 
 
 def clean_tree(tokens, parents, sizes):  # [B, N] int64 x2, [B] -> [B, N] x2
@@ -100,6 +114,12 @@ def node_depths(parents) -> torch.Tensor:  # [B, N] in [-1, j) -> [B, N] int64 (
     return dist[:, 1:]
 
 
+def real_depths(parents, sizes) -> torch.Tensor:  # [B, N] (cleaned), [B] -> [B, N] int64
+    """Each node's depth, 0 past tree_sizes."""
+    real = torch.arange(parents.shape[1], device=parents.device)[None] < sizes[:, None]
+    return torch.where(real, node_depths(parents), 0)
+
+
 def check_tree_values(raw_tokens, raw_parents, sizes, tokens, parents, v: int, max_depth: int) -> torch.Tensor:
     """The oracle's tree checks, vectorised; on a bad tree the oracle's own check of the first bad row raises its
     message. Returns each node's depth [B, N] (0 past tree_sizes)."""
@@ -110,7 +130,7 @@ def check_tree_values(raw_tokens, raw_parents, sizes, tokens, parents, v: int, m
     bad = real & ((t < 0) | (t >= v) | (a < -1) | (a >= j))
     twin = (parents[:, :, None] == parents[:, None]) & (tokens[:, :, None] == tokens[:, None])  # [B, N, N]
     bad |= real & (twin & real[:, None] & (j[:, None] < j[..., None])).any(-1)  # an earlier sibling, same token
-    depth = torch.where(real, node_depths(parents), 0)
+    depth = real_depths(parents, sizes)
     bad |= depth > max_depth
     bad_row = bad.any(-1) | (sizes < 0) | (sizes > n)  # [B]
     if bool(bad_row.any()):
@@ -123,14 +143,19 @@ def check_tree_values(raw_tokens, raw_parents, sizes, tokens, parents, v: int, m
 # ----------------------------------------------------------------------------- the walk
 
 
-def children_table(parents, sizes) -> torch.Tensor:  # [B, N], [B] -> [B, N+1, K] int64, -1 padded
-    """kids[b, s, k]: the k-th child (node order) of slot s (0: the root, j + 1: node j); K the widest node."""
+def children_table(parents, sizes, widest: int | None = None, validate: bool = True) -> torch.Tensor:
+    # [B, N], [B] -> [B, N+1, K] int64, -1 padded
+    """kids[b, s, k]: the k-th child (node order) of slot s (0: the root, j + 1: node j); K = ``widest``, or the
+    widest node's children (read to the host) when None."""
     b, n = parents.shape
     j = torch.arange(n, device=parents.device)[None]
     real = j < sizes[:, None]  # [B, N]
     same = (parents[:, :, None] == parents[:, None]) & real[:, None] & (j[:, None] < j[..., None])  # [B, N, N]
     rank = same.sum(-1)  # [B, N]: the earlier siblings
-    k = int(torch.where(real, rank + 1, 0).max()) if n else 0
+    if widest is None or validate:
+        most = int(torch.where(real, rank + 1, 0).max()) if n else 0
+        check_bounds(most, widest, "widest", "widest node's children")
+    k = most if widest is None else widest
     flat = torch.where(real, (parents + 1) * k + rank, (n + 1) * k)  # padding lands in a dropped column
     kids = torch.full((b, (n + 1) * k + 1), -1, dtype=torch.int64, device=parents.device)
     kids.scatter_(1, flat, j.expand(b, n).clone())
@@ -204,8 +229,10 @@ def walk_greedy(z, tokens, kids, depth: int):  # [B, N+1, V], [B, N], [B, N+1, K
     return path, slot
 
 
-def draw_residual(log_p, tokens, kids, stop, c: Counters) -> torch.Tensor:  # [B, N+1, V], ..., [B] -> y [B]
-    """Gumbel-max over p at the stop slot with its children zeroed (TREE_FINAL noise at position = the slot)."""
+def draw_residual(log_p, tokens, kids, stop, c: Counters, validate: bool = True) -> torch.Tensor:
+    # [B, N+1, V], ..., [B] -> y [B]
+    """Gumbel-max over p at the stop slot with its children zeroed (TREE_FINAL noise at position = the slot);
+    ``validate`` checks on the host that some mass is left (it always is: a rejected child never holds all of it)."""
     b, _, v = log_p.shape
     rows = torch.arange(b, device=log_p.device)
     nodes = kids[rows, stop]  # [B, K]
@@ -214,7 +241,7 @@ def draw_residual(log_p, tokens, kids, stop, c: Counters) -> torch.Tensor:  # [B
     is_child = child_mask(tokens.gather(1, nodes.clamp(min=0)), ok, v)
     g = rng.gumbel_from_uniform(c.uniform(stop[:, None], torch.arange(v, device=lp.device)[None], rng.TREE_FINAL))
     key = torch.where(is_child, float("-inf"), lp) + g
-    if not bool(torch.isfinite(key).any(-1).all()):
+    if validate and not bool(torch.isfinite(key).any(-1).all()):
         raise AssertionError("tree verification's residual has no mass: every token was a rejected child")
     return key.argmax(-1)
 

@@ -194,3 +194,28 @@ def test_hidden_states_are_the_paths_own():
                                 hidden=(0, 1))
                 torch.testing.assert_close(feats[i, s], want[0, -1], rtol=1e-5, atol=1e-5)
     assert feats.shape == (3, 8, 2 * model.config.hidden_size)
+
+
+def random_parents(r, b: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """[B, N] parents (node j's in [-1, j), chains and stars mixed, garbage past the sizes) and sizes [B] (0 to N)."""
+    parents = r.integers(-5, n + 5, size=(b, n))
+    sizes = r.integers(0, n + 1, size=b)
+    sizes[0], sizes[-1] = n, 0
+    for row in range(b):
+        for j in range(sizes[row]):
+            parents[row, j] = j - 1 if r.random() < 0.5 else r.integers(-1, j)
+    return parents, sizes
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 16, 64])
+def test_the_device_layout_equals_the_numpy_layout(n):
+    """slot_ancestors and tree_pass's RoPE depths against flashspec.tree_layout on random padded trees."""
+    from flashspec.tree_layout import slot_depths, tree_attention_mask
+
+    r = np.random.default_rng(n)
+    parents, sizes = random_parents(r, 12, n)
+    p, s = torch.from_numpy(parents), torch.from_numpy(sizes)
+    np.testing.assert_array_equal(tree_score.slot_ancestors(p, s).numpy(), tree_attention_mask(parents, sizes))
+    base = torch.from_numpy(r.integers(0, 9, size=12))
+    _, tp = tree_score.tree_pass(base, p, s, 9 + n + 1)
+    np.testing.assert_array_equal((tp.rope_positions - base[:, None]).numpy(), slot_depths(parents, sizes))

@@ -54,8 +54,8 @@ def known_tree_draft(continuations, prompt_lens, seed=0):
     rng = np.random.default_rng(seed)
 
     class KnownTree(HeadTreeDraft):
-        def draft_tree(self, seqs, gamma):
-            tree, _ = super().draft_tree(seqs, gamma)
+        def draft_tree(self, seqs, gamma, graphed=False):
+            tree, _ = super().draft_tree(seqs, gamma, graphed)
             v = self.target.config.vocab_size
             rows = []
             for b, n in enumerate(seqs.length.tolist()):
@@ -78,8 +78,8 @@ def fixed_tree_draft(tokens, parents):
     from flashspec_torch.tree_step import HeadTreeDraft
 
     class FixedTree(HeadTreeDraft):
-        def draft_tree(self, seqs, gamma):
-            tree, depth = super().draft_tree(seqs, gamma)
+        def draft_tree(self, seqs, gamma, graphed=False):
+            tree, depth = super().draft_tree(seqs, gamma, graphed)
             b, n = tree.tokens.shape[0], len(tokens)
             return (DraftTree(torch.tensor([tokens]).expand(b, -1), torch.tensor([parents]).expand(b, -1),
                               torch.full((b,), n), tree.index[:, :1].expand(-1, n)), depth)
@@ -128,6 +128,45 @@ def test_greedy_tree_speculation_equals_greedy_decoding(target, graphs, known):
     assert all(r.drafted <= 3 * r.rows for r in tree)  # drafted: the depth per row, at most G
     if known:
         assert {n for r in tree for n in r.row_accepted} >= {0, 1, 2, 3}
+
+
+def run_sampled(target, graphs, guard=False):
+    """(tokens, committed state, step records): T = 0.7 with top-p 0.9, per-row seeds, tree / chain / n-gram arms
+    in turn; ``guard``: every graphed step under host_sync.no_host_reads."""
+    from host_sync import GuardedSteps  # tests/torch/host_sync.py
+
+    backend = tiny_backend(target, graphs)
+    if guard:
+        backend.graphs = GuardedSteps(backend)
+    with torch.inference_mode():
+        out, records = speculate(backend, Cycle([0, 0, 1, 0, 2, 0]), PROMPTS_TINY, sampling=SamplingConfig(0.7, 0, 0.9),
+                                 spec=SpecConfig(gamma=3, max_new_tokens=20), seed=torch.arange(len(PROMPTS_TINY)) + 5)
+    return out, committed_state(backend), records, backend
+
+
+def test_the_graphed_tree_step_equals_the_eager_one_when_sampling(target):
+    """graphs=True off CUDA (StaticSteps: the fixed-shape code a CUDA graph captures, run eagerly) against the
+    eager step at T = 0.7 with top-p: the same tokens, target K/V and head features (greedy: the test above)."""
+    eager, eager_state, records, _ = run_sampled(target, False)
+    graphed, graphed_state, _, _ = run_sampled(target, True)
+    assert graphed == eager
+    assert states_equal(eager_state, graphed_state)
+    assert {n for r in records if r.arm == 0 for n in r.row_accepted} >= {0, 1}
+
+
+def test_the_graphed_tree_step_reads_nothing_to_the_host(target, monkeypatch):
+    """Every graphed step (tree, chain head, n-gram) run with tensor.item / tolist / cpu / numpy / bool / int /
+    float / index / np.asarray patched to raise: a host read there would break CUDA-graph capture; and no Python
+    attribute of the backend or its drafts rebound inside (a replay would skip it). The guard catches a host
+    read (the tree's select_tree with its host check on)."""
+    from flashspec_torch import head_tree, tree_step
+
+    out, _, _, backend = run_sampled(target, True, guard=True)
+    assert {k[0] for k in backend.graphs.replays} >= {"tree", "spec"}
+    assert out == run_sampled(target, False)[0]
+    monkeypatch.setattr(tree_step, "select_tree", lambda cands, size, validate: head_tree.select_tree(cands, size))
+    with pytest.raises(AssertionError, match="host read in a graphed step: Tensor.__bool__"):
+        run_sampled(target, True, guard=True)
 
 
 def test_rows_finishing_at_eos_mid_path(target):
@@ -263,3 +302,26 @@ def test_stop_below_is_refused_for_a_tree_alone():
 
     with pytest.raises(ValueError, match=r"fixed length \(a tree too\)"):
         Engine(None, ("head-tree",), device="cpu", stop_below=0.1)
+
+
+@pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
+def test_a_graphed_head_step_after_a_wider_one_feeds_every_position():
+    """Arms at G = 4 then G = 2 in turn (the adaptive policy's G and G // 2 share one draft), tree and chain head,
+    greedy, embedded model: the graphed code (host_sync.GuardedSteps: no host reads, no host state set inside, which
+    a CUDA-graph replay would skip) accepts exactly what the eager code does at every step.
+    A graphed step feeds the head G + 1 positions; after a step at G = 4 that accepted 4, 5 are unfed, and without
+    the catch-up (``HeadDraft.lagging(seqs, gamma)``) the head drafts from a state missing positions (fewer accepted)."""
+    from flashspec_torch.engine import Engine
+    from host_sync import GuardedSteps  # tests/torch/host_sync.py
+
+    engine = Engine(None, ("head-tree/8x4", "head"), policy="fixed", device="cpu")
+    b, ids = engine.backend, engine.encode(PROMPTS[1], False)
+    accepted = {}
+    for graphed in (False, True):
+        b.graphed, b.graphs, b.shape = graphed, GuardedSteps(b) if graphed else None, None
+        with torch.inference_mode():
+            b.prefill([ids], 40)
+            accepted[graphed] = [(arm, g, int(b.step(arm, g, SamplingConfig(0.0), 0, i).fetch().num_accepted[0]))
+                                 for i, (arm, g) in enumerate([(0, 4), (0, 2), (1, 4), (1, 2)] * 5)]
+    assert accepted[True] == accepted[False]
+    assert any(g == 4 and n >= 3 for _, g, n in accepted[False])  # a step that left more than 3 positions unfed

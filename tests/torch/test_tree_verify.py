@@ -134,3 +134,29 @@ def test_nan_logits_and_numpy_arguments_are_refused():
         torch_adapter(np.full((1, 2, 4), np.nan, np.float32), np.zeros((1, 1), np.int64), -np.ones((1, 1), np.int64))
     with pytest.raises(ValueError, match="takes torch tensors"):
         verify_tree(torch.zeros(1, 2, 4), np.zeros((1, 1), np.int64), -torch.ones(1, 1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("cfg", [CONFIGS["T0.7_top_p0.85"], CONFIGS["greedy"]], ids=["T0.7_top_p0.85", "greedy"])
+def test_widest_and_depth_given_change_nothing_but_the_padding(cfg):
+    """widest= / depth= (the engine step's fixed shapes) at or above the tree's own: the same result, the path
+    padded with -1 to D = depth; with validate=False too (no host read); below them: refused by name."""
+    from flashspec.tree import tree_depths
+
+    r = np.random.default_rng(7)
+    z, tokens, parents, sizes = random_batch(r, 30, 12, 17, cfg.greedy)
+    args = (as_tensor(z), as_tensor(tokens), as_tensor(parents))
+    kw = dict(temperature=cfg.temperature, top_p=cfg.top_p, tree_sizes=as_tensor(sizes), seed=torch.arange(30), offset=3)
+    want = verify_tree(*args, **kw)
+    deepest = want.path.shape[1]
+    assert deepest == max(int(tree_depths(tokens[i], parents[i], int(sizes[i]), 17, 32).max(initial=0)) for i in range(30))
+    for widest, depth, validate in ((12, deepest, True), (12, 12, False), (20, deepest + 3, True)):
+        got = verify_tree(*args, widest=widest, depth=depth, validate=validate, **kw)
+        assert got.path.shape == (30, depth)
+        torch.testing.assert_close(got.num_accepted, want.num_accepted)
+        torch.testing.assert_close(got.path[:, :deepest], want.path)
+        torch.testing.assert_close(got.tokens[:, : deepest + 1], want.tokens)
+        assert (got.path[:, deepest:] == -1).all() and (got.tokens[:, deepest + 1 :] == -1).all()
+    with pytest.raises(ValueError, match="depth=1: the tree's deepest path"):
+        verify_tree(*args, depth=1, **kw)
+    with pytest.raises(ValueError, match="widest=1: the tree's widest node"):
+        verify_tree(*args, widest=1, **kw)
