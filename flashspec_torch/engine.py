@@ -149,10 +149,15 @@ class Engine(EngineBase):
             return ModelDraft("nf4", model if is_nf4(model) else quantize_nf4(model))
         if draft.kind == "self":
             return ModelDraft("self", model)
-        if draft.kind in ("head", "head-tree"):
+        if draft.kind == "head":
             from .heads import load_draft_head
 
-            return load_draft_head(spec, draft.path, model, draft.top, draft.tree, draft.branch)
+            return load_draft_head(spec, draft.path, model, draft.top)
+        if draft.kind == "head-tree":
+            from .heads import read_draft_head
+            from .tree_step import HeadTreeDraft
+
+            return HeadTreeDraft(spec, read_draft_head(spec, draft.path, model, draft.top), model, draft.tree, draft.branch)
         if Path(spec).is_dir() and directory_model_type(spec) not in LLAMA_FAMILY:
             hf = load_transformers_directory(spec, self.dtype, self.device)
             hf.config.name_or_path = Path(spec).name

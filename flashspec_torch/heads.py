@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from flashspec.config import LlamaConfig, SamplingConfig
-from flashspec.drafts import TREE_TOP_K
 from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, kept_ids,
                                  read_metadata)
 
@@ -255,16 +254,15 @@ def fingerprint(target: Llama) -> float:
     return float(target.embed.weight.detach().double().abs().mean())
 
 
-def load_draft_head(name: str, directory: str, target: Llama, top: int = 0, tree: int = 0,
-                    top_k: int = TREE_TOP_K) -> HeadDraft:
-    """``head`` (the shipped head of the embedded model) or ``head:DIR`` as a draft of ``target``;
-    ``top`` (``head@N``): over its N most frequent tokens only (0: all); ``tree`` (``head-tree/N``): drafting
-    a tree of that many nodes, ``top_k`` children per frontier node (``tree_step.HeadTreeDraft``; 0: a chain)."""
+def read_draft_head(name: str, directory: str, target: Llama, top: int = 0) -> DraftHead:
+    """``head`` (the shipped head of the embedded model) or ``head:DIR``'s head for ``target``, its file and
+    fingerprint checked; ``top`` (``head@N``): over its N most frequent tokens only (0: all)."""
     path = draft_head_file(directory)
     head, meta = load_head(path, target.config, top)
     check_fingerprint(name, path, meta, fingerprint(target))
-    if tree:
-        from .tree_step import HeadTreeDraft
+    return head
 
-        return HeadTreeDraft(name, head, target, tree, top_k)
-    return HeadDraft(name, head, target)
+
+def load_draft_head(name: str, directory: str, target: Llama, top: int = 0) -> HeadDraft:
+    """``read_draft_head``'s head as a chain draft of ``target`` (a tree: ``tree_step.HeadTreeDraft``)."""
+    return HeadDraft(name, read_draft_head(name, directory, target, top), target)
