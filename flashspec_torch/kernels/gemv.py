@@ -47,6 +47,14 @@ def swiglu(gate, up, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def rope_rotate(x, partner, cos, sin, DTYPE: tl.constexpr):
+    """x cos + partner sin of float32 lanes (partner: -x_{j + D/2} for the first half, x_{j - D/2} for the
+    second), each product rounded to DTYPE, then the sum. The one RoPE formula of ``rope_kv_kernel`` and the
+    batch-invariant qkv product's epilogue, so that they round alike."""
+    return rounded(rounded(x * cos, DTYPE) + rounded(partner * sin, DTYPE), DTYPE)
+
+
+@triton.jit
 def tree_sum(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_M, BLOCK_N, BLOCK_K] -> [BLOCK_M, BLOCK_N]: adjacent pairs, then pairs of pairs, ..."""
     for i in tl.static_range(16):

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .gemv import rounded, swiglu, tree_sum
+from .gemv import rope_rotate, rounded, swiglu, tree_sum
 
 
 @triton.jit
@@ -197,8 +197,8 @@ def store_rope_kv(acc, q_ptr, m, n0, M, N, rope, BM: tl.constexpr, BN: tl.conste
     sin_a = tl.load(sin_ptr + cs, mask=rotate, other=0.0).to(tl.float32)
     cos_b = tl.load(cos_ptr + cs + D // 2, mask=rotate, other=0.0).to(tl.float32)
     sin_b = tl.load(sin_ptr + cs + D // 2, mask=rotate, other=0.0).to(tl.float32)
-    ra = rounded(rounded(a * cos_a, dtype) + rounded(-b * sin_a, dtype), dtype)
-    rb = rounded(rounded(b * cos_b, dtype) + rounded(a * sin_b, dtype), dtype)
+    ra = rope_rotate(a, -b, cos_a, sin_a, dtype)
+    rb = rope_rotate(b, a, cos_b, sin_b, dtype)
     a, b = tl.where(rotate, ra, a), tl.where(rotate, rb, b)
     bb, t = m // T, m % T
     q = q_ptr + ((bb * H + head) * T + t) * D + j

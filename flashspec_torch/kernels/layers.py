@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .gemv import rounded, swiglu
+from .gemv import rope_rotate, rounded, swiglu
 from .invariant_matmul import dot_nt
 
 
@@ -86,7 +86,7 @@ def rope_kv_kernel(
         rot = tl.where(j < half, -partner, partner)
         cos = tl.load(cos_ptr + bt * D + j, mask=j_ok, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + bt * D + j, mask=j_ok, other=0.0).to(tl.float32)
-        x = rounded(rounded(x * cos, dtype) + rounded(rot * sin, dtype), dtype)
+        x = rope_rotate(x, rot, cos, sin, dtype)
         if head < H:
             tl.store(q_ptr + ((b * H + head) * T + t) * D + j, x.to(dtype), mask=j_ok)
         else:
