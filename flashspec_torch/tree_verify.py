@@ -28,6 +28,7 @@ from flashspec.tree import MAX_TREE_DEPTH, TreeVerifyResult, tree_depths
 
 from . import random as rng
 from .reference import Counters, log_probs
+from .tree_score import slot_ancestors
 from .verify import check_logits, check_on_device
 
 
@@ -102,22 +103,16 @@ def clean_tree(tokens, parents, sizes):  # [B, N] int64 x2, [B] -> [B, N] x2
     return tokens, torch.minimum(parents.clamp(min=-1), j - 1)
 
 
-def node_depths(parents) -> torch.Tensor:  # [B, N] in [-1, j) -> [B, N] int64 (the root's children: 1)
-    """Pointer doubling over the slots (0: the root, j + 1: node j)."""
-    b, n = parents.shape
-    up = torch.cat([torch.zeros_like(parents[:, :1]), parents + 1], 1)  # [B, N+1]: a slot's parent slot
-    dist = torch.ones_like(up)
-    dist[:, 0] = 0
-    for _ in range(max(n, 1).bit_length()):
-        dist = dist + dist.gather(1, up)
-        up = up.gather(1, up)
-    return dist[:, 1:]
-
-
 def real_depths(parents, sizes) -> torch.Tensor:  # [B, N] (cleaned), [B] -> [B, N] int64
-    """Each node's depth, 0 past tree_sizes."""
-    real = torch.arange(parents.shape[1], device=parents.device)[None] < sizes[:, None]
-    return torch.where(real, node_depths(parents), 0)
+    """Each node's depth (the root's children: 1), 0 past tree_sizes: its ancestors in the scoring pass's layout
+    (``tree_score.slot_ancestors``), the root's slot not counted."""
+    return slot_ancestors(parents, sizes).sum(-1)[:, 1:] - 1
+
+
+def earlier_siblings(parents, real) -> torch.Tensor:  # [B, N], [B, N] bool -> [B, N, N] bool
+    """[b, i, m]: node m is a real sibling of node i that comes before it (same parent, m < i)."""
+    j = torch.arange(parents.shape[1], device=parents.device)[None]
+    return (parents[:, :, None] == parents[:, None]) & real[:, None] & (j[:, None] < j[..., None])
 
 
 def check_tree_values(raw_tokens, raw_parents, sizes, tokens, parents, v: int, max_depth: int) -> torch.Tensor:
@@ -128,8 +123,8 @@ def check_tree_values(raw_tokens, raw_parents, sizes, tokens, parents, v: int, m
     real = j < sizes[:, None]  # [B, N]
     t, a = raw_tokens.long(), raw_parents.long()
     bad = real & ((t < 0) | (t >= v) | (a < -1) | (a >= j))
-    twin = (parents[:, :, None] == parents[:, None]) & (tokens[:, :, None] == tokens[:, None])  # [B, N, N]
-    bad |= real & (twin & real[:, None] & (j[:, None] < j[..., None])).any(-1)  # an earlier sibling, same token
+    twin = earlier_siblings(parents, real) & (tokens[:, :, None] == tokens[:, None])  # [B, N, N]
+    bad |= real & twin.any(-1)  # an earlier sibling, same token
     depth = real_depths(parents, sizes)
     bad |= depth > max_depth
     bad_row = bad.any(-1) | (sizes < 0) | (sizes > n)  # [B]
@@ -150,8 +145,7 @@ def children_table(parents, sizes, widest: int | None = None, validate: bool = T
     b, n = parents.shape
     j = torch.arange(n, device=parents.device)[None]
     real = j < sizes[:, None]  # [B, N]
-    same = (parents[:, :, None] == parents[:, None]) & real[:, None] & (j[:, None] < j[..., None])  # [B, N, N]
-    rank = same.sum(-1)  # [B, N]: the earlier siblings
+    rank = earlier_siblings(parents, real).sum(-1)  # [B, N]
     if widest is None or validate:
         most = int(torch.where(real, rank + 1, 0).max()) if n else 0
         check_bounds(most, widest, "widest", "widest node's children")
