@@ -30,7 +30,7 @@ from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits,
                                  read_metadata)
 
 from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths
-from .layers import default_impl, is_k_major, kernel_attends, lay_out, rms_norm, wants_k_major
+from .layers import default_impl, is_k_major, kernel_attends, lay_out, relaid, rms_norm, wants_k_major
 from .model import Block, KVCache, Llama, project
 from .sampling import draft_gumbel, sample_gumbel
 from .tree_score import TreePass
@@ -108,8 +108,7 @@ class DraftHead(nn.Module):
             lay_out(self, k_major)
             embed, rows = self.lent
             if not self.full_vocab:  # the copied rows; the full vocabulary's are the target's own weight
-                with torch.inference_mode(False), torch.no_grad():
-                    self.lent = (embed, rows.t().contiguous().t() if k_major else rows.contiguous())
+                self.lent = (embed, relaid(rows, k_major))
 
     def logits(self, s: torch.Tensor) -> torch.Tensor:  # [..., C] head states -> [..., V_d] float32
         return nn.functional.linear(rms_norm(s, self.norm, self.config.rms_norm_eps), self.lent[1]).float()

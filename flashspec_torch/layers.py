@@ -283,13 +283,17 @@ def is_k_major(w: torch.Tensor) -> bool:  # w [N, K]
 def lay_out(module: nn.Module, k_major: bool) -> None:
     """Every plain nn.Linear weight [N, K] in ``module`` stored K-major ([K, N] storage, the weight a
     transposed view of it) or row-major. The values and the Parameter objects stay (tied weights stay
-    tied); only the storage order changes. Never inside inference mode's tensors: the weights remain
-    usable by autograd (a head trained against the target)."""
-    with torch.inference_mode(False), torch.no_grad():
-        for m in module.modules():
-            if type(m) is nn.Linear and is_k_major(m.weight) != k_major:
-                w = m.weight.data
-                m.weight.data = w.t().contiguous().t() if k_major else w.contiguous()
+    tied); only the storage order changes. A new storage is an inference tensor where the old one was
+    (a model built under ``torch.inference_mode``), else a plain one (usable by autograd: a head trained
+    against the target)."""
+    for m in module.modules():
+        if type(m) is nn.Linear and is_k_major(m.weight) != k_major:
+            m.weight.data = relaid(m.weight.data, k_major)
+
+
+def relaid(w: torch.Tensor, k_major: bool) -> torch.Tensor:  # w [N, K] -> the same values, K-major or row-major
+    with torch.inference_mode(w.is_inference()), torch.no_grad():
+        return w.t().contiguous().t() if k_major else w.contiguous()
 
 
 def skinny_tiling(n: int, k: int) -> tuple[int, int, int, int]:
