@@ -30,7 +30,7 @@ from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits,
                                  read_metadata)
 
 from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths
-from .layers import default_impl, kernel_attends, rms_norm
+from .layers import default_impl, is_k_major, kernel_attends, lay_out, relaid, rms_norm, wants_k_major
 from .model import Block, KVCache, Llama, project
 from .sampling import draft_gumbel, sample_gumbel
 from .tree_score import TreePass
@@ -83,6 +83,7 @@ class DraftHead(nn.Module):
         x = torch.cat([rms_norm(e, self.embed_norm, c.rms_norm_eps), rms_norm(feats, self.feat_norm, c.rms_norm_eps)], -1)
         impl = target.impl or default_impl(x.device)
         linear_impl, pdl, fused_projs, fused_rows = target.decode_settings(x.device)
+        self.settle_layout(linear_impl, x.device)
         x = project(self.fc_in, x, linear_impl)
         cos_table, sin_table = target.rope_tables(x)
         rope, mask = (positions, None) if tree is None else (tree.rope_positions, tree.mask)
@@ -97,6 +98,17 @@ class DraftHead(nn.Module):
         if select is not None:
             s = s.gather(1, select[:, None, None].expand(-1, 1, s.shape[-1]))[:, 0]
         return s, self.logits(s)
+
+    def settle_layout(self, linear_impl: str, device: torch.device) -> None:
+        """The head's projections and borrowed LM head rows in the storage order this pass's products read
+        best (``layers.wants_k_major``; ``Llama.settle_layout`` for the target's)."""
+        w = self.fc_in.weight
+        k_major = wants_k_major(device, linear_impl, w.dtype)
+        if is_k_major(w) != k_major:
+            lay_out(self, k_major)
+            embed, rows = self.lent
+            if not self.full_vocab:  # the copied rows; the full vocabulary's are the target's own weight
+                self.lent = (embed, relaid(rows, k_major))
 
     def logits(self, s: torch.Tensor) -> torch.Tensor:  # [..., C] head states -> [..., V_d] float32
         return nn.functional.linear(rms_norm(s, self.norm, self.config.rms_norm_eps), self.lent[1]).float()

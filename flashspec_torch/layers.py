@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .device import interpreting, next_pow2, pdl_possible
 
@@ -267,29 +268,32 @@ def linear(
     return skinny_linear(x, w, *skinny_tiling(w.shape[0], k))
 
 
-NARROW_ROWS = (2, 6)  # the row counts narrow_linear serves on the CPU
+def wants_k_major(device: torch.device, linear_impl: str, dtype: torch.dtype) -> bool:
+    """Whether products on ``device`` with ``linear_impl`` read their weights K-major: torch's float32
+    products on the CPU. There MKL multiplies a few rows by a K-major weight at about the one-row
+    product's time, by a row-major one at up to twice it (docs/draft_head.md, "The CPU's weight layout");
+    every kernel reads [N, K] rows."""
+    return device.type == "cpu" and linear_impl == "reference" and dtype == torch.float32
 
 
-def narrow_product(x: torch.Tensor) -> bool:
-    """Whether ``narrow_linear`` serves x [..., K]: float32 on the CPU, NARROW_ROWS rows (a scoring
-    pass or a short catch-up; one row stays F.linear's matrix-vector product)."""
-    m = x.numel() // x.shape[-1]
-    return x.device.type == "cpu" and x.dtype == torch.float32 and NARROW_ROWS[0] <= m <= NARROW_ROWS[1]
+def is_k_major(w: torch.Tensor) -> bool:  # w [N, K]
+    return w.dim() == 2 and w.shape[0] > 1 and w.stride() == (1, w.shape[0])
 
 
-def narrow_linear(
-    x: torch.Tensor,  # [..., K]: a few rows
-    w: torch.Tensor,  # [N, K]
-    bias: torch.Tensor | None = None,  # [N]
-) -> torch.Tensor:  # [..., N] = x w^T + bias, as F.linear, contiguous
-    """F.linear of a few rows computed as (w x^T)^T: the CPU BLAS's product of the weight by a narrow
-    right-hand side runs at about the weight's read time, its small-M x w^T does not (docs/draft_head.md
-    has the figures)."""
-    k = x.shape[-1]
-    y = torch.mm(w, x.reshape(-1, k).t()).t()  # [M, N]
-    if bias is not None:
-        y = y + bias
-    return y.contiguous().view(*x.shape[:-1], w.shape[0])
+def lay_out(module: nn.Module, k_major: bool) -> None:
+    """Every plain nn.Linear weight [N, K] in ``module`` stored K-major ([K, N] storage, the weight a
+    transposed view of it) or row-major. The values and the Parameter objects stay (tied weights stay
+    tied); only the storage order changes. A new storage is an inference tensor where the old one was
+    (a model built under ``torch.inference_mode``), else a plain one (usable by autograd: a head trained
+    against the target)."""
+    for m in module.modules():
+        if type(m) is nn.Linear and is_k_major(m.weight) != k_major:
+            m.weight.data = relaid(m.weight.data, k_major)
+
+
+def relaid(w: torch.Tensor, k_major: bool) -> torch.Tensor:  # w [N, K] -> the same values, K-major or row-major
+    with torch.inference_mode(w.is_inference()), torch.no_grad():
+        return w.t().contiguous().t() if k_major else w.contiguous()
 
 
 def skinny_tiling(n: int, k: int) -> tuple[int, int, int, int]:

@@ -18,8 +18,8 @@ from . import gemv as fused
 from .device import interpreting
 from .family import family_block, family_logits, family_settings, local_tables, window_masks
 from .invariant_matmul import RopeKV, invariant_matmul, invariant_matmul_rope_kv, invariant_matmul_swiglu
-from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, narrow_linear,
-                     narrow_product, rope_kv, silu_mul)
+from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, is_k_major, kernel_attends, lay_out,
+                     linear, rope_kv, silu_mul, wants_k_major)
 from .shapes import check_shapes
 from .tree_score import TreePass
 
@@ -44,8 +44,6 @@ def project(module: nn.Module, x: torch.Tensor, impl: str) -> torch.Tensor:  # x
     the batch-invariant product (for weights without bias; others, such as a draft head's, by the module)."""
     if impl == "invariant" and type(module) is nn.Linear and module.bias is None:
         return invariant_matmul(x, module.weight)
-    if impl == "reference" and type(module) is nn.Linear and narrow_product(x):
-        return narrow_linear(x, module.weight, module.bias)
     if impl in ("reference", "fused", "invariant") or type(module) is not nn.Linear:
         return module(x)
     return linear(x, module.weight, impl)
@@ -187,6 +185,13 @@ class Llama(nn.Module):
         rows = self.fused_rows or (fused.MAX_ROWS if explicit else 1)
         return linear_impl, True if self.pdl is None else self.pdl, subset, rows
 
+    def settle_layout(self, linear_impl: str, device: torch.device) -> None:
+        """The projections' weights in the storage order this forward's products read best
+        (``layers.wants_k_major``): changed on the first forward of a new device or setting only."""
+        w = self.lm_head.weight if type(self.lm_head) is nn.Linear else None
+        if w is not None and is_k_major(w) != wants_k_major(device, linear_impl, w.dtype):
+            lay_out(self, not is_k_major(w))
+
     def invariant_settings(self, device: torch.device) -> tuple[str, bool, frozenset[str], int]:
         """``decode_settings`` in batch-invariant mode: ("invariant", PDL on CUDA unless set, all five, 0), or
         a ValueError naming what the mode does not implement for this model or device."""
@@ -267,6 +272,7 @@ class Llama(nn.Module):
             mask = slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, S] bool (CPU SDPA: 10x a float mask)
         masks = window_masks(c, mask, positions)  # per sliding window: its mask
         linear_impl, pdl, fused_projs, fused_rows = self.decode_settings(h.device)
+        self.settle_layout(linear_impl, h.device)
         d, states = None, {}
         for i, layer in enumerate(self.layers):
             if i not in skip:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from flashspec_torch import layers
+from flashspec_torch.device import interpreting
 from flashspec_torch.model import Llama, LlamaConfig
 
 
@@ -106,14 +107,61 @@ def test_skinny_linear_matches_f_linear(m, n, k):
                                rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [2, 5])
-def test_narrow_linear_matches_f_linear(rows):
-    """The CPU's product of a few rows, (w x^T)^T, is F.linear's (bias too), contiguous, in x's leading shape."""
-    x, w, b = rand(1, rows, 48, seed=rows), rand(40, 48, seed=3), rand(40, seed=4)
-    assert layers.narrow_product(x) and not layers.narrow_product(x[:, :1]) and not layers.narrow_product(rand(7, 48, seed=7))
-    got = layers.narrow_linear(x, w, b)
-    assert got.shape == (1, rows, 40) and got.is_contiguous()
-    torch.testing.assert_close(got, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+def layout_model(tie: bool) -> Llama:
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=2, num_kv_heads=1,
+                      head_dim=16, max_position_embeddings=64, tie_word_embeddings=tie)
+    torch.manual_seed(1)
+    m = Llama(cfg).eval().requires_grad_(False)
+    for p in m.parameters():
+        p.data.normal_(0, 0.3)
+    return m
+
+
+def projections(m: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [x for x in m.modules() if type(x) is torch.nn.Linear]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_lay_out_keeps_values_ties_and_products(tie):
+    """K-major storage changes neither a weight's values nor F.linear's results (to float32 rounding), and
+    a tied LM head stays the embedding's Parameter; laying it out back gives row-major storage."""
+    m = layout_model(tie)
+    before = {name: p.detach().clone() for name, p in m.named_parameters()}
+    x = rand(5, 32, seed=2)
+    want = [torch.nn.functional.linear(x if lin.in_features == 32 else rand(5, 48, seed=3), lin.weight)
+            for lin in projections(m)]
+    layers.lay_out(m, True)
+    assert all(layers.is_k_major(lin.weight) and not lin.weight.is_contiguous() for lin in projections(m))
+    assert (m.lm_head.weight is m.embed.weight) == tie
+    for name, p in m.named_parameters():
+        assert torch.equal(p, before[name]), name
+    got = [torch.nn.functional.linear(x if lin.in_features == 32 else rand(5, 48, seed=3), lin.weight)
+           for lin in projections(m)]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    layers.lay_out(m, False)
+    assert all(lin.weight.is_contiguous() for lin in projections(m))
+
+
+def test_cpu_forward_reads_k_major_weights_and_gives_the_same_logits():
+    """The first float32 CPU forward lays the projections out K-major (``Llama.settle_layout``) and the
+    logits equal those of row-major weights; a forward whose products are kernels (the batch-invariant
+    mode, interpreted) lays them out row-major again, which its kernels require."""
+    m = layout_model(tie=True)
+    tokens, positions = torch.tensor([[3, 7, 9, 1]]), torch.arange(4)[None]
+    m.linear_impl = "triton"  # float32 on the CPU: F.linear too, but not the setting that reads K-major
+    want = m(tokens, positions, m.new_cache(1, 8), 4)
+    assert all(lin.weight.is_contiguous() for lin in projections(m))
+    m.linear_impl = None
+    got = m(tokens, positions, m.new_cache(1, 8), 4)
+    assert all(layers.is_k_major(lin.weight) for lin in projections(m))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if not interpreting():
+        pytest.skip("the batch-invariant forward runs its Triton kernels: TRITON_INTERPRET=1")
+    m.batch_invariant = True
+    inv = m(tokens, positions, m.new_cache(1, 8), 4)
+    assert all(lin.weight.is_contiguous() for lin in projections(m))
+    torch.testing.assert_close(inv, want, rtol=1e-4, atol=1e-4)
 
 
 def test_pdl_only_where_the_gpu_has_it(monkeypatch):
