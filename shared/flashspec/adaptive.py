@@ -77,6 +77,7 @@ from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), n
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,10 +85,12 @@ import numpy as np
 
 from .calibration import Calibration
 from .change import ChangeTest
-from .throughput import emitted_moments, finish_steps
+from .throughput import CHOSE_SHARE, emitted_moments, finish_steps
 
 
 SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
+SCORE_SHARE = 0.01  # the share of a run's time the full-information scoring may cost (``scoring_period``)
+MAX_SCORE_EVERY = 32  # the most steps of an arm between two that score (``scoring_period``)
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
@@ -130,6 +133,19 @@ def make_arms(num_drafts: int, lengths: Sequence[int] = (2, 4), plain: bool = Tr
 def bucket(rows: int) -> int:
     """The batch-size bucket of ``rows`` >= 1: ceil(log2(rows)) (1 -> 0, 2 -> 1, 3..4 -> 2, 5..8 -> 3, ...)."""
     return max(0, math.ceil(math.log2(max(1, rows))))
+
+
+class InFlight(Counter):
+    """The arms launched and not yet observed, each as many times as it is in flight (a held arm's steps)."""
+
+    def add(self, arm: int) -> None:
+        self[arm] += 1
+
+    def discard(self, arm: int) -> None:
+        if self[arm] > 1:
+            self[arm] -= 1
+        else:
+            self.pop(arm, None)
 
 
 class AdaptivePolicy(ChangeTest, Calibration):
@@ -175,9 +191,13 @@ class AdaptivePolicy(ChangeTest, Calibration):
         self.cost_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
         self.samples = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: measurements taken (``provisional``)
+        self.rough = np.zeros(shape, bool)  # [buckets, arms]: estimated from steps whose time held other work (``observe``)
+        self.score_log_cost = np.zeros(shape)  # [buckets, arms]: as log_cost, of the arm's steps that scored
+        self.score_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
+        self.last_bucket = 0  # the bucket of the last step observed (``scoring_period``)
         self.warm = False  # every arm's step kind was ready before it was first timed (``adaptive_loop.prepare_arms``)
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
-        self.in_flight: set[int] = set()  # arms chosen and not yet observed
+        self.in_flight = InFlight()  # arms chosen and not yet observed
         self.on_value = False  # the last choice was made on the arms' values (not exploration, not a re-measurement)
         self.shifts = 0  # changes of regime seen (``changed``): a held choice ends at one (``adaptive_loop.Choices``)
         self.margin = 0.0  # the last choice on value: its log value on the posterior means over its best rival's
@@ -262,17 +282,32 @@ class AdaptivePolicy(ChangeTest, Calibration):
         captured steps, a jit that compiles on first call, a lazy draft's first catch-up): that measurement is
         provisional, the arm is run once more where it could win at the least it can cost (``explore``), and the
         second measurement replaces the first (``observe``)."""
-        return (self.samples[b] == 1) & (not self.warm)
+        return ((self.samples[b] == 1) & (not self.warm)) | self.rough[b]
 
     def scores(self, arm: int) -> bool:
         """Whether the step of ``arm`` about to launch should score the drafts (full information): the first of every
-        ``score_every`` steps in a row of that arm. The scoring costs a step a few per cent (docs/adaptive.md), and a
-        run of one arm needs only enough of it to notice another draft that would now pay."""
+        ``scoring_period(arm)`` steps in a row of that arm, once the arm's own cost was timed cleanly (and, where the
+        first run may be cold, twice) in the bucket of the last step (``provisional``): no scoring in an exploration or
+        a retry, whose step is that timing (``observe``). The scoring costs a
+        plain step up to 17% (SmolLM2-135M on an H100, docs/adaptive.md), and a run of one arm needs only enough of it
+        to notice another draft that would now pay."""
         if arm != self.score_arm:
             self.score_arm, self.score_streak = arm, 0
-        scores = self.score_streak % self.score_every == 0
+        b = self.last_bucket
+        timed = self.cost_weight[b, arm] > 0 and not self.provisional(b)[arm]
+        scores = timed and self.score_streak % self.scoring_period(arm) == 0
         self.score_streak += 1
         return scores
+
+    def scoring_period(self, arm: int) -> int:
+        """Steps of ``arm`` per step that scores, in the bucket of the last step observed: ``score_every``, or more where
+        the scoring's measured price (the arm's scoring steps over its own, ``score_log_cost``) would cost more than
+        ``SCORE_SHARE`` of the run, at most ``MAX_SCORE_EVERY``."""
+        b = self.last_bucket
+        if self.score_weight[b, arm] == 0 or self.cost_weight[b, arm] == 0 or self.rough[b, arm]:
+            return self.score_every
+        share = math.expm1(max(0.0, self.score_log_cost[b, arm] - self.log_cost[b, arm]))
+        return int(min(MAX_SCORE_EVERY, max(self.score_every, math.ceil(share / SCORE_SHARE))))
 
     def counts(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
         """(accepted, rejections) per draft and active row of the batch (``rows`` [R]: these rows' indices
@@ -382,25 +417,41 @@ class AdaptivePolicy(ChangeTest, Calibration):
         return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
 
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
-                where: np.ndarray | None = None, size: int | None = None) -> None:
+                where: np.ndarray | None = None, size: int | None = None, scored: bool = False,
+                chose_s: float = 0.0) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
         ``drafted`` [rows]: the tokens each row proposed (None: the arm's length); ``where`` [rows]: those rows'
-        indices in the batch (None: no per-row statistics); ``size``: as ``choose``'s."""
+        indices in the batch (None: no per-row statistics); ``size``: as ``choose``'s. ``scored``: the step also
+        scored the drafts for free; ``chose_s``: host seconds of a choice that fell in the step's time and were not
+        hidden behind a wait for the device (``adaptive_loop.Choices``). A step that scored, or whose ``chose_s`` is
+        more than ``CHOSE_SHARE`` of it, took longer than the arm's own work: it prices an arm with no clean estimate
+        (``rough``: replaced by the first clean step, ``price``; the arm is timed again, ``provisional``), and otherwise
+        only moves the estimate into the range it allows (at most its seconds; at least them less ``chose_s``, where
+        it did not score); a scoring step's seconds without a choice in them price the scoring (``score_log_cost``,
+        ``scoring_period``)."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
         self.in_flight.discard(arm)
         b = self.bucket_of(rows, size)
+        self.last_bucket = b
         self.cost_weight[b] *= self.cost_discount
+        self.score_weight[b] *= self.cost_discount
         self.age[b] += 1
-        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
-            self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
-        if self.samples[b, arm] == 1 and not self.warm:  # a provisional first measurement: the second replaces it
-            self.cost_weight[b, arm] = 0.0
-        w = self.cost_weight[b, arm] + 1.0
-        self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
-        self.cost_weight[b, arm], self.age[b, arm] = w, 0
-        self.samples[b, arm] += 1
+        self.age[b, arm] = 0
+        chose = chose_s > CHOSE_SHARE * seconds
+        if not (scored or chose):
+            self.price(b, arm, seconds, rough=False)
+        elif self.cost_weight[b, arm] == 0 or self.rough[b, arm]:
+            self.price(b, arm, seconds, rough=True)
+        else:  # the arm's own time lies in [seconds less the choice's (or 0 if it scored), seconds]: moved into it only
+            low, own = 0.0 if scored else seconds - chose_s, math.exp(self.log_cost[b, arm])
+            if not low <= own <= seconds:
+                self.price(b, arm, min(max(own, low), seconds), rough=False)
+        if scored and not chose:
+            w = self.score_weight[b, arm] + 1.0
+            self.score_log_cost[b, arm] += (math.log(seconds) - self.score_log_cost[b, arm]) / w
+            self.score_weight[b, arm] = w
         self.real *= self.discount
         self.predicted *= self.discount
         self.succ *= self.discount  # every draft forgets at every step, scored or not
@@ -419,6 +470,21 @@ class AdaptivePolicy(ChangeTest, Calibration):
             emitted = 1 if a.plain else np.asarray(accepted) + 1
             self.remaining[where] = np.maximum(0.0, self.remaining[where] - emitted)
 
+    def price(self, b: int, arm: int, seconds: float, rough: bool) -> None:
+        """One step's ``seconds`` into the estimate of ``arm`` in bucket ``b`` (a discounted mean of logs); it replaces
+        the estimate where that was a spike (above its cap by ``SPIKE``), provisional (a cold first measurement) or
+        ``rough`` (from steps that held other work) and this one is clean."""
+        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
+            self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
+        if self.samples[b, arm] == 1 and not self.warm:  # a provisional first measurement: the second replaces it
+            self.cost_weight[b, arm] = 0.0
+        if self.rough[b, arm] and not rough:
+            self.cost_weight[b, arm] = 0.0
+        w = self.cost_weight[b, arm] + 1.0
+        self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
+        self.cost_weight[b, arm], self.rough[b, arm] = w, rough
+        self.samples[b, arm] += 1
+
     def bucket_of(self, rows: int, size: int | None = None) -> int:
         """The cost bucket of a step over ``rows`` active rows: ``size``'s (the rows the step computes) where
         given, else the batch's own size once ``new_batch`` gave it (a step computes every row of its batch,
@@ -435,6 +501,7 @@ class AdaptivePolicy(ChangeTest, Calibration):
         self.fail *= scale
         self.batch = rows
         if rows is not None:
+            self.last_bucket = self.bucket_of(rows)
             self.row_succ = np.zeros((len(self.succ), rows))
             self.row_fail = np.zeros((len(self.succ), rows))
             self.row_active = np.ones(rows, bool)
