@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from flashspec import adaptive_loop
-from flashspec.adaptive import MAX_SCORE_EVERY, AdaptivePolicy, make_arms
+from flashspec.adaptive import AdaptivePolicy, make_arms
+from flashspec.pricing import MAX_SCORE_EVERY
 from flashspec.config import SamplingConfig
 from flashspec.fake import LookupDraft
 from flashspec.loop import SpecConfig
