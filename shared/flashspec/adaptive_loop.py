@@ -33,10 +33,10 @@ class Choices:
     bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
     moved by more than ``DRIFT`` since the choice (``pooled_mean``). A choice made on no value (an exploration, a
     re-measurement) whose host time exceeds ``CHOSE_SHARE`` of a step holds two steps (drift does not end them), so
-    the first is timed without a choice's host work in it (``chose_s``). Where the
-    policy scores the drafts for free, the backend's scoring is switched for the step: on for one of every
-    ``scoring_period`` steps in a row of its arm (``AdaptivePolicy.scores``). ``chose_s`` and ``scored`` tell the
-    loop how to price the steps (``AdaptivePolicy.observe``)."""
+    the first is timed without a choice's host work in it (``chose_s``). Where the policy scores the drafts for free,
+    the backend's scoring is switched for the step: on for one of every ``scoring_period`` steps in a row of its arm
+    (``AdaptivePolicy.scores``). ``chose_s`` and ``scored`` tell the loop how to price the steps
+    (``AdaptivePolicy.observe``)."""
 
     def __init__(self, backend: Backend | None, policy: AdaptivePolicy, now):
         """``backend``: whose scoring the steps switch (None: none, a simulator's loop)."""
@@ -154,8 +154,8 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
                      scored: bool = False, *, timer: StepTimer, on_step=None, step: int = -1,
                      chose_s: float = 0.0) -> tuple[int, bool]:
     """Read a finished step, feed the policy, record it: (active rows, every row done); ``scored``: the step scored
-    the drafts for free; ``chose_s``: host seconds of a choice in the step's time, less the read's wait for the device
-    (which hid them), is ``AdaptivePolicy.observe``'s."""
+    the drafts for free; ``chose_s``: host seconds of a choice in the step's time; less the read's wait for the device
+    (which hid them), they are ``AdaptivePolicy.observe``'s."""
     view, seconds = timer.read(handle)
     chose_s = max(0.0, chose_s - timer.waited)
     check_finite(view.bad, step)
@@ -184,7 +184,7 @@ def observe_step(policy: AdaptivePolicy, view: StepView, a: int, accepted: np.nd
     """Feed the policy a finished step of arm ``a`` over the rows ``where`` [rows] (indices of the rows served and
     still running): their ``accepted`` [rows] and ``drafted`` [rows] tokens (None: the arm's length), the step's
     own ``seconds``, the rows it computed (``size``: its cost bucket; None: the batch's), and the drafts the
-    backend scored for free on it; ``scored``, ``chose``: as ``AdaptivePolicy.observe``'s."""
+    backend scored for free on it; ``scored``, ``chose_s``: as ``AdaptivePolicy.observe``'s."""
     policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size, scored=scored,
                    chose_s=chose_s)
     observe_free(policy, view, skip=policy.arms[a].draft, where=where)
