@@ -32,7 +32,8 @@ class Choices:
     and its streak, end where the steps' ``key`` changes (the engine: None; the server: the sampling group and cost
     bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
     moved by more than ``DRIFT`` since the choice (``pooled_mean``). A choice made on no value (an exploration, a
-    re-measurement) whose host time exceeds ``CHOSE_SHARE`` of a step holds two steps (drift does not end them), so
+    re-measurement) whose host time exceeds the last read's wait by ``CHOSE_SHARE`` of a step holds two steps (drift
+    does not end them), so
     the first is timed without a choice's host work in it (``chose_s``). Where the policy scores the drafts for free,
     the backend's scoring is switched for the step: on for one of every ``scoring_period`` steps in a row of its arm
     (``AdaptivePolicy.scores``). ``chose_s`` and ``scored`` tell the loop how to price the steps
@@ -48,9 +49,10 @@ class Choices:
         self.valued = False  # the choice held now was made on value (``drifted`` ends only those)
         self.scored = False  # the last ``next``'s step scores the drafts for free
 
-    def next(self, choose, last_s: float | None, key=None) -> int:
+    def next(self, choose, last_s: float | None, key=None, waited: float = 0.0) -> int:
         """The next step's arm index: the held arm, or ``choose()`` (the policy's choice for the rows served), timed;
-        ``last_s``: the last finished step's seconds (None: none yet)."""
+        ``last_s``: the last finished step's seconds (None: none yet); ``waited``: the last read's wait for the device
+        (``StepTimer.waited``: a choice shorter than that hides behind the device's step)."""
         policy = self.policy
         if self.hold > 0 and (key != self.key or policy.shifts != self.shifts or self.valued and self.drifted()):
             self.hold = self.streak = 0  # another key, a change of regime, moved acceptance: choose afresh
@@ -68,7 +70,7 @@ class Choices:
             self.arm = arm
             self.valued = policy.on_value
             # a choice on no value (an exploration, a re-measurement) whose host time shows: one step more, clean
-            explore = int(self.chose_s > CHOSE_SHARE * (last_s or 0.0))
+            explore = int(self.chose_s > waited + CHOSE_SHARE * (last_s or 0.0))
             self.hold = held(self.chose_s, last_s, self.streak) - 1 if policy.on_value else explore
         self.scored = bool(policy.scoring_gamma) and policy.scores(self.arm)
         if policy.scoring_gamma and self.backend is not None:  # scoring only now and then (``AdaptivePolicy.scores``)
@@ -120,7 +122,7 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
     policy.new_batch(rows, spec.max_new_tokens)
     choices = Choices(backend, policy, timer.now)
     for step in range(spec.max_steps or spec.max_new_tokens):
-        a = choices.next(lambda: policy.choose(rows), records[-1].seconds if records else None)
+        a = choices.next(lambda: policy.choose(rows), records[-1].seconds if records else None, waited=timer.waited)
         arm = policy.arms[a]
         if arm.plain:
             handle = timer.launch(lambda: backend.decode_one(sampling, seed, first_offset + step))

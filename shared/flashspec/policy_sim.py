@@ -268,7 +268,7 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
     else:
         policy.open_rows(sc.batch)
         state["slot_req"] = np.arange(sc.batch)
-    last = {"where": np.arange(sc.batch), "s": None}
+    last = {"where": np.arange(sc.batch), "s": None, "waited": 0.0}  # "waited": the last step's device time past the host's
     clock, asked = [0.0], [0]  # the host's clock (a choice advances it by ``choose_s``), the choices asked
     choices = Choices(None, policy, lambda: clock[0])
 
@@ -283,7 +283,7 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
     def choose() -> tuple[int, bool, float]:
         if sc.mode == "static":  # as the engine's loop: a choice on value holds (``Choices``), timed on the host clock
             start = clock[0]
-            a = choices.next(ask, last["s"])
+            a = choices.next(ask, last["s"], waited=last["waited"])
             if chosen is not None:
                 chosen.append(a)
             host["choice"], host["all"] = clock[0] - start, sc.host_s + clock[0] - start
@@ -294,7 +294,8 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
 
     def observe(a, where, accepted, drafted, seconds, free) -> None:
         size = None if sc.mode == "static" else sc.batch
-        exposed = max(0.0, host["choice"] - max(0.0, seconds - host["all"]))  # less the wait for the device, as the loop
+        last["waited"] = max(0.0, seconds - host["all"])  # the host's wait for the device in that step
+        exposed = max(0.0, host["choice"] - last["waited"])  # a choice's host time less that wait, as the loop's
         policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size, scored=scored.pop(0),
                        chose_s=exposed)
         for d, f in enumerate(free):

@@ -372,7 +372,7 @@ def test_a_held_choice_ends_where_the_steps_key_changes():
     2 steps under the same key without asking the policy (each still launched: in flight); a step under another key
     (the server: another sampling group or cost bucket) asks again; a choice not made on value (an exploration) holds
     one step more where its host time shows (0.6 s, more than ``CHOSE_SHARE`` of a step: that step is timed without
-    it), none where it takes no time."""
+    it), none where it takes no time or less than the last read waited for the device."""
     policy = AdaptivePolicy(make_arms(1, (2,)), 1)
     now, asked = [0.0], []
 
@@ -393,6 +393,8 @@ def test_a_held_choice_ends_where_the_steps_key_changes():
     assert asked == [1, 1, 0, 1, 1] and choices.chose and choices.chose_s == pytest.approx(0.6)  # asked, held, asked
     assert [choices.next(choose(0, on_value=False, seconds=0.0), 1.0, key="d") for _ in range(2)] == [0, 0]
     assert asked == [1, 1, 0, 1, 1, 0, 0]  # no hold
+    assert [choices.next(choose(1, on_value=False), 1.0, key="e", waited=0.7) for _ in range(2)] == [1, 1]
+    assert asked == [1, 1, 0, 1, 1, 0, 0, 1, 1]  # hidden behind the last read's 0.7 s wait for the device: no hold
 
 
 def test_a_draft_not_scored_for_free_is_tried_again_after_unlucky_first_steps(clock):
