@@ -62,7 +62,7 @@ from flashspec_torch.drafts import LookupDraft  # noqa: E402
 from flashspec_torch.model import Llama, LlamaConfig  # noqa: E402
 
 from adaptive_bench import Fixed  # noqa: E402
-from paced_device import PacedDevice  # noqa: E402
+from paced_device import PacedDevice, wait_until  # noqa: E402
 
 TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
 GREEDY = SamplingConfig(0.0)
@@ -251,10 +251,12 @@ def run_batch(m, batch: int, tokens: int, repeats: int, before) -> dict:
     return row
 
 
-def paced_run(lp, device: PacedDevice, policy, batch: int, tokens: int, fixed: tuple[int, int] | None) -> dict:
+def paced_run(lp, device: PacedDevice, policy, batch: int, tokens: int, fixed: tuple[int, int] | None,
+              choose_ms: float = 0.0) -> dict:
     """One run on the paced device: loop module ``lp``'s adaptive loop (``fixed`` None) or the fixed loop of (arm, G)
     (arm -1: plain decoding); wall and device ms per step, tokens, the policy's choices per step (held choices: fewer
-    than 1)."""
+    than 1) and its cost estimates at the end (``cost_ms``, per arm); ``choose_ms``: host ms each choice takes at
+    least (a slower host's: the H100 machine's took 0.3-1.1 ms, s22)."""
     device.prefill([[0]] * batch, tokens)
     records: list = []
     choices = [0]
@@ -264,7 +266,10 @@ def paced_run(lp, device: PacedDevice, policy, batch: int, tokens: int, fixed: t
 
         def counted(*args):
             choices[0] += 1
-            return choose(*args)
+            start = time.perf_counter()
+            arm = choose(*args)
+            wait_until(start + choose_ms * 1e-3)
+            return arm
 
         policy.choose = counted
         try:
@@ -279,38 +284,47 @@ def paced_run(lp, device: PacedDevice, policy, batch: int, tokens: int, fixed: t
                         first_offset=0, on_step=None, records=records)
     wall = time.perf_counter() - t0
     steps = max(1, len(records))
-    return dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps,
-                exposed_ms=(wall - device.busy) * 1e3 / steps, steps=len(records), tokens=int(device.emitted.sum()),
-                tokens_per_s=float(device.emitted.sum()) / wall, choices_per_step=choices[0] / steps)
+    out = dict(wall_ms=wall * 1e3 / steps, device_ms=device.busy * 1e3 / steps,
+               exposed_ms=(wall - device.busy) * 1e3 / steps, steps=len(records), tokens=int(device.emitted.sum()),
+               tokens_per_s=float(device.emitted.sum()) / wall, choices_per_step=choices[0] / steps)
+    if fixed is None:
+        out["plain_steps"] = sum(r.arm < 0 for r in records)
+        out.update({f"cost_ms_{i}": float(c) * 1e3 for i, c in enumerate(policy.cost[policy.bucket_of(batch)])})
+    return out
 
 
-def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tuple[float, float]) -> dict:
-    """The loops on ``PacedDevice`` (a device step of ``step_ms``, rows accepting 0.5-0.9 of the n-gram's tokens): each
+def critical_path(batch: int, tokens: int, repeats: int, mods: dict, step_ms: tuple[float, float],
+                  accept: tuple[float, float] = (0.5, 0.9), score_ms: float = 0.0, choose_ms: float = 0.0) -> dict:
+    """The loops on ``PacedDevice`` (a device step of ``step_ms``, a plain step's scoring ``score_ms`` more, rows
+    accepting ``accept`` (lowest, highest: spread over the rows) of the n-gram's tokens; 0, 0: plain decoding wins;
+    each choice at least ``choose_ms`` of host time): each
     fixed arm (plain, n-gram at each of ``LENGTHS``) and each version's adaptive loop (``mods``: name -> ((policy
     module, loop module), ``flashspec.throughput.MAX_HOLD`` for the run or None)), in turn, ``repeats`` times after a
     warm-up; medians. ``exposed_ms``: wall less device time per step, the host work the device waited for."""
-    accept = np.linspace(0.5, 0.9, batch)
+    rates = np.linspace(*accept, batch)  # [batch]
     arms = {"plain": (-1, 0), **{f"ngram:G{g}": (0, g) for g in LENGTHS}}
     policies = {k: ad.AdaptivePolicy(ad.make_arms(1, LENGTHS), 1, rng=0) for k, ((ad, _), _) in mods.items()}
     runs: dict[str, list] = {k: [] for k in [*arms, *mods]}
     for _ in range(repeats + 1):  # the first: warm-up (the policies measure every arm)
         for name, arm in arms.items():
-            device = PacedDevice(accept, step_ms)
+            device = PacedDevice(rates, step_ms, score_ms=score_ms)
             runs[name].append(paced_run(adaptive_loop, device, None, batch, tokens, arm))
         for k, ((_, lp), hold) in mods.items():
-            device = PacedDevice(accept, step_ms)
+            device = PacedDevice(rates, step_ms, score_ms=score_ms)
             lp.use_free_scoring(device, policies[k])
             saved = throughput.MAX_HOLD
             throughput.MAX_HOLD = saved if hold is None else hold
             try:
-                runs[k].append(paced_run(lp, device, policies[k], batch, tokens, None))
+                runs[k].append(paced_run(lp, device, policies[k], batch, tokens, None, choose_ms))
             finally:
                 throughput.MAX_HOLD = saved
-    row = dict(batch=batch, tokens=tokens, step_ms=step_ms, **{k: median_parts(v[1:]) for k, v in runs.items()})
+    row = dict(batch=batch, tokens=tokens, step_ms=step_ms, accept=accept, score_ms=score_ms, choose_ms=choose_ms,
+               **{k: median_parts(v[1:]) for k, v in runs.items()})
     best = max(arms, key=lambda k: row[k]["tokens_per_s"])
     row["best_fixed"] = best
     for k in mods:
         row[f"{k}_over_best_fixed"] = round(row[k]["tokens_per_s"] / row[best]["tokens_per_s"], 4)
+        row[f"{k}_over_plain"] = round(row[k]["tokens_per_s"] / row["plain"]["tokens_per_s"], 4)
     return row
 
 
@@ -332,6 +346,12 @@ def main() -> None:
     ap.add_argument("--device-ms", default="1.0,0.025",
                     help="the critical-path part's paced device: plain step ms, ms per drafted token ('': skip the part)")
     ap.add_argument("--critical-only", action="store_true", help="only the critical-path part (no model runs)")
+    ap.add_argument("--accept", default="0.5,0.9", help="the paced device's rows' acceptance, lowest,highest "
+                    "('0,0': the draft never right, plain decoding best, as SmolLM2-135M's n-gram at batch 1)")
+    ap.add_argument("--choose-ms", type=float, default=0.0, help="the least host ms of a choice on the paced device "
+                    "(the H100 machine's choices took 0.3-1.1 ms, s22; this CPU's are faster)")
+    ap.add_argument("--score-ms", type=float, default=0.0, help="the paced device's plain step scoring price, ms "
+                    "(SmolLM2-135M on the H100, s22: +0.065 ms at batch 1, +0.07 at 4, +0.25 at 256)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -341,11 +361,14 @@ def main() -> None:
     if args.device_ms:
         step_ms = tuple(float(x) for x in args.device_ms.split(","))
         mods = {**({"before": (before, None)} if before else {}), "after": (AFTER, None), "after_no_hold": (AFTER, 1)}
-        critical = [critical_path(b, args.tokens, args.repeats, mods, step_ms) for b in batches]
+        accept = tuple(float(x) for x in args.accept.split(","))
+        critical = [critical_path(b, args.tokens, args.repeats, mods, step_ms, accept, args.score_ms, args.choose_ms)
+                    for b in batches]
         for r in critical:
             print(f"paced device, batch {r['batch']}: wall ms/step (exposed host ms/step) " + ", ".join(
                 f"{k} {r[k]['wall_ms']:.3f} ({r[k]['exposed_ms']:.3f})" for k in ["plain", *(f"ngram:G{g}" for g in LENGTHS), *mods])
-                + "; tokens/s over the best fixed arm " + ", ".join(f"{k} {r[f'{k}_over_best_fixed']:.3f}" for k in mods))
+                + "; tokens/s over the best fixed arm " + ", ".join(f"{k} {r[f'{k}_over_best_fixed']:.3f}" for k in mods)
+                + "; over plain " + ", ".join(f"{k} {r[f'{k}_over_plain']:.3f}" for k in mods))
     m = None if args.critical_only else model()
     rows = [] if args.critical_only else [run_batch(m, b, args.tokens, args.repeats, before) for b in batches]
     for r in rows:

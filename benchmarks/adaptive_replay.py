@@ -13,6 +13,7 @@ batch), the measured and the replayed arm sequences and adaptive / best fixed (o
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import tempfile
@@ -27,22 +28,32 @@ from flashspec.adaptive import AdaptivePolicy, make_arms  # noqa: E402
 from flashspec.policy_sim import DraftModel, Rows, Scenario, arm_names, run_adaptive, run_fixed, trace_bits  # noqa: E402
 
 DRAFTS = ("ngram", "replay")
+
+
+def drafts_of(row: dict) -> tuple[str, ...]:
+    """The drafts a (model, batch) row ran, in ``DRAFTS`` order (the embedded model: the n-gram alone)."""
+    return tuple(d for d in DRAFTS if f"{d}:G{LENGTHS[0]}" in row["fixed"])
 LENGTHS = (2, 4)
 
 
 def revision_policy(rev: str, into: Path):
     """``AdaptivePolicy`` as of git revision ``rev`` (``adaptive_choose.import_revision``: its whole package beside this
-    checkout's), driven by this checkout's loop and simulator: where it predates ``scores`` (the scoring switch of any
-    arm), a speculative step always scores and a plain one on its ``plain_scores``, as its loop did."""
+    checkout's), driven by this checkout's loop and simulator: where it predates ``observe``'s ``scored`` and ``chose_s``,
+    every step prices its arm as it came; where it predates ``scores`` (the scoring switch of any arm), a speculative
+    step always scores and a plain one on its ``plain_scores``, as its loop did."""
     from adaptive_choose import import_revision
 
     base = import_revision(rev, into).AdaptivePolicy
-    if hasattr(base, "scores"):
+    if "chose_s" in inspect.signature(base.observe).parameters:
         return base
 
     class Before(base):
-        def scores(self, arm: int) -> bool:
-            return not self.arms[arm].plain or self.plain_scores()
+        def observe(self, *args, scored: bool = False, chose_s: float = 0.0, **kw):  # every step priced as it came
+            return super().observe(*args, **kw)
+
+        if not hasattr(base, "scores"):
+            def scores(self, arm: int) -> bool:
+                return not self.arms[arm].plain or self.plain_scores()
 
     return Before
 
@@ -73,8 +84,9 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
     host ms (``adaptive_choose_ms``), a choice takes their median and a step lasts at least ``host_ms`` + that (the
     loop's other host work a step, then the choice: ``Scenario.host_s``), held choices as the engine's loop;
     ``jitter``: the log-normal sigma of each step's seconds (``Scenario.noise``, seeded by ``seed``)."""
-    arms = make_arms(len(DRAFTS), LENGTHS)
-    names = arm_names(arms, DRAFTS)
+    drafts = drafts_of(row)
+    arms = make_arms(len(drafts), LENGTHS)
+    names = arm_names(arms, drafts)
     ms = {"plain": row["plain_step_ms"], **{n: row["fixed"][n]["step_ms"] for n in names if n != "plain"}}
     score = 0.0
     scored = row.get("best_fixed_scored")
@@ -85,11 +97,11 @@ def scenario(row: dict, tokens: int, own: bool, host_ms: float = 0.0, jitter: fl
         score = min(score, spec) / 1e3 if scored else score / 1e3  # at most a speculative step's scoring
         ms.update({n: max(v - spec, 0.8 * v) for n, v in est.items()})
     choose_ms = float(np.median(row["adaptive_choose_ms"])) if row.get("adaptive_choose_ms") else 0.0
-    sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in DRAFTS), row["batch"],
+    sc = Scenario(arms, tuple(ms[n] / 1e3 for n in names), tuple(DraftModel(0.5, 0.5) for _ in drafts), row["batch"],
                   tokens, noise=jitter, seed=seed, score_cost=score, spec_score_cost=spec / 1e3, choose_s=choose_ms / 1e3,
                   host_s=host_ms / 1e3 if choose_ms else 0.0)
     width = tokens + max(LENGTHS) + 2
-    return sc, [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in DRAFTS]
+    return sc, [trace_bits({g: row["fixed"][f"{d}:G{g}"]["trace"] for g in LENGTHS}, width) for d in drafts]
 
 
 def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bool, host_ms: float = 0.0,
@@ -99,7 +111,7 @@ def replay_model(rows: list[dict], tokens: int, make_policy, own: bool, warm: bo
     policy, out = None, []
     for row in rows:
         sc, bits = scenario(row, tokens, own, host_ms, jitter, seed)
-        names = arm_names(sc.arms, DRAFTS)
+        names = arm_names(sc.arms, drafts_of(row))
         policy = policy or make_policy(sc.arms)
         data = Rows.replay(sc, bits)
         fixed = {n: run_fixed(sc, a, data) for a, n in enumerate(names)}
@@ -143,7 +155,7 @@ def main() -> None:
         for model, rows in src["models"].items():
             means = {}
             for key, cls in policies.items():
-                runs = [replay_model(rows, src["tokens_per_row"], lambda arms, s=s: cls(arms, len(DRAFTS), rng=s),
+                runs = [replay_model(rows, src["tokens_per_row"], lambda arms, s=s: cls(arms, len(drafts_of(rows[0])), rng=s),
                                      args.costs == "own", not args.cold, args.host_ms, args.jitter, s)
                         for s in range(args.seeds)]
                 means[key] = [round(float(np.mean([run[i]["replayed_vs_best"] for run in runs])), 4)

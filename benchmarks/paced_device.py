@@ -64,12 +64,14 @@ class PacedHandle:
 
 class PacedDevice:
     """``step_ms``: (plain, per drafted token) device milliseconds: a step of G drafted tokens takes
-    plain + G x per-token; ``accept`` [B]: each row's per-token acceptance; ``steps``: the table's depth."""
+    plain + G x per-token; ``accept`` [B]: each row's per-token acceptance; ``steps``: the table's depth;
+    ``score_ms``: what a plain step's full-information scoring of draft 0 adds (a speculative step runs draft 0, the
+    only draft, so it scores nothing)."""
 
     def __init__(self, accept: np.ndarray, step_ms: tuple[float, float] = (1.0, 0.025), steps: int = 512, seed: int = 0,
-                 gamma_max: int = 8):
+                 gamma_max: int = 8, score_ms: float = 0.0):
         self.accept = np.asarray(accept, np.float64)  # [B]
-        self.step_ms = step_ms
+        self.step_ms, self.score_ms = step_ms, score_ms
         self.uniform = np.random.default_rng(seed).random((steps, len(self.accept), gamma_max))  # [steps, B, G]
         self.lead = leading(self.uniform, self.accept)  # [steps, B]: leading accepted tokens of gamma_max
         self.free_gamma = 0
@@ -110,7 +112,8 @@ class PacedDevice:
 
     def run(self, view: StepView, gamma: int) -> PacedHandle:
         """The handle of a step of ``gamma`` drafted tokens (0: plain) that starts when the device is free."""
-        seconds = (self.step_ms[0] + gamma * self.step_ms[1]) * 1e-3
+        scoring = self.score_ms if gamma == 0 and self.free_gamma else 0.0
+        seconds = (self.step_ms[0] + gamma * self.step_ms[1] + scoring) * 1e-3
         self.launched += 1
         self.free_at = max(self.free_at, time.perf_counter()) + seconds
         return PacedHandle(view, self.free_at, seconds, self)

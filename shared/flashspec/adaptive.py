@@ -29,7 +29,10 @@ The model (``AdaptivePolicy``):
   step's own time, ``flashspec.loop.StepTimer``, read one step late): each measurement adds weight 1
   and every step in the bucket multiplies the weights of all its arms by ``cost_discount``, so a
   measurement k steps old counts cost_discount^k. bucket = ceil(log2(B)) with B the batch's rows
-  (``new_batch``), finished or not: a step computes them all.
+  (``new_batch``), finished or not: a step computes them all. Only the arm's own work: a step that also scored
+  the drafts, or whose time held a choice's host work the device did not hide (``observe``'s ``scored``,
+  ``chose_s``), prices an arm that has no clean estimate yet (``rough``), else only moves its estimate into the
+  range the step allows; scoring steps price the scoring apart (``score_log_cost``).
 * value: tokens per second, each row's alpha_b from its own counts over the pooled ones. Served (rows
   replaced as they finish): active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost; plain
   decoding rows / cost. A static batch (``new_batch(rows, tokens)``: the engine's ``generate``) costs a
@@ -44,9 +47,10 @@ The model (``AdaptivePolicy``):
   the accepted part of its value: the per-token model misses an n-gram's runs of misses then hits on a row, and
   prices it low where it is not (replay of the H100 run: accepted / predicted 1.03-1.19 on its steps).
 * spread: a static batch's finish also carries each row's unknown rate (``rate_spread``, ``measure_spread``).
-* scoring: a step scores the drafts for free only on the first of every ``score_every`` steps in a row of
-  its arm (``scores``; the loop switches ``score_free`` around it): the scoring costs a plain step a few per
-  cent at a large batch and a speculative one 2-5% at a small one (SmolLM2-135M's shape on an H100, b1-b16).
+* scoring: a step scores the drafts for free only on the first of every ``scoring_period`` steps in a row of
+  its arm (``scores``; the loop switches ``score_free`` around it): ``score_every``, or more where the scoring's
+  measured price would cost more than ``SCORE_SHARE`` of the run (a plain step of SmolLM2-135M on an H100: +11%
+  at b1, +17% at b256).
 * monotone costs: a speculative step does a plain step's work and more, and a draft of L tokens
   does what a draft of fewer does and more, so the choice uses each arm's estimate capped by those
   of the arms that must cost at least as much (plain decoding: the cheapest speculative arm's;
@@ -77,6 +81,7 @@ from the drafts' own stop rule (``flashspec_torch.drafts.confident_lengths``), n
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,10 +89,10 @@ import numpy as np
 
 from .calibration import Calibration
 from .change import ChangeTest
+from .pricing import SPIKE, Pricing
 from .throughput import emitted_moments, finish_steps
 
 
-SPIKE = math.log(1.5)  # an arm's own log cost this far above its cap (capped_log_cost) was timed in a spike
 NAME = "adaptive"  # the engines' policy name for this loop (``--policy adaptive``)
 PROFILE_PRIOR = 8.0  # trials' worth of the pooled acceptance each draft position's own starts from (``profile``)
 
@@ -132,7 +137,20 @@ def bucket(rows: int) -> int:
     return max(0, math.ceil(math.log2(max(1, rows))))
 
 
-class AdaptivePolicy(ChangeTest, Calibration):
+class InFlight(Counter):
+    """The arms launched and not yet observed, each as many times as it is in flight (a held arm's steps)."""
+
+    def add(self, arm: int) -> None:
+        self[arm] += 1
+
+    def discard(self, arm: int) -> None:
+        if self[arm] > 1:
+            self[arm] -= 1
+        else:
+            self.pop(arm, None)
+
+
+class AdaptivePolicy(ChangeTest, Calibration, Pricing):
     """Thompson sampling over ``arms`` with the throughput objective per batch bucket (module docstring)."""
 
     name = "adaptive"
@@ -175,9 +193,13 @@ class AdaptivePolicy(ChangeTest, Calibration):
         self.cost_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
         self.age = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: steps of the bucket since measured
         self.samples = np.zeros(shape, dtype=np.int64)  # [buckets, arms]: measurements taken (``provisional``)
+        self.rough = np.zeros(shape, bool)  # [buckets, arms]: estimated from steps whose time held other work (``observe``)
+        self.score_log_cost = np.zeros(shape)  # [buckets, arms]: as log_cost, of the arm's steps that scored
+        self.score_weight = np.zeros(shape)  # [buckets, arms]: its weight (0: never measured)
+        self.last_bucket = 0  # the bucket of the last step observed (``scoring_period``)
         self.warm = False  # every arm's step kind was ready before it was first timed (``adaptive_loop.prepare_arms``)
         self.period = np.full(shape, remeasure, dtype=np.int64)  # [buckets, arms]: age that forces a run
-        self.in_flight: set[int] = set()  # arms chosen and not yet observed
+        self.in_flight = InFlight()  # arms chosen and not yet observed
         self.on_value = False  # the last choice was made on the arms' values (not exploration, not a re-measurement)
         self.shifts = 0  # changes of regime seen (``changed``): a held choice ends at one (``adaptive_loop.Choices``)
         self.margin = 0.0  # the last choice on value: its log value on the posterior means over its best rival's
@@ -194,11 +216,6 @@ class AdaptivePolicy(ChangeTest, Calibration):
         self.predicted = np.zeros(num_drafts)  # [drafts]: the posterior's prediction of them
         self.row_spread = np.zeros(num_drafts)  # [drafts]: between-row variance of acceptance (``measure_spread``)
         self.recent: list[list[tuple[float, int]]] = [[] for _ in range(num_drafts)]  # per draft: ``remember``
-
-    @property
-    def cost(self) -> np.ndarray:  # [buckets, arms]
-        """The estimate of seconds per step (NaN: never measured)."""
-        return np.where(self.cost_weight > 0, np.exp(self.log_cost), np.nan)
 
     def choose(self, rows: int, where: np.ndarray | None = None, size: int | None = None) -> int:
         """The arm index for the next step, given the active rows of the last finished step; ``where``: the rows
@@ -257,23 +274,6 @@ class AdaptivePolicy(ChangeTest, Calibration):
             return self.best(b, rate)
         return None
 
-    def provisional(self, b: int) -> np.ndarray:  # [arms] bool
-        """Bucket ``b``'s arms measured once where the first run of a step kind may be cold (not ``warm``: no
-        captured steps, a jit that compiles on first call, a lazy draft's first catch-up): that measurement is
-        provisional, the arm is run once more where it could win at the least it can cost (``explore``), and the
-        second measurement replaces the first (``observe``)."""
-        return (self.samples[b] == 1) & (not self.warm)
-
-    def scores(self, arm: int) -> bool:
-        """Whether the step of ``arm`` about to launch should score the drafts (full information): the first of every
-        ``score_every`` steps in a row of that arm. The scoring costs a step a few per cent (docs/adaptive.md), and a
-        run of one arm needs only enough of it to notice another draft that would now pay."""
-        if arm != self.score_arm:
-            self.score_arm, self.score_streak = arm, 0
-        scores = self.score_streak % self.score_every == 0
-        self.score_streak += 1
-        return scores
-
     def counts(self, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:  # [drafts, R] each
         """(accepted, rejections) per draft and active row of the batch (``rows`` [R]: these rows' indices
         instead): the row's own counts plus the pooled ones weakened to ``carry`` rejections' worth (R = 1: the
@@ -301,10 +301,10 @@ class AdaptivePolicy(ChangeTest, Calibration):
         return a_k / a
 
     def hopeless(self, b: int, rate: np.ndarray) -> np.ndarray:  # [arms] bool
-        """Arms unmeasured or measured once (a provisional estimate, ``observe``) that cannot beat the best measured
-        one even at the least they can cost (the dearest measured arm whose work they include: plain decoding's, or
-        a shorter length's of the same draft, each at its ``capped_log_cost``: plain decoding's estimate holds its
-        scoring steps), on the posterior means (``rate`` [arms]: ``log_rate`` on them): not explored (``choose``
+        """Arms unmeasured or with a provisional estimate (``provisional``) that cannot beat the best measured one
+        even at the least they can cost (the dearest measured arm whose work they include: plain decoding's, or a
+        shorter length's of the same draft, each at its ``capped_log_cost``), on the posterior means (``rate``
+        [arms]: ``log_rate`` on them): not explored (``choose``
         measures the arms an arm includes before it)."""
         measured = self.cost_weight[b] > 0
         doubt = ~measured | self.provisional(b)  # [arms]: cost unknown or provisional
@@ -375,32 +375,20 @@ class AdaptivePolicy(ChangeTest, Calibration):
         self.in_flight.add(a)
         return a
 
-    def capped_log_cost(self, b: int) -> np.ndarray:  # [arms]
-        """Bucket ``b``'s log costs, each capped by those of the arms that do its work and more."""
-        own = self.log_cost[b]
-        measured = np.where(self.cost_weight[b] > 0, own, np.inf)  # an arm not measured caps nothing
-        return np.minimum(own, np.where(self.dearer, measured[None, :], np.inf).min(axis=1))
-
     def observe(self, arm: int, rows: int, accepted: np.ndarray, seconds: float, drafted: np.ndarray | None = None,
-                where: np.ndarray | None = None, size: int | None = None) -> None:
+                where: np.ndarray | None = None, size: int | None = None, scored: bool = False,
+                chose_s: float = 0.0) -> None:
         """A finished step of ``arm`` over ``rows`` active rows; ``accepted`` [rows] per row (ignored for plain);
         ``drafted`` [rows]: the tokens each row proposed (None: the arm's length); ``where`` [rows]: those rows'
-        indices in the batch (None: no per-row statistics); ``size``: as ``choose``'s."""
+        indices in the batch (None: no per-row statistics); ``size``: as ``choose``'s. ``scored``: the step also
+        scored the drafts for free; ``chose_s``: host seconds of a choice that fell in the step's time and were not
+        hidden behind a wait for the device (``adaptive_loop.Choices``): the step's time prices the arm's own work
+        only (``flashspec.pricing.Pricing.time_step``)."""
         a = self.arms[arm]
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
         self.in_flight.discard(arm)
-        b = self.bucket_of(rows, size)
-        self.cost_weight[b] *= self.cost_discount
-        self.age[b] += 1
-        if self.log_cost[b, arm] > self.capped_log_cost(b)[arm] + SPIKE:
-            self.cost_weight[b, arm] = 0.0  # an impossible estimate is replaced, not averaged
-        if self.samples[b, arm] == 1 and not self.warm:  # a provisional first measurement: the second replaces it
-            self.cost_weight[b, arm] = 0.0
-        w = self.cost_weight[b, arm] + 1.0
-        self.log_cost[b, arm] += (math.log(seconds) - self.log_cost[b, arm]) / w
-        self.cost_weight[b, arm], self.age[b, arm] = w, 0
-        self.samples[b, arm] += 1
+        self.time_step(self.bucket_of(rows, size), arm, seconds, scored, chose_s)
         self.real *= self.discount
         self.predicted *= self.discount
         self.succ *= self.discount  # every draft forgets at every step, scored or not
@@ -435,6 +423,7 @@ class AdaptivePolicy(ChangeTest, Calibration):
         self.fail *= scale
         self.batch = rows
         if rows is not None:
+            self.last_bucket = self.bucket_of(rows)
             self.row_succ = np.zeros((len(self.succ), rows))
             self.row_fail = np.zeros((len(self.succ), rows))
             self.row_active = np.ones(rows, bool)

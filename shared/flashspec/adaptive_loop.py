@@ -16,7 +16,7 @@ from .backend import Backend, FreeScoring, StepHandle, StepView
 from .config import SamplingConfig
 from .faults import check_finite
 from .loop import SpecConfig, StepRecord, StepTimer, drafted_per_row, row_accepted, row_drafted
-from .throughput import held
+from .throughput import CHOSE_SHARE, held
 
 CLEAR = math.log(1.1)  # the margin (log value) over the best rival arm that lets a held choice grow (``Choices``)
 DRIFT = 0.05  # a held choice ends where a draft's pooled posterior acceptance moved this much since it (``Choices``)
@@ -31,34 +31,50 @@ class Choices:
     ... steps), so a run whose best arm stays the best pays the choice's host time ever more rarely. A hold,
     and its streak, end where the steps' ``key`` changes (the engine: None; the server: the sampling group and cost
     bucket served), the policy saw a change of regime (``AdaptivePolicy.shifts``) or a draft's pooled acceptance
-    moved by more than ``DRIFT`` since the choice (``pooled_mean``). Where the policy scores the drafts for free, the
-    backend's scoring is switched for the step: on for the first of every ``score_every`` steps in a row of its arm
-    (``AdaptivePolicy.scores``)."""
+    moved by more than ``DRIFT`` since the choice (``pooled_mean``). A choice made on no value (an exploration, a
+    re-measurement) whose host time exceeds the last read's wait by ``CHOSE_SHARE`` of a step holds two steps (drift
+    does not end them), so
+    the first is timed without a choice's host work in it (``chose_s``). Where the policy scores the drafts for free,
+    the backend's scoring is switched for the step: on for one of every ``scoring_period`` steps in a row of its arm
+    (``AdaptivePolicy.scores``). ``chose_s`` and ``scored`` tell the loop how to price the steps
+    (``AdaptivePolicy.observe``)."""
 
-    def __init__(self, backend: Backend, policy: AdaptivePolicy, now):
+    def __init__(self, backend: Backend | None, policy: AdaptivePolicy, now):
+        """``backend``: whose scoring the steps switch (None: none, a simulator's loop)."""
         self.backend, self.policy, self.now = backend, policy, now
         self.arm, self.hold, self.key, self.streak, self.shifts = 0, 0, None, 0, policy.shifts
         self.seen = policy.pooled_mean()  # [drafts]: at the last choice
+        self.chose = False  # the last ``next`` asked the policy (its host work fell in the step being read then)
+        self.chose_s = 0.0  # that choice's host seconds (0: none)
+        self.valued = False  # the choice held now was made on value (``drifted`` ends only those)
+        self.scored = False  # the last ``next``'s step scores the drafts for free
 
-    def next(self, choose, last_s: float | None, key=None) -> int:
+    def next(self, choose, last_s: float | None, key=None, waited: float = 0.0) -> int:
         """The next step's arm index: the held arm, or ``choose()`` (the policy's choice for the rows served), timed;
-        ``last_s``: the last finished step's seconds (None: none yet)."""
+        ``last_s``: the last finished step's seconds (None: none yet); ``waited``: the last read's wait for the device
+        (``StepTimer.waited``: a choice shorter than that hides behind the device's step)."""
         policy = self.policy
-        if self.hold > 0 and (key != self.key or policy.shifts != self.shifts or self.drifted()):
+        if self.hold > 0 and (key != self.key or policy.shifts != self.shifts or self.valued and self.drifted()):
             self.hold = self.streak = 0  # another key, a change of regime, moved acceptance: choose afresh
-        if self.hold > 0:  # the last choice still holds: the arm again, the policy's work saved
+        self.chose, self.chose_s = self.hold <= 0, 0.0
+        if not self.chose:  # the last choice still holds: the arm again, the policy's work saved
             self.hold -= 1
             policy.launch(self.arm)
         else:
             t0 = self.now()
             arm = choose()
+            self.chose_s = self.now() - t0
             again = policy.on_value and policy.margin >= CLEAR and arm == self.arm and key == self.key
             self.key, self.shifts, self.seen = key, policy.shifts, policy.pooled_mean()
             self.streak = self.streak + 1 if again else 0
             self.arm = arm
-            self.hold = held(self.now() - t0, last_s, self.streak) - 1 if policy.on_value else 0
-        if policy.scoring_gamma:  # a step scores the drafts only now and then (``AdaptivePolicy.scores``)
-            self.backend.score_free(policy.scoring_gamma if policy.scores(self.arm) else 0)
+            self.valued = policy.on_value
+            # a choice on no value (an exploration, a re-measurement) whose host time shows: one step more, clean
+            explore = int(self.chose_s > waited + CHOSE_SHARE * (last_s or 0.0))
+            self.hold = held(self.chose_s, last_s, self.streak) - 1 if policy.on_value else explore
+        self.scored = bool(policy.scoring_gamma) and policy.scores(self.arm)
+        if policy.scoring_gamma and self.backend is not None:  # scoring only now and then (``AdaptivePolicy.scores``)
+            self.backend.score_free(policy.scoring_gamma if self.scored else 0)
         return self.arm
 
     def drifted(self) -> bool:
@@ -106,18 +122,19 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
     policy.new_batch(rows, spec.max_new_tokens)
     choices = Choices(backend, policy, timer.now)
     for step in range(spec.max_steps or spec.max_new_tokens):
-        a = choices.next(lambda: policy.choose(rows), records[-1].seconds if records else None)
+        a = choices.next(lambda: policy.choose(rows), records[-1].seconds if records else None, waited=timer.waited)
         arm = policy.arms[a]
         if arm.plain:
             handle = timer.launch(lambda: backend.decode_one(sampling, seed, first_offset + step))
         else:
             handle = timer.launch(lambda: backend.step(arm.draft, arm.length, sampling, seed, first_offset + step))
-        if pending is not None:
-            rows, done = observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step - 1)
+        if pending is not None:  # the step read now was timed with this iteration's choice, if any, in it
+            rows, done = observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step - 1,
+                                          chose_s=choices.chose_s)
             pending = None
             if done:
                 break
-        pending = (a, handle)
+        pending = (a, handle, choices.scored)
     if pending is not None:
         observe_adaptive(policy, records, *pending, timer=timer, on_step=on_step, step=step)
     if policy.scoring_gamma:
@@ -135,10 +152,14 @@ def observe_free(policy: AdaptivePolicy, view: StepView, skip: int | None, where
             policy.observe_free(d, scored, np.asarray(view.free_accepted[d])[where].astype(np.int64), where)
 
 
-def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle, *,
-                     timer: StepTimer, on_step=None, step: int = -1) -> tuple[int, bool]:
-    """Read a finished step, feed the policy, record it: (active rows, every row done)."""
+def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, handle: StepHandle,
+                     scored: bool = False, *, timer: StepTimer, on_step=None, step: int = -1,
+                     chose_s: float = 0.0) -> tuple[int, bool]:
+    """Read a finished step, feed the policy, record it: (active rows, every row done); ``scored``: the step scored
+    the drafts for free; ``chose_s``: host seconds of a choice in the step's time; less the read's wait for the device
+    (which hid them), they are ``AdaptivePolicy.observe``'s."""
     view, seconds = timer.read(handle)
+    chose_s = max(0.0, chose_s - timer.waited)
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:
@@ -150,7 +171,8 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
         record = StepRecord(-1 if arm.plain else arm.draft, int(lengths.sum()), total, total + rows, rows, seconds,
                             per_row, row_drafted(view, lengths))
         records.append(record)
-        observe_step(policy, view, a, accepted, seconds, lengths, np.nonzero(view.active)[0])
+        observe_step(policy, view, a, accepted, seconds, lengths, np.nonzero(view.active)[0], scored=scored,
+                     chose_s=chose_s)
         if on_step:
             on_step(record)
     else:
@@ -159,10 +181,12 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
 
 
 def observe_step(policy: AdaptivePolicy, view: StepView, a: int, accepted: np.ndarray, seconds: float,
-                 drafted: np.ndarray | None, where: np.ndarray, size: int | None = None) -> None:
+                 drafted: np.ndarray | None, where: np.ndarray, size: int | None = None, scored: bool = False,
+                 chose_s: float = 0.0) -> None:
     """Feed the policy a finished step of arm ``a`` over the rows ``where`` [rows] (indices of the rows served and
     still running): their ``accepted`` [rows] and ``drafted`` [rows] tokens (None: the arm's length), the step's
     own ``seconds``, the rows it computed (``size``: its cost bucket; None: the batch's), and the drafts the
-    backend scored for free on it."""
-    policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size)
+    backend scored for free on it; ``scored``, ``chose_s``: as ``AdaptivePolicy.observe``'s."""
+    policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size, scored=scored,
+                   chose_s=chose_s)
     observe_free(policy, view, skip=policy.arms[a].draft, where=where)

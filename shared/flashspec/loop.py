@@ -67,6 +67,7 @@ class StepTimer:
         self.read_end: float | None = None  # when the last read returned (the first launch's end before any)
         self.launches: list[float] = []  # host seconds inside each launched step not yet read, oldest first
         self.off = 0.0  # host seconds outside any step since the last read (``outside``)
+        self.waited = 0.0  # host seconds the last read waited inside ``fetch`` (for the device, on an asynchronous one)
 
     def launch(self, start):
         """Call ``start()`` (launch one step) and return its handle, timing the host's part."""
@@ -93,8 +94,10 @@ class StepTimer:
 
     def read(self, handle: StepHandle):
         """(``handle.fetch()``, the oldest unread step's seconds)."""
+        t0 = self.now()
         view = handle.fetch()
         t = self.now()
+        self.waited = t - t0
         own = self.launches.pop(0)
         seconds = t - self.read_end - self.off - sum(self.launches) + own
         self.read_end, self.off = (t if self.launches else None), 0.0

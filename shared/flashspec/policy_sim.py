@@ -195,9 +195,11 @@ class Result:
 def run(sc: Scenario, choose: Callable[[], tuple[int, bool, float]], observe=None, rows: Rows | None = None) -> Result:
     """One run of ``sc``: ``choose()`` gives each step's arm, whether the step scores the free drafts (the adaptive
     loop's, when the policy says: ``AdaptivePolicy.scores``; at ``score_cost`` for a plain step, ``spec_score_cost``
-    for a speculative one) and the host seconds of the step's loop work (the step lasts at least that long: the
-    device waits for its launch); ``observe(arm, where, accepted, drafted, seconds, free)`` hears each step one step
-    late (``free``: per draft, (scored, accepted) [rows] or None)."""
+    for a speculative one) and the host seconds of the loop's work before the step's launch, its choice included:
+    they fall in the previous step's time (the engine's loop reads step k after it launched step k + 1), which lasts
+    at least that long (the device waits for the launch); ``observe(arm, where, accepted, drafted, seconds, free)``
+    hears each step one step late, after the next step's ``choose`` (``free``: per draft, (scored, accepted) [rows] or
+    None)."""
     rows = rows or Rows(sc)
     slot_req = np.arange(sc.batch)  # [batch]: the request each slot holds
     pos = np.zeros(sc.batch, np.int64)  # [batch]: tokens emitted by the slot's request
@@ -209,6 +211,13 @@ def run(sc: Scenario, choose: Callable[[], tuple[int, bool, float]], observe=Non
         if (sc.mode == "static" and not active.any()) or (sc.mode == "stream" and step >= sc.steps):
             break
         a, scores, host = choose()
+        if pending is not None:  # the previous step's time, the host's work since its launch in it
+            pending = (*pending[:4], max(pending[4], host), pending[5])
+            seconds += pending[4]
+            if observe is not None:
+                observe(*pending)
+        else:
+            seconds += host  # the first choice: before any step
         arm = sc.arms[a]
         where = np.flatnonzero(active)
         req, p = slot_req[where], pos[where]
@@ -224,20 +233,17 @@ def run(sc: Scenario, choose: Callable[[], tuple[int, bool, float]], observe=Non
         pos[where] += emitted
         tokens += int(emitted.sum())
         extra = (sc.score_cost if arm.plain else sc.spec_score_cost) if scores else 0.0
-        t = (sc.costs[a] + extra) * rows.cost_noise[step % len(rows.cost_noise)]
-        t = max(t, host)
-        seconds += t
+        t = (sc.costs[a] + extra) * rows.cost_noise[step % len(rows.cost_noise)]  # the device's
         counts[a] = counts.get(a, 0) + 1
-        if observe is not None:
-            if pending is not None:
-                observe(*pending)
-            pending = (a, where, accepted, drafted, t, free)
+        pending = (a, where, accepted, drafted, t, free)
         if sc.mode == "stream":  # finished requests leave; new ones take their slots
             done = np.flatnonzero(pos >= sc.tokens)
             slot_req[done] = next_req + np.arange(len(done))
             next_req += len(done)
             pos[done] = 0
         step += 1
+    if pending is not None:
+        seconds += pending[4]
     return Result(tokens, seconds, counts)
 
 
@@ -254,13 +260,15 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
     rows = rows or Rows(sc)
     policy.in_flight.clear()
     policy.warm = warm
+    if any(m.free for m in sc.drafts):  # the free drafts are scored on the steps ``AdaptivePolicy.scores`` names
+        policy.scoring_gamma = max(a.length for a in sc.arms)
     state = {"slot_req": None}
     if sc.mode == "static":
         policy.new_batch(sc.batch, tokens=sc.tokens)
     else:
         policy.open_rows(sc.batch)
         state["slot_req"] = np.arange(sc.batch)
-    last = {"where": np.arange(sc.batch), "s": None}
+    last = {"where": np.arange(sc.batch), "s": None, "waited": 0.0}  # "waited": the last step's device time past the host's
     clock, asked = [0.0], [0]  # the host's clock (a choice advances it by ``choose_s``), the choices asked
     choices = Choices(None, policy, lambda: clock[0])
 
@@ -269,18 +277,27 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
         asked[0] += 1
         return policy.choose(len(last["where"]))
 
+    scored: list[bool] = []  # whether each step launched and not yet observed scored
+    host = {"choice": 0.0, "all": 0.0}  # the last ``choose``'s host seconds: its choice's, and with the loop's other
+
     def choose() -> tuple[int, bool, float]:
         if sc.mode == "static":  # as the engine's loop: a choice on value holds (``Choices``), timed on the host clock
             start = clock[0]
-            a = choices.next(ask, last["s"])
+            a = choices.next(ask, last["s"], waited=last["waited"])
             if chosen is not None:
                 chosen.append(a)
-            return a, policy.scores(a), sc.host_s + clock[0] - start
+            host["choice"], host["all"] = clock[0] - start, sc.host_s + clock[0] - start
+            scored.append(choices.scored)
+            return a, choices.scored, host["all"]
+        scored.append(False)
         return policy.choose(len(last["where"]), where=last["where"], size=sc.batch), True, 0.0  # the server scores always
 
     def observe(a, where, accepted, drafted, seconds, free) -> None:
         size = None if sc.mode == "static" else sc.batch
-        policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size)
+        last["waited"] = max(0.0, seconds - host["all"])  # the host's wait for the device in that step
+        exposed = max(0.0, host["choice"] - last["waited"])  # a choice's host time less that wait, as the loop's
+        policy.observe(a, len(where), accepted, seconds, drafted=drafted, where=where, size=size, scored=scored.pop(0),
+                       chose_s=exposed)
         for d, f in enumerate(free):
             if f is not None and f[0].any():
                 policy.observe_free(d, f[0], f[1], where)

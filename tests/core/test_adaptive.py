@@ -104,15 +104,19 @@ class LateHandle:
 
 class AsyncBackend(MarkovBackend):
     """A device that runs launched steps in order, as a GPU does: a launch costs the host ``launch_s``,
-    the step costs the device ``costs[G]`` (0: plain) after the previous one, and reading it waits for it."""
+    the step costs the device ``costs[G]`` (0: plain) after the previous one, and reading it waits for it; a plain
+    step that scores the drafts for free costs ``score_s`` more (``scored``: those steps)."""
 
-    def __init__(self, target, drafts, clock, costs, launch_s=1e-6):
+    def __init__(self, target, drafts, clock, costs, launch_s=1e-6, score_s=0.0):
         super().__init__(target, drafts)
         self.clock, self.costs, self.launch_s, self.free_at = clock, costs, launch_s, 0.0
+        self.score_s, self.scored = score_s, 0
 
     def later(self, handle, gamma):
         self.clock.now += self.launch_s
-        self.free_at = max(self.free_at, self.clock.now) + self.costs[gamma]
+        scoring = gamma == 0 and self.free_gamma > 0
+        self.scored += scoring
+        self.free_at = max(self.free_at, self.clock.now) + self.costs[gamma] + scoring * self.score_s
         return LateHandle(handle, self.free_at, self.clock)
 
     def step(self, arm, gamma, sampling, seed, offset):
@@ -366,13 +370,15 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
 def test_a_held_choice_ends_where_the_steps_key_changes():
     """``adaptive_loop.Choices``: a choice made on value taking 0.6 s against a 1 s step holds its arm for the next
     2 steps under the same key without asking the policy (each still launched: in flight); a step under another key
-    (the server: another sampling group or cost bucket) asks again, and a choice not made on value holds nothing."""
+    (the server: another sampling group or cost bucket) asks again; a choice not made on value (an exploration) holds
+    one step more where its host time shows (0.6 s, more than ``CHOSE_SHARE`` of a step: that step is timed without
+    it), none where it takes no time or less than the last read waited for the device."""
     policy = AdaptivePolicy(make_arms(1, (2,)), 1)
     now, asked = [0.0], []
 
-    def choose(arm, on_value=True):
+    def choose(arm, on_value=True, seconds=0.6):
         def run():
-            now[0] += 0.6
+            now[0] += seconds
             asked.append(arm)
             policy.on_value = on_value
             return arm
@@ -380,11 +386,15 @@ def test_a_held_choice_ends_where_the_steps_key_changes():
 
     choices = adaptive_loop.Choices(None, policy, lambda: now[0])
     got = [choices.next(choose(1), 1.0, key="a") for _ in range(4)]
-    assert got == [1, 1, 1, 1] and asked == [1, 1] and policy.in_flight == {1}
+    assert got == [1, 1, 1, 1] and asked == [1, 1] and policy.in_flight == {1: 2}  # the held steps' launches
     assert choices.next(choose(0), 1.0, key="b") == 0 and asked == [1, 1, 0]
     assert [choices.next(choose(1), 1.0, key="b") for _ in range(2)] == [0, 0] and asked == [1, 1, 0]  # held
-    assert [choices.next(choose(1, on_value=False), 1.0, key="c") for _ in range(2)] == [1, 1]
-    assert asked == [1, 1, 0, 1, 1]
+    assert [choices.next(choose(1, on_value=False), 1.0, key="c") for _ in range(3)] == [1, 1, 1]
+    assert asked == [1, 1, 0, 1, 1] and choices.chose and choices.chose_s == pytest.approx(0.6)  # asked, held, asked
+    assert [choices.next(choose(0, on_value=False, seconds=0.0), 1.0, key="d") for _ in range(2)] == [0, 0]
+    assert asked == [1, 1, 0, 1, 1, 0, 0]  # no hold
+    assert [choices.next(choose(1, on_value=False), 1.0, key="e", waited=0.7) for _ in range(2)] == [1, 1]
+    assert asked == [1, 1, 0, 1, 1, 0, 0, 1, 1]  # hidden behind the last read's 0.7 s wait for the device: no hold
 
 
 def test_a_draft_not_scored_for_free_is_tried_again_after_unlucky_first_steps(clock):

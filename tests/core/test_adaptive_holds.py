@@ -96,13 +96,23 @@ def test_the_emitted_slope_is_the_derivative_of_the_emitted_mean():
 
 def test_a_step_scores_the_drafts_on_the_first_of_every_score_every_steps_of_its_arm():
     """``AdaptivePolicy.scores``: a run of one arm, plain or speculative, scores on its steps 0, k, 2k, ... (k =
-    ``score_every``); another arm starts its own count."""
+    ``score_every``); another arm starts its own count; an arm whose cost was not timed cleanly (never, or only on
+    steps that held other work: ``rough``) scores nothing, its step being that timing."""
     p = AdaptivePolicy(make_arms(1, (2, 4)), 1, score_every=3)
     seq = [0] * 7 + [1] * 4 + [2] * 2 + [1] * 4
+    p.warm = True  # first timings trusted (steps made ready before them)
+    assert not any(p.scores(a) for a in seq)  # nothing timed
+    for arm in range(3):
+        p.observe(arm, 1, np.zeros(1, int), 1e-3)
+    p.observe(2, 1, np.zeros(1, int), 1e-3, chose_s=1e-4)  # a choice's host time in it: no change (timed clean)
     got = [p.scores(a) for a in seq]
     every = lambda n: [i % 3 == 0 for i in range(n)]  # noqa: E731
     want = every(7) + every(4) + every(2) + every(4)
     assert got == want
+    q = AdaptivePolicy(make_arms(1, (2, 4)), 1, score_every=3)
+    q.warm = True
+    q.observe(0, 1, np.zeros(1, int), 1e-3, scored=True)  # timed only with the scoring in it: rough
+    assert q.rough[0, 0] and not any(q.scores(0) for _ in range(4))
 
 
 def test_a_draft_that_accepts_more_than_its_posterior_predicts_is_priced_up():

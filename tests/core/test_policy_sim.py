@@ -83,8 +83,9 @@ class SharedAlpha(AdaptivePolicy):
 def test_each_draft_position_is_priced_by_its_own_acceptance():
     """An n-gram whose third and fourth tokens hold less often (position 0.35, 0.5: the continuation past its match),
     on SmolLM2-135M's H200 prices at batch 64: G = 2 is the best fixed arm by a few per cent. One acceptance for every
-    position, learned from the G = 4 steps' rejections, prices G = 2 too low and mixes in G = 4 (0.975x of the best,
-    under issue #35's 0.98; 0.96x before the change test); each position's own acceptance keeps G = 2."""
+    position, learned from the G = 4 steps' rejections, prices G = 2 too low and mixes in G = 4 (half its steps, 0.984x
+    of the best since ad22's clean pricing; 0.975x before, 0.96x before the change test); each position's own
+    acceptance keeps G = 2."""
     assert emitted_moments(0.8, 2, np.array([1.0, 0.5]))[0] == pytest.approx(1 + 0.8 + 0.8 * 0.4)
     assert emitted_moments(0.8, 3)[0] == pytest.approx(1 + 0.8 + 0.64 + 0.512)
     assert emitted_moments(0.8, 3, np.ones(4))[1] == pytest.approx(emitted_moments(0.8, 3)[1])
@@ -93,7 +94,7 @@ def test_each_draft_position_is_priced_by_its_own_acceptance():
     out = compare(sc, lambda: AdaptivePolicy(ARMS, 2, rng=0))
     assert out["best"] == 1 and out["vs_best"] >= 0.98 and out["steps"].get(2, 0) <= 2, out
     shared = compare(sc, lambda: SharedAlpha(ARMS, 2, rng=0))
-    assert shared["vs_best"] < 0.98 and shared["steps"].get(2, 0) > 10, shared
+    assert shared["vs_best"] < out["vs_best"] and shared["steps"].get(2, 0) > 10, shared
 
 
 def test_the_gpu_runs_replay_keeps_the_chosen_arms_and_the_cold_start():
