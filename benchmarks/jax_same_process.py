@@ -3,11 +3,13 @@ slower there, and is that what made TinyLlama's JAX step 1.35 ms in the side-by-
 in a JAX-only process?
 
     python benchmarks/jax_same_process.py --out DIR --budget-s 190   # on the GPU: TinyLlama-1.1B, batch 1, bf16
+    python benchmarks/jax_same_process.py --shape smollm2-135m --out DIR --budget-s 100   # SmolLM2's (scan)
     python benchmarks/jax_same_process.py --cpu --out DIR            # the CPU: a tiny 22-layer unrolled model
 
 GPU: the torch engine on TinyLlama's random model (``jax_vs_torch_gpu.TorchSide``: CUDA graphs), then,
 in the same process with that model alive, the JAX engine on its weights by DLPack, as the table script
-runs them (``jax_vs_torch_gpu.jax_model``), then, with what time is left, the JAX engine on
+runs them (``jax_vs_torch_gpu.jax_model``; its decode step jitted on the flat leaves, the engine's path, and
+on the nnx pytree, dc5b818's path: ``path_variants``, alternating), then, with what time is left, the JAX engine on
 ``random_model``'s weights (a second compile, served by the persistent compilation cache this script
 turns on). Per JAX model, ``--reps`` rounds, each round ``gc.freeze()`` off then on: ``plain``
 (``flashspec.loop.decode``, 128 tokens: the mean launch-to-launch step) and ``host`` (the same steps by
@@ -121,10 +123,10 @@ def gpu(args, deadline: float) -> dict:
 
     jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="fs_jax_cc_"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    dims = dict(SHAPES)[TINYLLAMA]
+    dims = dict(SHAPES)[args.shape]
     args.gamma, args.batch_tokens = 4, args.tokens
     side = TorchSide(dims, args)
-    row = dict(device=torch.cuda.get_device_name(), shape=TINYLLAMA, config=dims, tokens=args.tokens,
+    row = dict(device=torch.cuda.get_device_name(), shape=args.shape, config=dims, tokens=args.tokens,
                torch=guarded(lambda: side.batch(1), deadline))
     save(args, row)
     prompts = prompts_for(dims["vocab_size"], 1, args.prompt_len)
@@ -139,11 +141,15 @@ def gpu(args, deadline: float) -> dict:
             m.attention_impl = attention
             backend = JaxBackend(m, eos_ids=[])
             backend.set_drafts([LookupDraft()])
+            variants = (path_variants(backend, prompts, args.tokens, backend.steps.decode_one) if name == PARTS[0][0]
+                        else jax_variants(backend, prompts, args.tokens))
             first = plain(backend, prompts, args.tokens, 1)  # the compile
+            for v in variants.values():  # compile each path
+                v()
             out = dict(weights=where, layer_loop="scan" if m.uses_scan() else "unrolled",
                        attention=m.attention_choice(), compile_and_first_s=time.perf_counter() - t0,
                        first_tokens_sha1=first["tokens_sha1"])
-            out.update(rounds(jax_variants(backend, prompts, args.tokens), args.reps, deadline))
+            out.update(rounds(variants, args.reps, deadline))
             return out
         row[name] = guarded(one, deadline)
         save(args, row)
@@ -155,8 +161,8 @@ def gpu_summary(row: dict) -> dict:
     t = row.get("torch", {}).get("plain", {}).get("step_ms")
     out = dict(torch_step_ms=t)
     for name, _, _ in PARTS:
-        for mode in ("gc", "gc_frozen"):
-            med = row.get(name, {}).get(mode, {}).get("median", {})
+        for mode, runs in row.get(name, {}).items():
+            med = runs.get("median", {}) if isinstance(runs, dict) else {}
             if med:
                 out[f"{name}_{mode}"] = dict(step_ms=med["step_ms"], launch_us=med["launch_us"], wait_us=med["wait_us"],
                                              over_torch=med["step_ms"] / t if t else None)
@@ -169,11 +175,10 @@ def gpu_summary(row: dict) -> dict:
 
 
 def cpu(args, deadline: float) -> dict:
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from flashspec_jax.backend import JaxBackend, on_leaves, packed, weight_sources
+    from flashspec_jax.backend import JaxBackend
     from flashspec_jax.drafts import LookupDraft
     from flashspec_jax.model import LlamaConfig
     from flashspec_jax.weights import random_model
@@ -188,26 +193,37 @@ def cpu(args, deadline: float) -> dict:
     backend.set_drafts([LookupDraft()])
     prompts = np.random.default_rng(1).integers(0, CPU_MODEL["vocab_size"], (1, args.prompt_len)).tolist()
     step = trivial_step if args.trivial else backend.steps.decode_one
-    jit = lambda fn: jax.jit(fn, static_argnames=("cfg", "rows"), donate_argnames=("state",))  # noqa: E731  (as on the GPU)
-    flat_jit = jit(on_leaves(packed(step), weight_sources(backend.weights)[1], 0))
-    nested_jit = jit(packed(step))  # the path before: the pytree per call
-
-    def nested(weights, *rest, **kwargs):  # decode_one's call with the pytree, not the leaves
-        return nested_jit(backend.weights, *rest, **kwargs)
-
-    variants = {}
-    for path, fn in (("leaves", flat_jit), ("pytree", nested)):
-        for mode, run in jax_variants(backend, prompts, args.tokens).items():
-            def with_path(fn=fn, run=run):
-                backend.decode_jit = fn
-                return run()
-            variants[f"{path}_{mode}"] = with_path
+    variants = path_variants(backend, prompts, args.tokens, step)
     for v in variants.values():  # compile both paths
         v()
     row.update(tracked_objects=len(gc.get_objects()), **rounds(variants, args.reps, deadline))
     med = {k: row[k]["median"].get("launch_us") for k in variants}
     row["summary"] = dict(launch_us=med, tokens_agree=len({s for k in variants for s in row[k]["tokens_sha1"]}) == 1)
     return row
+
+
+def path_variants(backend, prompts, tokens: int, step) -> dict:
+    """``jax_variants`` per path of the weights into the same jitted decode step (the state donated, as on
+    the GPU): ``leaves`` (``JaxBackend.leaves``, the engine's path since 7ab966c) and ``pytree`` (the nnx
+    ``State`` flattened per call: the path of dc5b818 and before)."""
+    import jax
+
+    from flashspec_jax.backend import on_leaves, packed
+
+    jit = lambda fn: jax.jit(fn, static_argnames=("cfg", "rows"), donate_argnames=("state",))  # noqa: E731
+    nested_jit = jit(packed(step))
+
+    def nested(weights, *rest, **kwargs):  # decode_one's call with the pytree, not the leaves
+        return nested_jit(backend.weights, *rest, **kwargs)
+
+    variants = {}
+    for path, fn in (("leaves", jit(on_leaves(packed(step), backend.treedef, 0))), ("pytree", nested)):
+        for mode, run in jax_variants(backend, prompts, tokens).items():
+            def with_path(fn=fn, run=run):
+                backend.decode_jit = fn
+                return run()
+            variants[f"{path}_{mode}"] = with_path
+    return variants
 
 
 def trivial_step(weights, state, cfg, seeds, offset, rows: int = 1):
@@ -242,6 +258,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=190.0, help="no round starts past it")
+    ap.add_argument("--shape", default=TINYLLAMA, help="GPU: the shape (jax_profile_gpu.SHAPES), e.g. smollm2-135m")
     ap.add_argument("--cpu", action="store_true", help="the CPU's tiny unrolled model (module docstring)")
     ap.add_argument("--with-torch", action="store_true", help="--cpu: a torch model alive in the process")
     ap.add_argument("--trivial", action="store_true", help="--cpu: the step swapped for one without a model")

@@ -66,3 +66,31 @@ def test_weights_read_by_a_flatten_where_variables_hold_more_than_one_array():
     sources, treedef = weight_sources([one])
     assert sources is not None and treedef == jax.tree.structure([one])
     assert weight_sources([two])[0] is None
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_decode_steps_compile_once_and_read_the_variables(scan):
+    """A generation's decode steps reuse one compiled step (no retrace per call) and read the weights'
+    leaves from their Variables (``weight_sources`` not None), for the scan and the unrolled layer loop:
+    a miss per step, or a flatten per step, is host time the GPU's small models pay 1:1."""
+    import jax
+    import numpy as np
+
+    from flashspec.config import SamplingConfig
+    from flashspec_jax.backend import JaxBackend
+    from flashspec_jax.drafts import LookupDraft
+    from flashspec_jax.model import LlamaConfig
+    from flashspec_jax.weights import random_model
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=3, num_heads=2, num_kv_heads=1,
+                      head_dim=8, max_position_embeddings=64)
+    m = random_model(cfg, dtype=jnp.float32, seed=int(np.random.default_rng().integers(1 << 16)))
+    m.scan_layers = scan
+    backend = JaxBackend(m, eos_ids=[])
+    backend.set_drafts([LookupDraft()])
+    assert backend.sources is not None and len(backend.sources) == len(jax.tree.leaves(backend.weights))
+    backend.prefill([[5, 9, 2]], 8)
+    seeds = np.zeros(1, np.uint64)
+    for step in range(6):
+        backend.decode_one(SamplingConfig(0.0), seeds, step).fetch()
+    assert backend.decode_jit._cache_size() == 1
