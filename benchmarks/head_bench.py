@@ -167,13 +167,14 @@ def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:
 def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int, ...], others=("ngram", "layerskip"),
           temperatures=(0.0, 0.7), device=None, hf=True, baseline: str | None = None, trees: tuple[str, ...] = (),
           tree_gammas: tuple[int, ...] = (), tree_eager: bool = False, budget_s: float = float("inf"), log=print,
-          save=None, stop_below: float = 0.0) -> dict:
+          save=None, stop_below: float | None = None) -> dict:
     """Every cell by "domain T=t"; ``baseline``: a second head's cells ("baseline G=g") beside ``head``'s;
     ``trees``: tree drafts (``head-tree/N``) at each depth G of ``tree_gammas`` ("head-tree/N G=g"; with
     ``tree_eager`` also run without CUDA graphs, "head-tree/N G=g eager"). Past
     ``budget_s`` seconds no further domain / temperature is started; ``save(results)`` after each (a run cut
-    short keeps what it measured). ``stop_below`` > 0: ``head`` once more with that dynamic draft length
-    ("head stop=S G=g")."""
+    short keeps what it measured). The heads run with the engine's default dynamic draft length (on the CPU
+    ``HEAD_STOP_BELOW_CPU``); ``stop_below`` not None: ``head`` once more with that one ("head stop=S G=g"; 0: G tokens
+    always)."""
     from flashspec.engine import encode
     from flashspec.head_corpus import DOMAINS, corpus, split
     from flashspec_torch.engine import Engine
@@ -183,7 +184,7 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
     engines = {name: Engine(loaded, (name,), policy="fixed", device=device)
                for name in (*heads.values(), *others, *trees)}
     head_engines = {label: engines[spelling] for label, spelling in heads.items()}
-    if stop_below:
+    if stop_below is not None:
         head_engines[f"head stop={stop_below:g}"] = Engine(loaded, (head,), policy="fixed", device=device,
                                                            stop_below=stop_below)
     eager_trees = {name: eager(Engine(loaded, (name,), policy="fixed", device=device)) for name in trees if tree_eager}
@@ -267,8 +268,8 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall (a quiet machine) or process (this process's CPU time: a shared machine)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
-    ap.add_argument("--stop-below", type=float, default=0.0,
-                    help="also the head with this dynamic draft length (Engine(stop_below=...)); 0: not run")
+    ap.add_argument("--stop-below", type=float, default=None,
+                    help="also the head with this dynamic draft length (Engine(stop_below=...); 0: always G tokens)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "head_bench.json"))
     args = ap.parse_args()

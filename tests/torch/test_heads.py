@@ -422,3 +422,16 @@ def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_
     assert json.loads((tmp_path / "new" / "report.json").read_text())["steps_done"] == 2
     head, _ = load_head(tmp_path / "new", model.config, top=16)
     assert len(head.token_ids) == 16
+
+
+def test_the_engines_default_dynamic_length_is_for_heads_on_the_cpu(target):
+    """``Engine(stop_below=None)``: a draft head stops early on the CPU (where it shortens the scoring pass), never on
+    a GPU (a graphed step has G + 1 positions anyway), and a model draft keeps G tokens."""
+    from flashspec_torch.drafts import ModelDraft
+    from flashspec_torch.engine import HEAD_STOP_BELOW_CPU, default_stop_below
+    from flashspec_torch.heads import HeadDraft
+
+    head = HeadDraft("head", random_head(target), target)
+    assert 0 < default_stop_below(head, torch.device("cpu")) == HEAD_STOP_BELOW_CPU < 1
+    assert default_stop_below(head, torch.device("cuda")) == 0.0
+    assert default_stop_below(ModelDraft("model", target), torch.device("cpu")) == 0.0
