@@ -167,12 +167,14 @@ def hf_prompt_lookup(hf, ids_list, new_tokens: int, gamma: int, eos) -> dict:
 def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int, ...], others=("ngram", "layerskip"),
           temperatures=(0.0, 0.7), device=None, hf=True, baseline: str | None = None, trees: tuple[str, ...] = (),
           tree_gammas: tuple[int, ...] = (), tree_eager: bool = False, budget_s: float = float("inf"), log=print,
-          save=None) -> dict:
+          save=None, stop_below: float | None = None) -> dict:
     """Every cell by "domain T=t"; ``baseline``: a second head's cells ("baseline G=g") beside ``head``'s;
     ``trees``: tree drafts (``head-tree/N``) at each depth G of ``tree_gammas`` ("head-tree/N G=g"; with
     ``tree_eager`` also run without CUDA graphs, "head-tree/N G=g eager"). Past
     ``budget_s`` seconds no further domain / temperature is started; ``save(results)`` after each (a run cut
-    short keeps what it measured)."""
+    short keeps what it measured). The heads run with the engine's default dynamic draft length (on the CPU
+    ``HEAD_STOP_BELOW_CPU``); ``stop_below`` not None: ``head`` once more with that one ("head stop=S G=g"; 0: G tokens
+    always)."""
     from flashspec.engine import encode
     from flashspec.head_corpus import DOMAINS, corpus, split
     from flashspec_torch.engine import Engine
@@ -181,6 +183,10 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
     heads = {"head": head, **({"baseline": baseline} if baseline else {})}
     engines = {name: Engine(loaded, (name,), policy="fixed", device=device)
                for name in (*heads.values(), *others, *trees)}
+    head_engines = {label: engines[spelling] for label, spelling in heads.items()}
+    if stop_below is not None:
+        head_engines[f"head stop={stop_below:g}"] = Engine(loaded, (head,), policy="fixed", device=device,
+                                                           stop_below=stop_below)
     eager_trees = {name: eager(Engine(loaded, (name,), policy="fixed", device=device)) for name in trees if tree_eager}
     start = time.perf_counter()
     plain_engine = engines[head]
@@ -194,9 +200,9 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
                 continue
             cells = {}
             cells["plain"], plain = run(plain_engine, ids_list, temperature=t, gamma=1, new_tokens=new_tokens, speculation=False)
-            for label, spelling in heads.items():
+            for label, engine in head_engines.items():
                 for g in gammas:
-                    cells[f"{label} G={g}"] = run_cell(engines[spelling], ids_list, plain, log, f"{d} T={t} {label} G={g}",
+                    cells[f"{label} G={g}"] = run_cell(engine, ids_list, plain, log, f"{d} T={t} {label} G={g}",
                                                        temperature=t, gamma=g, new_tokens=new_tokens)
             for spelling in trees:
                 for g in tree_gammas:
@@ -220,7 +226,7 @@ def bench(loaded, head: str, *, prompts: int, new_tokens: int, gammas: tuple[int
                     c["draft_per_token_over_plain_step"] = c["draft_ms_per_token"] / plain_ms
             results[f"{d} T={t}"] = {"cells": {**cells, **failed}, "plain_step_ms": plain_ms, **{
                 f"best_{label}": max((k for k in cells if k.startswith(f"{label} G=")), key=lambda k: cells[k]["tok_s"],
-                                     default=None) for label in heads}}
+                                     default=None) for label in head_engines}}
             log(f"{d} T={t}: " + ", ".join(f"{k} {c['tok_s']:.1f} tok/s ({c['speedup']:.2f}x"
                                            + (f", {c['emitted_per_step']:.2f}/step" if "emitted_per_step" in c else "")
                                            + ")" for k, c in cells.items()))
@@ -262,6 +268,8 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall (a quiet machine) or process (this process's CPU time: a shared machine)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers' prompt lookup")
+    ap.add_argument("--stop-below", type=float, default=None,
+                    help="also the head with this dynamic draft length (Engine(stop_below=...); 0: always G tokens)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "head_bench.json"))
     args = ap.parse_args()
@@ -286,7 +294,8 @@ def main() -> None:
                     hf=not args.no_hf, temperatures=temperatures, baseline=args.baseline,
                     trees=tuple(filter(None, args.trees.split(","))),
                     tree_gammas=tuple(int(g) for g in filter(None, args.tree_gammas.split(","))), tree_eager=args.tree_eager,
-                    others=tuple(filter(None, args.others.split(","))), budget_s=args.budget_s, save=save)
+                    others=tuple(filter(None, args.others.split(","))), budget_s=args.budget_s, save=save,
+                    stop_below=args.stop_below)
     save(results)
     print(f"wrote {args.out}")
 

@@ -46,11 +46,21 @@ def confident_lengths(
     unsure token itself instead would not: its own draw would decide whether it is verified."""
     if not stop_below:
         return None
-    w = w.float()
-    log_q = w.gather(-1, j[..., None].long())[..., 0] - torch.logsumexp(w, -1)  # [B, G]
     g = j.shape[1]
-    first_low = torch.where(log_q < math.log(stop_below), torch.arange(g, device=j.device), g).min(1).values
+    first_low = torch.where(unsure(w, j, stop_below), torch.arange(g, device=j.device), g).min(1).values
     return (first_low + 1).clamp(max=g)
+
+
+def unsure(
+    w: torch.Tensor,  # [B, G, V'] the draft's raw logits at each drafted position
+    j: torch.Tensor,  # [B, G] int: the drafted token's column in w
+    stop_below: float,
+) -> torch.Tensor:  # [B, G] bool
+    """Whether each drafted token's probability under the draft's own temperature-1 distribution is below
+    ``stop_below`` (``confident_lengths`` stops a row after the first)."""
+    w = w.float()
+    log_q = w.gather(-1, j[..., None].long())[..., 0] - torch.logsumexp(w, -1)
+    return log_q < math.log(stop_below)
 
 
 def check_stop_below(stop_below: float) -> float:

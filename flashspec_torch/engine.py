@@ -45,7 +45,9 @@ class Engine(EngineBase):
     otherwise, here).
     ``stop_below`` (model drafts and draft heads; not head-tree's trees, whose size is fixed): the dynamic
     draft length; a row stops drafting after a token its draft gives probability < stop_below at
-    temperature 1 (0: always G tokens; exact, docs/adaptive.md).
+    temperature 1 (0: always G tokens; exact, docs/adaptive.md). None: ``HEAD_STOP_BELOW_CPU`` for draft heads
+    on the CPU, where a proposal that every row has stopped ends there and shortens the scoring pass
+    (``heads.HeadDraft.stops_early``), else 0 (a CUDA graph's step has G + 1 positions whatever the lengths).
     """
 
     backend_name = "torch"
@@ -61,7 +63,7 @@ class Engine(EngineBase):
         dtype: torch.dtype | None = None,
         verify_impl: str | None = None,
         batch_invariant: bool = False,
-        stop_below: float = 0.0,
+        stop_below: float | None = None,
         tensor_parallel: int = 1,
     ):
         if policy not in engine_policies():
@@ -86,7 +88,7 @@ class Engine(EngineBase):
             raise ValueError(f"dtype={dtype!r} must be a floating-point torch dtype (torch.float32, torch.bfloat16, ...)")
         if not isinstance(batch_invariant, bool):
             raise TypeError(f"batch_invariant={batch_invariant!r} must be True or False")
-        stop_below = check_stop_below(stop_below)
+        stop_below = None if stop_below is None else check_stop_below(stop_below)
         self.target = target if isinstance(target, LoadedModel) else load_target(target, self.dtype, self.device)
         weights = self.target.model.embed.weight
         if weights.device.type != self.device.type:
@@ -107,7 +109,7 @@ class Engine(EngineBase):
             raise ValueError(f"stop_below={stop_below} needs a model draft or a draft head (drafts.confident_lengths); "
                              f"drafts={drafts!r} have a fixed length (a tree too): leave stop_below at 0 or add such a draft")
         for d in stoppable:
-            d.stop_below = stop_below
+            d.stop_below = default_stop_below(d, self.device) if stop_below is None else stop_below
         config = self.target.model.config
         eos = set(config.eos_token_ids)
         self.backend = TorchSlotBackend(self.target.model, self.drafts, sorted(eos), verify_impl)
@@ -206,6 +208,17 @@ class Engine(EngineBase):
         """Every KV cache of the current batch (the target's and the model drafts')."""
         found = [self.backend.cache] if self.backend.shape is not None else []
         return found + [d.cache for d in self.drafts if getattr(d, "cache", None) is not None]
+
+
+HEAD_STOP_BELOW_CPU = 0.4  # measured: docs/draft_head.md, "Dynamic draft length on the CPU"
+
+
+def default_stop_below(draft, device: torch.device) -> float:
+    """``Engine(stop_below=None)``'s value for a draft that can stop: ``HEAD_STOP_BELOW_CPU`` for a draft head on
+    the CPU, 0 (always G tokens) otherwise."""
+    from .heads import HeadDraft
+
+    return HEAD_STOP_BELOW_CPU if isinstance(draft, HeadDraft) and device.type == "cpu" else 0.0
 
 
 def check_device(device) -> torch.device:

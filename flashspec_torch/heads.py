@@ -29,7 +29,7 @@ from flashspec.config import LlamaConfig, SamplingConfig
 from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits, config_fields, draft_head_file, kept_ids,
                                  read_metadata)
 
-from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths
+from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths, unsure
 from .layers import default_impl, is_k_major, kernel_attends, lay_out, relaid, rms_norm, wants_k_major
 from .model import Block, KVCache, Llama, project
 from .sampling import draft_gumbel, sample_gumbel
@@ -189,6 +189,15 @@ class HeadDraft:
         last = (length - 1 - start).clamp(max=chunk - 1)
         return self.feed(seqs, start, chunk, attend, select=last)
 
+    def stops_early(self, w: torch.Tensor, graphed: bool) -> torch.Tensor | None:  # w [B, V_d] -> [B] bool
+        """With a dynamic length (``stop_below``) on the CPU's eager path, where the test below reads host memory:
+        which rows have stopped (none yet). ``propose`` stops drafting once every row has, so the proposal and the
+        target's scoring pass are max(L) (+ 1) positions long instead of G (+ 1); no row's verification reaches
+        past its own length L, so the emitted tokens are the same. None elsewhere: always G tokens."""
+        if graphed or not self.stop_below or w.device.type != "cpu":
+            return None
+        return torch.zeros(w.shape[0], dtype=torch.bool)
+
     def propose(self, seqs: Sequences, gamma: int, sampling: SamplingConfig, seed, offset, graphed: bool = False) -> Proposal:
         s_max = self.cache.max_len
         length = seqs.length  # [B]
@@ -197,6 +206,7 @@ class HeadDraft:
         ids = self.head.token_ids  # [V_d]
         noise = None if sampling.greedy else draft_gumbel(seed, offset, length.shape[0], gamma, ids)  # [B, G, V_d]
         xs, js, ws, lqs = [], [], [], []
+        stopped = self.stops_early(w, graphed)  # [B] bool, or None: always G tokens
         for i in range(gamma):
             if noise is None:
                 j, lq_i = w.argmax(-1), torch.zeros(w.shape[0], dtype=torch.float32, device=w.device)
@@ -207,6 +217,10 @@ class HeadDraft:
             js.append(j)
             ws.append(w)
             lqs.append(lq_i)
+            if stopped is not None:
+                stopped |= unsure(w[:, None], j[:, None], self.stop_below)[:, 0]
+                if bool(stopped.all()):  # every row's length ends here: no verification reaches further
+                    break
             if i + 1 < gamma:
                 p_i = (length + i).clamp(max=s_max - 1)[:, None]
                 s, w = self.head.run(self.target, x_i[:, None], s[:, None], p_i, self.cache, attend)

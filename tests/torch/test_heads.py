@@ -55,6 +55,35 @@ def test_greedy_speculation_with_the_head_equals_greedy_decoding(target, graphs,
     assert sum(r.accepted for r in records if r.arm == 0) > 0  # the head's drafts were used
 
 
+@pytest.mark.parametrize("stop_below", [0.5, 0.999])
+def test_proposals_stop_where_every_row_has_stopped_and_greedy_tokens_stay_plain(target, stop_below):
+    """On the CPU's eager path a proposal ends once every row's dynamic length has (0.999: after the first token,
+    every token is unsure; 0.5: some steps), so the scoring pass is shorter; greedy speculation still gives plain
+    decoding's tokens. The graphed step always drafts G tokens (its shapes are fixed)."""
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.heads import HeadDraft
+
+    draft = HeadDraft("head", random_head(target), target, stop_below)
+    backend = TorchBackend(target, [draft], graphs=False)
+    proposed, propose = [], draft.propose
+
+    def counted(*args, **kwargs):
+        p = propose(*args, **kwargs)
+        proposed.append((p.tokens.shape[1], kwargs.get("graphed", False)))
+        return p
+
+    draft.propose = counted
+    prompts, greedy = [[1, 2, 3, 4, 5], [7, 8, 9]], SamplingConfig(0.0)
+    with torch.inference_mode():
+        plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=24)
+        spec, _ = speculate(backend, Cycle([0]), prompts, sampling=greedy, spec=SpecConfig(gamma=4, max_new_tokens=24))
+    assert spec == plain
+    widths = [g for g, graphed in proposed if not graphed]
+    assert widths and min(widths) < 4, proposed
+    if stop_below == 0.999:
+        assert set(widths) == {1}, proposed
+
+
 def test_training_time_test_states_are_what_drafting_computes(target):
     """Pass k of ``ttt_states`` at position p == the head fed the target's features up to p - k,
     then k of its own states (what drafting the (k+1)-th token computes)."""
@@ -393,3 +422,16 @@ def test_train_head_job_writes_a_frequency_ordered_head_and_measures_it_against_
     assert json.loads((tmp_path / "new" / "report.json").read_text())["steps_done"] == 2
     head, _ = load_head(tmp_path / "new", model.config, top=16)
     assert len(head.token_ids) == 16
+
+
+def test_the_engines_default_dynamic_length_is_for_heads_on_the_cpu(target):
+    """``Engine(stop_below=None)``: a draft head stops early on the CPU (where it shortens the scoring pass), never on
+    a GPU (a graphed step has G + 1 positions anyway), and a model draft keeps G tokens."""
+    from flashspec_torch.drafts import ModelDraft
+    from flashspec_torch.engine import HEAD_STOP_BELOW_CPU, default_stop_below
+    from flashspec_torch.heads import HeadDraft
+
+    head = HeadDraft("head", random_head(target), target)
+    assert 0 < default_stop_below(head, torch.device("cpu")) == HEAD_STOP_BELOW_CPU < 1
+    assert default_stop_below(head, torch.device("cuda")) == 0.0
+    assert default_stop_below(ModelDraft("model", target), torch.device("cpu")) == 0.0

@@ -314,7 +314,7 @@ def test_a_graphed_head_step_after_a_wider_one_feeds_every_position():
     from flashspec_torch.engine import Engine
     from host_sync import GuardedSteps  # tests/torch/host_sync.py
 
-    engine = Engine(None, ("head-tree/8x4", "head"), policy="fixed", device="cpu")
+    engine = Engine(None, ("head-tree/8x4", "head"), policy="fixed", device="cpu", stop_below=0.0)  # G tokens always
     b, ids = engine.backend, engine.encode(PROMPTS[1], False)
     accepted = {}
     for graphed in (False, True):
