@@ -30,7 +30,7 @@ from flashspec.head_file import (FORMAT, OUTSIDE, check_fingerprint, check_fits,
                                  read_metadata)
 
 from .drafts import ModelDraft, Proposal, Sequences, check_stop_below, confident_lengths, unsure
-from .layers import default_impl, is_k_major, kernel_attends, lay_out, relaid, rms_norm, wants_k_major
+from .layers import default_impl, is_k_major, kernel_attends, relaid, rms_norm, settle_layout
 from .model import Block, KVCache, Llama, project
 from .sampling import draft_gumbel, sample_gumbel
 from .tree_score import TreePass
@@ -101,14 +101,10 @@ class DraftHead(nn.Module):
 
     def settle_layout(self, linear_impl: str, device: torch.device) -> None:
         """The head's projections and borrowed LM head rows in the storage order this pass's products read
-        best (``layers.wants_k_major``; ``Llama.settle_layout`` for the target's)."""
-        w = self.fc_in.weight
-        k_major = wants_k_major(device, linear_impl, w.dtype)
-        if is_k_major(w) != k_major:
-            lay_out(self, k_major)
-            embed, rows = self.lent
-            if not self.full_vocab:  # the copied rows; the full vocabulary's are the target's own weight
-                self.lent = (embed, relaid(rows, k_major))
+        best (``layers.settle_layout``, judged by ``fc_in``'s weight; ``Llama.settle_layout`` for the target's)."""
+        if settle_layout(self, self.fc_in.weight, linear_impl, device) and not self.full_vocab:
+            embed, rows = self.lent  # the copied rows; the full vocabulary's are the target's own weight
+            self.lent = (embed, relaid(rows, is_k_major(self.fc_in.weight)))
 
     def logits(self, s: torch.Tensor) -> torch.Tensor:  # [..., C] head states -> [..., V_d] float32
         return nn.functional.linear(rms_norm(s, self.norm, self.config.rms_norm_eps), self.lent[1]).float()

@@ -291,6 +291,17 @@ def lay_out(module: nn.Module, k_major: bool) -> None:
             m.weight.data = relaid(m.weight.data, k_major)
 
 
+def settle_layout(module: nn.Module, probe: torch.Tensor, linear_impl: str, device: torch.device) -> bool:
+    """``module``'s plain nn.Linear weights in the storage order this pass's products read best (``wants_k_major``),
+    judged by ``probe`` (one of them, or one laid out with them); ``lay_out`` only where ``probe`` is not in that
+    order (the first pass of a new device or setting). True where the order changed."""
+    k_major = wants_k_major(device, linear_impl, probe.dtype)
+    if is_k_major(probe) == k_major:
+        return False
+    lay_out(module, k_major)
+    return True
+
+
 def relaid(w: torch.Tensor, k_major: bool) -> torch.Tensor:  # w [N, K] -> the same values, K-major or row-major
     with torch.inference_mode(w.is_inference()), torch.no_grad():
         return w.t().contiguous().t() if k_major else w.contiguous()

@@ -18,8 +18,8 @@ from . import gemv as fused
 from .device import interpreting
 from .family import family_block, family_logits, family_settings, local_tables, window_masks
 from .invariant_matmul import RopeKV, invariant_matmul, invariant_matmul_rope_kv, invariant_matmul_swiglu
-from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, is_k_major, kernel_attends, lay_out,
-                     linear, rope_kv, silu_mul, wants_k_major)
+from .layers import (MAX_KERNEL_HEAD_DIM, add_rms_norm, attention, default_impl, kernel_attends, linear, rope_kv,
+                     settle_layout, silu_mul)
 from .shapes import check_shapes
 from .tree_score import TreePass
 
@@ -186,11 +186,10 @@ class Llama(nn.Module):
         return linear_impl, True if self.pdl is None else self.pdl, subset, rows
 
     def settle_layout(self, linear_impl: str, device: torch.device) -> None:
-        """The projections' weights in the storage order this forward's products read best
-        (``layers.wants_k_major``): changed on the first forward of a new device or setting only."""
-        w = self.lm_head.weight if type(self.lm_head) is nn.Linear else None
-        if w is not None and is_k_major(w) != wants_k_major(device, linear_impl, w.dtype):
-            lay_out(self, not is_k_major(w))
+        """The projections' weights in the storage order this forward's products read best (``layers.settle_layout``,
+        judged by the LM head's; none where the LM head is not a plain nn.Linear, as with tensor parallelism)."""
+        if type(self.lm_head) is nn.Linear:
+            settle_layout(self, self.lm_head.weight, linear_impl, device)
 
     def invariant_settings(self, device: torch.device) -> tuple[str, bool, frozenset[str], int]:
         """``decode_settings`` in batch-invariant mode: ("invariant", PDL on CUDA unless set, all five, 0), or
