@@ -48,6 +48,8 @@ def test_plain_and_speculative_arms_together_are_exact():
     policy.log_cost[0, 0], policy.cost_weight[0, 0] = np.log(1e-9), 1e-6
     policy.log_cost[0, 1:], policy.cost_weight[0, 1:] = np.log(1e-3), 1e6  # every draft's step 1 ms, whatever the load
     policy.succ[0], policy.fail[0] = 60.0, 6.0  # the good draft's acceptance about 0.9, whatever the warm-up ran
+    policy.samples[0], policy.rough[0], policy.age[0] = 2, False, 0  # every estimate clean and fresh, whatever the
+    # warm-up's host timing made of it (a loaded machine marks steps rough or leaves an arm measured once: explored)
     outs, records = run(MarkovBackend(target, drafts), policy, [[0]] * 40_000, sampling,
                         SpecConfig(gamma=2, max_new_tokens=40, max_steps=3), seed=17)  # 3 steps, 3+ tokens a row
     assert [r.arm for r in records][:2] == [-1, -1] and records[2].arm >= 0
