@@ -127,6 +127,7 @@ class Launched:
     draft: int | None  # the backend's draft index; None: plain decoding
     length: int  # tokens drafted per row (0: plain decoding)
     size: int  # the rows the step computes (the highest slot in use + 1): its cost bucket
+    scored: bool = False  # the step also scores the drafts for free (``Choices.scored``)
 
 
 class Scheduler:
@@ -268,8 +269,8 @@ class Scheduler:
         launch a step, read the one before."""
         self.timer.outside(self.between)
         launched = self.launch() if any(t is not None and t.finish_reason is None for t in self.owner) else None
-        if self.pending is not None:
-            self.observe(self.pending)
+        if self.pending is not None:  # read after the launch: a choice made for it fell in this step's time
+            self.observe(self.pending, self.choices.chose_s if launched is not None and self.adaptive else 0.0)
         self.pending = launched
 
     def between(self) -> None:
@@ -365,7 +366,7 @@ class Scheduler:
             handle = self.timer.launch(lambda: self.backend.decode_slots(sampling, rows))
         else:
             handle = self.timer.launch(lambda: self.backend.step_slots(draft, length, sampling, rows))
-        return Launched(handle, list(self.owner), arm, draft, length, size)
+        return Launched(handle, list(self.owner), arm, draft, length, size, self.adaptive and self.choices.scored)
 
     def choose(self, rows: np.ndarray, size: int, sampling: SamplingConfig) -> tuple[int, int | None, int]:
         """(the policy's arm, the draft to run (None: plain decoding), tokens drafted per row) for a step
@@ -374,13 +375,15 @@ class Scheduler:
             return -1, None, 0
         if self.adaptive:
             a = self.choices.next(lambda: self.policy.choose(int(rows.sum()), where=np.flatnonzero(rows), size=size),
-                                  self.last_s, key=(sampling, bucket(size)))
+                                  self.last_s, key=(sampling, bucket(size)), waited=self.timer.waited)
             arm = self.policy.arms[a]
             return a, arm.draft, arm.length
         d = self.policy.choose()
         return d, d, self.gamma
 
-    def observe(self, launched: Launched) -> None:
+    def observe(self, launched: Launched, chose_s: float = 0.0) -> None:
+        """Read a launched step: its rows' tokens to their requests, its figures to the policy; ``chose_s``: host
+        seconds of a choice made while it ran (``learn``)."""
         view, seconds = self.timer.read(launched.handle)
         served, accepted, drafted = [], [], []  # the rows of requests still running, and their figures
         names = self.backend.draft_names
@@ -404,14 +407,16 @@ class Scheduler:
             self.emit(t, new)
             if view.done[slot] and t.finish_reason is None:
                 self.finish(t, "length" if len(t.tokens) >= t.submission.max_tokens else "stop")
-        self.learn(launched, view, seconds, served, accepted, drafted)
+        self.learn(launched, view, seconds, served, accepted, drafted, max(0.0, chose_s - self.timer.waited))
         self.observer.step(-1 if launched.draft is None else launched.draft, accepted, drafted, seconds,
                            sum(t is not None for t in self.owner))
 
     def learn(self, launched: Launched, view, seconds: float, served: list[int], accepted: list[int],
-              drafted: list[int]) -> None:
+              drafted: list[int], chose_s: float = 0.0) -> None:
         """Feed the policy a read step: the rows ``served`` (slots of requests still running), their
-        accepted and drafted tokens (speculative steps), the step's own ``seconds``."""
+        accepted and drafted tokens (speculative steps), the step's own ``seconds``; ``chose_s``: the host seconds
+        of a choice in them that the read's wait for the device did not hide (``AdaptivePolicy.observe``: each arm
+        priced by its own work, as the engine's loop does)."""
         if not self.speculation:
             return
         if not self.adaptive:
@@ -423,7 +428,8 @@ class Scheduler:
             return
         n = np.array(accepted if accepted else [0] * len(served), np.int64)
         g = np.array(drafted, np.int64) if drafted else None
-        observe_step(self.policy, view, launched.arm, n, seconds, g, np.array(served), size=launched.size)
+        observe_step(self.policy, view, launched.arm, n, seconds, g, np.array(served), size=launched.size,
+                     scored=launched.scored, chose_s=chose_s)
         self.last_s = seconds
 
     def emit(self, t: Ticket, new: list[int]) -> None:

@@ -226,6 +226,29 @@ def test_a_slow_choice_holds_its_arm_in_the_server_and_the_tokens_stay_plain_dec
     assert calls[0.6] <= 0.6 and calls[0.0] == 1.0, calls
 
 
+def test_a_served_arm_is_priced_by_its_own_work(tiny):
+    """Served steps on a simulated device (plain 1 s, G = 2 3 s, G = 4 5 s, a plain step that scores the n-gram for
+    free 0.5 s more) and choices of 4 s of host time, each falling in the step read after it: every arm the
+    server measured is priced by its own device time, as in the engine's loop (``AdaptivePolicy.observe``'s
+    ``chose_s`` and ``scored``); charged with the choices and the scoring, plain decoding would cost 1.5-5 s."""
+    from flashspec.adaptive import make_arms
+    from flashspec.adaptive_loop import use_free_scoring
+
+    eng = adaptive_engine(tiny)
+    backend = eng.backend
+    clock = Steps(backend, lambda g: {0: 1.0 + 0.5 * (backend.free_gamma > 0), 2: 3.0, 4: 5.0}[g])
+    policy = SlowChoice(make_arms(1, (2, 4)), 1, rng=0, clock=clock, host_s=4.0)
+    policy.warm = True  # first timings trusted, as after ``Service.prepare``
+    assert use_free_scoring(backend, policy) == 1
+    sched = Scheduler(backend, policy, slots=2, context=128, gamma=4, clock=clock)
+    submit(eng, sched, ["the cat sat on the mat", "zq xv wk"], 40)
+    run_until_idle(sched)
+    measured = policy.cost_weight > 0  # [buckets, arms]
+    assert measured[:, 0].any() and policy.score_weight[:, 0].any()
+    want = np.broadcast_to(np.array([1.0, 3.0, 5.0]), policy.cost.shape)
+    assert np.allclose(policy.cost[measured], want[measured], rtol=1e-3), policy.cost[measured.any(axis=1)]
+
+
 def test_prepare_makes_every_arm_ready_and_marks_the_policy_warm(tiny):
     """``Service.prepare`` makes ready each warm-up setting's arms (G and G // 2, each with plain decoding, with and
     without the free scoring: ``AdaptivePolicy.scores``) and the policy is ``warm``; a request with other settings has its arms made ready before its
