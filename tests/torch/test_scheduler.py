@@ -3,6 +3,8 @@ others run, wait in the queue for a slot, or sit steps out for another sampling 
 tokens each gives alone through ``Engine.generate`` (fixed draft, same seed); cancellation frees
 the slot; a full queue and an oversize request are refused."""
 
+import threading
+
 import pytest
 
 from fault_helpers import tiny_target
@@ -53,12 +55,25 @@ def test_each_request_equals_itself_alone(tiny, mode, graphs):
 
 
 def test_cancel_frees_the_slot(tiny):
+    """A request cancelled after its first tokens ends "cancelled" short of its 150 and the slot serves the next
+    request. The scheduler thread's third step waits until the test has cancelled, so the request cannot reach its
+    150 tokens first (about 0.6 s of steps) while a loaded machine keeps the test's thread waiting."""
     eng = engine(tiny, "ngram")
+    cancelled, step, launched = threading.Event(), eng.backend.step_slots, []
+
+    def gated(*args):
+        launched.append(args)
+        if len(launched) == 3:  # the first tokens were read (after the second launch): wait for the cancel
+            cancelled.wait(60)
+        return step(*args)
+
+    eng.backend.step_slots = gated
     with Service(eng, max_batch=1, context=200, gamma=3) as svc:
         long = svc.stream("abc", max_tokens=150, temperature=1.0, seed=1)
         first = next(iter(long))
         assert first.token_ids
         long.cancel()
+        cancelled.set()
         rest = list(long)
         assert long.finish_reason == "cancelled" and len(long.token_ids) < 150, rest
         out = svc.complete("xyz", max_tokens=4, temperature=0.0)
