@@ -366,8 +366,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--keep", type=float, default=0.6, help="the replay draft's per-token acceptance")
     ap.add_argument("--prompt-len", type=int, default=64, help="random prompts' length (random-weight models)")
     ap.add_argument("--gguf", default=None, help="the embedded model's GGUF file where its package is not installed")
-    ap.add_argument("--drafts", default=",".join(default_drafts("torch", None)),
-                    help="the embedded model's drafts, engine draft names (random-weight models run ngram and replay)")
+    ap.add_argument("--drafts", default=None, help="the embedded model's drafts, engine draft names (default: the "
+                    "engine's, head,ngram); random-weight models run ngram and replay")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="tokens/s on the wall clock or this process's CPU time (use with OMP_NUM_THREADS=1)")
     ap.add_argument("--out", type=Path, required=True)
@@ -375,7 +375,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = set(args.models.split(",")) - {"embedded", *SHAPES}
     if unknown:
         ap.error(f"--models: unknown {sorted(unknown)}; choose from {['embedded', *SHAPES]}")
-    args.drafts = tuple(filter(None, args.drafts.split(",")))
+    if args.drafts is not None and "embedded" not in args.models.split(","):
+        ap.error("--drafts names the embedded model's drafts; random-weight models run ngram and replay: "
+                 "add embedded to --models or leave --drafts out")
+    args.drafts = default_drafts("torch", None) if args.drafts is None else tuple(filter(None, args.drafts.split(",")))
     if not args.drafts:
         ap.error("--drafts: name at least one draft (e.g. head,ngram)")
     return args
