@@ -3,28 +3,36 @@ batch size, in one run (issue #35). Greedy, so every configuration must emit pla
 
     python benchmarks/adaptive_bench.py --models llama3-8b,smollm2-135m --budget-s 150 \
         --out $OUT/adaptive_gpu.json                                                        # H100
-    python benchmarks/adaptive_bench.py --device cpu --models embedded --batches 1,4,16 --tokens 32 \
-        --out benchmarks/results/adaptive_cpu.json                                          # this CPU (noisy)
+    OMP_NUM_THREADS=1 python benchmarks/adaptive_bench.py --device cpu --models embedded --batches 1,4,16 \
+        --tokens 32 --clock process --out benchmarks/results/adaptive_cpu.json              # this CPU (noisy)
 
-Models: ``embedded`` (SmolLM2-135M-Instruct's real weights; chat prompts, so the n-gram draft meets real
-text; skipped, with the reason in the JSON, where its weights are not installed), ``smollm2-135m`` and
-``llama3-8b`` (those shapes with random weights, bf16 on the GPU). Random
-weights give an n-gram draft nothing to match, so those models also get a controlled synthetic draft,
+Models: ``embedded`` (SmolLM2-135M-Instruct's real weights; skipped, with the reason in the JSON, where its
+weights are not installed), ``smollm2-135m`` and ``llama3-8b`` (those shapes with random weights, bf16 on the
+GPU). The embedded model runs the drafts of ``--drafts`` (default: the engine's own default set,
+``flashspec.drafts.default_drafts``: the shipped draft head and ngram), built by ``flashspec_torch.engine.Engine``
+as the engine builds them, with its default dynamic draft length (``Engine(stop_below=None)``: 0.4 for a head on
+the CPU, 0 on a GPU; recorded per draft in the JSON's ``stop_below``), on held-out prompts of
+``flashspec.head_corpus`` (``split(corpus())[1]``: files, topics and subjects the head never trained on), a
+batch of B taking B prompts cycling over the domains code, prose, chat (chat through the chat template). Random
+weights give an n-gram draft nothing to match, so those models run ngram and a controlled synthetic draft,
 ``replay``: it proposes plain decoding's own continuation (recorded first) with each position kept with
 probability ``--keep`` and otherwise replaced by another token, a fixed table per position, so its
 per-token acceptance is ``--keep`` while drafting, scoring and verifying cost what a real one-hot draft
 costs (one gather on the device; capturable in a CUDA graph).
 
-Per (model, batch): tokens/s of plain decoding, of each fixed (draft, G) and of the adaptive loop (arms:
-plain and every draft at G = 2 and 4; one policy per model kept across batch sizes, as a server keeps
-it; a warm-up run of every configuration first captures the graphs and lets the policy measure each arm
-in the bucket). Checks, each pass/fail in the JSON: every configuration's tokens equal plain decoding's
-(``tokens_equal``: the fraction of rows equal per configuration); adaptive >= 0.98 x the best fixed
-configuration or plain; adaptive >= 1.0 x plain. Tokens/s = new tokens of the
-batch / wall time of the timed run (prefill excluded). The policy trusts its first timings where this run captured
-the step kinds (``prepare_arms``, as the engine's loop). For the split of a shortfall (docs/adaptive.md): each run's
-per-step ms in order (``steps_ms``), the adaptive run's host ms per choice (``adaptive_choose_ms``) and the best
-fixed arm again with full-information scoring on (``best_fixed_scored``: the scoring's price per step).
+Per (model, batch): tokens/s of plain decoding (a backend without drafts' features), of each fixed (draft, G)
+and of the adaptive loop (arms: plain and every draft at G = 2 and 4; one policy per model kept across batch
+sizes, as a server keeps it; a warm-up run of every configuration first captures the graphs and lets the policy
+measure each arm in the bucket). Checks, each pass/fail in the JSON: every configuration's tokens equal plain
+decoding's (``tokens_equal``: the fraction of rows equal per configuration); adaptive >= 0.98 x the best fixed
+configuration or plain; adaptive >= 1.0 x plain. Tokens/s = new tokens of the batch / time of the timed run
+(prefill excluded) on ``--clock``: ``wall``, or ``process`` (this process's CPU time: on a shared machine it
+leaves out the time spent waiting for a core; one torch thread, OMP_NUM_THREADS=1, so it is the step's work).
+Step times (``steps_ms``, the policy's own measurements) are the loop's wall clock either way. The policy trusts
+its first timings where this run captured the step kinds (``prepare_arms``, as the engine's loop). For the split
+of a shortfall (docs/adaptive.md): each run's per-step ms in order (``steps_ms``), the adaptive run's host ms per
+choice (``adaptive_choose_ms``) and the best fixed arm again with full-information scoring on
+(``best_fixed_scored``: the scoring's price per step).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, w
 from flashspec.adaptive import AdaptivePolicy, bucket, make_arms  # noqa: E402
 from flashspec.adaptive_loop import prepare_arms, speculate_adaptive, use_free_scoring  # noqa: E402
 from flashspec.config import SamplingConfig
+from flashspec.drafts import default_drafts
 from flashspec.loop import SpecConfig, decode_steps, speculate_steps
 from flashspec_torch.backend import TorchBackend
 from flashspec_torch.drafts import LookupDraft, Proposal, Stateless
@@ -60,6 +69,7 @@ SHAPES = {
                  head_dim=16),  # the CPU smoke test
 }
 LENGTHS = (2, 4)
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}  # --clock
 GREEDY = SamplingConfig(0.0)
 
 
@@ -137,7 +147,18 @@ def timing(choose, out: list[float]):
     return timed_choose
 
 
-def scored_run(backend, prompts, tokens: int, seed, drafts, fixed: dict) -> dict:
+def recording(observe, arms: list[int]):
+    """``observe`` that appends each observed step's arm index to ``arms`` (one per step the loop records, in order;
+    a record names only its draft, not the length the arm asked for)."""
+
+    def recorded_observe(a, *args, **kwargs):
+        arms.append(a)
+        return observe(a, *args, **kwargs)
+
+    return recorded_observe
+
+
+def scored_run(backend, prompts, tokens: int, seed, drafts, fixed: dict, clock) -> dict:
     """The best fixed arm again with full-information scoring on (as the adaptive loop's speculative steps run):
     its step ms against the unscored run's give the scoring's price per step on this device."""
     key = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
@@ -146,14 +167,16 @@ def scored_run(backend, prompts, tokens: int, seed, drafts, fixed: dict) -> dict
     backend.score_free(max(LENGTHS))
     run = lambda rec: speculate_steps(backend, Fixed(d), sampling=GREEDY, spec=SpecConfig(int(g), tokens), seed=seed,
                                       first_offset=0, on_step=None, records=rec)
-    timed(backend, prompts, tokens, run)  # warm-up
-    _, s, rec = timed(backend, prompts, tokens, run)
+    timed(backend, prompts, tokens, run, clock)  # warm-up
+    _, s, rec = timed(backend, prompts, tokens, run, clock)
     new = len(prompts) * tokens
     return dict(arm=key, tokens_per_s=new / s, steps=len(rec), step_ms=step_ms(rec), steps_ms=steps_ms(rec))
 
 
-def policy_arm_name(record, drafts) -> str:
-    return "plain" if record.arm < 0 else f"{drafts[record.arm].name}:G{record.drafted // max(record.rows, 1)}"
+def arm_name(arm, drafts) -> str:
+    """A policy arm's name, as the fixed runs' keys: "plain" or "draft:G<its length>" (the length the arm asks for;
+    a draft with a dynamic length may propose fewer tokens in a row)."""
+    return "plain" if arm.plain else f"{drafts[arm.draft].name}:G{arm.length}"
 
 
 def arm_runs(names: list[str]) -> str:
@@ -172,120 +195,168 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(backend, prompts, tokens: int, run) -> tuple[list[list[int]], float, list]:
-    """(new tokens, seconds, records) of one run after its prefill."""
+def timed(backend, prompts, tokens: int, run, clock=time.perf_counter) -> tuple[list[list[int]], float, list]:
+    """(new tokens, seconds on ``clock``, records) of one run after its prefill."""
     backend.prefill(prompts, tokens)
     records: list = []
     synchronize(backend.device)
-    start = time.perf_counter()
+    start = clock()
     run(records)
     synchronize(backend.device)
-    return backend.outputs(), time.perf_counter() - start, records
+    return backend.outputs(), clock() - start, records
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype | None = None, gguf: str | None = None):
-    """(model, prompts' token lists or None for random prompts); random weights in ``dtype`` (None: bf16 on a
-    GPU, fp32 on the CPU). ``embedded`` reads the installed package's GGUF, or ``gguf`` (the same file copied
-    to a machine without the package)."""
+def load_model(name: str, device: torch.device, dtype: torch.dtype | None = None, gguf: str | None = None,
+               drafts: tuple[str, ...] = (), prompts: int = 0):
+    """(model, prompts' token lists or None for random prompts, drafts or None); random weights in ``dtype``
+    (None: bf16 on a GPU, fp32 on the CPU). ``embedded`` reads the installed package's GGUF, or ``gguf`` (the same
+    file copied to a machine without the package), with ``drafts`` (engine draft names) built by the engine and
+    ``prompts`` held-out prompts (``held_out_prompts``)."""
     if name == "embedded":
         from flashspec_torch.engine import Engine
 
-        from prompts import PROMPTS  # noqa: E402  (tests/prompts.py, on sys.path below)
-
-        eng = Engine(gguf, ("ngram",), device=str(device))
-        return eng.target.model, [eng.encode(p, True) for p in PROMPTS]
+        eng = Engine(gguf, drafts, device=str(device))  # the engine's drafts, stop_below at its default
+        return eng.target.model, held_out_prompts(eng.tokenizer, prompts), list(eng.drafts)
     torch.manual_seed(0)
     with device:
         m = Llama(LlamaConfig(**SHAPES[name], max_position_embeddings=4096))
     m = m.to(dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32))
     for p in m.parameters():
         p.data.normal_(0, 0.02)
-    return m.eval().requires_grad_(False), None
+    return m.eval().requires_grad_(False), None, None
 
 
-def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict, device) -> dict:
-    vocab = model.config.vocab_size
-    seed = torch.zeros(len(prompts), dtype=torch.int64, device=device) if device.type == "cuda" else 0
-    spec = SpecConfig(gamma=max(LENGTHS), max_new_tokens=tokens)
-    plain_backend = TorchBackend(model, [LookupDraft()], eos_ids=[])
+def held_out_prompts(tokenizer, count: int) -> list[list[int]]:
+    """The first ``count`` prompts of ``flashspec.head_corpus``'s held-out split, cycling over its domains (code,
+    prose, chat, code, ...; the k-th of a domain is its k-th held-out prompt), chat through the chat template."""
+    from flashspec.engine import encode
+    from flashspec.head_corpus import DOMAINS, corpus, split
 
-    def plain(backend):
-        return lambda rec: decode_steps(backend, sampling=GREEDY, max_new_tokens=tokens, seed=seed, first_offset=0,
-                                        on_step=None, records=rec)
+    held = split(corpus())[1]
+    by_domain = {d: [p for p in held if p.domain == d] for d in DOMAINS}
+    picks = [(DOMAINS[i % len(DOMAINS)], i // len(DOMAINS)) for i in range(count)]
+    return [encode(tokenizer, by_domain[d][k].text, d == "chat") for d, k in picks]
 
-    timed(plain_backend, prompts, tokens, plain(plain_backend))  # warm-up
-    ref_out, plain_s, plain_rec = timed(plain_backend, prompts, tokens, plain(plain_backend))
-    drafts = [LookupDraft()]
-    if keep is not None:
-        width = max(map(len, prompts)) + tokens + 80
-        ref = torch.zeros((len(prompts), width), dtype=torch.int64)
-        for i, (p, o) in enumerate(zip(prompts, ref_out)):
-            ref[i, : len(p) + len(o)] = torch.tensor(p + o)
-        drafts.append(ReplayDraft(ref.to(device), keep, vocab))
-    backend = TorchBackend(model, drafts, eos_ids=[])
-    captured = 0  # step kinds captured here: the policy trusts first timings (``prepare_arms``), as the engine's
+
+def replay_drafts(prompts, ref_out, keep: float, vocab: int, device) -> list:
+    """A random-weight model's drafts: ngram and the replay draft of plain decoding's tokens ``ref_out``."""
+    width = max(map(len, prompts)) + len(ref_out[0]) + 80
+    ref = torch.zeros((len(prompts), width), dtype=torch.int64)
+    for i, (p, o) in enumerate(zip(prompts, ref_out)):
+        ref[i, : len(p) + len(o)] = torch.tensor(p + o)
+    return [LookupDraft(), ReplayDraft(ref.to(device), keep, vocab)]
+
+
+def prepare_steps(backend, prompts, tokens: int) -> int:
+    """Capture every step kind, with and without full-information scoring; returns the kinds captured (0 off CUDA).
+    Leaves scoring off, as the fixed runs run."""
+    captured = 0
     for free in (max(LENGTHS), 0):  # the adaptive loop's steps score the drafts not run; fixed ones do not
         backend.score_free(free)
         for g in LENGTHS:
             backend.prefill(prompts, tokens)
             captured += backend.prepare(g, GREEDY)
+    return captured
+
+
+def run_fixed(backend, prompts, tokens: int, seed, drafts, ref_out, row: dict, clock) -> None:
+    """Every fixed (draft, G) (warm-up, then timed) into ``row["fixed"]`` and ``row["tokens_equal"]``."""
     new = len(prompts) * tokens
-    row = dict(batch=len(prompts), new_tokens=new, plain_tokens_per_s=new / plain_s, plain_step_ms=step_ms(plain_rec),
-               fixed={}, tokens_equal={})
     for d, draft in enumerate(drafts):
         for g in LENGTHS:
             run = lambda rec, d=d, g=g: speculate_steps(backend, Fixed(d), sampling=GREEDY, spec=SpecConfig(g, tokens),
                                                        seed=seed, first_offset=0, on_step=None, records=rec)
-            timed(backend, prompts, tokens, run)  # warm-up
-            out, s, rec = timed(backend, prompts, tokens, run)
+            timed(backend, prompts, tokens, run, clock)  # warm-up
+            out, s, rec = timed(backend, prompts, tokens, run, clock)
             key = f"{draft.name}:G{g}"
-            row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, sum(r.drafted for r in rec)),
+            drafted = sum(r.drafted for r in rec)
+            row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, drafted),
+                                     drafted_per_step=drafted / max(1, sum(r.rows for r in rec)),  # per row and step
                                      steps=len(rec), step_ms=step_ms(rec),  # steps: the tail included
                                      steps_ms=steps_ms(rec),  # each step's, in order
                                      trace=traces(rec, len(prompts)))  # replayed by benchmarks/policy_sim.py
             row["tokens_equal"][key] = rows_equal(out, ref_out)
-    row["best_fixed_scored"] = scored_run(backend, prompts, tokens, seed, drafts, row["fixed"])
+
+
+def run_adaptive(backend, prompts, tokens: int, seed, policy, captured: int, clock) -> tuple[list, float, list, list,
+                                                                                            list]:
+    """The adaptive loop (warm-up, then timed): (tokens, seconds, records, host seconds per choice, the arm index of
+    each record)."""
+    use_free_scoring(backend, policy)
+    prepare_arms(backend, policy, GREEDY, captured)
+    spec = SpecConfig(gamma=max(LENGTHS), max_new_tokens=tokens)
+    run = lambda rec: speculate_adaptive(backend, policy, sampling=GREEDY, spec=spec, seed=seed, rows=len(prompts),
+                                         records=rec)
+    timed(backend, prompts, tokens, run, clock)  # warm-up: the policy measures every arm in this bucket
+    choices: list[float] = []
+    arms: list[int] = []
+    policy.choose, policy.observe = timing(policy.choose, choices), recording(policy.observe, arms)
+    try:
+        out, s, rec = timed(backend, prompts, tokens, run, clock)
+    finally:
+        del policy.choose, policy.observe  # the class's methods again
+    if len(arms) != len(rec):
+        raise RuntimeError(f"the adaptive run observed {len(arms)} steps but recorded {len(rec)}")
+    return out, s, rec, choices, arms
+
+
+def adaptive_summary(rec, choices: list[float], arms: list[int], policy, drafts, batch: int) -> dict:
+    """The adaptive run's record (``arms``: each record's arm index): pulls per arm, the arms in order, traces, step
+    ms, the policy's costs."""
+    stepped = [arm_name(policy.arms[a], drafts) for a in arms]  # [steps]
+    pulls: dict[str, int] = {}
+    for name in stepped:
+        pulls[name] = pulls.get(name, 0) + 1
+    names = [arm_name(a, drafts) for a in policy.arms]
+    costs = policy.cost[min(bucket(batch), policy.cost.shape[0] - 1)]
+    return dict(adaptive_steps=pulls, adaptive_arms=arm_runs(stepped),
+                adaptive_trace=traces(rec, batch),  # a plain step's digit is 0 (nothing drafted)
+                adaptive_step_ms={n: step_ms([r for r, m in zip(rec, stepped) if m == n]) for n in pulls},
+                adaptive_steps_ms=steps_ms(rec), adaptive_choose_ms=[round(c * 1e3, 4) for c in choices],
+                policy_warm=policy.warm,
+                adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
+
+
+def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict, device, drafts: list | None = None,
+              clock=time.perf_counter) -> dict:
+    """Plain decoding, every fixed (draft, G), the best fixed one scored and the adaptive loop on ``prompts``.
+    ``drafts``: the drafts (None: ngram and a replay draft of acceptance ``keep``); ``policy_box["policy"]``: the
+    model's policy, made on its first batch and kept."""
+    seed = torch.zeros(len(prompts), dtype=torch.int64, device=device) if device.type == "cuda" else 0
+    plain_backend = TorchBackend(model, [LookupDraft()], eos_ids=[])  # no feature draft: plain decoding's own cost
+    plain = lambda rec: decode_steps(plain_backend, sampling=GREEDY, max_new_tokens=tokens, seed=seed, first_offset=0,
+                                     on_step=None, records=rec)
+    timed(plain_backend, prompts, tokens, plain, clock)  # warm-up
+    ref_out, plain_s, plain_rec = timed(plain_backend, prompts, tokens, plain, clock)
+    if drafts is None:
+        drafts = replay_drafts(prompts, ref_out, keep, model.config.vocab_size, device)
+    backend = TorchBackend(model, drafts, eos_ids=[])
+    captured = prepare_steps(backend, prompts, tokens)  # the policy trusts first timings where captured (as the engine)
+    new = len(prompts) * tokens
+    row = dict(batch=len(prompts), new_tokens=new, plain_tokens_per_s=new / plain_s, plain_step_ms=step_ms(plain_rec),
+               fixed={}, tokens_equal={})
+    run_fixed(backend, prompts, tokens, seed, drafts, ref_out, row, clock)
+    row["best_fixed_scored"] = scored_run(backend, prompts, tokens, seed, drafts, row["fixed"], clock)
     if "policy" not in policy_box:
         policy_box["policy"] = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
     policy = policy_box["policy"]
-    use_free_scoring(backend, policy)
-    prepare_arms(backend, policy, GREEDY, captured)
-    run = lambda rec: speculate_adaptive(backend, policy, sampling=GREEDY, spec=spec, seed=seed, rows=len(prompts),
-                                         records=rec)
-    timed(backend, prompts, tokens, run)  # warm-up: the policy measures every arm in this bucket
-    choices: list[float] = []
-    policy.choose = timing(policy.choose, choices)
-    try:
-        out, s, rec = timed(backend, prompts, tokens, run)
-    finally:
-        del policy.choose  # the class's method again
-    pulls: dict[str, int] = {}
-    for r in rec:
-        name = policy_arm_name(r, drafts)
-        pulls[name] = pulls.get(name, 0) + 1
+    out, s, rec, choices, arms = run_adaptive(backend, prompts, tokens, seed, policy, captured, clock)
     best = max(row["fixed"].items(), key=lambda kv: kv[1]["tokens_per_s"])
-    names = ["plain" if a.plain else f"{drafts[a.draft].name}:G{a.length}" for a in policy.arms]
-    costs = policy.cost[min(bucket(len(prompts)), policy.cost.shape[0] - 1)]
-    row.update(adaptive_tokens_per_s=new / s, adaptive_steps=pulls, best_fixed=best[0],
-               adaptive_arms=arm_runs([policy_arm_name(r, drafts) for r in rec]),
-               adaptive_trace=traces(rec, len(prompts)),  # a plain step's digit is 0 (nothing drafted)
-               adaptive_step_ms={n: step_ms([r for r in rec if policy_arm_name(r, drafts) == n]) for n in pulls},
-               adaptive_steps_ms=steps_ms(rec), adaptive_choose_ms=[round(c * 1e3, 4) for c in choices],
-               policy_warm=policy.warm,
-               adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
+    row.update(adaptive_tokens_per_s=new / s, best_fixed=best[0], **adaptive_summary(rec, choices, arms, policy, drafts,
+                                                                                       len(prompts)))
     row["tokens_equal"]["adaptive"] = rows_equal(out, ref_out)
     best_tps = max(best[1]["tokens_per_s"], row["plain_tokens_per_s"])
     row["checks"] = {
         "tokens_equal_plain": all(v == 1.0 for v in row["tokens_equal"].values()),
         "adaptive_vs_best_fixed_or_plain": row["adaptive_tokens_per_s"] / best_tps,
+        "adaptive_vs_plain": row["adaptive_tokens_per_s"] / row["plain_tokens_per_s"],
         "adaptive_ge_0.98_best": row["adaptive_tokens_per_s"] >= 0.98 * best_tps,
         "adaptive_ge_plain": row["adaptive_tokens_per_s"] >= row["plain_tokens_per_s"],
     }
     return row
 
 
-def main() -> None:
-    sys.path.insert(0, str(ROOT / "tests"))
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--models", default="embedded,smollm2-135m,llama3-8b")
@@ -295,43 +366,71 @@ def main() -> None:
     ap.add_argument("--keep", type=float, default=0.6, help="the replay draft's per-token acceptance")
     ap.add_argument("--prompt-len", type=int, default=64, help="random prompts' length (random-weight models)")
     ap.add_argument("--gguf", default=None, help="the embedded model's GGUF file where its package is not installed")
+    ap.add_argument("--drafts", default=None, help="the embedded model's drafts, engine draft names (default: the "
+                    "engine's, head,ngram); random-weight models run ngram and replay")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="tokens/s on the wall clock or this process's CPU time (use with OMP_NUM_THREADS=1)")
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    device = torch.device(args.device)
+    args = ap.parse_args(argv)
     unknown = set(args.models.split(",")) - {"embedded", *SHAPES}
     if unknown:
         ap.error(f"--models: unknown {sorted(unknown)}; choose from {['embedded', *SHAPES]}")
-    doc = dict(command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-               torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
-               cuda=torch.version.cuda, keep=args.keep, lengths=LENGTHS, tokens_per_row=args.tokens,
-               sampling="greedy", complete=False, models={}, skipped={},
-               tokens_equal_note=("fraction of rows whose greedy tokens equal plain decoding's; in bf16 (the GPU) "
-                                  "scoring G + 1 positions and decoding one round differently, so a near-tie of "
-                                  "random weights' top two logits can flip a token: a fraction < 1 there is that "
-                                  "rounding, not the policy (fp32 on the CPU: 1.0, tests/torch/test_adaptive_bench.py)"))
-    start = time.perf_counter()
+    if args.drafts is not None and "embedded" not in args.models.split(","):
+        ap.error("--drafts names the embedded model's drafts; random-weight models run ngram and replay: "
+                 "add embedded to --models or leave --drafts out")
+    args.drafts = default_drafts("torch", None) if args.drafts is None else tuple(filter(None, args.drafts.split(",")))
+    if not args.drafts:
+        ap.error("--drafts: name at least one draft (e.g. head,ngram)")
+    return args
+
+
+def describe(args, device: torch.device) -> dict:
+    """The JSON's header: the command, the machine, the settings."""
+    return dict(command="python " + " ".join(sys.argv), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+                torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
+                cuda=torch.version.cuda, keep=args.keep, lengths=LENGTHS, tokens_per_row=args.tokens,
+                sampling="greedy", clock=args.clock, threads=torch.get_num_threads(), complete=False, models={},
+                skipped={}, embedded_drafts=list(args.drafts), stop_below={},
+                prompts_embedded="flashspec.head_corpus held-out split, cycling code, prose, chat",
+                tokens_equal_note=("fraction of rows whose greedy tokens equal plain decoding's; in bf16 (the GPU) "
+                                   "scoring G + 1 positions and decoding one round differently, so a near-tie of "
+                                   "random weights' top two logits can flip a token: a fraction < 1 there is that "
+                                   "rounding, not the policy (fp32 on the CPU: 1.0, "
+                                   "tests/torch/test_adaptive_bench.py)"))
+
+
+def batch_prompts(model, held: list | None, b: int, prompt_len: int) -> list[list[int]]:
+    """The first ``b`` held-out prompts, or ``b`` random prompts of ``prompt_len`` tokens (seeded by ``b``)."""
+    if held is not None:
+        return held[:b]
+    g = torch.Generator().manual_seed(b)
+    return torch.randint(0, model.config.vocab_size, (b, prompt_len), generator=g).tolist()
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
+    doc, clock, start = describe(args, device), CLOCKS[args.clock], time.perf_counter()
+    batches = [int(b) for b in args.batches.split(",")]
     with torch.inference_mode():
         for name in args.models.split(","):
             try:
-                model, chat = load_model(name, device, gguf=args.gguf)
+                model, held, drafts = load_model(name, device, gguf=args.gguf, drafts=args.drafts, prompts=max(batches))
             except (ImportError, FileNotFoundError, OSError) as e:  # the embedded model's weights not installed
                 doc["skipped"][name] = f"{type(e).__name__}: {e}"
                 print(f"skipped {name}: {e}", flush=True)
                 continue
-            keep = None if name == "embedded" else args.keep
+            if drafts is not None:
+                doc["stop_below"][name] = {d.name: getattr(d, "stop_below", None) for d in drafts}
             box: dict = {}
             rows = []
-            for b in map(int, args.batches.split(",")):
+            for b in batches:
                 if time.perf_counter() - start > args.budget_s:
                     doc["skipped"][f"{name}@{b}"] = f"--budget-s {args.budget_s} spent"
                     continue
-                if chat is not None:
-                    prompts = [chat[i % len(chat)] for i in range(b)]
-                else:
-                    g = torch.Generator().manual_seed(b)
-                    prompts = torch.randint(0, model.config.vocab_size, (b, args.prompt_len), generator=g).tolist()
-                rows.append(run_batch(model, prompts, args.tokens, keep, box, device))
+                rows.append(run_batch(model, batch_prompts(model, held, b, args.prompt_len), args.tokens, args.keep,
+                                      box, device, drafts, clock))
                 print(json.dumps({"model": name, **{k: rows[-1][k] for k in ("batch", "checks", "adaptive_steps")}}),
                       flush=True)
                 doc["models"][name] = rows

@@ -134,7 +134,7 @@ def serve(args, device, doc: dict, start: float) -> None:
         stream = EmbeddedStream(args, device)
         model = stream.model
     else:
-        model, _ = load_model(args.model, device, getattr(torch, args.dtype))
+        model, *_ = load_model(args.model, device, getattr(torch, args.dtype))
         stream = RandomStream(model, args, device)
     b, tokens, drafts = args.batch, args.tokens, stream.drafts
     seed = torch.zeros(b, dtype=torch.int64, device=device) if device.type == "cuda" else 0

@@ -49,7 +49,7 @@ def main() -> None:
     out: dict = {"device": torch.cuda.get_device_name() if cuda else "cpu", "model": args.model,
                  "note": "null: no host wait; a message: the call synchronized (with a step in flight)"}
     with torch.inference_mode():
-        model, _ = load_model(args.model, device)
+        model, *_ = load_model(args.model, device)
         vocab = model.config.vocab_size
         g = torch.Generator().manual_seed(0)
         prompt = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()  # noqa: E731

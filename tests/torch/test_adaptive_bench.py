@@ -1,16 +1,22 @@
 """benchmarks/adaptive_bench.py at a tiny random shape on the CPU: every configuration (fixed drafts, the
 adaptive loop) emits plain decoding's greedy tokens, and the replay draft with keep = 1 is accepted
-wherever it proposes within the token budget."""
+wherever it proposes within the token budget; the embedded model with the engine's default drafts (head, ngram)
+is exact too."""
 
+import time
+
+import pytest
 import torch
 from benchmark_modules import load_benchmark
+
+from flashspec.drafts import SHIPPED_HEAD, default_drafts
 
 bench = load_benchmark("adaptive_bench")
 
 
 def test_tiny_run_is_exact_and_the_replay_draft_is_accepted():
     with torch.inference_mode():
-        model, _ = bench.load_model("tiny", torch.device("cpu"))
+        model, _, _ = bench.load_model("tiny", torch.device("cpu"))
         prompts = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0)).tolist()
         row = bench.run_batch(model, prompts, 8, 1.0, {}, torch.device("cpu"))
     assert row["checks"]["tokens_equal_plain"], row["tokens_equal"]
@@ -29,3 +35,24 @@ def test_tiny_run_is_exact_and_the_replay_draft_is_accepted():
     scored = row["best_fixed_scored"]
     assert scored["arm"] == max(row["fixed"], key=lambda k: row["fixed"][k]["tokens_per_s"]) and scored["steps"] >= 1
     assert row["policy_warm"] is False  # nothing captured on the CPU: first timings stay provisional
+
+
+@pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
+def test_embedded_run_with_the_default_drafts_is_exact():
+    """The embedded model with the engine's default drafts (the shipped head with the CPU's dynamic draft length,
+    ngram) on one held-out prompt (the first chat one; the first code and prose prompts come before it), 4 tokens: every fixed (draft, G) and the adaptive loop emit plain
+    decoding's greedy tokens, the head drafts and is accepted, and the adaptive steps are named by their arms."""
+    from flashspec_torch.engine import default_stop_below
+
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        model, held, drafts = bench.load_model("embedded", cpu, drafts=default_drafts("torch", None), prompts=3)
+        row = bench.run_batch(model, held[2:], 4, None, {}, cpu, drafts, time.process_time)
+    assert [d.name for d in drafts] == ["head", "ngram"] and drafts[0].stop_below == default_stop_below(drafts[0], cpu)
+    assert len(held) == 3 and held[0] != held[1] and held[0] != held[2]
+    assert row["checks"]["tokens_equal_plain"], row["tokens_equal"]
+    assert set(row["fixed"]) == {"head:G2", "head:G4", "ngram:G2", "ngram:G4"}
+    assert row["fixed"]["head:G2"]["acceptance"] > 0  # the head really drafted on text it never saw
+    assert all(0 < f["drafted_per_step"] <= int(k[-1]) for k, f in row["fixed"].items())
+    assert set(row["adaptive_steps"]) <= {"plain", *row["fixed"]}  # arms' lengths, not the rows' dynamic ones
+    assert sum(row["adaptive_steps"].values()) == len(row["adaptive_steps_ms"]) >= 1
