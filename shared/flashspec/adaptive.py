@@ -132,6 +132,17 @@ def make_arms(num_drafts: int, lengths: Sequence[int] = (2, 4), plain: bool = Tr
     return tuple(arms)
 
 
+def ended(drafted: np.ndarray, accepted: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:  # [rows] each
+    """(drafted, accepted) per row of a step of an arm of ``length`` as its draft's evidence: a row whose draft
+    stopped early (a dynamic draft length, ``drafted`` < ``length``) with every token accepted ended its run there
+    as a rejection would have (the step emitted accepted + 1 tokens either way), so it counts as one more position
+    drafted and rejected. The acceptance is then that of a position being drafted and accepted, and an arm is
+    valued by the tokens it emits: a draft that stops after its first token gains nothing from G = 4 over G = 2.
+    (A free score's window, ``observe_free``, ends where the step's emitted tokens end: censored, not a rejection.)"""
+    stopped = (drafted < length) & (accepted == drafted)
+    return drafted + stopped, accepted
+
+
 def bucket(rows: int) -> int:
     """The batch-size bucket of ``rows`` >= 1: ceil(log2(rows)) (1 -> 0, 2 -> 1, 3..4 -> 2, 5..8 -> 3, ...)."""
     return max(0, math.ceil(math.log2(max(1, rows))))
@@ -402,7 +413,7 @@ class AdaptivePolicy(ChangeTest, Calibration, Pricing):
             self.row_active[where] = True
         if not a.plain:
             lengths = np.full(len(accepted), a.length) if drafted is None else np.asarray(drafted)
-            self._add(a.draft, lengths, np.asarray(accepted), where)
+            self._add(a.draft, *ended(lengths, np.asarray(accepted), a.length), where)
         if self.remaining is not None and where is not None:
             emitted = 1 if a.plain else np.asarray(accepted) + 1
             self.remaining[where] = np.maximum(0.0, self.remaining[where] - emitted)

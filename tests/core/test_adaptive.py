@@ -493,3 +493,29 @@ def test_a_step_of_slow_rows_is_judged_by_their_own_acceptance():
     assert not policy.surprised(0, tried, accepted, slow)
     assert policy.surprised(0, tried, accepted, None)
 
+
+
+def test_a_draft_that_stops_early_is_valued_by_the_tokens_it_emits():
+    """A draft with a dynamic length that drafts one token a row at G = 2 and at G = 4 (it stops after it) and has
+    that token accepted: each such row ended its run as a rejection would, so G = 4 is valued at G = 2's tokens
+    (2 a step), not at the 5 of a draft accepted at every position it was offered, and G = 2, the cheaper, is
+    chosen (the mutant that reads a stop as a censored window values G = 2 at 3 tokens and G = 4 at 5)."""
+    p = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    p.warm = True
+    b = p.bucket_of(4)
+    ones = np.ones(4, np.int64)
+    for _ in range(20):
+        p.observe(1, 4, ones, 1.5, drafted=ones)  # G = 2: one token drafted and accepted
+        p.observe(2, 4, ones, 1.8, drafted=ones)  # G = 4: the same
+    p.observe(0, 4, np.zeros(4, np.int64), 1.0)
+    tokens = np.exp(p.log_rate(4, p.mean_alpha())) / 4  # [arms]: per row and step
+    assert tokens[1] == pytest.approx(tokens[2], rel=0.02) and tokens[2] < 2.1, tokens
+    assert p.choose(4) == 1
+
+
+def test_a_free_scores_window_is_censored_not_a_rejection():
+    """``observe_free``'s window ends where the step's tokens end: a draft scored on 1 token and matching it
+    gains evidence of acceptance and none of rejection (``adaptive.ended`` reads stops of run drafts only)."""
+    p = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
+    p.observe_free(0, np.ones(4, np.int64), np.ones(4, np.int64))
+    assert p.succ[0] == 4 and p.fail[0] == 0
