@@ -28,7 +28,8 @@ decoding's (``tokens_equal``: the fraction of rows equal per configuration); ada
 configuration or plain; adaptive >= 1.0 x plain. Tokens/s = new tokens of the batch / time of the timed run
 (prefill excluded) on ``--clock``: ``wall``, or ``process`` (this process's CPU time: on a shared machine it
 leaves out the time spent waiting for a core; one torch thread, OMP_NUM_THREADS=1, so it is the step's work).
-Step times (``steps_ms``, the policy's own measurements) are the loop's wall clock either way. The policy trusts
+The adaptive loop's step times (the policy's own measurements, ``adaptive_steps_ms``) are on ``--clock`` too, so with
+``process`` the policy prices its arms as on a quiet machine; the fixed runs' ``steps_ms`` are the wall clock. The policy trusts
 its first timings where this run captured the step kinds (``prepare_arms``, as the engine's loop). For the split
 of a shortfall (docs/adaptive.md): each run's per-step ms in order (``steps_ms``), the adaptive run's host ms per
 choice (``adaptive_choose_ms``) and the best fixed arm again with full-information scoring on
@@ -286,7 +287,7 @@ def run_adaptive(backend, prompts, tokens: int, seed, policy, captured: int, clo
     prepare_arms(backend, policy, GREEDY, captured)
     spec = SpecConfig(gamma=max(LENGTHS), max_new_tokens=tokens)
     run = lambda rec: speculate_adaptive(backend, policy, sampling=GREEDY, spec=spec, seed=seed, rows=len(prompts),
-                                         records=rec)
+                                         records=rec, clock=clock)
     timed(backend, prompts, tokens, run, clock)  # warm-up: the policy measures every arm in this bucket
     choices: list[float] = []
     arms: list[int] = []
@@ -369,7 +370,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--drafts", default=None, help="the embedded model's drafts, engine draft names (default: the "
                     "engine's, head,ngram); random-weight models run ngram and replay")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="tokens/s on the wall clock or this process's CPU time (use with OMP_NUM_THREADS=1)")
+                    help="tokens/s and the adaptive policy's step times on the wall clock or this process's CPU time "
+                         "(--device cpu, with OMP_NUM_THREADS=1)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     unknown = set(args.models.split(",")) - {"embedded", *SHAPES}
@@ -381,6 +383,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.drafts = default_drafts("torch", None) if args.drafts is None else tuple(filter(None, args.drafts.split(",")))
     if not args.drafts:
         ap.error("--drafts: name at least one draft (e.g. head,ngram)")
+    if args.clock == "process" and args.device != "cpu":
+        ap.error("--clock process times the host's CPU work, not a device's: use it with --device cpu")
     return args
 
 

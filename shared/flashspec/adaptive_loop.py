@@ -110,14 +110,14 @@ def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingCon
 
 
 def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: SamplingConfig, spec: SpecConfig, seed,
-                       first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord]) -> None:
+                       first_offset: int = 0, rows: int, on_step=None, records: list[StepRecord], clock=None) -> None:
     """The loop's steps on the batch the backend holds (after ``prefill``), each running the arm ``policy``
     chooses; ``rows``: the batch's rows. A choice made on value holds for ``held`` steps (the choice's host time
     against the last step's), during which the policy observes every step but is not asked again. Records carry
     the draft index (-1: plain) as ``StepRecord.arm``; step seconds come from ``flashspec.loop.StepTimer`` (each
-    step's own time, not its predecessor's)."""
+    step's own time, not its predecessor's) on ``clock`` (seconds; None: ``time.perf_counter``)."""
     pending: tuple[int, StepHandle] | None = None
-    timer = StepTimer()
+    timer = StepTimer(clock)
     policy.in_flight.clear()  # a run cut short leaves none behind
     policy.new_batch(rows, spec.max_new_tokens)
     choices = Choices(backend, policy, timer.now)

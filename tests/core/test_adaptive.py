@@ -519,3 +519,20 @@ def test_a_free_scores_window_is_censored_not_a_rejection():
     p = AdaptivePolicy(make_arms(1, (2, 4)), 1, rng=0)
     p.observe_free(0, np.ones(4, np.int64), np.ones(4, np.int64))
     assert p.succ[0] == 4 and p.fail[0] == 0
+
+
+def test_the_loop_times_its_steps_on_the_clock_it_is_given():
+    """``speculate_adaptive(clock=...)``: the steps are timed on that clock (a benchmark's process time), not on
+    ``time.perf_counter``: on a simulated device of 1 s plain steps and 3 s G = 2 steps every record's seconds are
+    its arm's."""
+    target, _ = chain(2)
+    wrong = LookupDraft("wrong", (target.argmax(-1) + 1) % V)
+    c = Clock()
+    backend = AsyncBackend(target, [wrong], c, {0: 1.0, 2: 3.0, 4: 5.0})
+    policy = AdaptivePolicy(make_arms(1, (2,)), 1, rng=0)
+    backend.prefill([[0]] * 2, 20)
+    records = []
+    speculate_adaptive(backend, policy, sampling=SamplingConfig(0.0), spec=SpecConfig(gamma=2, max_new_tokens=20),
+                       seed=0, rows=2, records=records, clock=c)
+    assert {r.arm for r in records} == {-1, 0}
+    assert np.allclose([r.seconds for r in records], [3.0 if r.arm == 0 else 1.0 for r in records], rtol=1e-3)
