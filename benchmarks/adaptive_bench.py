@@ -33,7 +33,9 @@ The adaptive loop's step times (the policy's own measurements, ``adaptive_steps_
 its first timings where this run captured the step kinds (``prepare_arms``, as the engine's loop). For the split
 of a shortfall (docs/adaptive.md): each run's per-step ms in order (``steps_ms``), the adaptive run's host ms per
 choice (``adaptive_choose_ms``) and the best fixed arm again with full-information scoring on
-(``best_fixed_scored``: the scoring's price per step).
+(``best_fixed_scored``: the scoring's price per step); plain decoding once more after the adaptive run
+(``plain_after_tokens_per_s``, ``plain_after_step_ms``: how far the machine drifted over the row's runs; the checks
+compare with the first plain run).
 """
 
 from __future__ import annotations
@@ -342,6 +344,8 @@ def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict,
         policy_box["policy"] = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
     policy = policy_box["policy"]
     out, s, rec, choices, arms = run_adaptive(backend, prompts, tokens, seed, policy, captured, clock)
+    _, after_s, after_rec = timed(plain_backend, prompts, tokens, plain, clock)  # the machine's drift over the row
+    row.update(plain_after_tokens_per_s=new / after_s, plain_after_step_ms=step_ms(after_rec))
     best = max(row["fixed"].items(), key=lambda kv: kv[1]["tokens_per_s"])
     row.update(adaptive_tokens_per_s=new / s, best_fixed=best[0], **adaptive_summary(rec, choices, arms, policy, drafts,
                                                                                        len(prompts)))

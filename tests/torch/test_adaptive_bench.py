@@ -35,6 +35,7 @@ def test_tiny_run_is_exact_and_the_replay_draft_is_accepted():
     scored = row["best_fixed_scored"]
     assert scored["arm"] == max(row["fixed"], key=lambda k: row["fixed"][k]["tokens_per_s"]) and scored["steps"] >= 1
     assert row["policy_warm"] is False  # nothing captured on the CPU: first timings stay provisional
+    assert row["plain_after_tokens_per_s"] > 0 and row["plain_after_step_ms"] > 0  # plain again, after the adaptive run
 
 
 @pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
