@@ -159,7 +159,7 @@ def observe_adaptive(policy: AdaptivePolicy, records: list[StepRecord], a: int, 
     the drafts for free; ``chose_s``: host seconds of a choice in the step's time; less the read's wait for the device
     (which hid them), they are ``AdaptivePolicy.observe``'s."""
     view, seconds = timer.read(handle)
-    chose_s = max(0.0, chose_s - timer.waited)
+    chose_s = timer.unhidden(chose_s)
     check_finite(view.bad, step)
     rows = int(view.active.sum())
     if rows:

@@ -103,6 +103,11 @@ class StepTimer:
         self.read_end, self.off = (t if self.launches else None), 0.0
         return view, max(seconds, own, 1e-9)
 
+    def unhidden(self, host_s: float) -> float:
+        """Of ``host_s`` seconds of host work done while the step just read ran, those its read's wait for the
+        device (``waited``) did not hide."""
+        return max(0.0, host_s - self.waited)
+
 
 class Policy:
     """What the loop needs of a draft-selection policy (see flashspec.bandits)."""

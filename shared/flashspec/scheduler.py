@@ -407,7 +407,7 @@ class Scheduler:
             self.emit(t, new)
             if view.done[slot] and t.finish_reason is None:
                 self.finish(t, "length" if len(t.tokens) >= t.submission.max_tokens else "stop")
-        self.learn(launched, view, seconds, served, accepted, drafted, max(0.0, chose_s - self.timer.waited))
+        self.learn(launched, view, seconds, served, accepted, drafted, self.timer.unhidden(chose_s))
         self.observer.step(-1 if launched.draft is None else launched.draft, accepted, drafted, seconds,
                            sum(t is not None for t in self.owner))
 
