@@ -90,7 +90,7 @@ class HeadDraft:
         self.vocab, self.index, self.target_graph = target.config.vocab_size, index, target_graph
 
     def parts(self, weights) -> tuple[HeadParams, jax.Array]:  # (the head's weights, the target's embedding [V, C])
-        return weights[self.index], nnx.merge(self.target_graph, weights[0]).embed.value
+        return weights[self.index], nnx.merge(self.target_graph, weights[0]).embed.get_value()
 
     def feed(self, p, embed, seqs: Seqs, cache: KVCache, start, chunk: int):
         """Head positions start .. start + chunk - 1 ([B] start) from the tokens and the target's features."""
@@ -171,7 +171,7 @@ def head_params(state: dict, target: Llama, feature_layers: tuple[int, ...]) -> 
         raise ValueError(f"the draft head's token_ids must be distinct token ids in [0, {c.vocab_size})")
     ids = np.sort(ids)
     layer = Layers(**{f: get(f"layer.{LAYER_NAMES.get(f, f)}", shape)[None] for f, shape in layer_shapes(c).items()})
-    lm = target.embed.value if target.lm_head is None else target.lm_head.value
+    lm = target.embed.get_value() if target.lm_head is None else target.lm_head.get_value()
     return HeadParams(get("fc_feat.weight", (width, len(feature_layers) * width)), get("fc_in.weight", (width, 2 * width)),
                       get("embed_norm", (width,)), get("feat_norm", (width,)), layer, get("norm", (width,)),
                       jnp.asarray(ids, jnp.int32), lm if len(ids) == c.vocab_size else lm[jnp.asarray(ids)])
@@ -198,7 +198,7 @@ def load_head(path, target: Llama, top: int = 0) -> tuple[HeadParams, tuple[int,
 
 def fingerprint(target: Llama) -> float:
     """mean |embedding| (as ``flashspec_torch.heads.fingerprint``): tells two targets of the same shape apart."""
-    return float(np.abs(np.asarray(target.embed.value, np.float64)).mean())
+    return float(np.abs(np.asarray(target.embed.get_value(), np.float64)).mean())
 
 
 def load_draft_head(backend, name: str, directory: str, top: int = 0) -> HeadDraft:

@@ -243,7 +243,7 @@ class Llama(nnx.Module):
 
     @property
     def dtype(self):
-        return self.embed.value.dtype
+        return self.embed.get_value().dtype
 
     @property
     def shards(self) -> int:
@@ -305,7 +305,7 @@ class Llama(nnx.Module):
         return sum(math.prod(s) for s in layer_shapes(self.config).values()) * jnp.dtype(self.dtype).itemsize
 
     def layers(self) -> Layers:
-        return Layers(**{n: getattr(self, n).value for n in layer_shapes(self.config)})
+        return Layers(**{n: getattr(self, n).get_value() for n in layer_shapes(self.config)})
 
     def __call__(
         self,
@@ -321,7 +321,7 @@ class Llama(nnx.Module):
         c = self.config
         if set(hidden) & set(skip):
             raise ValueError(f"hidden={hidden} names layers the forward skips ({sorted(skip)})")
-        h = jnp.take(self.embed.value, tokens, axis=0)
+        h = jnp.take(self.embed.get_value(), tokens, axis=0)
         if c.embed_scale != 1.0:
             h = h * jnp.asarray(c.embed_scale, h.dtype)
         cos, sin = rope_table(c, positions, h.dtype)
@@ -336,9 +336,9 @@ class Llama(nnx.Module):
         c = self.config
         if select is not None:
             h = jnp.take_along_axis(h, select[:, None, None], axis=1)
-        head = self.embed.value if self.lm_head is None else self.lm_head.value
+        head = self.embed.get_value() if self.lm_head is None else self.lm_head.get_value()
         inv = self.batch_invariant
-        z = dense(norm(c, h, self.norm.value, inv), head, None, inv)
+        z = dense(norm(c, h, self.norm.get_value(), inv), head, None, inv)
         if self.mesh is not None:  # each device's vocabulary shard, then gathered: verify and sampling read whole rows
             z = self.place(self.place(z, (None, None, "tp")), ())
         z = z.astype(jnp.float32)

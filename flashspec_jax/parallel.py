@@ -75,10 +75,10 @@ def shard_model(model: Llama, mesh: Mesh) -> Llama:
     names = [*layer_shapes(model.config), "embed", "norm"] + ([] if model.lm_head is None else ["lm_head"])
     for name in names:
         param = getattr(out, name)
-        a = param.value
+        a = param.get_value()
         if name.startswith(("qkv", "gate_up")):
             a = jnp.take(a, jnp.asarray(shard_major(model.config, n, name)), axis=1)
-        param.value = jax.device_put(a, NamedSharding(mesh, PartitionSpec(*SPLIT.get(name, ()))))
+        param.set_value(jax.device_put(a, NamedSharding(mesh, PartitionSpec(*SPLIT.get(name, ())))))
     return out
 
 

@@ -60,7 +60,7 @@ def from_state(config: LlamaConfig, state: dict[str, np.ndarray | jax.Array], dt
         name = names.get(field, field)
         layers = [get(f"layers.{i}.{name}") for i in range(config.num_layers)]
         stacked = (jnp.stack if isinstance(layers[0], jax.Array) else np.stack)(layers)
-        expected = getattr(model, field).value.shape
+        expected = getattr(model, field).get_value().shape
         if stacked.shape != expected:
             raise ValueError(f"layers.*.{name} has shape {stacked.shape[1:]}, the config needs {expected[1:]}")
         setattr(model, field, nnx.Param(put(stacked)))

@@ -126,7 +126,7 @@ def test_sampled_first_tokens_follow_the_target():
 
     engine = tiny_engine()
     m = engine.target.model
-    m.norm.value = 3 * m.norm.value
+    m.norm.set_value(3 * m.norm.get_value())
     prompt, n = "The capital of France is", 1000
     ids = engine.encode(prompt, chat=False)
     z, _ = m(jnp.asarray([ids]), jnp.arange(len(ids))[None], m.new_cache(1, len(ids)))

@@ -80,8 +80,8 @@ def test_rollback_is_free_stale_slots_are_never_read():
 def test_random_model_is_built_on_the_device_in_the_requested_dtype():
     cfg = tiny(False, None)
     m = random_model(cfg, dtype=jnp.bfloat16, seed=0)
-    assert m.qkv.value.shape == (3, (4 + 2 * 2) * 16, 64) and m.qkv.value.dtype == jnp.bfloat16
-    assert 0.01 < float(jnp.std(m.down.value.astype(jnp.float32))) < 0.03
+    assert m.qkv.get_value().shape == (3, (4 + 2 * 2) * 16, 64) and m.qkv.get_value().dtype == jnp.bfloat16
+    assert 0.01 < float(jnp.std(m.down.get_value().astype(jnp.float32))) < 0.03
     z, _ = m(jnp.zeros((1, 2), jnp.int32), jnp.arange(2)[None], m.new_cache(1, 4))
     assert z.shape == (1, 2, cfg.vocab_size) and bool(jnp.isfinite(z).all())
 
@@ -106,9 +106,9 @@ def test_a_hugging_face_directory_loads_as_the_torch_backend_reads_it(tmp_path):
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     jm, tm = jax_load(str(tmp_path)).model, load_directory(tmp_path).model
     for i in range(2):
-        assert np.array_equal(np.asarray(jm.qkv[...][i]), tm.layers[i].qkv.weight.numpy())
-        assert np.array_equal(np.asarray(jm.gate_up[...][i]), tm.layers[i].gate_up.weight.numpy())
-    assert np.array_equal(np.asarray(jm.lm_head[...]), tm.lm_head.weight.numpy())
+        assert np.array_equal(np.asarray(jm.qkv.get_value()[i]), tm.layers[i].qkv.weight.numpy())
+        assert np.array_equal(np.asarray(jm.gate_up.get_value()[i]), tm.layers[i].gate_up.weight.numpy())
+    assert np.array_equal(np.asarray(jm.lm_head.get_value()), tm.lm_head.weight.numpy())
 
 
 

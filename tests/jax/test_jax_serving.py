@@ -48,7 +48,7 @@ def random_head(model):
     layer = Layers(**{f: jnp.ones((1, *sh)) if "norm" in f else normal(1, *sh) for f, sh in layer_shapes(c).items()})
     w = c.hidden_size
     return HeadParams(normal(w, 2 * w), normal(w, 2 * w), jnp.ones(w), jnp.ones(w), layer, jnp.ones(w),
-                      jnp.arange(VOCAB, dtype=jnp.int32), model.embed.value)
+                      jnp.arange(VOCAB, dtype=jnp.int32), model.embed.get_value())
 
 
 @pytest.fixture(scope="module")

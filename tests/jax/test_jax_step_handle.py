@@ -40,7 +40,7 @@ def test_the_steps_read_the_weights_as_they_are_now():
     backend = JaxBackend(m)
     backend.set_drafts([LookupDraft()])
     before = backend.leaves
-    m.norm.value = -3 * m.norm.value
+    m.norm.set_value(-3 * m.norm.get_value())
     assert all(a is b for a, b in zip(backend.leaves, jax.tree.leaves(backend.weights)))
     assert sum(a is not b for a, b in zip(backend.leaves, before)) == 1  # the norm, and only it
     greedy, seeds = SamplingConfig(0.0), backend._seeds(0)
