@@ -54,3 +54,52 @@ def test_a_choices_host_time_is_not_priced_into_the_arm_it_held_up(clock, host_s
     b = policy.bucket_of(2)
     assert policy.cost[b, :2] == pytest.approx([1.0, 3.0], rel=1e-3), policy.cost[b]
     assert not policy.rough[b, :2].any() and sum(r.arm == -1 for r in records[-40:]) == 40
+
+
+def lazy_steps(policy, arms, plain_s, draft_s, per_position_s, prompt_s, rows=4):
+    """Observe steps of ``arms`` (arm indices, in order) over ``rows`` rows: plain decoding costs ``plain_s``; a step of
+    draft 0 (every token accepted) costs ``draft_s`` plus ``per_position_s`` per position emitted since its last step,
+    its first step ``prompt_s`` more (it feeds the prompt), as the torch backend's head catches up lazily."""
+    behind = None  # the prompt: unknown to the policy
+    for a in arms:
+        policy.choose(rows)  # in flight, as in the loop
+        if policy.arms[a].plain:
+            policy.observe(a, rows, np.zeros(rows, np.int64), plain_s)
+            behind = None if behind is None else behind + 1
+        else:
+            g = policy.arms[a].length
+            lag_s = prompt_s if behind is None else per_position_s * behind
+            policy.observe(a, rows, np.full(rows, g, np.int64), draft_s + lag_s)
+            behind = 0
+
+
+def test_a_lazy_drafts_catch_up_is_priced_apart_and_charged_to_the_steps_that_leave_it_behind():
+    """Plain 1 s; the draft's step 2 s plus 0.25 s per position it is behind (its first step in the batch 3 s more:
+    the prompt), runs of 2-9 plain steps between runs of the draft. The draft's price stays its own 2 s (charging its
+    first steps: 2.2-2.5 s a step), its catch-up is learnt as 0.25 s a position, and a plain step, which leaves the
+    draft one position further behind, is charged 1.25 s (1 s without the catch-up)."""
+    policy = AdaptivePolicy(make_arms(1, (2,)), 1, rng=0)
+    policy.warm = True
+    policy.new_batch(4)
+    plain, g2 = (next(i for i, a in enumerate(policy.arms) if a.plain == p) for p in (True, False))
+    pattern = [g2] * 3 + [a for k in (2, 5, 9, 3, 7, 4, 8, 2, 6) for a in [plain] * k + [g2] * 3]
+    lazy_steps(policy, pattern, plain_s=1.0, draft_s=2.0, per_position_s=0.25, prompt_s=3.0)
+    b = policy.bucket_of(4)
+    assert policy.cost[b, g2] == pytest.approx(2.0, rel=0.02), policy.cost[b]
+    assert policy.cost[b, plain] == pytest.approx(1.0, rel=1e-6)
+    assert policy.catch_cost[b, 0] == pytest.approx(0.25, rel=0.05), policy.catch_cost[b]
+    charged = np.exp(policy.charged(b, policy.capped_log_cost(b)))
+    assert charged[plain] == pytest.approx(1.25, rel=0.05) and charged[g2] == pytest.approx(2.0, rel=0.02), charged
+
+
+def test_a_stateless_drafts_first_steps_are_priced_as_any():
+    """The same runs where the draft's step costs 2 s however far behind it is (the n-gram): nothing is learnt as its
+    catch-up, nothing charged, and every one of its steps after the first in the batch prices it."""
+    policy = AdaptivePolicy(make_arms(1, (2,)), 1, rng=0)
+    policy.warm = True
+    policy.new_batch(4)
+    plain, g2 = (next(i for i, a in enumerate(policy.arms) if a.plain == p) for p in (True, False))
+    lazy_steps(policy, [g2] * 2 + [plain] * 3 + [g2] + [plain] * 4 + [g2], 1.0, 2.0, 0.0, 0.0)
+    b = policy.bucket_of(4)
+    assert policy.catch_cost[b, 0] == pytest.approx(0.0, abs=1e-9) and policy.samples[b, g2] == 4
+    assert np.exp(policy.charged(b, policy.capped_log_cost(b))) == pytest.approx([1.0, 2.0][::1 if plain == 0 else -1])
