@@ -265,7 +265,6 @@ def run_adaptive(sc: Scenario, policy: AdaptivePolicy, rows: Rows | None = None,
     state = {"slot_req": None}
     if sc.mode == "static":
         policy.new_batch(sc.batch, tokens=sc.tokens)
-        policy.behind[:] = 0.0  # the simulated drafts feed no prompt at their first step (``Pricing.catch_up``)
     else:
         policy.open_rows(sc.batch)
         state["slot_req"] = np.arange(sc.batch)

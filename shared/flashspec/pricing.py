@@ -8,13 +8,14 @@ and launched step k + 1, so that choice falls in step k's time). On an H100 with
 choices 0.3-1.1 ms of host time) plain decoding was priced 1.33-1.43 ms against a real 0.97-1.05 from such steps and
 lost to a slower draft (docs/adaptive.md, "ad22"). ``time_step`` keeps those steps out of the arm's price.
 
-A draft that keeps a cache (the torch backend's head and model drafts) catches up lazily: its first step after steps of
-other arms re-feeds every position they emitted (the embedded model's head at batch 16 on the CPU: about 1.5 ms a
+A draft that keeps a cache (``lazy``: the torch backend's head and model drafts) catches up lazily: its first step after
+steps of other arms re-feeds every position they emitted (the embedded model's head at batch 16 on the CPU: about 1.5 ms a
 position behind, docs/adaptive_results.md). No fixed arm pays that. ``catch_up`` learns it per (bucket, draft) as
 seconds per position behind, from those first steps' time above the arm's price, and keeps it out of the arm's own
 price; ``charged`` puts it on the steps that cause it: every step of an arm that leaves a draft behind owes that
 draft's catch-up of the positions it emits (at most its length + 1 a row), paid when the draft next runs (a forced
-re-measurement runs it at the latest). Only finished steps' times enter it, so exactness holds as for any choice.
+re-measurement runs it at the latest). Such a first step does not score the drafts for free (``scores``), so that it
+is timed clean. Only finished steps' times enter it, so exactness holds as for any choice.
 
 ``Pricing`` is a mixin: it keeps ``log_cost``, ``cost_weight``, ``age``, ``samples``, ``rough``, ``score_log_cost``,
 ``score_weight``, ``last_bucket``, ``score_arm``, ``score_streak``, ``behind``, ``catch_cost`` and ``catch_weight`` on the
@@ -41,6 +42,7 @@ class Pricing:
     def init_catch_up(self, buckets: int, drafts: int) -> None:
         """No draft behind yet (``AdaptivePolicy.new_batch`` makes it unknown: a static batch's drafts feed its prompt
         lazily, at their first step; a server's slots feed each prompt at admission)."""
+        self.lazy = np.zeros(drafts, bool)  # [drafts]: catches up lazily (``adaptive_loop.mark_lazy``; else none of this)
         self.behind = np.zeros(drafts)  # [drafts]: positions a row emitted since the draft ran (at most; NaN: unknown)
         self.catch_cost = np.zeros((buckets, drafts))  # [buckets, drafts]: seconds per position behind (discounted mean)
         self.catch_weight = np.zeros((buckets, drafts))  # [buckets, drafts]: its weight (0: never measured)
@@ -52,7 +54,7 @@ class Pricing:
         ``time_step``'s: not ``scored``, ``chose_s`` within ``CHOSE_SHARE``), its arm priced cleanly, measures the
         catch-up: its seconds above that price per position behind. None where the draft's lag is unknown (its first
         step in a batch, which fed the prompt)."""
-        if self.arm_plain[arm]:
+        if self.arm_plain[arm] or not self.lazy[self.arm_draft[arm]]:
             return seconds
         d = self.arm_draft[arm]
         lag = self.behind[d]
@@ -155,11 +157,17 @@ class Pricing:
         """Whether the step of ``arm`` about to launch should score the drafts (full information): the first of every
         ``scoring_period(arm)`` steps in a row of that arm, once the arm's own cost was timed cleanly (and, where the
         first run may be cold, twice) in the bucket of the last step (``provisional``): no scoring in an exploration or
-        a retry, whose step is that timing (``observe``). The scoring costs a
+        a retry, whose step is that timing (``observe``); nor in a ``lazy`` draft's first step after steps of another
+        arm (its catch-up, timed clean for ``catch_up``): the run's next step scores instead. The scoring costs a
         plain step up to 17% (SmolLM2-135M on an H100, docs/adaptive.md), and a run of one arm needs only enough of it
         to notice another draft that would now pay."""
+        last = self.score_arm  # the step launched before this one (``scores`` is asked for every step, in order)
+        catching_up = not self.arm_plain[arm] and self.lazy[self.arm_draft[arm]] and (
+            last < 0 or self.arm_plain[last] or self.arm_draft[last] != self.arm_draft[arm])
         if arm != self.score_arm:
             self.score_arm, self.score_streak = arm, 0
+        if catching_up:
+            return False
         b = self.last_bucket
         timed = self.cost_weight[b, arm] > 0 and not self.provisional(b)[arm]
         scores = timed and self.score_streak % self.scoring_period(arm) == 0

@@ -79,7 +79,7 @@ def test_a_lazy_drafts_catch_up_is_priced_apart_and_charged_to_the_steps_that_le
     first steps: 2.2-2.5 s a step), its catch-up is learnt as 0.25 s a position, and a plain step, which leaves the
     draft one position further behind, is charged 1.25 s (1 s without the catch-up)."""
     policy = AdaptivePolicy(make_arms(1, (2,)), 1, rng=0)
-    policy.warm = True
+    policy.warm, policy.lazy[0] = True, True  # as ``adaptive_loop.mark_lazy`` marks the torch head
     policy.new_batch(4)
     plain, g2 = (next(i for i, a in enumerate(policy.arms) if a.plain == p) for p in (True, False))
     pattern = [g2] * 3 + [a for k in (2, 5, 9, 3, 7, 4, 8, 2, 6) for a in [plain] * k + [g2] * 3]
@@ -92,14 +92,34 @@ def test_a_lazy_drafts_catch_up_is_priced_apart_and_charged_to_the_steps_that_le
     assert charged[plain] == pytest.approx(1.25, rel=0.05) and charged[g2] == pytest.approx(2.0, rel=0.02), charged
 
 
+def test_a_lazy_drafts_catch_up_step_does_not_score_the_drafts_the_next_one_does():
+    """With the drafts scored for free, a run of an arm scores on its first step; a lazy draft's first step after
+    plain steps catches up, so the run's second scores instead (timed clean, the first prices the catch-up). A
+    draft that is not lazy (the n-gram) scores on its first step, as before."""
+    for lazy in (True, False):
+        p = AdaptivePolicy(make_arms(1, (2,)), 1, score_every=3)
+        p.warm, p.lazy[0] = True, lazy
+        for arm in range(2):
+            p.observe(arm, 1, np.zeros(1, int), 1e-3)
+        got = [p.scores(a) for a in [0] * 4 + [1] * 4 + [0] * 2]
+        draft = [False, True, False, False] if lazy else [True, False, False, True]
+        assert got == [True, False, False, True] + draft + [True, False], (lazy, got)
+
+
 def test_a_stateless_drafts_first_steps_are_priced_as_any():
-    """The same runs where the draft's step costs 2 s however far behind it is (the n-gram): nothing is learnt as its
-    catch-up, nothing charged, and every one of its steps after the first in the batch prices it."""
+    """The same runs where the draft's step costs 2 s however far behind it is (the n-gram): marked lazy, nothing is
+    learnt as its catch-up and nothing charged; not marked lazy, nothing is measured as catch-up at all. Every one of
+    its 4 steps prices it either way."""
     policy = AdaptivePolicy(make_arms(1, (2,)), 1, rng=0)
-    policy.warm = True
+    policy.warm, policy.lazy[0] = True, True
     policy.new_batch(4)
     plain, g2 = (next(i for i, a in enumerate(policy.arms) if a.plain == p) for p in (True, False))
     lazy_steps(policy, [g2] * 2 + [plain] * 3 + [g2] + [plain] * 4 + [g2], 1.0, 2.0, 0.0, 0.0)
     b = policy.bucket_of(4)
     assert policy.catch_cost[b, 0] == pytest.approx(0.0, abs=1e-9) and policy.samples[b, g2] == 4
     assert np.exp(policy.charged(b, policy.capped_log_cost(b))) == pytest.approx([1.0, 2.0][::1 if plain == 0 else -1])
+    other = AdaptivePolicy(make_arms(1, (2,)), 1, rng=0)
+    other.warm = True
+    other.new_batch(4)
+    lazy_steps(other, [g2] * 2 + [plain] * 3 + [g2] + [plain] * 4 + [g2], 1.0, 2.0, 0.0, 0.0)
+    assert other.samples[b, g2] == 4 and other.catch_weight[b, 0] == 0 and not other.rough[b, g2]
