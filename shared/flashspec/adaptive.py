@@ -32,9 +32,7 @@ The model (``AdaptivePolicy``):
   (``new_batch``), finished or not: a step computes them all. Only the arm's own work: a step that also scored
   the drafts, or whose time held a choice's host work the device did not hide (``observe``'s ``scored``,
   ``chose_s``), prices an arm that has no clean estimate yet (``rough``), else only moves its estimate into the
-  range the step allows; scoring steps price the scoring apart (``score_log_cost``). A lazy draft's catch-up (its
-  first step after other arms' steps re-feeds the positions they emitted) is priced apart too and charged to the
-  arms whose steps leave it behind (``flashspec.pricing.Pricing.catch_up``, ``charged``).
+  range the step allows; scoring steps price the scoring apart (``score_log_cost``).
 * value: tokens per second, each row's alpha_b from its own counts over the pooled ones. Served (rows
   replaced as they finish): active rows * (1 + mean over them of E[accepted | alpha_b, L]) / cost; plain
   decoding rows / cost. A static batch (``new_batch(rows, tokens)``: the engine's ``generate``) costs a
@@ -229,7 +227,6 @@ class AdaptivePolicy(ChangeTest, Calibration, Pricing):
         self.predicted = np.zeros(num_drafts)  # [drafts]: the posterior's prediction of them
         self.row_spread = np.zeros(num_drafts)  # [drafts]: between-row variance of acceptance (``measure_spread``)
         self.recent: list[list[tuple[float, int]]] = [[] for _ in range(num_drafts)]  # per draft: ``remember``
-        self.init_catch_up(max_buckets, num_drafts)  # ``Pricing.catch_up``
 
     def choose(self, rows: int, where: np.ndarray | None = None, size: int | None = None) -> int:
         """The arm index for the next step, given the active rows of the last finished step; ``where``: the rows
@@ -356,7 +353,7 @@ class AdaptivePolicy(ChangeTest, Calibration, Pricing):
 
     def priced(self, b: int, rate: np.ndarray, capped: np.ndarray | None = None) -> np.ndarray:  # [arms]
         """``value`` from ``rate`` [arms] (``log_rate``); ``capped``: ``capped_log_cost(b)`` if known."""
-        v = rate - self.charged(b, self.capped_log_cost(b) if capped is None else capped)
+        v = rate - (self.capped_log_cost(b) if capped is None else capped)
         return np.where(self.cost_weight[b] > 0, v, -np.inf)
 
     def log_rate(self, rows: int, alpha: np.ndarray, arms: np.ndarray | None = None) -> np.ndarray:  # [arms]
@@ -403,7 +400,6 @@ class AdaptivePolicy(ChangeTest, Calibration, Pricing):
             raise ValueError(f"seconds={seconds!r} must be a finite step time > 0")
         self.in_flight.discard(arm)
         self.time_step(self.bucket_of(rows, size), arm, seconds, scored, chose_s)
-        self.fall_behind(arm, 1 if a.plain else int(np.max(accepted, initial=0)) + 1)
         self.real *= self.discount
         self.predicted *= self.discount
         self.succ *= self.discount  # every draft forgets at every step, scored or not
@@ -433,7 +429,6 @@ class AdaptivePolicy(ChangeTest, Calibration, Pricing):
         most ``carry`` rejections' worth (the mean kept), and the rows' own counts start at zero; ``tokens``: the
         new tokens each row will emit at most (a static batch: the value prices the batch's finish, ``log_rate``)."""
         self.measure_spread()
-        self.behind[:] = np.nan  # each draft's first step feeds the prompt: a lag of unknown cost
         scale = self.weakened()
         self.succ *= scale
         self.fail *= scale
@@ -448,7 +443,6 @@ class AdaptivePolicy(ChangeTest, Calibration, Pricing):
     def open_rows(self, rows: int) -> None:
         """Serving: ``rows`` slots, each with its own counts (zero), the cost bucket given per step (``size``)."""
         self.batch, self.remaining = None, None
-        self.behind[:] = 0.0  # the slots feed each prompt at admission
         self.row_succ = np.zeros((len(self.succ), rows))
         self.row_fail = np.zeros((len(self.succ), rows))
         self.row_active = np.zeros(rows, bool)

@@ -91,14 +91,6 @@ def use_free_scoring(backend: Backend, policy: AdaptivePolicy) -> int:
     return scored
 
 
-def mark_lazy(backend: Backend, policy: AdaptivePolicy) -> None:
-    """Tell the policy which of the backend's drafts catch up lazily (a ``catch_up`` method: the torch backend's model
-    drafts and heads), whose catch-up it prices apart (``flashspec.pricing.Pricing.catch_up``)."""
-    drafts = getattr(backend, "drafts", ())
-    if len(drafts) == len(policy.lazy):
-        policy.lazy[:] = [callable(getattr(d, "catch_up", None)) for d in drafts]
-
-
 def prepare_arms(backend: Backend, policy: AdaptivePolicy, sampling: SamplingConfig, prepared: int = 0) -> int:
     """Make ready every arm's step kind (CUDA graphs on a GPU), so no capture is timed: each length's steps and
     plain decoding, with and without scoring where the policy scores (``AdaptivePolicy.scores``). Where the
@@ -127,7 +119,6 @@ def speculate_adaptive(backend: Backend, policy: AdaptivePolicy, *, sampling: Sa
     pending: tuple[int, StepHandle] | None = None
     timer = StepTimer(clock)
     policy.in_flight.clear()  # a run cut short leaves none behind
-    mark_lazy(backend, policy)
     policy.new_batch(rows, spec.max_new_tokens)
     choices = Choices(backend, policy, timer.now)
     for step in range(spec.max_steps or spec.max_new_tokens):
