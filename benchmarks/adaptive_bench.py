@@ -4,7 +4,7 @@ batch size, in one run (issue #35). Greedy, so every configuration must emit pla
     python benchmarks/adaptive_bench.py --models llama3-8b,smollm2-135m --budget-s 150 \
         --out $OUT/adaptive_gpu.json                                                        # H100
     OMP_NUM_THREADS=1 python benchmarks/adaptive_bench.py --device cpu --models embedded --batches 1,4,16 \
-        --tokens 32 --clock process --out benchmarks/results/adaptive_cpu.json              # this CPU (noisy)
+        --tokens 48 --rounds 3 --clock process --out benchmarks/results/adaptive_cpu.json   # this CPU (noisy)
 
 Models: ``embedded`` (SmolLM2-135M-Instruct's real weights; skipped, with the reason in the JSON, where its
 weights are not installed), ``smollm2-135m`` and ``llama3-8b`` (those shapes with random weights, bf16 on the
@@ -33,9 +33,12 @@ The adaptive loop's step times (the policy's own measurements, ``adaptive_steps_
 its first timings where this run captured the step kinds (``prepare_arms``, as the engine's loop). For the split
 of a shortfall (docs/adaptive.md): each run's per-step ms in order (``steps_ms``), the adaptive run's host ms per
 choice (``adaptive_choose_ms``) and the best fixed arm again with full-information scoring on
-(``best_fixed_scored``: the scoring's price per step); plain decoding once more after the adaptive run
-(``plain_after_tokens_per_s``, ``plain_after_step_ms``: how far the machine drifted over the row's runs; the checks
-compare with the first plain run).
+(``best_fixed_scored``: the scoring's price per step).
+
+``--rounds N``: every configuration of a batch row (plain, each fixed arm, adaptive) runs once a round, the order
+rotated each round (``benchmarks/rounds.py``; the machine's drift weighs on all alike), each figure and check on the
+median over rounds (the details: the median round's run); per round in ``rounds_tokens_per_s``, ``spread`` ((max -
+min) / median), ``checks.rounds_adaptive_vs_best`` (against that round's best) and ``adaptive_rounds`` (the arms).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import json
 import platform
 import sys
 import time
+from collections import Counter
 from importlib.metadata import version
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,7 +56,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "shared"), str(ROOT)]  # this checkout's flashspec, whatever is installed
+sys.path[:0] = [str(ROOT / "shared"), str(ROOT), str(ROOT / "benchmarks")]  # this checkout's flashspec, rounds.py
 
 from flashspec.adaptive import AdaptivePolicy, bucket, make_arms  # noqa: E402
 from flashspec.adaptive_loop import prepare_arms, speculate_adaptive, use_free_scoring  # noqa: E402
@@ -62,6 +66,7 @@ from flashspec.loop import SpecConfig, decode_steps, speculate_steps
 from flashspec_torch.backend import TorchBackend
 from flashspec_torch.drafts import LookupDraft, Proposal, Stateless
 from flashspec_torch.model import Llama, LlamaConfig
+from rounds import median_index, run_rounds, spread  # noqa: E402  (benchmarks/rounds.py)
 
 SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -262,103 +267,126 @@ def prepare_steps(backend, prompts, tokens: int) -> int:
     return captured
 
 
-def run_fixed(backend, prompts, tokens: int, seed, drafts, ref_out, row: dict, clock) -> None:
-    """Every fixed (draft, G) (warm-up, then timed) into ``row["fixed"]`` and ``row["tokens_equal"]``."""
-    new = len(prompts) * tokens
-    for d, draft in enumerate(drafts):
-        for g in LENGTHS:
-            run = lambda rec, d=d, g=g: speculate_steps(backend, Fixed(d), sampling=GREEDY, spec=SpecConfig(g, tokens),
-                                                       seed=seed, first_offset=0, on_step=None, records=rec)
-            timed(backend, prompts, tokens, run, clock)  # warm-up
-            out, s, rec = timed(backend, prompts, tokens, run, clock)
-            key = f"{draft.name}:G{g}"
-            drafted = sum(r.drafted for r in rec)
-            row["fixed"][key] = dict(tokens_per_s=new / s, acceptance=sum(r.accepted for r in rec) / max(1, drafted),
-                                     drafted_per_step=drafted / max(1, sum(r.rows for r in rec)),  # per row and step
-                                     steps=len(rec), step_ms=step_ms(rec),  # steps: the tail included
-                                     steps_ms=steps_ms(rec),  # each step's, in order
-                                     trace=traces(rec, len(prompts)))  # replayed by benchmarks/policy_sim.py
-            row["tokens_equal"][key] = rows_equal(out, ref_out)
+def fixed_runner(backend, prompts, tokens: int, seed, d: int, g: int, clock):
+    """Draft ``d`` at G = ``g``, warmed up now: a function timing one run ((tokens, seconds, records), ``timed``)."""
+    run = lambda rec: speculate_steps(backend, Fixed(d), sampling=GREEDY, spec=SpecConfig(g, tokens), seed=seed,
+                                      first_offset=0, on_step=None, records=rec)
+
+    def once():
+        backend.score_free(0)  # as a fixed configuration runs (an adaptive run before it leaves the scoring on)
+        return timed(backend, prompts, tokens, run, clock)
+
+    once()  # warm-up
+    return once
 
 
-def run_adaptive(backend, prompts, tokens: int, seed, policy, captured: int, clock) -> tuple[list, float, list, list,
-                                                                                            list]:
-    """The adaptive loop (warm-up, then timed): (tokens, seconds, records, host seconds per choice, the arm index of
-    each record)."""
-    use_free_scoring(backend, policy)
-    prepare_arms(backend, policy, GREEDY, captured)
+def fixed_summary(records, seconds: float, new: int, rows: int) -> dict:
+    """A fixed run's figures: tokens/s, acceptance, tokens drafted per row and step, steps (the tail included), the
+    median and each step's ms, and the per-row traces that ``benchmarks/policy_sim.py`` replays."""
+    drafted = sum(r.drafted for r in records)
+    return dict(tokens_per_s=new / seconds, acceptance=sum(r.accepted for r in records) / max(1, drafted),
+                drafted_per_step=drafted / max(1, sum(r.rows for r in records)), steps=len(records),
+                step_ms=step_ms(records), steps_ms=steps_ms(records), trace=traces(records, rows))
+
+
+def adaptive_runner(backend, prompts, tokens: int, seed, policy, captured: int, clock):
+    """The adaptive loop, warmed up now (the policy measures every arm in this bucket): a function timing one run,
+    (tokens, seconds, records, host seconds per choice, the arm index of each record)."""
     spec = SpecConfig(gamma=max(LENGTHS), max_new_tokens=tokens)
     run = lambda rec: speculate_adaptive(backend, policy, sampling=GREEDY, spec=spec, seed=seed, rows=len(prompts),
                                          records=rec, clock=clock)
-    timed(backend, prompts, tokens, run, clock)  # warm-up: the policy measures every arm in this bucket
-    choices: list[float] = []
-    arms: list[int] = []
-    policy.choose, policy.observe = timing(policy.choose, choices), recording(policy.observe, arms)
-    try:
-        out, s, rec = timed(backend, prompts, tokens, run, clock)
-    finally:
-        del policy.choose, policy.observe  # the class's methods again
-    if len(arms) != len(rec):
-        raise RuntimeError(f"the adaptive run observed {len(arms)} steps but recorded {len(rec)}")
-    return out, s, rec, choices, arms
+
+    def once():
+        use_free_scoring(backend, policy)  # a fixed run before it turned the scoring off
+        choices: list[float] = []
+        arms: list[int] = []
+        policy.choose, policy.observe = timing(policy.choose, choices), recording(policy.observe, arms)
+        try:
+            out, s, rec = timed(backend, prompts, tokens, run, clock)
+        finally:
+            del policy.choose, policy.observe  # the class's methods again
+        if len(arms) != len(rec):
+            raise RuntimeError(f"the adaptive run observed {len(arms)} steps but recorded {len(rec)}")
+        return out, s, rec, choices, arms
+
+    use_free_scoring(backend, policy)
+    prepare_arms(backend, policy, GREEDY, captured)
+    timed(backend, prompts, tokens, run, clock)  # warm-up
+    return once
 
 
 def adaptive_summary(rec, choices: list[float], arms: list[int], policy, drafts, batch: int) -> dict:
     """The adaptive run's record (``arms``: each record's arm index): pulls per arm, the arms in order, traces, step
     ms, the policy's costs."""
     stepped = [arm_name(policy.arms[a], drafts) for a in arms]  # [steps]
-    pulls: dict[str, int] = {}
-    for name in stepped:
-        pulls[name] = pulls.get(name, 0) + 1
     names = [arm_name(a, drafts) for a in policy.arms]
     costs = policy.cost[min(bucket(batch), policy.cost.shape[0] - 1)]
-    return dict(adaptive_steps=pulls, adaptive_arms=arm_runs(stepped),
+    return dict(adaptive_steps=dict(Counter(stepped)), adaptive_arms=arm_runs(stepped),
                 adaptive_trace=traces(rec, batch),  # a plain step's digit is 0 (nothing drafted)
-                adaptive_step_ms={n: step_ms([r for r, m in zip(rec, stepped) if m == n]) for n in pulls},
+                adaptive_step_ms={n: step_ms([r for r, m in zip(rec, stepped) if m == n]) for n in dict(Counter(stepped))},
                 adaptive_steps_ms=steps_ms(rec), adaptive_choose_ms=[round(c * 1e3, 4) for c in choices],
                 policy_warm=policy.warm,
                 adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
 
 
 def run_batch(model, prompts, tokens: int, keep: float | None, policy_box: dict, device, drafts: list | None = None,
-              clock=time.perf_counter) -> dict:
-    """Plain decoding, every fixed (draft, G), the best fixed one scored and the adaptive loop on ``prompts``.
-    ``drafts``: the drafts (None: ngram and a replay draft of acceptance ``keep``); ``policy_box["policy"]``: the
-    model's policy, made on its first batch and kept."""
+              clock=time.perf_counter, rounds: int = 1, log=None) -> dict:
+    """Plain decoding, every fixed (draft, G) and the adaptive loop on ``prompts`` in ``rounds`` interleaved rounds
+    (``rounds.run_rounds``: each configuration once a round, the order rotated; ``log(round, name)``), each figure
+    the median over rounds, then the best fixed one with full-information scoring. ``drafts``: the drafts (None:
+    ngram and a replay draft of acceptance ``keep``); ``policy_box["policy"]``: the model's policy, made on its first
+    batch and kept."""
     seed = torch.zeros(len(prompts), dtype=torch.int64, device=device) if device.type == "cuda" else 0
     plain_backend = TorchBackend(model, [LookupDraft()], eos_ids=[])  # no feature draft: plain decoding's own cost
     plain = lambda rec: decode_steps(plain_backend, sampling=GREEDY, max_new_tokens=tokens, seed=seed, first_offset=0,
                                      on_step=None, records=rec)
     timed(plain_backend, prompts, tokens, plain, clock)  # warm-up
-    ref_out, plain_s, plain_rec = timed(plain_backend, prompts, tokens, plain, clock)
+    ref_out = timed(plain_backend, prompts, tokens, plain, clock)[0]  # the reference tokens (and the replay's)
     if drafts is None:
         drafts = replay_drafts(prompts, ref_out, keep, model.config.vocab_size, device)
     backend = TorchBackend(model, drafts, eos_ids=[])
     captured = prepare_steps(backend, prompts, tokens)  # the policy trusts first timings where captured (as the engine)
-    new = len(prompts) * tokens
-    row = dict(batch=len(prompts), new_tokens=new, plain_tokens_per_s=new / plain_s, plain_step_ms=step_ms(plain_rec),
-               fixed={}, tokens_equal={})
-    run_fixed(backend, prompts, tokens, seed, drafts, ref_out, row, clock)
-    row["best_fixed_scored"] = scored_run(backend, prompts, tokens, seed, drafts, row["fixed"], clock)
     if "policy" not in policy_box:
         policy_box["policy"] = AdaptivePolicy(make_arms(len(drafts), LENGTHS), len(drafts), rng=0)
     policy = policy_box["policy"]
-    out, s, rec, choices, arms = run_adaptive(backend, prompts, tokens, seed, policy, captured, clock)
-    _, after_s, after_rec = timed(plain_backend, prompts, tokens, plain, clock)  # the machine's drift over the row
-    row.update(plain_after_tokens_per_s=new / after_s, plain_after_step_ms=step_ms(after_rec))
+    runs = {"plain": lambda: timed(plain_backend, prompts, tokens, plain, clock)}
+    runs.update({f"{draft.name}:G{g}": fixed_runner(backend, prompts, tokens, seed, d, g, clock)
+                 for d, draft in enumerate(drafts) for g in LENGTHS})
+    runs["adaptive"] = adaptive_runner(backend, prompts, tokens, seed, policy, captured, clock)
+    results, orders = run_rounds(runs, rounds, log)
+    new, rows = len(prompts) * tokens, len(prompts)
+    tps = {name: [new / r[1] for r in rs] for name, rs in results.items()}  # [rounds] per configuration
+    pick = {name: results[name][median_index(v)] for name, v in tps.items()}  # the median round's run
+    row = dict(batch=rows, new_tokens=new, rounds=rounds, round_orders=orders, rounds_tokens_per_s=tps,
+               spread={name: spread(v) for name, v in tps.items()}, plain_tokens_per_s=new / pick["plain"][1],
+               plain_step_ms=step_ms(pick["plain"][2]), tokens_equal={
+                   name: min(rows_equal(r[0], ref_out) for r in rs) for name, rs in results.items() if name != "plain"})
+    row["fixed"] = {k: fixed_summary(pick[k][2], pick[k][1], new, rows) for k in runs if k not in ("plain", "adaptive")}
+    row["best_fixed_scored"] = scored_run(backend, prompts, tokens, seed, drafts, row["fixed"], clock)
+    out, s, rec, choices, arms = pick["adaptive"]
+    row.update(adaptive_tokens_per_s=new / s, **adaptive_summary(rec, choices, arms, policy, drafts, rows))
+    row["adaptive_rounds"] = [dict(steps=dict(Counter(n)), arms=arm_runs(n)) for n in (
+        [arm_name(policy.arms[a], drafts) for a in r[4]] for r in results["adaptive"])]  # where each round's steps went
+    row["checks"] = checks(row, tps)
+    return row
+
+
+def checks(row: dict, tps: dict[str, list[float]]) -> dict:
+    """Pass/fail on the medians (``row``'s figures), and adaptive over the best of plain and the fixed runs per round
+    (``tps``: each configuration's tokens/s per round)."""
     best = max(row["fixed"].items(), key=lambda kv: kv[1]["tokens_per_s"])
-    row.update(adaptive_tokens_per_s=new / s, best_fixed=best[0], **adaptive_summary(rec, choices, arms, policy, drafts,
-                                                                                       len(prompts)))
-    row["tokens_equal"]["adaptive"] = rows_equal(out, ref_out)
+    row["best_fixed"] = best[0]
     best_tps = max(best[1]["tokens_per_s"], row["plain_tokens_per_s"])
-    row["checks"] = {
+    per_round = [a / max(v[r] for k, v in tps.items() if k != "adaptive") for r, a in enumerate(tps["adaptive"])]
+    return {
         "tokens_equal_plain": all(v == 1.0 for v in row["tokens_equal"].values()),
         "adaptive_vs_best_fixed_or_plain": row["adaptive_tokens_per_s"] / best_tps,
         "adaptive_vs_plain": row["adaptive_tokens_per_s"] / row["plain_tokens_per_s"],
+        "rounds_adaptive_vs_best": per_round,  # in each round against that round's best configuration
+        "rounds_adaptive_vs_plain": [a / p for a, p in zip(tps["adaptive"], tps["plain"])],
         "adaptive_ge_0.98_best": row["adaptive_tokens_per_s"] >= 0.98 * best_tps,
         "adaptive_ge_plain": row["adaptive_tokens_per_s"] >= row["plain_tokens_per_s"],
     }
-    return row
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -376,6 +404,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="tokens/s and the adaptive policy's step times on the wall clock or this process's CPU time "
                          "(--device cpu, with OMP_NUM_THREADS=1)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds of every configuration of a batch row "
+                    "(the order rotated each round); each figure the median over rounds")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     unknown = set(args.models.split(",")) - {"embedded", *SHAPES}
@@ -387,6 +417,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.drafts = default_drafts("torch", None) if args.drafts is None else tuple(filter(None, args.drafts.split(",")))
     if not args.drafts:
         ap.error("--drafts: name at least one draft (e.g. head,ngram)")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: run at least one round")
     if args.clock == "process" and args.device != "cpu":
         ap.error("--clock process times the host's CPU work, not a device's: use it with --device cpu")
     return args
@@ -398,7 +430,7 @@ def describe(args, device: torch.device) -> dict:
                 device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                 torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
                 cuda=torch.version.cuda, keep=args.keep, lengths=LENGTHS, tokens_per_row=args.tokens,
-                sampling="greedy", clock=args.clock, threads=torch.get_num_threads(), complete=False, models={},
+                sampling="greedy", clock=args.clock, rounds=args.rounds, threads=torch.get_num_threads(), complete=False, models={},
                 skipped={}, embedded_drafts=list(args.drafts), stop_below={},
                 prompts_embedded="flashspec.head_corpus held-out split, cycling code, prose, chat",
                 tokens_equal_note=("fraction of rows whose greedy tokens equal plain decoding's; in bf16 (the GPU) "
@@ -437,8 +469,10 @@ def main() -> None:
                 if time.perf_counter() - start > args.budget_s:
                     doc["skipped"][f"{name}@{b}"] = f"--budget-s {args.budget_s} spent"
                     continue
+                log = lambda r, c, b=b: print(f"{name} batch {b} round {r}: {c} ({time.perf_counter() - start:.0f} s)",
+                                              flush=True)
                 rows.append(run_batch(model, batch_prompts(model, held, b, args.prompt_len), args.tokens, args.keep,
-                                      box, device, drafts, clock))
+                                      box, device, drafts, clock, args.rounds, log))
                 print(json.dumps({"model": name, **{k: rows[-1][k] for k in ("batch", "checks", "adaptive_steps")}}),
                       flush=True)
                 doc["models"][name] = rows

@@ -35,7 +35,31 @@ def test_tiny_run_is_exact_and_the_replay_draft_is_accepted():
     scored = row["best_fixed_scored"]
     assert scored["arm"] == max(row["fixed"], key=lambda k: row["fixed"][k]["tokens_per_s"]) and scored["steps"] >= 1
     assert row["policy_warm"] is False  # nothing captured on the CPU: first timings stay provisional
-    assert row["plain_after_tokens_per_s"] > 0 and row["plain_after_step_ms"] > 0  # plain again, after the adaptive run
+    assert row["rounds"] == 1 and row["rounds_tokens_per_s"]["plain"] == [row["plain_tokens_per_s"]]
+
+
+def test_rounds_interleave_every_configuration_and_report_the_median():
+    """``--rounds 3`` at the tiny shape: each configuration runs once a round, the order rotated by one each round;
+    each figure is the median of its rounds' (the median round's details), the per-round ratios are the rounds' own."""
+    names = []
+    with torch.inference_mode():
+        model, _, _ = bench.load_model("tiny", torch.device("cpu"))
+        prompts = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0)).tolist()
+        row = bench.run_batch(model, prompts, 6, 1.0, {}, torch.device("cpu"), rounds=3,
+                              log=lambda r, name: names.append((r, name)))
+    configs = ["plain", "ngram:G2", "ngram:G4", "replay:G2", "replay:G4", "adaptive"]
+    assert row["round_orders"] == [configs, configs[1:] + configs[:1], configs[2:] + configs[:2]]
+    assert names == [(r, n) for r, order in enumerate(row["round_orders"]) for n in order]
+    tps = row["rounds_tokens_per_s"]
+    assert set(tps) == set(configs) and all(len(v) == 3 for v in tps.values())
+    median = lambda v: sorted(v)[1]  # noqa: E731
+    assert row["plain_tokens_per_s"] == median(tps["plain"]) and row["adaptive_tokens_per_s"] == median(tps["adaptive"])
+    assert all(f["tokens_per_s"] == median(tps[k]) for k, f in row["fixed"].items())
+    best = [max(v[r] for k, v in tps.items() if k != "adaptive") for r in range(3)]
+    assert row["checks"]["rounds_adaptive_vs_best"] == pytest.approx([a / b for a, b in zip(tps["adaptive"], best)])
+    assert len(row["adaptive_rounds"]) == 3 and row["checks"]["tokens_equal_plain"], row["tokens_equal"]
+    assert all(sum(r["steps"].values()) >= 1 for r in row["adaptive_rounds"])
+    assert row["spread"]["plain"] == pytest.approx((max(tps["plain"]) - min(tps["plain"])) / median(tps["plain"]))
 
 
 @pytest.mark.skipif(not SHIPPED_HEAD.is_file(), reason="no trained head ships in this checkout")
