@@ -319,11 +319,12 @@ def adaptive_summary(rec, choices: list[float], arms: list[int], policy, drafts,
     """The adaptive run's record (``arms``: each record's arm index): pulls per arm, the arms in order, traces, step
     ms, the policy's costs."""
     stepped = [arm_name(policy.arms[a], drafts) for a in arms]  # [steps]
+    pulls = dict(Counter(stepped))  # arm name -> steps, in order of first use
     names = [arm_name(a, drafts) for a in policy.arms]
     costs = policy.cost[min(bucket(batch), policy.cost.shape[0] - 1)]
-    return dict(adaptive_steps=dict(Counter(stepped)), adaptive_arms=arm_runs(stepped),
+    return dict(adaptive_steps=pulls, adaptive_arms=arm_runs(stepped),
                 adaptive_trace=traces(rec, batch),  # a plain step's digit is 0 (nothing drafted)
-                adaptive_step_ms={n: step_ms([r for r, m in zip(rec, stepped) if m == n]) for n in dict(Counter(stepped))},
+                adaptive_step_ms={n: step_ms([r for r, m in zip(rec, stepped) if m == n]) for n in pulls},
                 adaptive_steps_ms=steps_ms(rec), adaptive_choose_ms=[round(c * 1e3, 4) for c in choices],
                 policy_warm=policy.warm,
                 adaptive_cost_ms={n: round(float(c) * 1e3, 4) for n, c in zip(names, costs)})
@@ -430,7 +431,8 @@ def describe(args, device: torch.device) -> dict:
                 device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
                 torch=torch.__version__, triton=version("triton"), python=platform.python_version(),
                 cuda=torch.version.cuda, keep=args.keep, lengths=LENGTHS, tokens_per_row=args.tokens,
-                sampling="greedy", clock=args.clock, rounds=args.rounds, threads=torch.get_num_threads(), complete=False, models={},
+                sampling="greedy", clock=args.clock, rounds=args.rounds, threads=torch.get_num_threads(),
+                complete=False, models={},
                 skipped={}, embedded_drafts=list(args.drafts), stop_below={},
                 prompts_embedded="flashspec.head_corpus held-out split, cycling code, prose, chat",
                 tokens_equal_note=("fraction of rows whose greedy tokens equal plain decoding's; in bf16 (the GPU) "
