@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--sync-s", type=float, default=30.0, help="admit_sync.py's limit (0: skip it)")
     ap.add_argument("--host-s", type=float, default=0.0, help="adaptive_host.py --critical-only's limit (0: skip it)")
     ap.add_argument("--gguf", default=None, help="--models embedded: its GGUF file where its package is not installed")
+    ap.add_argument("--drafts", default=None, help="--models embedded: its drafts, engine draft names (default: the "
+                    "engine's, head,ngram; e.g. head:DIR,ngram for a head just trained)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {"command": "python " + " ".join(sys.argv)}
@@ -77,7 +79,8 @@ def main() -> None:
     summary["adaptive_bench"] = part("adaptive_bench", [
         "--device", args.device, "--models", args.models, "--batches", args.batches, "--tokens", str(args.tokens),
         "--budget-s", str(args.bench_s - 35), "--out", str(args.out / "adaptive_gpu.json"),
-        *(["--gguf", args.gguf] if args.gguf else [])], args.out, args.bench_s)
+        *(["--gguf", args.gguf] if args.gguf else []), *(["--drafts", args.drafts] if args.drafts else [])],
+        args.out, args.bench_s)
     if args.mixed_s > 0:
         summary["adaptive_mixed"] = part("adaptive_mixed", [
             "--device", args.device, "--model", args.mixed_model, "--batch", str(args.mixed_batch), "--tokens", "96",
