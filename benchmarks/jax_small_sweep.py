@@ -14,9 +14,7 @@ child). ``VARIANTS``:
   TinyLlama, the fused attention kernel); ``scan`` / ``unrolled``: the layer loop forced;
 * ``split512``: the attention kernel's ``SPLIT_MIN_SLOTS`` at its earlier 512 slots, so short caches
   do not split (SmolLM2 at batch 1 has 3 KV heads: 3 programs unsplit, 18 with the default's 6 splits
-  of its 384 slots);
-* ``unroll2`` / ``unroll5``: the scan's ``SCAN_UNROLL`` at 2 and 5 layers per iteration of its loop
-  (SmolLM2's 30 layers in 15 or 6 iterations: fewer launches of the loop's body).
+  of its 384 slots).
 
 The XLA flag variants that lost (command buffers off or extended, graphs of any size) are one line
 each in docs/jax.md; ``jax_xla_flags_gpu.py`` still sweeps flags around the while loop.
@@ -62,19 +60,16 @@ from flashspec.config import SamplingConfig  # noqa: E402
 import shape_children  # noqa: E402  (benchmarks/ is on sys.path; no GPU work, no torch)
 from shape_children import TINY, guarded  # noqa: E402
 
-VARIANTS = {  # name -> (layer loop (None: the model's choice), SPLIT_MIN_SLOTS (None: the kernel's), SCAN_UNROLL)
-    "default": (None, None, 1),
-    "split512": (None, 512, 1),
-    "unrolled": ("unrolled", None, 1),
-    "scan": ("scan", None, 1),
-    "unroll2": (None, None, 2),
-    "unroll5": (None, None, 5),
+VARIANTS = {  # name -> (layer loop (None: the model's choice), SPLIT_MIN_SLOTS (None: the kernel's))
+    "default": (None, None),
+    "split512": (None, 512),
+    "unrolled": ("unrolled", None),
+    "scan": ("scan", None),
 }
 SMOL, TINYLLAMA = "smollm2-135m", "tinyllama-1.1b"
 PLAN = (  # (shape, variant or "torch" / "attn8b", batch sizes, weight of the budget), run in this order
     (SMOL, "torch", (1, 8, 64), 14.0), (TINYLLAMA, "torch", (1,), 10.0),
     (SMOL, "default", (1, 8, 64), 28.0), (SMOL, "split512", (1, 8), 14.0), (SMOL, "unrolled", (1,), 16.0),
-    (SMOL, "unroll2", (1,), 8.0), (SMOL, "unroll5", (1,), 8.0),
     (TINYLLAMA, "default", (1,), 48.0), ("llama3-8b", "attn8b", (1,), 10.0),
     (TINYLLAMA, "split512", (1,), 6.0),  # last: reuses TinyLlama's autotuning
 )
@@ -196,13 +191,11 @@ def jax_child(args, start: float, deadline: float) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from flashspec_jax import model as jax_model
     from flashspec_jax.kernels import attention as kernel_attention
     from flashspec_jax.model import LlamaConfig
     from flashspec_jax.weights import random_model
 
-    loop, split_min, unroll = VARIANTS[args.variant]
-    jax_model.SCAN_UNROLL = unroll
+    loop, split_min = VARIANTS[args.variant]
     if split_min is not None:
         kernel_attention.SPLIT_MIN_SLOTS = split_min
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
@@ -211,7 +204,6 @@ def jax_child(args, start: float, deadline: float) -> dict:
         m.scan_layers = loop == "scan"
     slots = cache_slots(args)
     row = head(args, jax) | dict(dtype=str(jnp.dtype(dtype)), layer_loop="scan" if m.uses_scan() else "unrolled",
-                                 scan_unroll=jax_model.SCAN_UNROLL,
                                  attention=m.attention_choice(), split_min_slots=kernel_attention.SPLIT_MIN_SLOTS,
                                  splits_at_batch={b: kernel_attention.choose_splits(b, m.config.num_kv_heads, slots[b],
                                                                                      kernel_attention.BLOCK_S)

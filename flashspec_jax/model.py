@@ -49,7 +49,6 @@ __all__ = ["LlamaConfig", "KVCache", "Llama", "new_cache"]
 
 ATTENTION_IMPLS = ("xla", "pallas", "fused")  # "invariant": batch_invariant's, never set by hand
 SCAN_BELOW_BYTES = 32 << 20  # a layer's weights: the GPU scans smaller layers (SmolLM2's 7 MB), unrolls larger (TinyLlama's 88 MB)
-SCAN_UNROLL = 1  # layers per iteration of the scan's loop (lax.scan's unroll); jax_small_sweep.py times others
 
 
 class KVCache(NamedTuple):
@@ -371,7 +370,7 @@ def scanned_layers(m: Llama, kept: list[int], h, rope, local, cache: KVCache, po
         return (h, cache, feats), None
 
     xs = (jnp.asarray(np.array(kept, np.int32)), windows, uses_local, slot)
-    (h, cache, feats), _ = lax.scan(layer, (h, cache, feats), xs, unroll=SCAN_UNROLL)
+    (h, cache, feats), _ = lax.scan(layer, (h, cache, feats), xs)
     if feats is None:
         return h, cache, None
     b, t, width = h.shape

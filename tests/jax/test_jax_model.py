@@ -1,8 +1,6 @@
 """The Flax Llama against the torch one on random tiny configs (GQA, llama3 RoPE, untied head),
 weights through the shared fused layout, and the random-weight constructor."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -65,27 +63,6 @@ def test_skipping_layers_matches_the_torch_model():
     z_all, _ = jm(jnp.asarray(tokens), jnp.asarray(pos), jm.new_cache(1, 8))
     assert np.abs(np.asarray(z_j) - z_t).max() / np.abs(z_t).max() < 1e-5
     assert np.abs(np.asarray(z_all) - z_t).max() > 1e-3  # skipping really changes the output
-
-
-def test_the_scan_unrolled_by_k_gives_the_same_logits_and_cache(monkeypatch):
-    """SCAN_UNROLL (layers per iteration of the scan's loop) changes the loop's shape, not the math: the same
-    logits and cache as one layer per iteration, with an unroll that divides the layers and one that does not."""
-    from flashspec_jax import model as jax_model
-
-    cfg = dataclasses.replace(tiny(False, LLAMA3), num_layers=5)
-    jm = JaxLlama(cfg, rngs=__import__("flax").nnx.Rngs(2))
-    jm.scan_layers = True
-    tokens, pos = jnp.arange(6)[None] + 3, jnp.arange(6)[None]
-    runs = {}
-    for k in (1, 2, 5):
-        monkeypatch.setattr(jax_model, "SCAN_UNROLL", k)
-        runs[k] = jm(tokens, pos, jm.new_cache(1, 8))
-        scans = [e for e in jax.make_jaxpr(lambda t, p: jm(t, p, jm.new_cache(1, 8)))(tokens, pos).eqns
-                 if e.primitive.name == "scan"]
-        assert [e.params["unroll"] for e in scans] == [k]  # the loop really takes k layers an iteration
-    for k in (2, 5):
-        np.testing.assert_allclose(np.asarray(runs[k][0]), np.asarray(runs[1][0]), rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(runs[k][1].k), np.asarray(runs[1][1].k), rtol=1e-6, atol=1e-6)
 
 
 def test_rollback_is_free_stale_slots_are_never_read():
