@@ -314,16 +314,20 @@ class TorchBackend:
         draft at ``gamma`` (None: none) and plain decoding. Call after ``prefill`` (a batch that
         needs new buffers drops the graphs). The policy may pick any draft at any step, so
         capturing all of them here puts the graphs' memory and compile time into the first call
-        instead of a later one. Returns the graphs captured (0 without graphs, or when all exist)."""
-        if not self.graphed:
-            return 0
+        instead of a later one. Then every model draft catches up over the prompt (``get_ready``), so that
+        its first step does a step's work only. Returns the graphs captured (0 without graphs, or when all exist)."""
         captured = 0
-        if gamma is not None:
+        if self.graphed and gamma is not None:
             for arm, d in enumerate(self.drafts):
                 if d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
                     captured += self.graphs.capture(self.step_key(arm, gamma, sampling),
                                                     self.graphed_step(arm, gamma, sampling), self.state())
-        return captured + self.graphs.capture(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
+        if self.graphed:
+            captured += self.graphs.capture(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
+        if gamma is not None:
+            for d in self.drafts:
+                d.get_ready(self.seqs, gamma)
+        return captured
 
     def set_counters(self, seed, offset: int) -> None:
         """The step's seed / offset into the buffers the graphs read."""

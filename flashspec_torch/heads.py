@@ -168,6 +168,8 @@ class HeadDraft:
         feats = self.head.fuse(feats) * (pos > 0)[..., None]  # position 0 has no previous feature
         return self.head.run(self.target, seqs.tokens.gather(1, pos), feats, pos, self.cache, attend, select)
 
+    get_ready = ModelDraft.get_ready  # after prefill: caught up over the prompt, as if used in the step before
+
     def catch_up(self, seqs: Sequences, gamma: int) -> None:
         """Feed every position but the last eagerly, so that ``propose(graphed=True)`` feeds at most G + 1."""
         start = torch.minimum(self.valid, seqs.length - 1)

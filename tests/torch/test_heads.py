@@ -55,6 +55,40 @@ def test_greedy_speculation_with_the_head_equals_greedy_decoding(target, graphs,
     assert sum(r.accepted for r in records if r.arm == 0) > 0  # the head's drafts were used
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_prepare_catches_the_model_drafts_up_over_the_prompt_and_changes_no_token(target, graphs):
+    """``TorchBackend.prepare`` after ``prefill``: the head and a layer-skip draft have fed every prompt position but
+    the last (``get_ready``) and are not lagging, so their first step does a step's work only; the steps after
+    draft and accept exactly what they do when the first step catches up itself, and equal plain decoding."""
+    from flashspec.loop import speculate_steps
+    from flashspec_torch.backend import TorchBackend
+    from flashspec_torch.drafts import LookupDraft, ModelDraft
+    from flashspec_torch.heads import HeadDraft
+
+    drafts = [HeadDraft("head", random_head(target), target), ModelDraft("skip", target, frozenset({1})),
+              LookupDraft("ngram")]
+    backend = TorchBackend(target, drafts, graphs=graphs)
+    prompts, greedy, spec = [[1, 2, 3, 4, 5, 6, 7], [7, 8, 9]], SamplingConfig(0.0), SpecConfig(gamma=3, max_new_tokens=20)
+    runs = {}
+    with torch.inference_mode():
+        plain, _ = decode(backend, prompts, sampling=greedy, max_new_tokens=20)
+        for ready in (False, True):
+            backend.prefill(prompts, spec.max_new_tokens)
+            if ready:
+                assert all(d.lagging(backend.seqs, 3) for d in drafts[:2])
+                backend.prepare(3, greedy)
+                fed = (backend.seqs.length - 1).tolist()
+                assert [d.valid.tolist() for d in drafts[:2]] == [fed, fed]  # every prompt position but the last
+                assert not any(d.lagging(backend.seqs, 3) for d in drafts[:2])
+            records = []
+            speculate_steps(backend, Cycle([0, 1, 0, 0, 1, 2]), sampling=greedy, spec=spec, seed=0, first_offset=0,
+                            on_step=None, records=records)
+            runs[ready] = backend.outputs(), [(r.arm, r.accepted) for r in records]
+    assert runs[True] == runs[False]
+    assert runs[True][0] == plain
+    assert sum(acc for arm, acc in runs[True][1] if arm in (0, 1)) > 0  # the model drafts' tokens were accepted
+
+
 @pytest.mark.parametrize("stop_below", [0.5, 0.999])
 def test_proposals_stop_where_every_row_has_stopped_and_greedy_tokens_stay_plain(target, stop_below):
     """On the CPU's eager path a proposal ends once every row's dynamic length has (0.999: after the first token,
