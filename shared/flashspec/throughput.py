@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-HOST_SHARE = 0.25  # the share of a step's time a choice's host work may take, spread over the steps it holds (``held``)
-MAX_HOLD = 4  # the most steps one choice holds for on its host time alone
+HOST_SHARE = 0.05  # the share of a step's time a choice's host work may take, spread over the steps it holds (``held``)
+MAX_HOLD = 32  # the most steps one choice holds for on its host time alone
 MAX_GROWN = 32  # the most steps a choice holds for once its arm keeps winning clearly (``held``'s streak)
 CHOSE_SHARE = 0.02  # a choice's host seconds past this share of a step: not a clean timing (``AdaptivePolicy.observe``)
 NEWTON_STEPS = 40  # the most Newton steps ``finish_steps`` takes to its crossing

@@ -351,12 +351,13 @@ def test_a_batchs_cost_bucket_is_its_size_not_its_active_rows():
 
 
 def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
-    """A choice taking 0.6 s of host time against 1 s device steps holds its arm for ceil(0.6 / 0.25) = 3 steps
-    (``held``): about a third of the steps ask the policy (those after exploration); the held steps run the arm chosen, and greedy tokens equal
-    plain decoding's (each step keeps its own offset whatever arm runs). ``held`` itself: 1 without a measured
-    step or host time, at most ``MAX_HOLD``."""
-    assert throughput.held(0.0, 1.0) == 1 and throughput.held(0.1, None) == 1 and throughput.held(0.1, 1.0) == 1
-    assert throughput.held(0.3, 1.0) == 2 and throughput.held(5.0, 1.0) == throughput.MAX_HOLD
+    """A choice taking 0.6 s of host time against 1 s device steps holds its arm for ceil(0.6 / HOST_SHARE) = 12
+    steps (``held``): few steps ask the policy (those after exploration); the held steps run the arm chosen, and greedy
+    tokens equal plain decoding's (each step keeps its own offset whatever arm runs). ``held`` itself: 1 without a
+    measured step or host time, or within ``HOST_SHARE`` of a step, at most ``MAX_HOLD``."""
+    share = throughput.HOST_SHARE
+    assert throughput.held(0.0, 1.0) == 1 and throughput.held(0.1, None) == 1 and throughput.held(0.8 * share, 1.0) == 1
+    assert throughput.held(2.5 * share, 1.0) == 3 and throughput.held(5.0, 1.0) == throughput.MAX_HOLD
     target, drafts = chain(1)
     prompts = [[0], [1], [2], [3]]
     backend = AsyncBackend(target, drafts, clock, {0: 1.0, 2: 1.0})
@@ -370,15 +371,15 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
 
 
 def test_a_held_choice_ends_where_the_steps_key_changes():
-    """``adaptive_loop.Choices``: a choice made on value taking 0.6 s against a 1 s step holds its arm for the next
-    2 steps under the same key without asking the policy (each still launched: in flight); a step under another key
+    """``adaptive_loop.Choices``: a choice made on value taking 0.12 s against a 1 s step holds its arm for the next
+    2 steps (ceil(0.12 / ``HOST_SHARE``) = 3 in all) under the same key without asking the policy (each still launched: in flight); a step under another key
     (the server: another sampling group or cost bucket) asks again; a choice not made on value (an exploration) holds
-    one step more where its host time shows (0.6 s, more than ``CHOSE_SHARE`` of a step: that step is timed without
+    one step more where its host time shows (0.12 s, more than ``CHOSE_SHARE`` of a step: that step is timed without
     it), none where it takes no time or less than the last read waited for the device."""
     policy = AdaptivePolicy(make_arms(1, (2,)), 1)
     now, asked = [0.0], []
 
-    def choose(arm, on_value=True, seconds=0.6):
+    def choose(arm, on_value=True, seconds=0.12):
         def run():
             now[0] += seconds
             asked.append(arm)
@@ -392,7 +393,7 @@ def test_a_held_choice_ends_where_the_steps_key_changes():
     assert choices.next(choose(0), 1.0, key="b") == 0 and asked == [1, 1, 0]
     assert [choices.next(choose(1), 1.0, key="b") for _ in range(2)] == [0, 0] and asked == [1, 1, 0]  # held
     assert [choices.next(choose(1, on_value=False), 1.0, key="c") for _ in range(3)] == [1, 1, 1]
-    assert asked == [1, 1, 0, 1, 1] and choices.chose and choices.chose_s == pytest.approx(0.6)  # asked, held, asked
+    assert asked == [1, 1, 0, 1, 1] and choices.chose and choices.chose_s == pytest.approx(0.12)  # asked, held, asked
     assert [choices.next(choose(0, on_value=False, seconds=0.0), 1.0, key="d") for _ in range(2)] == [0, 0]
     assert asked == [1, 1, 0, 1, 1, 0, 0]  # no hold
     assert [choices.next(choose(1, on_value=False), 1.0, key="e", waited=0.7) for _ in range(2)] == [1, 1]

@@ -8,7 +8,8 @@ from flashspec.adaptive import AdaptivePolicy, make_arms
 
 
 def test_a_held_choice_grows_while_its_arm_keeps_winning_and_restarts_on_moved_acceptance():
-    """``adaptive_loop.Choices``: a choice on value taking 0.6 s against 1 s steps holds 3 steps; each next choice of
+    """``adaptive_loop.Choices``: a choice on value taking 0.12 s against 1 s steps holds 3 steps (ceil(0.12 /
+    ``HOST_SHARE``)); each next choice of
     the same arm on the posterior means, clear of its rivals (``CLEAR``), doubles it (3, 6, 12, 24, then
     ``MAX_GROWN``), so the policy is asked at
     steps 0, 3, 9, 21, 45, 77; a choice made by a Thompson draw alone (``margin`` 0) holds its 3 steps and starts
@@ -17,7 +18,7 @@ def test_a_held_choice_grows_while_its_arm_keeps_winning_and_restarts_on_moved_a
     now, asked, settled = [0.0], [], []
 
     def choose():
-        now[0] += 0.6
+        now[0] += 0.12
         asked.append(step)
         policy.on_value, policy.margin = True, (1.0 if settled.pop(0) else 0.0) if settled else 1.0
         return 1
