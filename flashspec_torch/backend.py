@@ -317,12 +317,11 @@ class TorchBackend:
         instead of a later one. Then every model draft catches up over the prompt (``get_ready``), so that
         its first step does a step's work only. Returns the graphs captured (0 without graphs, or when all exist)."""
         captured = 0
-        if self.graphed and gamma is not None:
+        if self.graphed:
             for arm, d in enumerate(self.drafts):
-                if d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
+                if gamma is not None and d.capturable:  # a lagging model draft's unfed K/V do not matter to a capture
                     captured += self.graphs.capture(self.step_key(arm, gamma, sampling),
                                                     self.graphed_step(arm, gamma, sampling), self.state())
-        if self.graphed:
             captured += self.graphs.capture(("plain", sampling, self.free_gamma), self.graphed_decode(sampling), self.state())
         if gamma is not None:
             for d in self.drafts:

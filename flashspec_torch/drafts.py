@@ -132,8 +132,7 @@ class ModelDraft:
     def get_ready(self, seqs: Sequences, gamma: int) -> None:
         """After ``prefill`` (``TorchBackend.prepare``): feed every committed token but the last now (``catch_up``), as
         if the draft had run in the step before, so that its first step in the request does a step's work only (that
-        step's time prices the arm: ``flashspec.adaptive``; on an H100 the draft head's first step, which caught up
-        over the prompt, took 10-13 ms against 1.3-2.1 ms after). The same K/V the first step would have fed."""
+        step's time prices the arm: ``flashspec.adaptive``). The same K/V the first step would have fed."""
         if self.lagging(seqs, gamma):
             self.catch_up(seqs, gamma)
             self.used_at = seqs.step - 1

@@ -372,8 +372,8 @@ def test_a_slow_choice_holds_its_arm_and_the_tokens_stay_plain_decodings(clock):
 
 def test_a_held_choice_ends_where_the_steps_key_changes():
     """``adaptive_loop.Choices``: a choice made on value taking 0.12 s against a 1 s step holds its arm for the next
-    2 steps (ceil(0.12 / ``HOST_SHARE``) = 3 in all) under the same key without asking the policy (each still launched: in flight); a step under another key
-    (the server: another sampling group or cost bucket) asks again; a choice not made on value (an exploration) holds
+    2 steps (ceil(0.12 / ``HOST_SHARE``) = 3 in all) under the same key without asking the policy (each still
+    launched: in flight); a step under another key (the server: another sampling group or cost bucket) asks again; a choice not made on value (an exploration) holds
     one step more where its host time shows (0.12 s, more than ``CHOSE_SHARE`` of a step: that step is timed without
     it), none where it takes no time or less than the last read waited for the device."""
     policy = AdaptivePolicy(make_arms(1, (2,)), 1)
